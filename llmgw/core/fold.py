@@ -1,0 +1,396 @@
+"""evolve(state, event): the only way the state changes.
+
+Pure: the result depends on the state and the event alone. `evolve` mutates
+the state it is given, for speed; callers that need the old one copy it first
+(`copy_state`).
+
+Decisions are intents taken on an older state, so they are checked again
+here, in log order: an action that no longer holds (GPUs taken meanwhile, a
+node lost, a model removed) is voided with a reason instead of applied. That
+is what makes "no GPU given twice" true by construction, whoever published.
+
+A malformed event, one from a speaker that may not say it, or one that breaks
+a rule of the fold is quarantined by `apply`: kept in the log, counted and
+listed in the state, never able to stop the fold.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import msgspec
+
+from . import events as ev
+from .catalog import NAME_RE, fingerprint, spec_problem
+from .state import (
+    KEEP_LAST,
+    LIVE_SHARD_STATES,
+    TERMINAL_SHARD_STATES,
+    Model,
+    Node,
+    Quarantined,
+    Replica,
+    Shard,
+    State,
+    Stray,
+    Voided,
+)
+
+
+class Refused(ValueError):
+    """The event breaks a rule of the fold; it is quarantined, not applied."""
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def apply(state: State, seq: int, subject: str, data: bytes) -> State:
+    """Fold one raw message from the log, quarantining it if it is bad."""
+    try:
+        event = ev.decode(data)
+        ev.check_origin(subject, event)
+        evolve(state, event, seq)
+    except (msgspec.DecodeError, msgspec.ValidationError, ev.OriginError, Refused) as e:
+        quarantine(state, seq, subject, str(e))
+    except Exception as e:  # a bug in a handler must not stop the fold either
+        quarantine(state, seq, subject, f"{type(e).__name__}: {e}")
+    state.seq = seq
+    if subject.startswith("llmgw.control."):
+        state.control_seq = seq
+    return state
+
+
+def evolve(state: State, event: ev.Event, seq: int = 0) -> State:
+    """Apply one decoded event. `seq` is its place in the log (0 in tests that
+    do not care), used as the generation of shards a decision places."""
+    _HANDLERS[type(event)](state, event, seq)
+    return state
+
+
+def quarantine(state: State, seq: int, subject: str, error: str) -> None:
+    state.quarantine_count += 1
+    state.quarantined.append(Quarantined(seq=seq, subject=subject, error=error))
+    del state.quarantined[:-KEEP_LAST]
+
+
+_state_encoder = msgspec.msgpack.Encoder()
+_state_decoder = msgspec.msgpack.Decoder(State)
+
+
+def copy_state(state: State) -> State:
+    return _state_decoder.decode(_state_encoder.encode(state))
+
+
+def encode_state(state: State) -> bytes:
+    return _state_encoder.encode(state)
+
+
+def decode_state(data: bytes) -> State:
+    return _state_decoder.decode(data)
+
+
+# --------------------------------------------------------------------------- operator events
+
+
+def _model_applied(state: State, e: ev.ModelApplied, seq: int) -> None:
+    problem = spec_problem(e.model)
+    if problem:
+        raise Refused(problem)
+    state.models[e.model.name] = Model(
+        spec=e.model,
+        fingerprints={p.name: fingerprint(p) for p in e.model.profiles},
+        applied_at=e.at,
+    )
+
+
+def _model_removed(state: State, e: ev.ModelRemoved, seq: int) -> None:
+    state.models.pop(e.name, None)
+
+
+# --------------------------------------------------------------------------- agent events
+
+
+def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
+    """A node (re)joins, and says everything it runs.
+
+    The fleet is authoritative about what runs: a shard we believed ran there
+    and that the agent did not mention has failed (seen for real: an engine
+    died while its agent lived, and the replica stayed "ready" on a dead port
+    for as long as anyone watched). A registration follows a fresh connection,
+    so nothing dispatched before it can be legitimately starting unreported.
+    """
+    if not NAME_RE.match(e.node):
+        raise Refused(f"node name {e.node!r} must be letters, digits, _ and - (at most 64)")
+    if len({g.index for g in e.gpus}) != len(e.gpus):
+        raise Refused(f"node {e.node} reports two GPUs with the same index")
+    node = Node(
+        name=e.node,
+        gpus=list(e.gpus),
+        memory_gb=e.memory_gb,
+        cpu_cores=e.cpu_cores,
+        labels=dict(e.labels),
+        agent=e.agent,
+        registered_at=e.at,
+    )
+    state.nodes[e.node] = node
+    reported = {r.shard: r for r in e.running}
+    ours: set[str] = set()
+    # Shards we placed there: kept if reported, failed if not.
+    for rep in list(state.replicas.values()):
+        touched = False
+        for sh in rep.shards:
+            if sh.node != e.node or sh.state in TERMINAL_SHARD_STATES:
+                continue
+            r = reported.get(sh.id)
+            if r is not None and r.generation == sh.generation:
+                ours.add(sh.id)
+                _hold(node, sh)
+                if sh.state != "stopping" and r.state in ("starting", "loading", "ready"):
+                    sh.state = r.state
+                    sh.endpoint = r.endpoint or sh.endpoint
+            else:
+                sh.state = "failed"
+                sh.reason = "the agent reports it is not running"
+            touched = True
+        if touched:
+            _derive_replica_state(state, rep, e.at)
+    # Whatever else runs there is a stray: it holds its GPUs and port until it exits.
+    for r in e.running:
+        if r.shard in ours:
+            continue
+        why = _stray_reason(state, r)
+        node.strays[r.shard] = Stray(generation=r.generation, gpus=list(r.gpus), port=r.port, reason=why)
+        for g in r.gpus:
+            node.used.setdefault(g, r.shard)
+        if r.port:
+            node.ports.setdefault(r.port, r.shard)
+
+
+def _stray_reason(state: State, r: ev.RunningShard) -> str:
+    m = state.models.get(r.model)
+    if m is None:
+        return f"no model {r.model} in the catalog claims it"
+    if r.profile not in m.fingerprints:
+        return f"model {r.model} has no profile {r.profile} any more"
+    return f"replica {r.replica} is not one the control plane knows"
+
+
+def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
+    node = state.nodes.get(e.node)
+    rep = state.replicas.get(e.replica)
+    if rep is None:
+        # A stray (or a replica long gone) exiting frees what it held.
+        if node is not None and e.state in TERMINAL_SHARD_STATES:
+            stray = node.strays.get(e.shard)
+            if stray is not None and stray.generation == e.generation:
+                del node.strays[e.shard]
+                _release_ids(node, e.shard, stray.gpus, stray.port)
+        return
+    for sh in rep.shards:
+        if sh.id == e.shard:
+            break
+    else:
+        return
+    if sh.node != e.node:
+        raise Refused(f"shard {sh.id} runs on {sh.node}, not on {e.node}")
+    if sh.generation != e.generation or sh.state in TERMINAL_SHARD_STATES:
+        return  # a late report about an older incarnation: nothing to learn
+    if e.state in TERMINAL_SHARD_STATES:
+        sh.state = e.state
+        sh.reason = e.reason
+        if node is not None:
+            _release_ids(node, sh.id, sh.gpus, sh.port)
+    elif sh.state != "stopping":
+        sh.state = e.state
+        sh.reason = e.reason
+        if e.endpoint:
+            sh.endpoint = e.endpoint
+    _derive_replica_state(state, rep, e.at)
+
+
+# --------------------------------------------------------------------------- control events
+
+
+def _decided(state: State, e: ev.Decided, seq: int) -> None:
+    for action in e.actions:
+        why_not = _ACTIONS[type(action)](state, action, e, seq)
+        if why_not:
+            state.voided_count += 1
+            state.voided.append(Voided(seq=seq, action=describe_action(action), reason=why_not))
+            del state.voided[:-KEEP_LAST]
+
+
+def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
+    """Apply a placement, or say why it no longer holds."""
+    if a.replica in state.replicas:
+        return f"replica {a.replica} exists already"
+    model = state.models.get(a.model)
+    if model is None:
+        return f"model {a.model} is no longer in the catalog"
+    if model.fingerprints.get(a.profile) != a.fingerprint:
+        return f"profile {a.profile} of {a.model} changed since the decision"
+    if not a.shards or len({s.node for s in a.shards}) != len(a.shards):
+        return "a replica needs one shard per distinct node"
+    for s in a.shards:
+        node = state.nodes.get(s.node)
+        if node is None or node.state != "ready":
+            return f"node {s.node} is not ready"
+        have = {g.index for g in node.gpus}
+        for g in s.gpus:
+            if g not in have:
+                return f"node {s.node} has no GPU {g}"
+            if g in node.used:
+                return f"GPU {g} on {s.node} is held by {node.used[g]}"
+        if s.port in node.ports:
+            return f"port {s.port} on {s.node} is held by {node.ports[s.port]}"
+    shards = [
+        Shard(id=s.shard, node=s.node, rank=s.rank, gpus=list(s.gpus), port=s.port, generation=seq)
+        for s in a.shards
+    ]
+    for sh in shards:
+        _hold(state.nodes[sh.node], sh)
+    state.replicas[a.replica] = Replica(
+        id=a.replica,
+        model=a.model,
+        profile=a.profile,
+        fingerprint=a.fingerprint,
+        shards=shards,
+        reason=a.reason,
+        placed_at=e.at,
+    )
+    number = replica_number(a.replica)
+    if number >= state.replica_numbers.get(a.model, 1):
+        state.replica_numbers[a.model] = number + 1
+    model.waiting = ""
+    return ""
+
+
+def _stop(state: State, a: ev.StopReplica, e: ev.Decided, seq: int) -> str:
+    rep = state.replicas.get(a.replica)
+    if rep is None:
+        return f"replica {a.replica} is gone"
+    if rep.state == "stopping":
+        return f"replica {a.replica} is stopping already"
+    rep.state = "stopping"
+    rep.reason = a.reason
+    rep.stopping_at = e.at
+    for sh in rep.shards:
+        if sh.state in LIVE_SHARD_STATES:
+            sh.state = "stopping"
+    _derive_replica_state(state, rep, e.at)
+    return ""
+
+
+def _wait(state: State, a: ev.ModelWaiting, e: ev.Decided, seq: int) -> str:
+    model = state.models.get(a.model)
+    if model is None:
+        return f"model {a.model} is no longer in the catalog"
+    model.waiting = a.reason
+    return ""
+
+
+def _stop_stray(state: State, a: ev.StopStray, e: ev.Decided, seq: int) -> str:
+    node = state.nodes.get(a.node)
+    stray = node.strays.get(a.shard) if node is not None else None
+    if stray is None or stray.generation != a.generation:
+        return f"stray {a.shard} is no longer on {a.node}"
+    stray.stopping = True
+    stray.reason = a.reason
+    return ""
+
+
+def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
+    node = state.nodes.get(e.node)
+    if node is None or node.state == "lost":
+        return
+    node.state = "lost"
+    node.reason = e.reason
+    node.used.clear()
+    node.ports.clear()
+    node.strays.clear()
+    for rep in list(state.replicas.values()):
+        touched = False
+        for sh in rep.shards:
+            if sh.node == e.node and sh.state not in TERMINAL_SHARD_STATES:
+                sh.state = "failed"
+                sh.reason = f"node {e.node} lost: {e.reason}"
+                touched = True
+        if touched:
+            _derive_replica_state(state, rep, e.at)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _hold(node: Node, sh: Shard) -> None:
+    for g in sh.gpus:
+        node.used[g] = sh.id
+    if sh.port:
+        node.ports[sh.port] = sh.id
+
+
+def _release_ids(node: Node, holder: str, gpus: list[int], port: int) -> None:
+    for g in gpus:
+        if node.used.get(g) == holder:
+            del node.used[g]
+    if port and node.ports.get(port) == holder:
+        del node.ports[port]
+
+
+def _derive_replica_state(state: State, rep: Replica, at: float) -> None:
+    """A replica's state follows from its shards'; one that was stopping and
+    whose shards have all exited is forgotten (the log keeps its history)."""
+    shards = rep.shards
+    if rep.state == "stopping":
+        if all(s.state in TERMINAL_SHARD_STATES for s in shards):
+            del state.replicas[rep.id]
+        return
+    failed = next((s for s in shards if s.state == "failed"), None)
+    if failed is not None:
+        rep.state = "failed"
+        rep.reason = f"shard {failed.id} on {failed.node} failed: {failed.reason or 'no reason given'}"
+    elif all(s.state == "ready" for s in shards):
+        if rep.state != "ready":
+            rep.ready_at = at
+        rep.state = "ready"
+    elif any(s.state == "loading" for s in shards):
+        rep.state = "loading"
+    elif any(s.state == "starting" for s in shards):
+        rep.state = "starting"
+    else:
+        rep.state = "placing"
+
+
+def replica_number(replica_id: str) -> int:
+    _, _, n = replica_id.rpartition("-")
+    return int(n) if n.isdigit() else 0
+
+
+def describe_action(a: ev.Action) -> str:
+    if isinstance(a, ev.PlaceReplica):
+        where = ", ".join(f"{s.node}:{s.gpus}" for s in a.shards)
+        return f"place {a.replica} ({a.model}/{a.profile}) on {where}"
+    if isinstance(a, ev.StopReplica):
+        return f"stop {a.replica}"
+    if isinstance(a, ev.ModelWaiting):
+        return f"{a.model} waits"
+    if isinstance(a, ev.StopStray):
+        return f"stop stray {a.shard} on {a.node}"
+    return type(a).__name__
+
+
+_HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
+    ev.ModelApplied: _model_applied,
+    ev.ModelRemoved: _model_removed,
+    ev.NodeRegistered: _node_registered,
+    ev.ShardStatus: _shard_status,
+    ev.Decided: _decided,
+    ev.NodeLost: _node_lost,
+}
+
+_ACTIONS: dict[type, Callable[[State, ev.Action, ev.Decided, int], str]] = {
+    ev.PlaceReplica: _place,
+    ev.StopReplica: _stop,
+    ev.ModelWaiting: _wait,
+    ev.StopStray: _stop_stray,
+}

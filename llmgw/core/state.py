@@ -1,0 +1,124 @@
+"""The folded state: everything the control plane knows, built only from the log.
+
+Plain msgspec Structs, so a snapshot is one `msgspec.msgpack.encode` and two
+states compare with `==` (the property tests lean on that). Dicts keep the
+order in which the log created their entries, which is deterministic; rules
+that must not depend on it sort explicitly.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from .events import Gpu, ModelSpec
+
+# Shard and replica states. A replica's state follows from its shards'
+# (see fold.derive_replica_state) except "stopping", which is a decision.
+LIVE_SHARD_STATES = ("placing", "starting", "loading", "ready", "stopping")
+TERMINAL_SHARD_STATES = ("failed", "stopped")
+
+# How many quarantined and voided entries the state keeps verbatim; the
+# counters go on counting. The log itself keeps every event.
+KEEP_LAST = 100
+
+
+class Shard(msgspec.Struct, kw_only=True):
+    id: str
+    node: str
+    rank: int
+    gpus: list[int]
+    port: int
+    generation: int
+    state: str = "placing"
+    reason: str = ""
+    endpoint: str = ""
+
+
+class Replica(msgspec.Struct, kw_only=True):
+    id: str
+    model: str
+    profile: str
+    fingerprint: str
+    shards: list[Shard]
+    state: str = "placing"
+    reason: str = ""
+    placed_at: float = 0.0
+    ready_at: float = 0.0
+    stopping_at: float = 0.0
+
+
+class Stray(msgspec.Struct, kw_only=True):
+    """A running shard no model claims. It keeps its GPUs and port until it
+    exits: handing its port to a new shard would make that one fail to bind,
+    fail its replica, and be placed on the same port again, without end."""
+
+    generation: int
+    gpus: list[int] = []
+    port: int = 0
+    reason: str = ""
+    stopping: bool = False
+
+
+class Node(msgspec.Struct, kw_only=True):
+    name: str
+    gpus: list[Gpu]
+    memory_gb: float = 0.0
+    cpu_cores: int = 0
+    labels: dict[str, str] = {}
+    state: str = "ready"  # ready | lost
+    reason: str = ""
+    agent: str = ""
+    registered_at: float = 0.0
+    # GPU index -> shard id holding it. A GPU is in here exactly while a live
+    # shard holds it: the invariant "no GPU given twice" is about this map.
+    used: dict[int, str] = {}
+    # port -> shard id, ports held by live shards and by strays until they exit.
+    ports: dict[int, str] = {}
+    # Shards the agent runs that no model claims, until they exit.
+    strays: dict[str, "Stray"] = {}
+
+
+class Model(msgspec.Struct, kw_only=True):
+    spec: ModelSpec
+    # Fingerprint per profile name, computed once when the spec is folded.
+    fingerprints: dict[str, str] = {}
+    waiting: str = ""  # why it has fewer replicas than it wants; "" when it has them
+    applied_at: float = 0.0
+
+
+class Quarantined(msgspec.Struct, kw_only=True):
+    seq: int
+    subject: str
+    error: str
+
+
+class Voided(msgspec.Struct, kw_only=True):
+    seq: int
+    action: str
+    reason: str
+
+
+class State(msgspec.Struct, kw_only=True):
+    seq: int = 0  # the last stream sequence folded
+    control_seq: int = 0  # the last sequence folded from llmgw.control.>
+    models: dict[str, Model] = {}
+    nodes: dict[str, Node] = {}
+    replicas: dict[str, Replica] = {}
+    # Next number per model for replica ids. Never forgotten, not even when the
+    # model is removed, so an id is never used twice in one log.
+    replica_numbers: dict[str, int] = {}
+    quarantine_count: int = 0
+    quarantined: list[Quarantined] = []
+    voided_count: int = 0
+    voided: list[Voided] = []
+
+
+def gpus_in_use(state: State) -> list[tuple[str, int, str]]:
+    """(node, gpu index, shard) for every GPU held, from the shards' side."""
+    out = []
+    for r in state.replicas.values():
+        for s in r.shards:
+            if s.state in LIVE_SHARD_STATES:
+                for g in s.gpus:
+                    out.append((s.node, g, s.id))
+    return out
