@@ -1,0 +1,65 @@
+"""The bus: how the shell reaches the log, the agents' commands and heartbeats.
+
+`Bus` is the interface; `NatsBus` is JetStream, `MemoryBus` an in-process
+stand-in with the same semantics (deduplication by message id, fencing on the
+control plane's subjects) for unit tests of the shell. Nothing in the pure
+core imports this package.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+STREAM = "LLMGW"
+# Who speaks is in the subject: agents under their node, operators under ctl,
+# gateways under gw, the control plane's decisions under control.
+SUBJECTS = ["llmgw.agent.>", "llmgw.ctl.>", "llmgw.gw.>", "llmgw.control.>"]
+# The control plane fences on its own subjects only: agents publish all the
+# time, so a stream-wide expected sequence would refuse almost every decision.
+CONTROL_SUBJECTS = "llmgw.control.>"
+
+COMMAND_STREAM = "LLMGW_CMD"
+COMMAND_PREFIX = "llmgw.cmd"
+HEARTBEAT_BUCKET = "llmgw-heartbeats"
+
+OnMessage = Callable[[int, str, bytes], None]
+OnCommand = Callable[[bytes], None]
+
+
+class Fenced(Exception):
+    """A decision was refused: the control subjects moved past what it was decided on.
+
+    Another writer published, or this one had not folded its own last
+    decision yet. Either way: fold what was missed and decide again.
+    """
+
+
+class Follower(Protocol):
+    async def stop(self) -> None: ...
+
+
+class Bus(Protocol):
+    async def ensure_streams(self) -> None:
+        """Create the streams and buckets, or leave them as they are (idempotent)."""
+
+    async def publish(self, subject: str, data: bytes, *, msg_id: str, expect_control_seq: int | None = None) -> int:
+        """Append to the log; returns the sequence. With `expect_control_seq`,
+        refused with `Fenced` unless that is the last sequence on the control
+        subjects. A retried `msg_id` is not a second event."""
+
+    async def last_seq(self) -> int: ...
+
+    async def follow(self, start_seq: int, on_message: OnMessage) -> Follower:
+        """Call `on_message(seq, subject, data)` for every message from
+        `start_seq` on, in order, then for each new one, until stopped."""
+
+    async def send_command(self, node: str, data: bytes) -> None: ...
+
+    async def follow_commands(self, node: str, on_command: OnCommand) -> Follower: ...
+
+    async def beat(self, node: str, data: bytes) -> None:
+        """Record a node's heartbeat; only the latest per node is kept."""
+
+    async def follow_heartbeats(self, on_beat: Callable[[str], None]) -> Follower: ...
+
+    async def close(self) -> None: ...

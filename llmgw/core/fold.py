@@ -37,6 +37,11 @@ from .state import (
 )
 
 
+# Bump when evolve folds any event differently: snapshots of another version
+# are not trusted, and the state is folded again from the whole log.
+FOLD_VERSION = 1
+
+
 class Refused(ValueError):
     """The event breaks a rule of the fold; it is quarantined, not applied."""
 

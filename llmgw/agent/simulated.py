@@ -1,0 +1,173 @@
+"""A simulated node agent: the fleet simulator for tests and benchmarks.
+
+It speaks the real protocol (registers its node with the shards it runs,
+heartbeats, obeys start and stop commands once each by shard id and
+generation, reports shard states) but runs nothing: a shard is "loading"
+after `loading_after` seconds and "ready" `ready_after` seconds later, or
+"failed" when its model is in `fail_models` or a test asks (`fail`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from typing import Callable
+
+import msgspec
+
+from ..bus import Bus
+from ..core import commands as cmds
+from ..core import events as ev
+
+log = logging.getLogger("llmgw.agent")
+
+
+class SimulatedAgent:
+    def __init__(
+        self,
+        bus: Bus,
+        name: str,
+        gpus: int,
+        *,
+        gpu_memory_gb: float = 80.0,
+        gpu_model: str = "SIM-80GB",
+        loading_after: float = 0.1,
+        ready_after: float = 0.5,
+        fail_models: frozenset[str] = frozenset(),
+        heartbeat: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.name = name
+        self.gpus = [ev.Gpu(index=i, model=gpu_model, memory_gb=gpu_memory_gb) for i in range(gpus)]
+        self.loading_after = loading_after
+        self.ready_after = ready_after
+        self.fail_models = fail_models
+        self.heartbeat = heartbeat
+        self.clock = clock
+        self.instance = uuid.uuid4().hex[:8]
+        self.running: dict[str, ev.RunningShard] = {}
+        self._acted: set[tuple[str, int, str]] = set()
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._numbers = itertools.count(1)
+        self.registered = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        await self.bus.ensure_streams()
+        # Commands first, then the registration: a command sent in answer to
+        # the registration must find us listening.
+        follower = await self.bus.follow_commands(self.name, self._on_command)
+        await self._emit(
+            ev.NodeRegistered(
+                at=self.clock(),
+                node=self.name,
+                gpus=self.gpus,
+                running=list(self.running.values()),
+                agent=f"simulated/{self.instance}",
+                labels={"llmgw.io/simulated": "true"},
+            )
+        )
+        self.registered.set()
+        log.info("node %s registered with %d GPUs", self.name, len(self.gpus))
+        try:
+            while not stop.is_set():
+                try:
+                    await self.bus.beat(self.name, msgspec.json.encode({"at": self.clock(), "agent": self.instance}))
+                except Exception as e:
+                    log.warning("heartbeat failed: %s", e)
+                try:
+                    await asyncio.wait_for(stop.wait(), self.heartbeat)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            await follower.stop()
+            for t in self._tasks.values():
+                t.cancel()
+
+    def _on_command(self, data: bytes) -> None:
+        try:
+            cmd = cmds.decode(data)
+        except msgspec.MsgspecError as e:
+            log.warning("ignoring a command that does not decode: %s", e)
+            return
+        key = (cmd.shard, cmd.generation, type(cmd).__name__)
+        if key in self._acted:
+            return  # redelivered or re-sent: acted on once
+        self._acted.add(key)
+        if isinstance(cmd, cmds.StartShard):
+            if (cmd.shard, cmd.generation, "StopShard") in self._acted:
+                return
+            self._tasks[cmd.shard] = asyncio.create_task(self._start(cmd))
+        else:
+            task = self._tasks.pop(cmd.shard, None)
+            if task is not None:
+                task.cancel()
+            asyncio.create_task(self._stop(cmd))
+
+    async def _start(self, cmd: cmds.StartShard) -> None:
+        endpoint = f"http://127.0.0.1:{cmd.port}"
+        shard = ev.RunningShard(
+            shard=cmd.shard,
+            replica=cmd.replica,
+            model=cmd.model,
+            profile=cmd.profile.name,
+            generation=cmd.generation,
+            rank=cmd.rank,
+            gpus=cmd.gpus,
+            port=cmd.port,
+            state="starting",
+        )
+        self.running[cmd.shard] = shard
+        await self._status(cmd.replica, cmd.shard, cmd.generation, "starting")
+        await asyncio.sleep(self.loading_after)
+        shard.state = "loading"
+        await self._status(cmd.replica, cmd.shard, cmd.generation, "loading")
+        await asyncio.sleep(self.ready_after)
+        if cmd.model in self.fail_models:
+            self.running.pop(cmd.shard, None)
+            await self._status(cmd.replica, cmd.shard, cmd.generation, "failed", reason="simulated failure")
+            return
+        shard.state, shard.endpoint = "ready", endpoint
+        await self._status(cmd.replica, cmd.shard, cmd.generation, "ready", endpoint=endpoint)
+
+    async def _stop(self, cmd: cmds.StopShard) -> None:
+        shard = self.running.pop(cmd.shard, None)
+        replica = shard.replica if shard else cmd.shard.rpartition(".")[0]
+        await self._status(replica, cmd.shard, cmd.generation, "stopped", reason=cmd.reason)
+
+    async def fail(self, shard_id: str, reason: str = "failed on request") -> bool:
+        """Make a running shard fail, as a crashed engine would."""
+        shard = self.running.pop(shard_id, None)
+        if shard is None:
+            return False
+        task = self._tasks.pop(shard_id, None)
+        if task is not None:
+            task.cancel()
+        await self._status(shard.replica, shard.shard, shard.generation, "failed", reason=reason)
+        return True
+
+    async def _status(self, replica: str, shard: str, generation: int, state: str, **kw) -> None:
+        await self._emit(
+            ev.ShardStatus(
+                at=self.clock(), node=self.name, replica=replica, shard=shard, generation=generation, state=state, **kw
+            )
+        )
+
+    async def _emit(self, event: ev.Event) -> None:
+        """Publish a fact, retrying (same Msg-Id) until the bus takes it."""
+        msg_id = f"{self.name}-{self.instance}-{next(self._numbers)}"
+        delay = 0.1
+        while True:
+            try:
+                await self.bus.publish(ev.subject_for(event), ev.encode(event), msg_id=msg_id)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("publishing %s failed (%s); retrying", ev.tag_of(type(event)), e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)

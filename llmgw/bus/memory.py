@@ -1,0 +1,104 @@
+"""An in-process bus with JetStream's semantics, for unit tests of the shell."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+from . import CONTROL_SUBJECTS, Fenced, OnCommand, OnMessage
+
+_CONTROL_PREFIX = CONTROL_SUBJECTS[:-1]
+
+
+class _Follower:
+    def __init__(self, task: asyncio.Task) -> None:
+        self._task = task
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+
+
+class MemoryBus:
+    def __init__(self) -> None:
+        self.log: list[tuple[str, bytes]] = []  # index i holds sequence i + 1
+        self._ids: dict[str, int] = {}
+        self._control_seq = 0
+        self._changed = asyncio.Condition()
+        self._commands: dict[str, list[bytes]] = {}
+        self.heartbeats: dict[str, bytes] = {}
+        self._beats = asyncio.Condition()
+
+    async def ensure_streams(self) -> None:
+        pass
+
+    async def publish(self, subject: str, data: bytes, *, msg_id: str, expect_control_seq: int | None = None) -> int:
+        if msg_id in self._ids:
+            return self._ids[msg_id]
+        if expect_control_seq is not None and expect_control_seq != self._control_seq:
+            raise Fenced(f"wrong last sequence: {self._control_seq}")
+        self.log.append((subject, data))
+        seq = len(self.log)
+        self._ids[msg_id] = seq
+        if subject.startswith(_CONTROL_PREFIX):
+            self._control_seq = seq
+        async with self._changed:
+            self._changed.notify_all()
+        return seq
+
+    async def last_seq(self) -> int:
+        return len(self.log)
+
+    async def follow(self, start_seq: int, on_message: OnMessage) -> _Follower:
+        async def run() -> None:
+            seq = max(start_seq, 1)
+            while True:
+                while seq <= len(self.log):
+                    subject, data = self.log[seq - 1]
+                    on_message(seq, subject, data)
+                    seq += 1
+                async with self._changed:
+                    await self._changed.wait_for(lambda: seq <= len(self.log))
+
+        return _Follower(asyncio.create_task(run()))
+
+    async def send_command(self, node: str, data: bytes) -> None:
+        self._commands.setdefault(node, []).append(data)
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def follow_commands(self, node: str, on_command: OnCommand) -> _Follower:
+        start = len(self._commands.get(node, []))
+
+        async def run() -> None:
+            i = start
+            while True:
+                queue = self._commands.setdefault(node, [])
+                while i < len(queue):
+                    on_command(queue[i])
+                    i += 1
+                async with self._changed:
+                    await self._changed.wait_for(lambda: i < len(self._commands.get(node, [])))
+
+        return _Follower(asyncio.create_task(run()))
+
+    async def beat(self, node: str, data: bytes) -> None:
+        self.heartbeats[node] = data
+        async with self._beats:
+            self._beats.notify_all()
+        self._last_beat = node
+
+    async def follow_heartbeats(self, on_beat: Callable[[str], None]) -> _Follower:
+        async def run() -> None:
+            while True:
+                async with self._beats:
+                    await self._beats.wait()
+                on_beat(self._last_beat)
+
+        return _Follower(asyncio.create_task(run()))
+
+    async def close(self) -> None:
+        pass

@@ -1,0 +1,194 @@
+"""The control plane's shell: consume, evolve, decide, publish, repeat.
+
+All policy is in `llmgw.core`; this module only waits. Its one rule of its
+own is that it never acts on a state it has not folded: a decision is
+published with the last control sequence it was taken on, and if the server
+refuses it (another writer, or our own previous decision not yet folded) we
+fold what we missed and decide again. Decisions are never applied locally:
+they take effect when they come back from the log, exactly as in a replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from typing import Callable
+
+from ..bus import Bus, Fenced
+from ..core import commands as cmds
+from ..core import events as ev
+from ..core.decide import decide
+from ..core.fold import apply, describe_action
+from ..core.liveness import lost_nodes
+from ..core.state import State
+from .snapshots import SnapshotStore
+
+log = logging.getLogger("llmgw.control")
+
+
+class ControlPlane:
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        snapshots: SnapshotStore | None = None,
+        clock: Callable[[], float] = time.time,
+        node_grace: float = 10.0,
+        resend_after: float = 5.0,
+        tick: float = 1.0,
+        snapshot_every: int = 50_000,
+        snapshot_interval: float = 30.0,
+    ) -> None:
+        self.bus = bus
+        self.snapshots = snapshots
+        self.clock = clock
+        self.node_grace = node_grace
+        self.resend_after = resend_after
+        self.tick = tick
+        self.snapshot_every = snapshot_every
+        self.snapshot_interval = snapshot_interval
+        self.leader = uuid.uuid4().hex[:12]
+        self.state = State()
+        self.passes = 0
+        self.fenced = 0
+        self._changed = asyncio.Event()
+        self._folded = asyncio.Event()
+        self._last_seen: dict[str, float] = {}
+        self._watching_since = 0.0
+        self._sent: dict[tuple, float] = {}
+        self._resend_nodes: set[str] = set()
+        self._snapshot_seq = 0
+        self._snapshot_time = 0.0
+        self._msg_numbers = itertools.count(1)
+        self.ready = asyncio.Event()  # set once caught up with the log
+
+    # ----------------------------------------------------------------- folding
+
+    def _on_message(self, seq: int, subject: str, data: bytes) -> None:
+        if seq <= self.state.seq:
+            return  # redelivered after a reconnect
+        apply(self.state, seq, subject, data)
+        if subject.endswith(".node.registered"):
+            # A registration follows a fresh connection: whatever we sent that
+            # node before may be lost, so everything outstanding goes again.
+            self._resend_nodes.add(subject.split(".")[2])
+        self._changed.set()
+        self._folded.set()
+
+    async def _folded_to(self, seq: int, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.state.seq < seq:
+            self._folded.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._folded.wait(), left)
+            except asyncio.TimeoutError:
+                return False
+        return True
+
+    # ----------------------------------------------------------------- the loop
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        await self.bus.ensure_streams()
+        last = await self.bus.last_seq()
+        if self.snapshots is not None:
+            restored = self.snapshots.load(last)
+            if restored is not None:
+                self.state = restored
+                self._snapshot_seq = restored.seq
+                log.info("restored a snapshot at sequence %d; folding %d more", restored.seq, last - restored.seq)
+        follower = await self.bus.follow(self.state.seq + 1, self._on_message)
+        beats = await self.bus.follow_heartbeats(self._on_beat)
+        self._watching_since = self.clock()
+        try:
+            while not await self._folded_to(last, timeout=60.0):
+                log.warning("still catching up with the log: at %d of %d", self.state.seq, last)
+            self.ready.set()
+            log.info("caught up at sequence %d; leader %s deciding", self.state.seq, self.leader)
+            while not stop.is_set():
+                await self.step()
+                self._changed.clear()
+                waiter = asyncio.create_task(self._changed.wait())
+                stopper = asyncio.create_task(stop.wait())
+                await asyncio.wait({waiter, stopper}, timeout=self.tick, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                stopper.cancel()
+                await asyncio.sleep(0.01)  # let a burst of events fold before deciding on it
+        finally:
+            await follower.stop()
+            await beats.stop()
+            self._save_snapshot()
+
+    def _on_beat(self, node: str) -> None:
+        self._last_seen[node] = self.clock()
+
+    async def step(self) -> None:
+        """One pass: liveness, then decisions, then commands, then maybe a snapshot."""
+        now = self.clock()
+        for node, reason in lost_nodes(self.state, self._last_seen, self._watching_since, now, self.node_grace):
+            log.warning("node %s lost: %s", node, reason)
+            await self._publish(ev.NodeLost(at=now, node=node, reason=reason, basis=self.state.seq))
+        actions = decide(self.state, now)
+        if actions:
+            self.passes += 1
+            decided = ev.Decided(at=now, basis=self.state.seq, actions=actions, leader=self.leader)
+            if await self._publish(decided):
+                for a in actions:
+                    log.info("%s: %s", describe_action(a), getattr(a, "reason", ""))
+        await self._send_commands(now)
+        self._maybe_snapshot(now)
+
+    async def _publish(self, event: ev.Event) -> bool:
+        """Publish one decision, fenced; True once it is folded back."""
+        basis = self.state.control_seq
+        try:
+            seq = await self.bus.publish(
+                ev.subject_for(event),
+                ev.encode(event),
+                msg_id=f"{self.leader}-{next(self._msg_numbers)}",
+                expect_control_seq=basis,
+            )
+        except Fenced as e:
+            self.fenced += 1
+            log.info("decision refused (%s): folding what we missed and deciding again", e)
+            await self._folded_to(self.state.seq + 1, timeout=1.0)
+            return False
+        await self._folded_to(seq)
+        return True
+
+    async def _send_commands(self, now: float) -> None:
+        outstanding: set[tuple] = set()
+        resend = self._resend_nodes
+        self._resend_nodes = set()
+        for node, cmd in cmds.outstanding(self.state):
+            key = (node, cmd.shard, cmd.generation, type(cmd).__name__)
+            outstanding.add(key)
+            sent = self._sent.get(key)
+            if sent is None or now - sent >= self.resend_after or node in resend:
+                try:
+                    await self.bus.send_command(node, cmds.encode(cmd))
+                except Exception as e:  # re-sent on a later pass
+                    log.warning("could not send %s to %s: %s", type(cmd).__name__, node, e)
+                    continue
+                self._sent[key] = now
+        for key in list(self._sent):
+            if key not in outstanding:
+                del self._sent[key]
+
+    def _maybe_snapshot(self, now: float) -> None:
+        if self.snapshots is None or self.state.seq == self._snapshot_seq:
+            return
+        if self.state.seq - self._snapshot_seq >= self.snapshot_every or now - self._snapshot_time >= self.snapshot_interval:
+            self._save_snapshot()
+            self._snapshot_time = now
+
+    def _save_snapshot(self) -> None:
+        if self.snapshots is not None and self.state.seq and self.state.seq != self._snapshot_seq:
+            self.snapshots.save(self.state)
+            self._snapshot_seq = self.state.seq

@@ -1,0 +1,48 @@
+"""Snapshots of the folded state, so that a restart folds only the tail.
+
+One file, replaced atomically. A snapshot is used only if it was written by
+the same fold (`FOLD_VERSION`): a changed `evolve` could have folded the same
+events differently, and only a full replay says how.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+from ..core.fold import FOLD_VERSION, decode_state, encode_state
+from ..core.state import State
+
+
+class Snapshot(msgspec.Struct, kw_only=True):
+    fold_version: int
+    seq: int
+    state: bytes
+
+
+class SnapshotStore:
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def load(self, last_seq: int) -> State | None:
+        """The saved state, unless it is from another fold or a longer log
+        than the one there is now (a stream recreated under the same name)."""
+        try:
+            snap = msgspec.msgpack.decode(self.path.read_bytes(), type=Snapshot)
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        if snap.fold_version != FOLD_VERSION or snap.seq > last_seq:
+            return None
+        return decode_state(snap.state)
+
+    def save(self, state: State) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        data = msgspec.msgpack.encode(Snapshot(fold_version=FOLD_VERSION, seq=state.seq, state=encode_state(state)))
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
