@@ -63,3 +63,27 @@ class Bus(Protocol):
     async def follow_heartbeats(self, on_beat: Callable[[str], None]) -> Follower: ...
 
     async def close(self) -> None: ...
+
+
+async def read_log(bus: Bus, start_seq: int = 1) -> list[tuple[int, str, bytes]]:
+    """Every message of the log from `start_seq` to its end as of now."""
+    import asyncio
+
+    last = await bus.last_seq()
+    records: list[tuple[int, str, bytes]] = []
+    if last < start_seq:
+        return records
+    done = asyncio.Event()
+
+    def on_message(seq: int, subject: str, data: bytes) -> None:
+        if seq <= last:
+            records.append((seq, subject, data))
+        if seq >= last:
+            done.set()
+
+    follower = await bus.follow(start_seq, on_message)
+    try:
+        await done.wait()
+    finally:
+        await follower.stop()
+    return records

@@ -46,9 +46,11 @@ from . import (
 log = logging.getLogger("llmgw.bus")
 
 WRONG_LAST_SEQUENCE = 10071
-# History is never dropped to make room: past this size the stream refuses new
-# writes (discard new), and an operator grows it; nothing is silently lost.
-DEFAULT_MAX_BYTES = 64 * 1024**3
+# History is never dropped to make room: no age or count limit, and discard
+# "new", so a full stream (at max_bytes, or when the server's JetStream
+# storage is exhausted) refuses new writes, loudly, instead of deleting old
+# ones. An operator sets a size (`max_bytes`) to be refused before the disk is.
+DEFAULT_MAX_BYTES = -1
 DUPLICATE_WINDOW_S = 120.0
 PUBLISH_TRIES = 5
 
@@ -213,7 +215,10 @@ class NatsBus:
         return msg.seq if (msg.headers or {}).get("Nats-Msg-Id") == msg_id else 0
 
     async def last_seq(self) -> int:
-        info = await self.js.stream_info(STREAM)
+        try:
+            info = await self.js.stream_info(STREAM)
+        except NotFoundError:
+            raise LookupError(f"there is no {STREAM} stream on this NATS: has a control plane run against it?") from None
         return info.state.last_seq
 
     async def follow(self, start_seq: int, on_message: OnMessage) -> _Sub:

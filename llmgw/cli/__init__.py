@@ -1,0 +1,1 @@
+"""The `llmgw` command: argument parsing and wiring, no policy."""

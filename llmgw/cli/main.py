@@ -1,0 +1,230 @@
+"""`llmgw`: one command, a subcommand per component.
+
+    llmgw up                 embedded NATS + control plane (+ later: projector, agent, gateway)
+    llmgw control            the control plane alone, against a NATS you run
+    llmgw agent --simulate   a simulated node
+    llmgw ctl apply -f FILE  publish a catalog
+    llmgw replay [FILE]      fold the log and look at any moment of it
+    llmgw events schema      write or check the event contract files
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+DEFAULT_NATS = "nats://127.0.0.1:4222"
+
+
+def _nats_url(args) -> str:
+    return args.nats or os.environ.get("LLMGW_NATS") or DEFAULT_NATS
+
+
+def _setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+
+
+def _run_until_signalled(main_coro_factory) -> None:
+    """Run an async service until SIGINT or SIGTERM, then let it stop cleanly."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await main_coro_factory(stop)
+
+    try:
+        asyncio.run(runner())
+    except (ConnectionError, LookupError, TimeoutError) as e:
+        sys.exit(f"llmgw: {e}")
+    except Exception as e:  # one line for people; the traceback with -v
+        logging.getLogger("llmgw").debug("fatal", exc_info=True)
+        sys.exit(f"llmgw: {type(e).__name__}: {e}")
+
+
+# ----------------------------------------------------------------- subcommands
+
+
+def cmd_up(args) -> None:
+    from .up import up
+
+    sys.exit(up(state_dir=args.state_dir, nats_port=args.nats_port, nats_url=args.nats))
+
+
+def cmd_control(args) -> None:
+    from ..bus.nats import NatsBus
+    from ..control.plane import ControlPlane
+    from ..control.snapshots import SnapshotStore
+
+    _setup_logging(args.verbose)
+
+    async def main(stop: asyncio.Event) -> None:
+        bus = await NatsBus.connect(_nats_url(args), name="llmgw-control", forever=True)
+        snapshots = SnapshotStore(os.path.join(args.state_dir, "control", "snapshot.msgpack"))
+        plane = ControlPlane(bus, snapshots=snapshots, node_grace=args.node_grace)
+        try:
+            await plane.run(stop)
+        finally:
+            await bus.close()
+
+    _run_until_signalled(main)
+
+
+def cmd_agent(args) -> None:
+    if not args.simulate:
+        sys.exit("llmgw agent: only the simulated agent exists so far; run it with --simulate")
+    from ..agent.simulated import SimulatedAgent
+    from ..bus.nats import NatsBus
+
+    _setup_logging(args.verbose)
+
+    async def main(stop: asyncio.Event) -> None:
+        bus = await NatsBus.connect(_nats_url(args), name=f"llmgw-agent-{args.name}", forever=True)
+        agent = SimulatedAgent(
+            bus,
+            args.name,
+            args.gpus,
+            gpu_memory_gb=args.gpu_memory,
+            loading_after=args.loading_after,
+            ready_after=args.ready_after,
+            fail_models=frozenset(args.fail_model),
+        )
+
+        # Tests and demos make a shard fail on request: a core NATS request
+        # on llmgw.sim.<node>.fail with the shard id as its body.
+        async def on_fail(msg) -> None:
+            ok = await agent.fail(msg.data.decode(), "failed on request")
+            await msg.respond(b"failed" if ok else b"no such shard running")
+
+        sub = await bus.nc.subscribe(f"llmgw.sim.{args.name}.fail", cb=on_fail)
+        try:
+            await agent.run(stop)
+        finally:
+            await sub.unsubscribe()
+            await bus.close()
+
+    _run_until_signalled(main)
+
+
+def cmd_ctl(args) -> None:
+    from . import ctl
+
+    sys.exit(asyncio.run(ctl.run(args, _nats_url(args))))
+
+
+def cmd_replay(args) -> None:
+    from ..replay import logfile, tool
+
+    if args.file:
+        try:
+            records = logfile.read(args.file)
+        except (OSError, ValueError) as e:
+            sys.exit(f"llmgw replay: {args.file}: {e}")
+    else:
+        from ..bus import read_log
+        from ..bus.nats import NatsBus
+
+        async def fetch():
+            bus = await NatsBus.connect(_nats_url(args), name="llmgw-replay")
+            try:
+                return await read_log(bus)
+            finally:
+                await bus.close()
+
+        try:
+            records = asyncio.run(fetch())
+        except (ConnectionError, LookupError) as e:
+            sys.exit(f"llmgw replay: {e}")
+    sys.exit(tool.run(records, args))
+
+
+def cmd_events(args) -> None:
+    from .. import contract
+
+    if args.write:
+        for path in contract.write():
+            print(f"wrote {path}")
+        return
+    current, saved = contract.schemas(), contract.committed()
+    problems = contract.incompatibilities(saved, current)
+    stale = sorted(t for t in current if saved.get(t) != current[t])
+    for p in problems:
+        print(f"incompatible: {p}")
+    for t in stale:
+        print(f"out of date: events/schema/{t}.json (run llmgw events schema --write)")
+    if problems or stale:
+        sys.exit(1)
+    print(f"{len(current)} event schemas match the code")
+
+
+# ----------------------------------------------------------------- parser
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llmgw", description="A GPU fleet as one LLM service, folded from an event log.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run NATS (embedded) and the control plane on this machine")
+    up.add_argument("--state-dir", default=".llmgw", help="where NATS keeps the log and the control plane its snapshots")
+    up.add_argument("--nats-port", type=int, default=4222)
+    up.add_argument("--nats", help="use this NATS server or cluster instead of starting one")
+    up.set_defaults(func=cmd_up)
+
+    control = sub.add_parser("control", help="run the control plane")
+    control.add_argument("--nats", help=f"NATS URL (default $LLMGW_NATS or {DEFAULT_NATS})")
+    control.add_argument("--state-dir", default=".llmgw")
+    control.add_argument("--node-grace", type=float, default=10.0, help="seconds without a heartbeat before a node is lost")
+    control.add_argument("-v", "--verbose", action="store_true")
+    control.set_defaults(func=cmd_control)
+
+    agent = sub.add_parser("agent", help="run a node agent")
+    agent.add_argument("--simulate", action="store_true", help="a simulated node: runs no engine")
+    agent.add_argument("--name", required=True)
+    agent.add_argument("--gpus", type=int, default=8)
+    agent.add_argument("--gpu-memory", type=float, default=80.0, help="GB per simulated GPU")
+    agent.add_argument("--loading-after", type=float, default=0.1, help="seconds from starting to loading")
+    agent.add_argument("--ready-after", type=float, default=0.5, help="seconds from loading to ready")
+    agent.add_argument("--fail-model", action="append", default=[], help="shards of this model fail instead of becoming ready")
+    agent.add_argument("--nats")
+    agent.add_argument("-v", "--verbose", action="store_true")
+    agent.set_defaults(func=cmd_agent)
+
+    from . import ctl
+
+    ctl.add_parser(sub)
+
+    replay = sub.add_parser("replay", help="fold the log and show any moment of it")
+    replay.add_argument("file", nargs="?", help="a log file (from --export); without it, the live log")
+    replay.add_argument("--nats")
+    replay.add_argument("--at", help="stop at this sequence number or time (ISO 8601 or Unix seconds)")
+    who = replay.add_mutually_exclusive_group()
+    who.add_argument("--model", help="the history of one model")
+    who.add_argument("--replica", help="the history of one replica")
+    who.add_argument("--node", help="the history of one node")
+    replay.add_argument("--verify", action="store_true", help="decide again at every recorded decision and compare")
+    replay.add_argument("--quarantined", action="store_true", help="list the quarantined events")
+    replay.add_argument("--export", metavar="FILE", help="write the log to a file")
+    replay.add_argument("--json", action="store_true", help="JSON for tools instead of tables")
+    replay.set_defaults(func=cmd_replay)
+
+    events = sub.add_parser("events", help="the event contract")
+    events_sub = events.add_subparsers(dest="what", required=True)
+    schema = events_sub.add_parser("schema", help="check (default) or write events/schema/")
+    schema.add_argument("--write", action="store_true")
+    schema.set_defaults(func=cmd_events)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    args.func(args)

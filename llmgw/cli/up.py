@@ -1,0 +1,112 @@
+"""`llmgw up`: the whole system on one machine, as one command.
+
+It starts an embedded nats-server (unless given `--nats`), then each
+component as a child process of its own, so that any of them can be killed
+and restarted on its own, as in a real fleet. A child that dies is started
+again after a pause. Ctrl-C (or SIGTERM) stops every process it started, the
+components first, NATS last, and running it again resumes from the same log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..bus.server import NatsServer, PortTaken
+
+RESTART_PAUSE_S = 1.0  # doubled for each quick death in a row, up to a minute
+HEALTHY_AFTER_S = 30.0
+STOP_TIMEOUT_S = 10.0
+
+
+class Child:
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.name, self.argv = name, argv
+        self.proc: subprocess.Popen | None = None
+        self.died_at = 0.0
+        self.started_at = 0.0
+        self.pause = RESTART_PAUSE_S
+
+    def start(self) -> None:
+        # A session of its own: a Ctrl-C in the terminal reaches `up` alone,
+        # which then stops the children in order.
+        self.proc = subprocess.Popen(self.argv, start_new_session=True, stdin=subprocess.DEVNULL)
+        self.started_at = time.monotonic()
+        print(f"  {self.name}: pid {self.proc.pid}", flush=True)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def up(state_dir: str, nats_port: int, nats_url: str | None) -> int:
+    state = Path(state_dir)
+    server = None
+    if nats_url is None:
+        server = NatsServer(state / "nats", nats_port)
+        try:
+            server.start()
+        except (PortTaken, RuntimeError, TimeoutError) as e:
+            print(f"llmgw up: {e}", file=sys.stderr)
+            return 2
+        nats_url = server.url
+    print(f"llmgw up: NATS (JetStream) at {nats_url}, state in {state.resolve()}", flush=True)
+    py = sys.executable
+    children = [
+        Child("control plane", [py, "-m", "llmgw", "control", "--nats", nats_url, "--state-dir", str(state)]),
+    ]
+    stopping = False
+
+    def on_signal(signum, frame) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    for c in children:
+        c.start()
+    print(
+        f"ready. In other shells:\n"
+        f"  llmgw agent --simulate --name gpu-1 --gpus 8 --nats {nats_url}\n"
+        f"  llmgw ctl --nats {nats_url} apply -f deploy/catalog.example.yaml\n"
+        f"  llmgw replay --nats {nats_url}\n"
+        f"Ctrl-C stops everything.",
+        flush=True,
+    )
+    try:
+        while not stopping:
+            time.sleep(0.2)
+            for c in children:
+                if c.proc is not None and c.proc.poll() is not None and not stopping:
+                    if not c.died_at:
+                        c.died_at = time.monotonic()
+                        lived = c.died_at - c.started_at
+                        c.pause = RESTART_PAUSE_S if lived > HEALTHY_AFTER_S else min(c.pause * 2, 60.0)
+                        print(
+                            f"llmgw up: {c.name} exited with {c.proc.returncode}; starting it again in {c.pause:g}s",
+                            flush=True,
+                        )
+                    elif time.monotonic() - c.died_at >= c.pause:
+                        c.died_at = 0.0
+                        c.start()
+    finally:
+        print("llmgw up: stopping", flush=True)
+        for c in reversed(children):
+            c.stop()
+        if server is not None:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(up(os.environ.get("LLMGW_STATE_DIR", ".llmgw"), 4222, None))

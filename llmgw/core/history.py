@@ -1,0 +1,134 @@
+"""What an event is about, and how to say it in a line: for `llmgw replay`'s
+history of a model, replica or node, and for the verification report."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import msgspec
+
+from . import events as ev
+from .decide import decide
+from .fold import apply, describe_action
+from .state import State
+
+Entity = tuple[str, str]  # ("model" | "replica" | "node", name)
+
+
+def mentions(event: ev.Event) -> set[Entity]:
+    out: set[Entity] = set()
+    if isinstance(event, ev.ModelApplied):
+        out.add(("model", event.model.name))
+    elif isinstance(event, ev.ModelRemoved):
+        out.add(("model", event.name))
+    elif isinstance(event, ev.NodeRegistered):
+        out.add(("node", event.node))
+        for r in event.running:
+            out.update({("replica", r.replica), ("model", r.model)})
+    elif isinstance(event, ev.ShardStatus):
+        out.update({("node", event.node), ("replica", event.replica)})
+        out.add(("model", event.replica.rpartition("-")[0]))
+    elif isinstance(event, ev.NodeLost):
+        out.add(("node", event.node))
+    elif isinstance(event, ev.Decided):
+        for a in event.actions:
+            out.update(_action_mentions(a))
+    return out
+
+
+def _action_mentions(a: ev.Action) -> set[Entity]:
+    if isinstance(a, ev.PlaceReplica):
+        return {("replica", a.replica), ("model", a.model)} | {("node", s.node) for s in a.shards}
+    if isinstance(a, ev.StopReplica):
+        return {("replica", a.replica), ("model", a.replica.rpartition("-")[0])}
+    if isinstance(a, ev.ModelWaiting):
+        return {("model", a.model)}
+    if isinstance(a, ev.StopStray):
+        return {("node", a.node)}
+    return set()
+
+
+def summary(event: ev.Event, about: Entity | None = None) -> str:
+    """One line for people. With `about`, only the actions that concern it."""
+    if isinstance(event, ev.ModelApplied):
+        m = event.model
+        profiles = ", ".join(f"{p.name} ({p.gpus} GPU x {p.nodes} node)" for p in m.profiles)
+        return f"model {m.name} applied: min {m.min_replicas}, profiles {profiles}"
+    if isinstance(event, ev.ModelRemoved):
+        return f"model {event.name} removed"
+    if isinstance(event, ev.NodeRegistered):
+        return f"node {event.node} registered: {len(event.gpus)} GPUs, running {len(event.running)} shard(s)"
+    if isinstance(event, ev.ShardStatus):
+        why = f": {event.reason}" if event.reason else ""
+        return f"shard {event.shard} on {event.node} {event.state}{why}"
+    if isinstance(event, ev.NodeLost):
+        return f"node {event.node} lost: {event.reason}"
+    if isinstance(event, ev.Decided):
+        acts = [a for a in event.actions if about is None or about in _action_mentions(a)]
+        return "; ".join(f"{describe_action(a)} ({a.reason})" if a.reason else describe_action(a) for a in acts)
+    return ev.tag_of(type(event))
+
+
+class Difference(msgspec.Struct, kw_only=True):
+    """A recorded decision that deciding again on its basis does not give."""
+
+    seq: int
+    basis: int
+    at: float
+    recorded: list[str]
+    decided_again: list[str]
+
+
+Record = tuple[int, str, bytes]  # (seq, subject, data) as the log holds them
+
+
+def verify(records: Iterable[Record]) -> tuple[int, list[Difference]]:
+    """Re-run `decide` on the state each recorded pass was taken on, at its
+    recorded time, and list the passes that come out differently.
+
+    Returns (passes checked, differences). `records` is iterated twice, so it
+    must be a sequence, not a one-shot iterator.
+    """
+    wanted: dict[int, list[tuple[int, ev.Decided]]] = {}
+    for seq, subject, data in records:
+        if subject.startswith("llmgw.control.") and b'"control.decided"' in data:
+            try:
+                e = ev.decode(data)
+            except msgspec.MsgspecError:
+                continue
+            if isinstance(e, ev.Decided):
+                wanted.setdefault(e.basis, []).append((seq, e))
+    differences: list[Difference] = []
+    state = State()
+
+    def check(basis: int) -> None:
+        for seq, e in wanted.pop(basis, ()):
+            again = decide(state, e.at)
+            if again != e.actions:
+                differences.append(
+                    Difference(
+                        seq=seq,
+                        basis=basis,
+                        at=e.at,
+                        recorded=[describe_action(a) for a in e.actions],
+                        decided_again=[describe_action(a) for a in again],
+                    )
+                )
+
+    checked = sum(len(v) for v in wanted.values())
+    check(0)
+    for seq, subject, data in records:
+        apply(state, seq, subject, data)
+        if seq in wanted:
+            check(seq)
+    return checked, differences
+
+
+def history(records: Iterable[Record], about: Entity) -> Iterator[tuple[int, ev.Event]]:
+    for seq, _subject, data in records:
+        try:
+            e = ev.decode(data)
+        except msgspec.MsgspecError:
+            continue
+        if about in mentions(e):
+            yield seq, e

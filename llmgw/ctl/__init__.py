@@ -1,0 +1,1 @@
+"""The operator's side: reading a catalog file and publishing what changed."""

@@ -1,0 +1,126 @@
+"""A catalog in YAML, validated with pydantic; errors name the file, the line
+and the field, so a typo is found without reading the code.
+
+    models:
+      - name: smollm2
+        min_replicas: 2
+        profiles:
+          - name: cpu
+            engine: llama.cpp
+            gpus: 0
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..core.catalog import MODEL_NAME_RE
+from ..core.events import ModelSpec, ProfileSpec
+
+
+class CatalogError(ValueError):
+    pass
+
+
+class _Profile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    engine: str = "sim"
+    args: list[str] = []
+    gpus: int = Field(1, ge=0)
+    nodes: int = Field(1, ge=1)
+    gpu_memory_gb: float = Field(0.0, ge=0)
+    memory_gb: float = Field(0.0, ge=0)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    aliases: list[str] = []
+    owner: str = ""
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(0, ge=0)
+    profiles: list[_Profile] = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not MODEL_NAME_RE.match(v):
+            raise ValueError("a model name is letters, digits and . _ : / - (at most 128), starting with a letter or digit")
+        return v
+
+    @field_validator("profiles")
+    @classmethod
+    def _unique(cls, v: list[_Profile]) -> list[_Profile]:
+        names = [p.name for p in v]
+        if len(set(names)) != len(names):
+            raise ValueError("two profiles have the same name")
+        return v
+
+
+class _Catalog(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    models: list[_Model] = []
+
+
+def _line_of(root: yaml.Node | None, loc: tuple) -> int | None:
+    """The line (1-based) of the YAML node at a pydantic error location."""
+    node, line = root, (root.start_mark.line + 1 if root is not None else None)
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.value == key:
+                    node, line = v, k.start_mark.line + 1
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def load(path: str | Path) -> list[ModelSpec]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise CatalogError(f"{path}: {e.strerror}") from None
+    try:
+        data: Any = yaml.safe_load(text)
+        root = yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise CatalogError(f"{path}{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    try:
+        catalog = _Catalog.model_validate(data or {})
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = tuple(err["loc"])
+            field = ".".join(str(p) for p in loc) or "(top level)"
+            line = _line_of(root, loc)
+            lines.append(f"{path}:{line}: {field}: {err['msg']}")
+        raise CatalogError("\n".join(lines)) from None
+    names = [m.name for m in catalog.models]
+    for n in set(names):
+        if names.count(n) > 1:
+            raise CatalogError(f"{path}: model {n} is defined twice")
+    return [
+        ModelSpec(
+            name=m.name,
+            aliases=m.aliases,
+            owner=m.owner,
+            min_replicas=m.min_replicas,
+            max_replicas=m.max_replicas,
+            profiles=[ProfileSpec(**p.model_dump()) for p in m.profiles],
+        )
+        for m in catalog.models
+    ]

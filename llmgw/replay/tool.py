@@ -1,0 +1,171 @@
+"""`llmgw replay`: the state at any moment, the history of one thing, and
+`--verify`, from the live log or from a file with no NATS at all."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from collections.abc import Sequence
+
+import msgspec
+
+from ..core import events as ev
+from ..core.fold import apply
+from ..core.history import Entity, Record, history, summary, verify
+from ..core.state import State
+from . import logfile
+
+
+class _At(msgspec.Struct):
+    at: float = 0.0
+
+
+_at = msgspec.json.Decoder(_At)
+
+
+def parse_at(text: str) -> tuple[str, float]:
+    """--at takes a sequence (an integer) or a time (ISO 8601, or Unix seconds with a dot)."""
+    if text.isdigit():
+        return "seq", float(text)
+    try:
+        return "time", float(text)
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise SystemExit(f"--at {text!r}: give a sequence number, Unix seconds or an ISO 8601 time") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return "time", when.timestamp()
+
+
+def fold_until(records: Sequence[Record], at: tuple[str, float] | None) -> State:
+    state = State()
+    for seq, subject, data in records:
+        if at is not None:
+            kind, limit = at
+            if kind == "seq" and seq > limit:
+                break
+            if kind == "time":
+                try:
+                    if _at.decode(data).at > limit:
+                        break
+                except msgspec.MsgspecError:
+                    pass
+        apply(state, seq, subject, data)
+    return state
+
+
+def when(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    cells = [header] + rows
+    widths = [max(len(str(r[i])) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def state_json(state: State) -> dict:
+    return msgspec.to_builtins(state)
+
+
+def render_state(state: State) -> str:
+    out = [f"state at sequence {state.seq}"]
+    out.append("\nNODES")
+    out.append(
+        table(
+            [
+                [n.name, n.state, f"{len(n.used)}/{len(n.gpus)}", str(len(n.strays)), n.reason]
+                for n in sorted(state.nodes.values(), key=lambda n: n.name)
+            ],
+            ["NODE", "STATE", "GPUS USED", "STRAYS", "REASON"],
+        )
+    )
+    out.append("\nMODELS")
+    rows = []
+    for name in sorted(state.models):
+        m = state.models[name]
+        reps = [r for r in state.replicas.values() if r.model == name]
+        ready = sum(r.state == "ready" for r in reps)
+        rows.append([name, str(m.spec.min_replicas), str(len(reps)), str(ready), m.waiting])
+    out.append(table(rows, ["MODEL", "MIN", "REPLICAS", "READY", "WAITING"]))
+    out.append("\nREPLICAS")
+    out.append(
+        table(
+            [
+                [
+                    r.id,
+                    r.model,
+                    r.profile,
+                    r.state,
+                    ",".join(f"{s.node}:{'+'.join(map(str, s.gpus))}" for s in r.shards),
+                    r.reason,
+                ]
+                for r in sorted(state.replicas.values(), key=lambda r: r.id)
+            ],
+            ["REPLICA", "MODEL", "PROFILE", "STATE", "SHARDS", "REASON"],
+        )
+    )
+    if state.quarantine_count:
+        out.append(f"\nQUARANTINED: {state.quarantine_count} event(s)")
+        out.append(table([[str(q.seq), q.subject, q.error] for q in state.quarantined], ["SEQ", "SUBJECT", "ERROR"]))
+    if state.voided_count:
+        out.append(f"\nVOIDED DECISIONS: {state.voided_count}")
+        out.append(table([[str(v.seq), v.action, v.reason] for v in state.voided], ["SEQ", "ACTION", "WHY"]))
+    return "\n".join(out)
+
+
+def run(records: Sequence[Record], args) -> int:
+    """Carry out one `llmgw replay` invocation on the records; returns the exit code."""
+    out = sys.stdout
+    if args.export:
+        n = logfile.write(args.export, records)
+        print(f"wrote {n} events to {args.export}", file=sys.stderr)
+        return 0
+    at = parse_at(args.at) if args.at else None
+    about: Entity | None = None
+    for kind in ("model", "replica", "node"):
+        if getattr(args, kind):
+            about = (kind, getattr(args, kind))
+    if args.verify:
+        checked, diffs = verify(records)
+        if args.json:
+            out.write(msgspec.json.encode({"checked": checked, "differences": diffs}).decode() + "\n")
+        else:
+            for d in diffs:
+                out.write(f"seq {d.seq} (decided on {d.basis} at {when(d.at)}):\n")
+                out.write(f"  recorded:      {'; '.join(d.recorded) or '(nothing)'}\n")
+                out.write(f"  decided again: {'; '.join(d.decided_again) or '(nothing)'}\n")
+            out.write(f"{checked} decision(s) checked, {len(diffs)} differ\n")
+        return 1 if diffs else 0
+    if about is not None:
+        limit = at[1] if at and at[0] == "seq" else None
+        items = [(s, e) for s, e in history(records, about) if limit is None or s <= limit]
+        if args.json:
+            rows = [{"seq": s, "event": msgspec.to_builtins(e), "summary": summary(e, about)} for s, e in items]
+            out.write(msgspec.json.encode(rows).decode() + "\n")
+        else:
+            out.write(
+                table(
+                    [[str(s), when(e.at), ev.tag_of(type(e)), summary(e, about)] for s, e in items],
+                    ["SEQ", "TIME (UTC)", "EVENT", "WHAT"],
+                )
+                + "\n"
+            )
+        return 0
+    state = fold_until(records, at)
+    if args.quarantined:
+        rows = [msgspec.to_builtins(q) for q in state.quarantined]
+        if args.json:
+            out.write(msgspec.json.encode({"count": state.quarantine_count, "last": rows}).decode() + "\n")
+        else:
+            out.write(f"{state.quarantine_count} quarantined event(s)\n")
+            out.write(table([[str(q.seq), q.subject, q.error] for q in state.quarantined], ["SEQ", "SUBJECT", "ERROR"]) + "\n")
+        return 0
+    if args.json:
+        out.write(msgspec.json.encode(state_json(state)).decode() + "\n")
+    else:
+        out.write(render_state(state) + "\n")
+    return 0
