@@ -78,6 +78,16 @@ def _shape(node: dict, defs: dict, seen: frozenset = frozenset()) -> object:
     return ("type", json.dumps({k: v for k, v in node.items() if k in ("type", "additionalProperties")}, sort_keys=True))
 
 
+def _tag(node: dict, defs: dict) -> tuple[str, str] | None:
+    """(tag field, tag) of a tagged record: the property with one enum value."""
+    node = _resolve(node, defs)
+    for name, prop in node.get("properties", {}).items():
+        values = prop.get("enum")
+        if values is not None and len(values) == 1:
+            return name, values[0]
+    return None
+
+
 def incompatibilities(old: dict[str, dict], new: dict[str, dict]) -> list[str]:
     """What the new contract breaks of the old: a type gone (a tag changed), a
     field removed or retyped anywhere, or a new field without a default."""
@@ -122,11 +132,16 @@ def _compare(where: str, old: dict, old_defs: dict, new: dict, new_defs: dict, p
         _compare(f"{where}[]", old.get("items", {}), old_defs, new.get("items", {}), new_defs, problems, seen)
         return
     if "anyOf" in old and "anyOf" in new:
-        # A union may gain members, never lose one.
-        old_members = {repr(_shape(n, old_defs)) for n in old["anyOf"]}
-        new_members = {repr(_shape(n, new_defs)) for n in new["anyOf"]}
-        if not old_members <= new_members:
-            problems.append(f"{where} no longer accepts every kind it did")
+        # A union may gain members, never lose or break one. Tagged members are
+        # matched by their tag and compared field by field.
+        new_tagged = {_tag(n, new_defs): n for n in new["anyOf"]}
+        new_shapes = {repr(_shape(n, new_defs)) for n in new["anyOf"]}
+        for member in old["anyOf"]:
+            tag = _tag(member, old_defs)
+            if tag is not None and tag in new_tagged:
+                _compare(f"{where}<{tag[1]}>", member, old_defs, new_tagged[tag], new_defs, problems, seen)
+            elif repr(_shape(member, old_defs)) not in new_shapes:
+                problems.append(f"{where} no longer accepts a kind it did ({tag[1] if tag else 'untagged'})")
         return
     if "enum" in old:
         if not set(old["enum"]) <= set(new.get("enum", [])):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from . import events as ev
 from .catalog import max_replicas
+from .fold import replica_number
 from .placement import Inventory, first_fit, why_no_fit
 from .state import Replica, State
 
@@ -49,7 +50,7 @@ def decide(state: State, now: float) -> list[ev.Action]:
         want = spec.min_replicas
         if len(live) > max_replicas(spec):
             # The newest first, and those not yet serving before those that are.
-            extra = sorted(live, key=lambda r: (r.state == "ready", -r.placed_at, r.id))
+            extra = sorted(live, key=lambda r: (r.state == "ready", -r.placed_at, -replica_number(r.id)))
             for rep in extra[: len(live) - max_replicas(spec)]:
                 actions.append(ev.StopReplica(replica=rep.id, reason=f"{name} wants at most {max_replicas(spec)}"))
             continue

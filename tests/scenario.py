@@ -1,0 +1,107 @@
+"""A tiny harness for scenario tests of the pure core: events in, state and
+decisions out, with the log kept exactly as the shell would write it."""
+
+from __future__ import annotations
+
+from llmgw.core import events as ev
+from llmgw.core.decide import decide
+from llmgw.core.fold import apply
+from llmgw.core.state import State
+
+
+def model(name: str, min_replicas: int = 1, gpus: int = 1, mem: float = 0.0, **kw) -> ev.ModelSpec:
+    profiles = kw.pop("profiles", None) or [ev.ProfileSpec(name="default", gpus=gpus, gpu_memory_gb=mem)]
+    return ev.ModelSpec(name=name, min_replicas=min_replicas, profiles=profiles, **kw)
+
+
+class Fleet:
+    def __init__(self) -> None:
+        self.state = State()
+        self.log: list[tuple[int, str, bytes]] = []
+        self.now = 1000.0
+
+    def publish(self, event: ev.Event, subject: str | None = None) -> int:
+        seq = len(self.log) + 1
+        subject = subject or ev.subject_for(event)
+        data = ev.encode(event)
+        self.log.append((seq, subject, data))
+        apply(self.state, seq, subject, data)
+        return seq
+
+    def tick(self, seconds: float = 1.0) -> float:
+        self.now += seconds
+        return self.now
+
+    def apply(self, spec: ev.ModelSpec) -> None:
+        self.publish(ev.ModelApplied(at=self.tick(), model=spec))
+
+    def remove(self, name: str) -> None:
+        self.publish(ev.ModelRemoved(at=self.tick(), name=name))
+
+    def register(self, node: str, gpus: int = 8, mem: float = 80.0, running: list[ev.RunningShard] | None = None) -> None:
+        self.publish(
+            ev.NodeRegistered(
+                at=self.tick(),
+                node=node,
+                gpus=[ev.Gpu(index=i, memory_gb=mem) for i in range(gpus)],
+                running=running or [],
+            )
+        )
+
+    def lose(self, node: str, reason: str = "no heartbeat") -> None:
+        self.publish(ev.NodeLost(at=self.tick(), node=node, reason=reason))
+
+    def decide(self) -> list[ev.Action]:
+        """One control-plane pass: decide, publish, fold it back."""
+        now = self.tick()
+        actions = decide(self.state, now)
+        if actions:
+            self.publish(ev.Decided(at=now, basis=self.state.seq, actions=actions))
+        return actions
+
+    def report(self, shard_id: str, state: str, reason: str = "", generation: int | None = None) -> None:
+        rep_id = shard_id.rpartition(".")[0]
+        shard = next(s for s in self.state.replicas[rep_id].shards if s.id == shard_id)
+        self.publish(
+            ev.ShardStatus(
+                at=self.tick(),
+                node=shard.node,
+                replica=rep_id,
+                shard=shard_id,
+                generation=shard.generation if generation is None else generation,
+                state=state,
+                reason=reason,
+            )
+        )
+
+    def make_ready(self) -> None:
+        """Every placed shard reports starting, loading, ready."""
+        for rep in list(self.state.replicas.values()):
+            for sh in rep.shards:
+                if sh.state == "placing":
+                    for st in ("starting", "loading", "ready"):
+                        self.report(sh.id, st)
+
+    def running_on(self, node: str) -> list[ev.RunningShard]:
+        """What an agent on `node` would report running, from the state."""
+        out = []
+        for rep in self.state.replicas.values():
+            for sh in rep.shards:
+                if sh.node == node and sh.state in ("starting", "loading", "ready"):
+                    out.append(
+                        ev.RunningShard(
+                            shard=sh.id,
+                            replica=rep.id,
+                            model=rep.model,
+                            profile=rep.profile,
+                            generation=sh.generation,
+                            rank=sh.rank,
+                            gpus=sh.gpus,
+                            port=sh.port,
+                            state=sh.state,
+                        )
+                    )
+        return out
+
+    def states(self) -> dict[str, str]:
+        return {r.id: r.state for r in self.state.replicas.values()}

@@ -1,0 +1,50 @@
+"""The pure core imports nothing from the shell: no I/O, no clock, no
+randomness, no asyncio. A reader finds every rule there, and replay can
+trust that the same log gives the same state."""
+
+import ast
+from pathlib import Path
+
+CORE = Path(__file__).resolve().parent.parent / "llmgw" / "core"
+
+# Standard modules the core may use: none of them does I/O, reads a clock or draws random numbers.
+ALLOWED = {"__future__", "typing", "collections", "dataclasses", "hashlib", "re", "enum", "itertools", "functools", "bisect", "heapq", "math"}
+ALLOWED_THIRD_PARTY = {"msgspec"}
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: must stay inside the core
+                if node.level > 1:
+                    names.add("." * node.level + (node.module or ""))
+                continue
+            names.add(node.module or "")
+    return names
+
+
+def test_core_imports_only_pure_modules():
+    offenders = {}
+    for path in sorted(CORE.glob("*.py")):
+        bad = {
+            n
+            for n in imports_of(path)
+            if n.split(".")[0] not in ALLOWED | ALLOWED_THIRD_PARTY and not n.startswith("llmgw.core")
+        }
+        if bad:
+            offenders[path.name] = sorted(bad)
+    assert not offenders, f"the core imports from outside itself: {offenders}"
+
+
+def test_core_does_no_io():
+    # The import rule keeps out clocks, randomness and the network; these
+    # builtins are the remaining ways to reach the outside world.
+    io_builtins = {"open", "print", "input", "exec", "eval", "breakpoint"}
+    for path in sorted(CORE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                assert node.func.id not in io_builtins, f"{path.name}:{node.lineno} calls {node.func.id}()"

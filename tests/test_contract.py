@@ -1,0 +1,88 @@
+"""The event contract: the schema files match the code, and the code keeps
+every promise the committed files made (fields only ever added, with defaults)."""
+
+import copy
+
+import msgspec
+import pytest
+
+from llmgw import contract
+from llmgw.core import events as ev
+
+
+def test_schema_files_match_the_code():
+    current, saved = contract.schemas(), contract.committed()
+    assert set(saved) == set(current), "run `llmgw events schema --write`"
+    for tag in current:
+        assert saved[tag] == current[tag], f"events/schema/{tag}.json is out of date: run `llmgw events schema --write`"
+
+
+def test_the_code_keeps_the_committed_contract():
+    assert contract.incompatibilities(contract.committed(), contract.schemas()) == []
+
+
+def test_every_event_has_an_explicit_tag_a_version_and_a_time():
+    for cls in ev.EVENT_TYPES:
+        assert isinstance(cls.__struct_config__.tag, str) and "." in cls.__struct_config__.tag
+        fields = {f.name for f in msgspec.structs.fields(cls)}
+        assert {"v", "at"} <= fields
+
+
+def _shard_status_schema():
+    return copy.deepcopy(contract.schemas())
+
+
+def test_a_removed_field_is_incompatible():
+    old = contract.schemas()
+    new = copy.deepcopy(old)
+    del new["shard.status"]["$defs"]["ShardStatus"]["properties"]["reason"]
+    assert any("reason" in p and "removed" in p for p in contract.incompatibilities(old, new))
+
+
+def test_a_retyped_field_is_incompatible():
+    old = contract.schemas()
+    new = copy.deepcopy(old)
+    new["shard.status"]["$defs"]["ShardStatus"]["properties"]["generation"] = {"type": "string"}
+    assert any("generation" in p and "retyped" in p for p in contract.incompatibilities(old, new))
+
+
+def test_a_changed_tag_is_incompatible():
+    old = contract.schemas()
+    new = copy.deepcopy(old)
+    new["shard.state"] = new.pop("shard.status")
+    assert any("shard.status" in p for p in contract.incompatibilities(old, new))
+
+
+def test_a_new_required_field_is_incompatible_but_a_defaulted_one_is_not():
+    old = contract.schemas()
+    new = copy.deepcopy(old)
+    props = new["node.lost"]["$defs"]["NodeLost"]["properties"]
+    props["cause"] = {"type": "string", "default": ""}
+    assert contract.incompatibilities(old, new) == []
+    new["node.lost"]["$defs"]["NodeLost"]["required"].append("cause")
+    assert any("cause" in p for p in contract.incompatibilities(old, new))
+
+
+def test_a_nested_field_change_is_found():
+    old = contract.schemas()
+    new = copy.deepcopy(old)
+    del new["control.decided"]["$defs"]["ShardPlacement"]["properties"]["port"]
+    assert any("port" in p for p in contract.incompatibilities(old, new))
+
+
+@pytest.mark.parametrize("cls", ev.EVENT_TYPES)
+def test_unknown_fields_from_a_newer_publisher_are_ignored(cls):
+    # An older reader must fold a newer writer's event: fields are only added.
+    schema_fields = {f.name for f in msgspec.structs.fields(cls)}
+    assert "from_the_future" not in schema_fields
+    sample = {
+        ev.ModelApplied: ev.ModelApplied(at=1.0, model=ev.ModelSpec(name="m", profiles=[ev.ProfileSpec(name="p")])),
+        ev.ModelRemoved: ev.ModelRemoved(at=1.0, name="m"),
+        ev.NodeRegistered: ev.NodeRegistered(at=1.0, node="n"),
+        ev.ShardStatus: ev.ShardStatus(at=1.0, node="n", replica="r", shard="r.0", generation=1, state="ready"),
+        ev.Decided: ev.Decided(at=1.0, basis=0, actions=[]),
+        ev.NodeLost: ev.NodeLost(at=1.0, node="n", reason="x"),
+    }[cls]
+    data = msgspec.json.decode(ev.encode(sample))
+    data["from_the_future"] = 42
+    assert ev.decode(msgspec.json.encode(data)) == sample
