@@ -30,7 +30,7 @@ class MemoryBus:
         self._changed = asyncio.Condition()
         self._commands: dict[str, list[bytes]] = {}
         self.heartbeats: dict[str, bytes] = {}
-        self._beats = asyncio.Condition()
+        self._beat_log: list[str] = []
 
     async def ensure_streams(self) -> None:
         pass
@@ -87,16 +87,19 @@ class MemoryBus:
 
     async def beat(self, node: str, data: bytes) -> None:
         self.heartbeats[node] = data
-        async with self._beats:
-            self._beats.notify_all()
-        self._last_beat = node
+        self._beat_log.append(node)
+        async with self._changed:
+            self._changed.notify_all()
 
     async def follow_heartbeats(self, on_beat: Callable[[str], None]) -> _Follower:
         async def run() -> None:
+            i = 0
             while True:
-                async with self._beats:
-                    await self._beats.wait()
-                on_beat(self._last_beat)
+                while i < len(self._beat_log):
+                    on_beat(self._beat_log[i])
+                    i += 1
+                async with self._changed:
+                    await self._changed.wait_for(lambda: i < len(self._beat_log))
 
         return _Follower(asyncio.create_task(run()))
 
