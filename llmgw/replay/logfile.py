@@ -23,7 +23,7 @@ from ..core.history import Record
 class _Line(msgspec.Struct, kw_only=True):
     seq: int
     subject: str
-    data: msgspec.Raw | None = None
+    data: msgspec.Raw = msgspec.Raw()
     raw: str | None = None
 
 
@@ -64,7 +64,7 @@ def parse(blob: bytes) -> Iterator[Record]:
             rec = _line.decode(line)
         except msgspec.MsgspecError as e:
             raise ValueError(f"line {i} of the log file is not a log record: {e}") from None
-        if rec.data is not None:
+        if len(rec.data):
             yield rec.seq, rec.subject, bytes(rec.data)
         else:
             yield rec.seq, rec.subject, base64.b64decode(rec.raw or "")

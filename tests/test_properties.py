@@ -1,0 +1,263 @@
+"""Property tests of the pure core: random worlds, folded as the shell folds them.
+
+Each test drives a `World` (tests/fleet_strategies.py) through a random
+sequence of steps over a random fleet and catalog, and checks one promise of
+the fold and its decisions after every step or over the whole log. No NATS,
+no I/O: the log is a list of (seq, subject, data) and the live state is folded
+with `fold.apply` as each message is appended.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmgw.core import events as ev
+from llmgw.core.decide import decide
+from llmgw.core.fold import apply, copy_state, decode_state, encode_state
+from llmgw.core.history import verify
+from llmgw.core.state import LIVE_SHARD_STATES, State, gpus_in_use
+
+from .fleet_strategies import Step, World
+
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def replay(records) -> State:
+    state = State()
+    for seq, subject, data in records:
+        apply(state, seq, subject, data)
+    return state
+
+
+# --------------------------------------------------------------------------- invariants
+
+
+def assert_no_gpu_given_twice(state: State) -> None:
+    """Each GPU and each port of a node is held by at most one live shard, and
+    the nodes' `used`/`ports` maps say exactly what the shards and strays hold."""
+    holders: dict[tuple[str, int], str] = {}
+    for node, gpu, shard in gpus_in_use(state):
+        assert (node, gpu) not in holders, f"GPU {gpu} on {node} is given to {holders[(node, gpu)]} and {shard}"
+        holders[(node, gpu)] = shard
+    ports: dict[tuple[str, int], str] = {}
+    for rep in state.replicas.values():
+        for sh in rep.shards:
+            if sh.state not in LIVE_SHARD_STATES:
+                continue
+            node = state.nodes.get(sh.node)
+            assert node is not None, f"live shard {sh.id} is on {sh.node}, a node never registered"
+            assert node.state == "ready", f"live shard {sh.id} ({sh.state}) is on {sh.node}, which is {node.state}"
+            have = {g.index for g in node.gpus}
+            assert set(sh.gpus) <= have, f"shard {sh.id} holds GPUs {sh.gpus}; {sh.node} has {sorted(have)}"
+            if sh.port:
+                key = (sh.node, sh.port)
+                assert key not in ports, f"port {sh.port} on {sh.node} is given to {ports[key]} and {sh.id}"
+                ports[key] = sh.id
+            for g in sh.gpus:
+                assert node.used.get(g) == sh.id, f"{sh.node}.used[{g}] is {node.used.get(g)!r}, not {sh.id}"
+            if sh.port:
+                assert node.ports.get(sh.port) == sh.id, f"{sh.node}.ports[{sh.port}] is not {sh.id}"
+    for name, node in state.nodes.items():
+        if node.state != "ready":
+            assert not node.used and not node.ports and not node.strays, f"lost node {name} still holds something"
+            continue
+        for sid, stray in node.strays.items():
+            # The agents in these worlds never report two things on one GPU or port,
+            # so a stray holds everything it runs on.
+            for g in stray.gpus:
+                assert node.used.get(g) == sid, f"{name}.used[{g}] is {node.used.get(g)!r}, not stray {sid}"
+            if stray.port:
+                assert node.ports.get(stray.port) == sid, f"{name}.ports[{stray.port}] is not stray {sid}"
+        for g, holder in node.used.items():
+            stray = node.strays.get(holder)
+            assert holders.get((name, g)) == holder or (stray is not None and g in stray.gpus), (
+                f"{name}.used[{g}] = {holder!r}, which neither a live shard nor a stray holds"
+            )
+        for p, holder in node.ports.items():
+            stray = node.strays.get(holder)
+            assert ports.get((name, p)) == holder or (stray is not None and stray.port == p), (
+                f"{name}.ports[{p}] = {holder!r}, which neither a live shard nor a stray holds"
+            )
+
+
+def assert_quarantined_and_nothing_else(step: Step, after: State) -> None:
+    before = step.state_before()
+    seq, subject, _ = step.record
+    assert after.quarantine_count == before.quarantine_count + 1, f"{step.detail} on {subject} was not quarantined"
+    assert (after.quarantined[-1].seq, after.quarantined[-1].subject) == (seq, subject)
+    rest = copy_state(after)
+    rest.seq, rest.control_seq = before.seq, before.control_seq
+    rest.quarantine_count, rest.quarantined = before.quarantine_count, before.quarantined
+    assert rest == before, f"a quarantined message ({step.detail} on {subject}) changed the state"
+
+
+def place_holds(before: State, a: ev.PlaceReplica, taken: set[tuple[str, str, int]]) -> bool:
+    """Whether a placement still holds on `before` (plus what earlier actions of
+    the same decision took): the rule, said independently of the fold."""
+    model = before.models.get(a.model)
+    if a.replica in before.replicas or model is None or model.fingerprints.get(a.profile) != a.fingerprint:
+        return False
+    if not a.shards or len({s.node for s in a.shards}) != len(a.shards):
+        return False
+    for s in a.shards:
+        node = before.nodes.get(s.node)
+        if node is None or node.state != "ready":
+            return False
+        have = {g.index for g in node.gpus}
+        for g in s.gpus:
+            if g not in have or g in node.used or (s.node, "gpu", g) in taken:
+                return False
+        if s.port in node.ports or (s.node, "port", s.port) in taken:
+            return False
+    return True
+
+
+def assert_voided_not_applied(step: Step, after: State) -> None:
+    """Each action of a decision is applied if it still holds, and voided and
+    counted otherwise; a decision taken on the live state voids nothing."""
+    before = step.state_before()
+    seq = step.record[0]
+    decided: ev.Decided = step.event  # type: ignore[assignment]
+    taken: set[tuple[str, str, int]] = set()
+    held = 0
+    for a in decided.actions:
+        if isinstance(a, ev.PlaceReplica):
+            ok = place_holds(before, a, taken)
+            rep = after.replicas.get(a.replica)
+            if ok:
+                assert rep is not None and [s.generation for s in rep.shards] == [seq] * len(a.shards)
+                assert [(s.node, s.gpus, s.port) for s in rep.shards] == [(s.node, s.gpus, s.port) for s in a.shards]
+                for s in a.shards:
+                    taken.update((s.node, "gpu", g) for g in s.gpus)
+                    taken.add((s.node, "port", s.port))
+            else:
+                assert rep == before.replicas.get(a.replica), f"voided {a.replica} was placed anyway"
+        elif isinstance(a, ev.StopReplica):
+            rep = before.replicas.get(a.replica)
+            ok = rep is not None and rep.state != "stopping"
+            if ok:
+                now = after.replicas.get(a.replica)
+                assert now is None or now.state == "stopping", f"{a.replica} was not stopped"
+        elif isinstance(a, ev.ModelWaiting):
+            ok = a.model in before.models
+            if ok:
+                assert after.models[a.model].waiting == a.reason
+        elif isinstance(a, ev.StopStray):
+            node = before.nodes.get(a.node)
+            stray = node.strays.get(a.shard) if node is not None else None
+            ok = stray is not None and stray.generation == a.generation
+            if ok:
+                assert after.nodes[a.node].strays[a.shard].stopping
+        else:  # pragma: no cover - a new kind of action needs a rule here
+            raise AssertionError(f"unknown action {a!r}")
+        held += ok
+    voided = after.voided_count - before.voided_count
+    assert voided == len(decided.actions) - held, (
+        f"{len(decided.actions) - held} action(s) no longer held but {voided} were voided"
+    )
+    assert all(v.seq == seq for v in after.voided[len(after.voided) - voided :])
+    if step.fresh:
+        assert voided == 0, f"a decision taken on the live state was voided: {after.voided[-voided:]}"
+
+
+# --------------------------------------------------------------------------- properties
+
+
+@SETTINGS
+@given(st.data())
+def test_replaying_the_log_gives_the_live_state(data):
+    world = World(data)
+    for _ in world.run():
+        pass
+    assert replay(world.log) == world.live
+
+
+@SETTINGS
+@given(st.data())
+def test_a_snapshot_plus_the_tail_gives_the_full_replay(data):
+    world = World(data)
+    for _ in world.run():
+        pass
+    full = replay(world.log)
+    cut = data.draw(st.integers(0, len(world.log)), "cut")
+    snapshot = encode_state(replay(world.log[:cut]))
+    assert snapshot == world.states[cut]  # the state at the cut, as the live fold had it
+    state = decode_state(snapshot)
+    for seq, subject, data_ in world.log[cut:]:
+        apply(state, seq, subject, data_)
+    assert state == full
+
+
+@SETTINGS
+@given(st.data())
+def test_decide_is_deterministic_and_does_not_touch_the_state(data):
+    world = World(data)
+    for _ in world.run(30):
+        now = world.now + data.draw(st.integers(0, 100))
+        before = encode_state(world.live)
+        one, two = decide(copy_state(world.live), now), decide(copy_state(world.live), now)
+        assert one == two
+        assert decide(world.live, now) == one
+        assert encode_state(world.live) == before, "decide changed the state it was given"
+
+
+@SETTINGS
+@given(st.data())
+def test_no_gpu_or_port_is_ever_given_twice(data):
+    world = World(data)
+    assert_no_gpu_given_twice(world.live)
+    for _ in world.run():
+        assert_no_gpu_given_twice(world.live)
+
+
+@SETTINGS
+@given(st.data())
+def test_malformed_messages_are_quarantined_and_change_nothing_else(data):
+    world = World(data)
+    for step in world.run():
+        if step.malformed:
+            assert_quarantined_and_nothing_else(step, world.live)
+        else:
+            # A well-formed event from its rightful speaker is never quarantined.
+            assert world.live.quarantine_count == step.state_before().quarantine_count, (
+                world.live.quarantined[-1].error
+            )
+
+
+@SETTINGS
+@given(st.data())
+def test_stale_decisions_are_voided_not_applied(data):
+    world = World(data)
+    for step in world.run():
+        if isinstance(step.event, ev.Decided):
+            assert_voided_not_applied(step, world.live)
+        assert_no_gpu_given_twice(world.live)
+
+
+@SETTINGS
+@given(st.data())
+def test_verify_finds_no_difference_in_a_log_of_fresh_decisions(data):
+    world = World(data, stale=False)
+    passes = 0
+    for step in world.run():
+        passes += isinstance(step.event, ev.Decided)
+    checked, differences = verify(world.log)
+    assert (checked, differences) == (passes, [])
+
+
+@SETTINGS
+@given(st.data())
+def test_verify_finds_no_difference_in_decisions_taken_on_older_states(data):
+    # A deposed leader's decision names the (older) state it was taken on as
+    # its basis, so deciding again on that state gives it exactly.
+    world = World(data)
+    passes = 0
+    for step in world.run():
+        passes += isinstance(step.event, ev.Decided) and step.record is not None and not step.malformed
+    checked, differences = verify(world.log)
+    assert (checked, differences) == (passes, [])
