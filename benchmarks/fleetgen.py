@@ -43,6 +43,7 @@ if __package__ in (None, ""):  # run as a script: the repository root on the pat
 
 from llmgw.core import commands as cmds  # noqa: E402
 from llmgw.core import events as ev  # noqa: E402
+from llmgw.core.catalog import profile_named  # noqa: E402
 from llmgw.core.decide import decide  # noqa: E402
 from llmgw.core.fold import apply, encode_state  # noqa: E402
 from llmgw.core.state import State  # noqa: E402
@@ -57,7 +58,7 @@ CACHE_DIR = Path(__file__).resolve().parent / ".cache"
 
 # The fleet.
 BIG_NODES, SMALL_NODES, GPUS_PER_NODE = 150, 50, 8
-WINDOW = 10.0  # simulated seconds between control plane passes
+WINDOW = 15.0  # simulated seconds between control plane passes
 GRACE = 10.0  # the control plane's node_grace
 
 # Rates, per simulated second.
@@ -148,6 +149,7 @@ class Fleet:
         self.counter = itertools.count()
         self.tokens = itertools.count(1)
         self.dirty = False
+        self.resend: set[str] = set()
         self.leader = self._leader()
         self.kinds: Counter = Counter()
         self.passes = 0
@@ -248,23 +250,66 @@ class Fleet:
             decided_at = self.now
             self.run_until(self.now + self.rng.uniform(0.001, 0.02))
             self.emit(ev.Decided(at=decided_at, basis=basis, actions=actions, leader=self.leader))
-        for node, cmd in cmds.outstanding(self.state):
-            agent = self.agents[node]
-            if not agent.speaks:
-                continue
-            key = (cmd.shard, cmd.generation, type(cmd).__name__)
-            if key in agent.acted:
-                continue
-            agent.acted.add(key)
-            if isinstance(cmd, cmds.StartShard):
-                self.start(agent, cmd)
-            else:
-                self.stop(agent, cmd)
+            self.send_for(actions)
+        if self.resend:
+            # A registration follows a fresh connection: everything outstanding
+            # for that node is sent again, as the control plane does.
+            nodes, self.resend = self.resend, set()
+            for node, cmd in cmds.outstanding(self.state):
+                if node in nodes:
+                    self.deliver(node, cmd)
+
+    def send_for(self, actions: list[ev.Action]) -> None:
+        """The commands that follow from a folded decision: what
+        `commands.outstanding` yields for the replicas and strays it names
+        (scanning every replica on every pass would cost more than decide)."""
+        state = self.state
+        for a in actions:
+            if isinstance(a, ev.PlaceReplica):
+                rep = state.replicas.get(a.replica)
+                if rep is None or rep.state == "stopping":
+                    continue  # voided, or stopped already
+                model = state.models.get(rep.model)
+                profile = profile_named(model.spec, rep.profile) if model else None
+                if profile is None:
+                    continue
+                nodes = [s.node for s in sorted(rep.shards, key=lambda s: s.rank)]
+                for sh in rep.shards:
+                    if sh.state == "placing":
+                        self.deliver(sh.node, cmds.StartShard(
+                            shard=sh.id, replica=rep.id, generation=sh.generation, model=rep.model,
+                            profile=profile, fingerprint=rep.fingerprint, rank=sh.rank, gpus=sh.gpus,
+                            port=sh.port, nodes=nodes))
+            elif isinstance(a, ev.StopReplica):
+                rep = state.replicas.get(a.replica)
+                for sh in rep.shards if rep is not None else ():
+                    if sh.state == "stopping":
+                        self.deliver(sh.node, cmds.StopShard(shard=sh.id, generation=sh.generation, reason=rep.reason))
+            elif isinstance(a, ev.StopStray):
+                node = state.nodes.get(a.node)
+                stray = node.strays.get(a.shard) if node is not None else None
+                if stray is not None and stray.stopping:
+                    self.deliver(a.node, cmds.StopShard(shard=a.shard, generation=stray.generation, reason=stray.reason))
+
+    def deliver(self, node: str, cmd: cmds.Command) -> None:
+        n = self.state.nodes.get(node)
+        agent = self.agents[node]
+        if n is None or n.state != "ready" or not agent.speaks:
+            return  # lost on the way; sent again when the node registers
+        key = (cmd.shard, cmd.generation, type(cmd).__name__)
+        if key in agent.acted:
+            return
+        agent.acted.add(key)
+        if isinstance(cmd, cmds.StartShard):
+            self.start(agent, cmd)
+        else:
+            self.stop(agent, cmd)
 
     # ------------------------------------------------------------------ agents
 
     def register(self, agent: Agent) -> None:
         agent.instance += 1
+        self.resend.add(agent.name)
         self.emit(
             ev.NodeRegistered(
                 at=self.now,

@@ -32,6 +32,8 @@ NODE_NAMES = ("n0", "n1", "gpu-2", "node_3", "N4", "n-5")
 # Names that stress replica ids ("<model>-<n>") and shard ids ("<replica>.<rank>").
 MODEL_NAMES = ("m", "m-1", "org/llama-3.1:8b", "m.0", "qwen")
 SHARD_STATES = ("starting", "loading", "ready", "failed", "stopped")
+# What agents report, weighted towards shards coming up, so that replicas get ready.
+REPORTED_STATES = ("ready", "loading", "starting", "ready", "failed", "stopped", "ready")
 RUNNING_STATES = ("starting", "loading", "ready")
 PORTS = (0, 20000, 20001, 20002, 20003)
 
@@ -112,6 +114,7 @@ class Step:
 class World:
     data: st.DataObject
     stale: bool = True  # some decisions are taken on an older state
+    rogue: bool = False  # some decisions are made up, as by a leader with a diverged view
     malformed: bool = True  # some messages are malformed
     fleet: dict[str, list[ev.Gpu]] = field(default_factory=dict)
     catalog: dict[str, ev.ModelSpec] = field(default_factory=dict)
@@ -151,9 +154,12 @@ class World:
     # ------------------------------------------------------------------ steps
 
     def kinds(self) -> list[str]:
-        kinds = ["decide", "status", "apply", "register", "decide", "status", "remove", "lose", "status"]
+        kinds = ["decide", "status", "apply", "register", "decide", "status", "apply", "status", "register"]
+        kinds += ["status", "decide", "remove", "lose"]
         if self.stale:
-            kinds.append("stale")
+            kinds += ["stale", "stale"]
+        if self.rogue:
+            kinds.append("rogue")
         if self.malformed:
             kinds.append("malformed")
         return kinds
@@ -313,7 +319,7 @@ class World:
                 replica=rep.id,
                 shard=sh.id,
                 generation=generation,
-                state=self.draw(st.sampled_from(SHARD_STATES)),
+                state=self.draw(st.sampled_from(REPORTED_STATES)),
                 reason=self.draw(st.sampled_from(["", "CUDA error", "exited 0"])),
                 endpoint=self.draw(st.sampled_from(["", f"http://{sh.node}:{sh.port}"])),
             )
@@ -340,13 +346,63 @@ class World:
 
     def _step_stale(self, step: Step) -> None:
         """A pass decided on an older state and published late, as by a deposed leader."""
-        basis = self.draw(st.integers(0, len(self.states) - 1), "stale basis")
+        if self.draw(st.booleans()):
+            basis = self.draw(st.integers(0, len(self.states) - 1), "stale basis")
+        else:  # a recent one, as when two leaders overlap briefly
+            basis = max(0, len(self.states) - 1 - self.draw(st.integers(0, 4), "stale by"))
         old = decode_state(self.states[basis])
         now = self.tick()
         actions = decide(old, now)
         step.fresh = basis == self.live.seq
         if actions:
             self._emit(step, ev.Decided(at=now, basis=old.seq, actions=actions, leader="cp-old"))
+
+    def _step_rogue(self, step: Step) -> None:
+        """A decision nobody would take on any state the log had: made-up
+        placements (GPUs held or missing, ports taken, ids used before, nodes
+        lost or unknown), stops and stray stops. The fold must still never
+        give a GPU twice; it voids what does not hold."""
+        now = self.tick()
+        actions: list[ev.Action] = []
+        nodes = [*sorted(self.fleet), "unknown-node"]
+        for _ in range(self.draw(st.integers(1, 3))):
+            what = self.draw(st.sampled_from(["place", "place", "stop", "stop-stray", "wait"]))
+            name = self.draw(st.sampled_from(sorted(self.catalog)))
+            model = self.live.models.get(name)
+            spec = model.spec if model is not None else self.catalog[name]
+            if what == "place":
+                profile = self.draw(st.sampled_from(spec.profiles))
+                fingerprint = model.fingerprints.get(profile.name, "") if model is not None else ""
+                if self.draw(st.integers(0, 5)) == 0:
+                    fingerprint = "0" * 12
+                number = self.draw(st.integers(1, self.live.replica_numbers.get(name, 1) + 1))
+                replica = f"{name}-{number}"
+                where = self.draw(st.lists(st.sampled_from(nodes), min_size=1, max_size=2))
+                shards = []
+                for rank, n in enumerate(where):
+                    gpus = self.draw(st.lists(st.integers(0, 8), max_size=3, unique=True))
+                    port = self.draw(st.sampled_from(PORTS))
+                    shards.append(ev.ShardPlacement(shard=f"{replica}.{rank}", node=n, rank=rank, gpus=gpus, port=port))
+                actions.append(
+                    ev.PlaceReplica(
+                        replica=replica,
+                        model=name,
+                        profile=profile.name,
+                        fingerprint=fingerprint,
+                        shards=shards,
+                        reason="rogue",
+                    )
+                )
+            elif what == "stop":
+                replica = self.draw(st.sampled_from([*sorted(self.live.replicas), f"{name}-77"]))
+                actions.append(ev.StopReplica(replica=replica, reason="rogue"))
+            elif what == "stop-stray":
+                strays = [(n, s, x.generation) for n, node in self.live.nodes.items() for s, x in node.strays.items()]
+                n, s, g = self.draw(st.sampled_from([*strays, ("unknown-node", "ghost-1.0", 1)]))
+                actions.append(ev.StopStray(node=n, shard=s, generation=g + self.draw(st.integers(0, 1)), reason="rogue"))
+            else:
+                actions.append(ev.ModelWaiting(model=name, reason="rogue"))
+        self._emit(step, ev.Decided(at=now, basis=self.live.seq, actions=actions, leader="cp-rogue"))
 
     # ------------------------------------------------------------------ malformed messages
 

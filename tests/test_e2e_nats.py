@@ -56,7 +56,10 @@ def live(url: str) -> tuple[State, list]:
 def wait_for(url: str, predicate, timeout: float = 60.0) -> State:
     deadline = time.monotonic() + timeout
     while True:
-        state, _ = live(url)
+        try:
+            state, _ = live(url)
+        except LookupError:  # the control plane has not created the stream yet
+            state = State()
         if predicate(state):
             return state
         if time.monotonic() > deadline:

@@ -171,7 +171,7 @@ def assert_voided_not_applied(step: Step, after: State) -> None:
 @SETTINGS
 @given(st.data())
 def test_replaying_the_log_gives_the_live_state(data):
-    world = World(data)
+    world = World(data, rogue=True)
     for _ in world.run():
         pass
     assert replay(world.log) == world.live
@@ -180,7 +180,7 @@ def test_replaying_the_log_gives_the_live_state(data):
 @SETTINGS
 @given(st.data())
 def test_a_snapshot_plus_the_tail_gives_the_full_replay(data):
-    world = World(data)
+    world = World(data, rogue=True)
     for _ in world.run():
         pass
     full = replay(world.log)
@@ -209,7 +209,7 @@ def test_decide_is_deterministic_and_does_not_touch_the_state(data):
 @SETTINGS
 @given(st.data())
 def test_no_gpu_or_port_is_ever_given_twice(data):
-    world = World(data)
+    world = World(data, rogue=True)
     assert_no_gpu_given_twice(world.live)
     for _ in world.run():
         assert_no_gpu_given_twice(world.live)
@@ -232,7 +232,7 @@ def test_malformed_messages_are_quarantined_and_change_nothing_else(data):
 @SETTINGS
 @given(st.data())
 def test_stale_decisions_are_voided_not_applied(data):
-    world = World(data)
+    world = World(data, rogue=True)
     for step in world.run():
         if isinstance(step.event, ev.Decided):
             assert_voided_not_applied(step, world.live)
@@ -261,3 +261,19 @@ def test_verify_finds_no_difference_in_decisions_taken_on_older_states(data):
         passes += isinstance(step.event, ev.Decided) and step.record is not None and not step.malformed
     checked, differences = verify(world.log)
     assert (checked, differences) == (passes, [])
+
+
+@SETTINGS
+@given(st.data())
+def test_a_replica_id_is_placed_at_most_once_in_a_log(data):
+    # state.py: replica numbers are "never forgotten ... so an id is never used
+    # twice in one log". Whoever publishes, the fold must keep that.
+    world = World(data)
+    placed: dict[str, int] = {}
+    for step in world.run():
+        if isinstance(step.event, ev.Decided):
+            seq = step.record[0]
+            for rid, rep in world.live.replicas.items():
+                if rep.shards and rep.shards[0].generation == seq:
+                    assert rid not in placed, f"replica {rid} placed at seq {placed[rid]} and again at seq {seq}"
+                    placed[rid] = seq

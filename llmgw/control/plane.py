@@ -166,7 +166,8 @@ class ControlPlane:
         outstanding: set[tuple] = set()
         resend = self._resend_nodes
         self._resend_nodes = set()
-        for node, cmd in cmds.outstanding(self.state):
+        # Listed first: sending awaits, and the state folds on meanwhile.
+        for node, cmd in list(cmds.outstanding(self.state)):
             key = (node, cmd.shard, cmd.generation, type(cmd).__name__)
             outstanding.add(key)
             sent = self._sent.get(key)
