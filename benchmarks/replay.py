@@ -218,12 +218,14 @@ class TimedPlane(ControlPlane):
         self.ready_at = 0.0
         self.step_at = 0.0
         self.restored_seq = 0
+        self.ready_seq = 0
         self.decided_first = False
 
     async def step(self) -> None:
         passes = self.passes
         if not self.ready_at:
             self.ready_at = now()
+            self.ready_seq = self.state.seq
             self.restored_seq = self._snapshot_seq  # set by run() when it restored one
         await super().step()
         if not self.first_step.is_set():
@@ -256,7 +258,7 @@ async def restart(url: str, snapshot: Path | None, store: Path) -> dict:
         "ready": plane.ready_at - t0,
         "first": plane.step_at - t0,
         "restored": plane.restored_seq,
-        "seq": plane.state.seq,
+        "seq": plane.ready_seq,
         "decided": plane.decided_first,
     }
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from typing import Callable
 
 import nats
@@ -123,6 +124,8 @@ class NatsBus:
         self.js = nc.jetstream(timeout=5.0)
         self.replicas = replicas
         self._kv = None
+        self._instance = uuid.uuid4().hex[:12]
+        self._commands_sent = 0
 
     @classmethod
     async def connect(cls, url: str, *, name: str = "llmgw", forever: bool = False, replicas: int = 1) -> "NatsBus":
@@ -243,7 +246,11 @@ class NatsBus:
     # ----------------------------------------------------------------- commands
 
     async def send_command(self, node: str, data: bytes) -> None:
-        await self.js.publish(f"{COMMAND_PREFIX}.{node}", data, stream=COMMAND_STREAM)
+        # A fresh id per send: a re-send is meant to arrive again (agents
+        # dedupe by shard and generation), a retried publish is not.
+        self._commands_sent += 1
+        msg_id = f"cmd-{self._instance}-{self._commands_sent}"
+        await self.js.publish(f"{COMMAND_PREFIX}.{node}", data, stream=COMMAND_STREAM, headers={"Nats-Msg-Id": msg_id})
 
     async def follow_commands(self, node: str, on_command: OnCommand) -> _Sub:
         async def cb(msg) -> None:

@@ -69,7 +69,7 @@ def cmd_control(args) -> None:
     _setup_logging(args.verbose)
 
     async def main(stop: asyncio.Event) -> None:
-        bus = await NatsBus.connect(_nats_url(args), name="llmgw-control", forever=True)
+        bus = await NatsBus.connect(_nats_url(args), name="llmgw-control", forever=True, replicas=args.stream_replicas)
         snapshots = SnapshotStore(os.path.join(args.state_dir, "control", "snapshot.msgpack"))
         plane = ControlPlane(bus, snapshots=snapshots, node_grace=args.node_grace)
         try:
@@ -184,6 +184,9 @@ def parser() -> argparse.ArgumentParser:
     control.add_argument("--nats", help=f"NATS URL (default $LLMGW_NATS or {DEFAULT_NATS})")
     control.add_argument("--state-dir", default=".llmgw")
     control.add_argument("--node-grace", type=float, default=10.0, help="seconds without a heartbeat before a node is lost")
+    control.add_argument(
+        "--stream-replicas", type=int, default=1, choices=(1, 3, 5), help="JetStream replicas of the streams it creates (3 in a cluster)"
+    )
     control.add_argument("-v", "--verbose", action="store_true")
     control.set_defaults(func=cmd_control)
 
