@@ -164,3 +164,27 @@ def test_a_snapshot_from_another_fold_or_a_longer_log_is_not_trusted(tmp_path, m
     assert store.load(9) is None  # the stream is shorter than the snapshot: recreated
     monkeypatch.setattr(snapshots, "FOLD_VERSION", snapshots.FOLD_VERSION + 1)
     assert store.load(10) is None
+
+
+async def test_a_lost_node_that_is_heard_again_registers_and_its_shards_are_adopted():
+    bus, stop = MemoryBus(), asyncio.Event()
+    plane = ControlPlane(bus, tick=0.05, node_grace=0.4, resend_after=0.2)
+    agent = SimulatedAgent(bus, "n1", 2, loading_after=0.01, ready_after=0.01, heartbeat=0.1)
+    tasks = [asyncio.create_task(plane.run(stop))]
+    agent_stop = asyncio.Event()
+    agent_task = asyncio.create_task(agent.run(agent_stop))
+    try:
+        await publish(bus, ev.ModelApplied(at=1.0, model=model("m", min_replicas=2)))
+        await until(lambda: sum(r.state == "ready" for r in plane.state.replicas.values()) == 2)
+        agent.heartbeat = 1.0  # a partition: its heartbeats come too late
+        await until(lambda: plane.state.nodes["n1"].state == "lost", timeout=5)
+        agent.heartbeat = 0.1
+        # Heard again: asked to register, it reports its two running shards,
+        # which the fold takes as strays and stops; the model gets new replicas.
+        await until(lambda: plane.state.nodes["n1"].state == "ready", timeout=5)
+        await until(lambda: sum(r.state == "ready" for r in plane.state.replicas.values()) == 2, timeout=5)
+        assert replay(bus) == plane.state
+    finally:
+        agent_stop.set()
+        stop.set()
+        await asyncio.gather(*tasks, agent_task)

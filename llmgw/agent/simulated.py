@@ -61,16 +61,12 @@ class SimulatedAgent:
         # Commands first, then the registration: a command sent in answer to
         # the registration must find us listening.
         follower = await self.bus.follow_commands(self.name, self._on_command)
-        await self._emit(
-            ev.NodeRegistered(
-                at=self.clock(),
-                node=self.name,
-                gpus=self.gpus,
-                running=list(self.running.values()),
-                agent=f"simulated/{self.instance}",
-                labels={"llmgw.io/simulated": "true"},
-            )
-        )
+        # A registration follows every fresh connection: commands sent while
+        # we were away may be lost, and the control plane re-sends on it.
+        hooks = getattr(self.bus, "on_reconnect", None)
+        if hooks is not None:
+            hooks.append(self._register)
+        await self._register()
         self.registered.set()
         log.info("node %s registered with %d GPUs", self.name, len(self.gpus))
         try:
@@ -88,11 +84,27 @@ class SimulatedAgent:
             for t in self._tasks.values():
                 t.cancel()
 
+    async def _register(self) -> None:
+        await self._emit(
+            ev.NodeRegistered(
+                at=self.clock(),
+                node=self.name,
+                gpus=self.gpus,
+                running=list(self.running.values()),
+                agent=f"simulated/{self.instance}",
+                labels={"llmgw.io/simulated": "true"},
+            )
+        )
+
     def _on_command(self, data: bytes) -> None:
         try:
             cmd = cmds.decode(data)
         except msgspec.MsgspecError as e:
             log.warning("ignoring a command that does not decode: %s", e)
+            return
+        if isinstance(cmd, cmds.Reregister):
+            log.info("asked to register again: %s", cmd.reason)
+            asyncio.create_task(self._register())
             return
         key = (cmd.shard, cmd.generation, type(cmd).__name__)
         if key in self._acted:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from typing import Callable
 
@@ -125,6 +126,8 @@ class NatsBus:
         self.replicas = replicas
         self._kv = None
         self._instance = uuid.uuid4().hex[:12]
+        self.reconnected_at = 0.0  # wall clock of the last reconnect
+        self.on_reconnect: list = []  # async callables run after a reconnect
         self._commands_sent = 0
 
     @classmethod
@@ -140,11 +143,21 @@ class NatsBus:
         async def error_cb(e: Exception) -> None:
             log.debug("nats: %s", e)
 
+        bus: NatsBus | None = None
+
+        async def reconnected_cb() -> None:
+            log.info("reconnected to NATS")
+            if bus is not None:
+                bus.reconnected_at = time.time()
+                for hook in bus.on_reconnect:
+                    await hook()
+
         try:
-            nc = await nats.connect(error_cb=error_cb, **opts)
+            nc = await nats.connect(error_cb=error_cb, reconnected_cb=reconnected_cb, **opts)
         except Exception as e:
             raise ConnectionError(f"cannot reach NATS at {url}: {e or type(e).__name__}") from None
-        return cls(nc, replicas)
+        bus = cls(nc, replicas)
+        return bus
 
     # ----------------------------------------------------------------- streams
 

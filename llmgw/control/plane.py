@@ -59,6 +59,7 @@ class ControlPlane:
         self._last_seen: dict[str, float] = {}
         self._watching_since = 0.0
         self._sent: dict[tuple, float] = {}
+        self._asked_to_register: dict[str, float] = {}
         self._resend_nodes: set[str] = set()
         self._snapshot_seq = 0
         self._snapshot_time = 0.0
@@ -112,7 +113,15 @@ class ControlPlane:
             self.ready.set()
             log.info("caught up at sequence %d; leader %s deciding", self.state.seq, self.leader)
             while not stop.is_set():
-                await self.step()
+                try:
+                    await self.step()
+                except (asyncio.CancelledError, KeyboardInterrupt):
+                    raise
+                except Exception as e:
+                    # NATS away, a publish timing out: nothing was decided that
+                    # is not in the log, so the next pass simply tries again.
+                    log.warning("pass failed (%s: %s); trying again", type(e).__name__, e)
+                    await asyncio.sleep(self.tick)
                 self._changed.clear()
                 waiter = asyncio.create_task(self._changed.wait())
                 stopper = asyncio.create_task(stop.wait())
@@ -126,12 +135,29 @@ class ControlPlane:
             self._save_snapshot()
 
     def _on_beat(self, node: str) -> None:
-        self._last_seen[node] = self.clock()
+        now = self.clock()
+        self._last_seen[node] = now
+        known = self.state.nodes.get(node)
+        if known is not None and known.state == "lost" and now - self._asked_to_register.get(node, 0.0) >= self.resend_after:
+            # Lost, yet its agent is alive: let it register again, so what it
+            # runs is adopted or stopped rather than left running unseen.
+            self._asked_to_register[node] = now
+            msg = cmds.encode(cmds.Reregister(reason=f"node {node} was lost: {known.reason}"))
+            asyncio.get_running_loop().create_task(self._send_quietly(node, msg))
+
+    async def _send_quietly(self, node: str, data: bytes) -> None:
+        try:
+            await self.bus.send_command(node, data)
+        except Exception as e:
+            log.warning("could not send to %s: %s", node, e)
 
     async def step(self) -> None:
         """One pass: liveness, then decisions, then commands, then maybe a snapshot."""
         now = self.clock()
-        for node, reason in lost_nodes(self.state, self._last_seen, self._watching_since, now, self.node_grace):
+        # Heartbeats we could not receive while our own connection was down
+        # say nothing about the nodes: their grace restarts at the reconnect.
+        since = max(self._watching_since, getattr(self.bus, "reconnected_at", 0.0))
+        for node, reason in lost_nodes(self.state, self._last_seen, since, now, self.node_grace):
             log.warning("node %s lost: %s", node, reason)
             await self._publish(ev.NodeLost(at=now, node=node, reason=reason, basis=self.state.seq))
         actions = decide(self.state, now)

@@ -36,7 +36,15 @@ class StopShard(msgspec.Struct, kw_only=True, tag_field="command", tag="stop"):
     reason: str
 
 
-Command = StartShard | StopShard
+class Reregister(msgspec.Struct, kw_only=True, tag_field="command", tag="reregister"):
+    """Sent to a node the control plane counts as lost but hears again (a
+    healed partition): its agent registers anew, reporting what it runs, and
+    adoption takes it from there."""
+
+    reason: str
+
+
+Command = StartShard | StopShard | Reregister
 
 _decoder = msgspec.json.Decoder(Command)
 _encoder = msgspec.json.Encoder()
