@@ -229,6 +229,11 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
     """Apply a placement, or say why it no longer holds."""
     if a.replica in state.replicas:
         return f"replica {a.replica} exists already"
+    number = replica_number(a.replica)
+    if number < state.replica_numbers.get(a.model, 1) or not a.replica.startswith(f"{a.model}-"):
+        # An id is never used twice in one log: a stale decision could name a
+        # replica that was placed and has gone since.
+        return f"replica id {a.replica} was used before"
     model = state.models.get(a.model)
     if model is None:
         return f"model {a.model} is no longer in the catalog"
@@ -263,9 +268,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         reason=a.reason,
         placed_at=e.at,
     )
-    number = replica_number(a.replica)
-    if number >= state.replica_numbers.get(a.model, 1):
-        state.replica_numbers[a.model] = number + 1
+    state.replica_numbers[a.model] = number + 1
     model.waiting = ""
     return ""
 
