@@ -38,6 +38,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 if __package__ in (None, ""):  # run as a script: the repository root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -496,8 +498,6 @@ class Fleet:
 
 
 def msgspec_replace(obj, **changes):
-    import msgspec
-
     return msgspec.structs.replace(obj, **changes)
 
 
@@ -551,7 +551,10 @@ def generate(path: Path, n_events: int, seed: int = SEED) -> dict:
 
 
 def cached(n_events: int, seed: int = SEED) -> tuple[Path, dict, bool]:
-    """The log for N events, generated unless the cache has it: (path, info, generated now)."""
+    """The log for N events, generated unless the cache has it: (path, info, generated now).
+
+    Keyed by N, seed and GEN_VERSION only: a log recorded by an older core stays
+    a valid log (the log is forever). Delete benchmarks/.cache/ to record anew."""
     path = cache_path(n_events, seed)
     meta = path.with_suffix(".json")
     if path.exists() and meta.exists():

@@ -137,7 +137,7 @@ async def test_a_restart_from_a_snapshot_folds_only_the_tail_and_equals_a_full_r
     await until(lambda: sum(r.state == "ready" for r in plane.state.replicas.values()) == 2)
     stop.set()
     await asyncio.gather(*tasks)
-    saved_at = store.load(await bus.last_seq()).seq
+    saved_at = store.load(await bus.log_id(), await bus.last_seq()).seq
     assert saved_at == len(bus.log)
     await publish(bus, ev.ModelApplied(at=2.0, model=model("n")))  # the tail
     seen = []
@@ -159,11 +159,12 @@ def test_a_snapshot_from_another_fold_or_a_longer_log_is_not_trusted(tmp_path, m
 
     store = SnapshotStore(tmp_path / "snap")
     state = State(seq=10)
-    store.save(state)
-    assert store.load(10) == state
-    assert store.load(9) is None  # the stream is shorter than the snapshot: recreated
+    store.save(state, "log-a")
+    assert store.load("log-a", 10) == state
+    assert store.load("log-b", 10) is None  # another log under the same name
+    assert store.load("log-a", 9) is None  # further along than the log
     monkeypatch.setattr(snapshots, "FOLD_VERSION", snapshots.FOLD_VERSION + 1)
-    assert store.load(10) is None
+    assert store.load("log-a", 10) is None
 
 
 async def test_a_lost_node_that_is_heard_again_registers_and_its_shards_are_adopted():

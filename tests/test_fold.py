@@ -273,3 +273,28 @@ def test_verify_finds_no_difference_in_an_honest_log_and_one_in_a_forged_decisio
     checked, diffs = verify(f.log)
     assert checked == 2 and len(diffs) == 1
     assert diffs[0].recorded == ["n waits"]
+
+
+def test_a_shard_given_up_on_a_lost_node_is_a_stray_when_it_comes_back_and_exits_freely():
+    # A two-node replica loses one node; the other half is stopped. The lost
+    # node returns still running its half: a stray, whose exit must free its
+    # GPUs although its replica id is still known.
+    f = Fleet()
+    f.register("a", gpus=4)
+    f.register("b", gpus=4)
+    f.apply(model("m", profiles=[ev.ProfileSpec(name="pp2", gpus=4, nodes=2)]))
+    f.decide()
+    f.make_ready()
+    running = f.running_on("a")
+    f.lose("a")
+    f.decide()  # stops m-1: its half on b is asked to stop
+    f.register("a", gpus=4, running=running)
+    assert "given up here" in f.state.nodes["a"].strays["m-1.0"].reason
+    f.decide()  # stops the stray
+    gen = running[0].generation
+    f.publish(ev.ShardStatus(at=f.tick(), node="a", replica="m-1", shard="m-1.0", generation=gen, state="stopped"))
+    assert f.state.nodes["a"].strays == {} and f.state.nodes["a"].used == {}
+    f.report("m-1.1", "stopped")
+    assert "m-1" not in f.state.replicas
+    (place,) = f.decide()
+    assert {s.node for s in place.shards} == {"a", "b"}

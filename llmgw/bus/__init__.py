@@ -49,6 +49,10 @@ class Bus(Protocol):
 
     async def last_seq(self) -> int: ...
 
+    async def log_id(self) -> str:
+        """What identifies this log: a stream deleted and created again under
+        the same name is another log, and a snapshot of the old one is void."""
+
     async def follow(self, start_seq: int, on_message: OnMessage) -> Follower:
         """Call `on_message(seq, subject, data)` for every message from
         `start_seq` on, in order, then for each new one, until stopped."""

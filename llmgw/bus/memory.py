@@ -25,6 +25,7 @@ class _Follower:
 class MemoryBus:
     def __init__(self) -> None:
         self.log: list[tuple[str, bytes]] = []  # index i holds sequence i + 1
+        self._log_id = f"memory-{id(self)}"
         self._ids: dict[str, int] = {}
         self._control_seq = 0
         self._changed = asyncio.Condition()
@@ -51,6 +52,9 @@ class MemoryBus:
 
     async def last_seq(self) -> int:
         return len(self.log)
+
+    async def log_id(self) -> str:
+        return self._log_id
 
     async def follow(self, start_seq: int, on_message: OnMessage) -> _Follower:
         async def run() -> None:

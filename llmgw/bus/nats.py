@@ -237,6 +237,10 @@ class NatsBus:
             raise LookupError(f"there is no {STREAM} stream on this NATS: has a control plane run against it?") from None
         return info.state.last_seq
 
+    async def log_id(self) -> str:
+        info = await self.js.stream_info(STREAM)
+        return f"{STREAM}@{info.created}"
+
     async def follow(self, start_seq: int, on_message: OnMessage) -> _Sub:
         if start_seq <= 1:
             config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)

@@ -63,6 +63,7 @@ class ControlPlane:
         self._resend_nodes: set[str] = set()
         self._snapshot_seq = 0
         self._snapshot_time = 0.0
+        self._log_id = ""
         self._msg_numbers = itertools.count(1)
         self.ready = asyncio.Event()  # set once caught up with the log
 
@@ -98,8 +99,9 @@ class ControlPlane:
         stop = stop or asyncio.Event()
         await self.bus.ensure_streams()
         last = await self.bus.last_seq()
+        self._log_id = await self.bus.log_id()
         if self.snapshots is not None:
-            restored = self.snapshots.load(last)
+            restored = self.snapshots.load(self._log_id, last)
             if restored is not None:
                 self.state = restored
                 self._snapshot_seq = restored.seq
@@ -217,5 +219,5 @@ class ControlPlane:
 
     def _save_snapshot(self) -> None:
         if self.snapshots is not None and self.state.seq and self.state.seq != self._snapshot_seq:
-            self.snapshots.save(self.state)
+            self.snapshots.save(self.state, self._log_id)
             self._snapshot_seq = self.state.seq

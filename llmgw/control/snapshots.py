@@ -1,8 +1,9 @@
 """Snapshots of the folded state, so that a restart folds only the tail.
 
 One file, replaced atomically. A snapshot is used only if it was written by
-the same fold (`FOLD_VERSION`): a changed `evolve` could have folded the same
-events differently, and only a full replay says how.
+the same fold (`FOLD_VERSION`) from the same log (`log_id`): a changed
+`evolve` could have folded the same events differently, and a stream created
+anew under the same name holds other events under the same sequences.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..core.state import State
 
 class Snapshot(msgspec.Struct, kw_only=True):
     fold_version: int
+    log_id: str
     seq: int
     state: bytes
 
@@ -26,21 +28,21 @@ class SnapshotStore:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
 
-    def load(self, last_seq: int) -> State | None:
-        """The saved state, unless it is from another fold or a longer log
-        than the one there is now (a stream recreated under the same name)."""
+    def load(self, log_id: str, last_seq: int) -> State | None:
+        """The saved state, unless it is from another fold, another log, or
+        further along than the log is now."""
         try:
             snap = msgspec.msgpack.decode(self.path.read_bytes(), type=Snapshot)
         except (OSError, msgspec.DecodeError, msgspec.ValidationError):
             return None
-        if snap.fold_version != FOLD_VERSION or snap.seq > last_seq:
+        if snap.fold_version != FOLD_VERSION or snap.log_id != log_id or snap.seq > last_seq:
             return None
         return decode_state(snap.state)
 
-    def save(self, state: State) -> None:
+    def save(self, state: State, log_id: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        data = msgspec.msgpack.encode(Snapshot(fold_version=FOLD_VERSION, seq=state.seq, state=encode_state(state)))
+        data = msgspec.msgpack.encode(Snapshot(fold_version=FOLD_VERSION, log_id=log_id, seq=state.seq, state=encode_state(state)))
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()

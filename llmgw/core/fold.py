@@ -39,7 +39,7 @@ from .state import (
 
 # Bump when evolve folds any event differently: snapshots of another version
 # are not trusted, and the state is folded again from the whole log.
-FOLD_VERSION = 1
+FOLD_VERSION = 2
 
 
 class Refused(ValueError):
@@ -177,20 +177,25 @@ def _stray_reason(state: State, r: ev.RunningShard) -> str:
         return f"no model {r.model} in the catalog claims it"
     if r.profile not in m.fingerprints:
         return f"model {r.model} has no profile {r.profile} any more"
+    if r.replica in state.replicas:
+        return f"shard {r.shard} of {r.replica} was given up here (failed or lost) and its replica went on without it"
     return f"replica {r.replica} is not one the control plane knows"
 
 
 def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
     node = state.nodes.get(e.node)
+    if e.state in TERMINAL_SHARD_STATES and node is not None and node.strays:
+        # A stray exiting frees what it held, whether or not its replica is
+        # still known (a shard given up on a lost node, reported when the node
+        # came back, is a stray of a replica that lives on elsewhere).
+        stray = node.strays.get(e.shard)
+        if stray is not None and stray.generation == e.generation:
+            del node.strays[e.shard]
+            _release_ids(node, e.shard, stray.gpus, stray.port)
+            return
     rep = state.replicas.get(e.replica)
     if rep is None:
-        # A stray (or a replica long gone) exiting frees what it held.
-        if node is not None and e.state in TERMINAL_SHARD_STATES:
-            stray = node.strays.get(e.shard)
-            if stray is not None and stray.generation == e.generation:
-                del node.strays[e.shard]
-                _release_ids(node, e.shard, stray.gpus, stray.port)
-        return
+        return  # a replica long gone: nothing to learn
     for sh in rep.shards:
         if sh.id == e.shard:
             break
