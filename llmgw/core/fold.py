@@ -50,11 +50,23 @@ class Refused(ValueError):
 
 
 def apply(state: State, seq: int, subject: str, data: bytes) -> State:
-    """Fold one raw message from the log, quarantining it if it is bad."""
+    """Fold one raw message from the log, quarantining it if it is bad.
+
+    The hottest function of every replay: `evolve` and `decode` are inlined.
+    """
     try:
-        event = ev.decode(data)
-        ev.check_origin(subject, event)
-        evolve(state, event, seq)
+        event = _decode(data)
+        cls = type(event)
+        prefix = _PREFIX[cls]
+        # The common case inline; check_origin says what is wrong otherwise.
+        if prefix is _AGENT:
+            node = event.node
+            end = 12 + len(node)
+            if subject[:end] != prefix + node or subject[end : end + 1] != ".":
+                check_origin(subject, event)
+        elif not subject.startswith(prefix):
+            check_origin(subject, event)
+        _HANDLERS[cls](state, event, seq)
     except (msgspec.DecodeError, msgspec.ValidationError, ev.OriginError, Refused) as e:
         quarantine(state, seq, subject, str(e))
     except Exception as e:  # a bug in a handler must not stop the fold either
@@ -78,6 +90,10 @@ def quarantine(state: State, seq: int, subject: str, error: str) -> None:
     del state.quarantined[:-KEEP_LAST]
 
 
+_decode = ev._decoder.decode
+check_origin = ev.check_origin
+_PREFIX = ev._PREFIX
+_AGENT = ev._PREFIX[ev.ShardStatus]
 _state_encoder = msgspec.msgpack.Encoder()
 _state_decoder = msgspec.msgpack.Decoder(State)
 
@@ -183,38 +199,49 @@ def _stray_reason(state: State, r: ev.RunningShard) -> str:
 
 
 def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
-    node = state.nodes.get(e.node)
-    if e.state in TERMINAL_SHARD_STATES and node is not None and node.strays:
-        # A stray exiting frees what it held, whether or not its replica is
-        # still known (a shard given up on a lost node, reported when the node
-        # came back, is a stray of a replica that lives on elsewhere).
-        stray = node.strays.get(e.shard)
-        if stray is not None and stray.generation == e.generation:
-            del node.strays[e.shard]
-            _release_ids(node, e.shard, stray.gpus, stray.port)
-            return
+    # Nearly every event of a long log is one of these: written for speed.
+    st = e.state
+    terminal = st == "failed" or st == "stopped"
+    if terminal:
+        node = state.nodes.get(e.node)
+        if node is not None and node.strays:
+            # A stray exiting frees what it held, whether or not its replica
+            # is still known (a shard given up on a lost node, reported when
+            # the node came back, is a stray of a replica that lives on).
+            stray = node.strays.get(e.shard)
+            if stray is not None and stray.generation == e.generation:
+                del node.strays[e.shard]
+                _release_ids(node, e.shard, stray.gpus, stray.port)
+                return
     rep = state.replicas.get(e.replica)
     if rep is None:
         return  # a replica long gone: nothing to learn
-    for sh in rep.shards:
-        if sh.id == e.shard:
-            break
-    else:
-        return
+    sh = rep.shards[0]
+    if sh.id != e.shard:
+        for sh in rep.shards:
+            if sh.id == e.shard:
+                break
+        else:
+            return
     if sh.node != e.node:
         raise Refused(f"shard {sh.id} runs on {sh.node}, not on {e.node}")
-    if sh.generation != e.generation or sh.state in TERMINAL_SHARD_STATES:
+    current = sh.state
+    if sh.generation != e.generation or current == "failed" or current == "stopped":
         return  # a late report about an older incarnation: nothing to learn
-    if e.state in TERMINAL_SHARD_STATES:
-        sh.state = e.state
+    if terminal:
+        sh.state = st
         sh.reason = e.reason
+        node = state.nodes.get(e.node)
         if node is not None:
             _release_ids(node, sh.id, sh.gpus, sh.port)
-    elif sh.state != "stopping":
-        sh.state = e.state
+    elif current != "stopping":
+        sh.state = st
         sh.reason = e.reason
         if e.endpoint:
             sh.endpoint = e.endpoint
+        if len(rep.shards) == 1 and rep.state != "stopping" and st != "ready":
+            rep.state = st  # one shard, not failed, not ready: the replica is where it is
+            return
     _derive_replica_state(state, rep, e.at)
 
 
@@ -232,48 +259,58 @@ def _decided(state: State, e: ev.Decided, seq: int) -> None:
 
 def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
     """Apply a placement, or say why it no longer holds."""
-    if a.replica in state.replicas:
-        return f"replica {a.replica} exists already"
-    number = replica_number(a.replica)
-    if number < state.replica_numbers.get(a.model, 1) or not a.replica.startswith(f"{a.model}-"):
+    rid, model_name = a.replica, a.model
+    if rid in state.replicas:
+        return f"replica {rid} exists already"
+    head, _, number_text = rid.rpartition("-")
+    number = int(number_text) if number_text.isdigit() else 0
+    if head != model_name or number < state.replica_numbers.get(model_name, 1):
         # An id is never used twice in one log: a stale decision could name a
         # replica that was placed and has gone since.
-        return f"replica id {a.replica} was used before"
-    model = state.models.get(a.model)
+        return f"replica id {rid} was used before"
+    model = state.models.get(model_name)
     if model is None:
-        return f"model {a.model} is no longer in the catalog"
+        return f"model {model_name} is no longer in the catalog"
     if model.fingerprints.get(a.profile) != a.fingerprint:
-        return f"profile {a.profile} of {a.model} changed since the decision"
-    if not a.shards or len({s.node for s in a.shards}) != len(a.shards):
+        return f"profile {a.profile} of {model_name} changed since the decision"
+    placements = a.shards
+    if not placements or (len(placements) > 1 and len({s.node for s in placements}) != len(placements)):
         return "a replica needs one shard per distinct node"
-    for s in a.shards:
-        node = state.nodes.get(s.node)
+    nodes = state.nodes
+    for s in placements:
+        node = nodes.get(s.node)
         if node is None or node.state != "ready":
             return f"node {s.node} is not ready"
-        have = {g.index for g in node.gpus}
+        gpus = node.gpus
+        used = node.used
         for g in s.gpus:
-            if g not in have:
+            # GPUs are usually listed by index; look further only when not.
+            if not (0 <= g < len(gpus) and gpus[g].index == g) and all(x.index != g for x in gpus):
                 return f"node {s.node} has no GPU {g}"
-            if g in node.used:
-                return f"GPU {g} on {s.node} is held by {node.used[g]}"
+            if g in used:
+                return f"GPU {g} on {s.node} is held by {used[g]}"
         if s.port in node.ports:
             return f"port {s.port} on {s.node} is held by {node.ports[s.port]}"
-    shards = [
-        Shard(id=s.shard, node=s.node, rank=s.rank, gpus=list(s.gpus), port=s.port, generation=seq)
-        for s in a.shards
-    ]
-    for sh in shards:
-        _hold(state.nodes[sh.node], sh)
-    state.replicas[a.replica] = Replica(
-        id=a.replica,
-        model=a.model,
+    shards = []
+    for s in placements:
+        sid, port, gpus_taken = s.shard, s.port, s.gpus
+        shards.append(Shard(id=sid, node=s.node, rank=s.rank, gpus=gpus_taken, port=port, generation=seq))
+        node = nodes[s.node]
+        used = node.used
+        for g in gpus_taken:
+            used[g] = sid
+        if port:
+            node.ports[port] = sid
+    state.replicas[rid] = Replica(
+        id=rid,
+        model=model_name,
         profile=a.profile,
         fingerprint=a.fingerprint,
         shards=shards,
         reason=a.reason,
         placed_at=e.at,
     )
-    state.replica_numbers[a.model] = number + 1
+    state.replica_numbers[model_name] = number + 1
     model.waiting = ""
     return ""
 
@@ -355,20 +392,36 @@ def _derive_replica_state(state: State, rep: Replica, at: float) -> None:
     whose shards have all exited is forgotten (the log keeps its history)."""
     shards = rep.shards
     if rep.state == "stopping":
-        if all(s.state in TERMINAL_SHARD_STATES for s in shards):
-            del state.replicas[rep.id]
+        for s in shards:
+            if s.state not in TERMINAL_SHARD_STATES:
+                return
+        del state.replicas[rep.id]
         return
-    failed = next((s for s in shards if s.state == "failed"), None)
+    # One pass over the shards (most replicas have one): the first failure
+    # wins, else the least advanced shard says where the replica is.
+    failed = None
+    ready = loading = starting = 0
+    for s in shards:
+        st = s.state
+        if st == "ready":
+            ready += 1
+        elif st == "failed":
+            failed = s
+            break
+        elif st == "loading":
+            loading += 1
+        elif st == "starting":
+            starting += 1
     if failed is not None:
         rep.state = "failed"
         rep.reason = f"shard {failed.id} on {failed.node} failed: {failed.reason or 'no reason given'}"
-    elif all(s.state == "ready" for s in shards):
+    elif ready == len(shards):
         if rep.state != "ready":
             rep.ready_at = at
         rep.state = "ready"
-    elif any(s.state == "loading" for s in shards):
+    elif loading:
         rep.state = "loading"
-    elif any(s.state == "starting" for s in shards):
+    elif starting:
         rep.state = "starting"
     else:
         rep.state = "placing"
