@@ -33,6 +33,7 @@ from nats.js.api import (
 )
 from nats.js.errors import APIError, NotFoundError
 
+from . import catchup
 from . import (
     COMMAND_PREFIX,
     COMMAND_STREAM,
@@ -55,6 +56,8 @@ WRONG_LAST_SEQUENCE = 10071
 DEFAULT_MAX_BYTES = -1
 DUPLICATE_WINDOW_S = 120.0
 PUBLISH_TRIES = 5
+# Below this many messages, the fast reader's consumer set-up is not worth it.
+CATCHUP_MIN = 1000
 
 
 def log_stream_config(max_bytes: int = DEFAULT_MAX_BYTES, replicas: int = 1) -> StreamConfig:
@@ -242,6 +245,28 @@ class NatsBus:
         return f"{STREAM}@{info.created}"
 
     async def follow(self, start_seq: int, on_message: OnMessage) -> _Sub:
+        # A long stretch is read by the fast reader first; nats-py's ordered
+        # consumer then follows from where it stopped.
+        last = await self.last_seq()
+        if last - start_seq >= CATCHUP_MIN and self.nc.connected_url is not None:
+            url = self.nc.connected_url.geturl()
+            delivered = max(start_seq, 1) - 1
+
+            def counted(seq: int, subject: str, data: bytes) -> None:
+                nonlocal delivered
+                on_message(seq, subject, data)
+                delivered = seq
+
+            try:
+                await catchup.read_range(url, STREAM, delivered + 1, last, counted)
+            except catchup.Unsupported as e:
+                log.debug("fast catch-up not possible here: %s", e)
+            except (OSError, ConnectionError, asyncio.TimeoutError) as e:
+                log.warning("fast catch-up stopped at %d (%s); the client reads the rest", delivered, e)
+            start_seq = delivered + 1
+        return await self._follow_with_client(start_seq, on_message)
+
+    async def _follow_with_client(self, start_seq: int, on_message: OnMessage) -> _Sub:
         if start_seq <= 1:
             config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
         else:
