@@ -152,15 +152,15 @@ def test_a_placement_on_a_gpu_someone_holds_is_voided():
     stale = copy_state(f.state)
     f.decide()  # m-1 on GPU 0, n-1 on GPU 1
     other = ev.PlaceReplica(
-        replica="n-9",
+        replica="n-2",
         model="n",
         profile="default",
         fingerprint=f.state.models["n"].fingerprints["default"],
-        shards=[ev.ShardPlacement(shard="n-9.0", node="a", rank=0, gpus=[0], port=20099)],
+        shards=[ev.ShardPlacement(shard="n-2.0", node="a", rank=0, gpus=[0], port=20099)],
         reason="stale",
     )
     f.publish(ev.Decided(at=f.tick(), basis=stale.seq, actions=[other]))
-    assert "n-9" not in f.state.replicas
+    assert "n-2" not in f.state.replicas
     assert "GPU 0 on a is held by m-1.0" in f.state.voided[-1].reason
 
 
@@ -298,3 +298,20 @@ def test_a_shard_given_up_on_a_lost_node_is_a_stray_when_it_comes_back_and_exits
     assert "m-1" not in f.state.replicas
     (place,) = f.decide()
     assert {s.node for s in place.shards} == {"a", "b"}
+
+
+def test_replica_ids_are_handed_out_in_order_and_never_twice():
+    f = Fleet()
+    f.register("a", gpus=2)
+    f.apply(model("m"))
+    stale = copy_state(f.state)
+    f.decide()
+    f.make_ready()
+    f.report("m-1.0", "failed")
+    f.decide()  # m-1 stopped and gone, m-2 placed
+    f.report("m-2.0", "failed")
+    f.decide()
+    # A decision taken long ago names m-1 again: voided, though m-1 is gone.
+    f.publish(ev.Decided(at=f.tick(), basis=stale.seq, actions=decide(stale, f.now)))
+    assert "m-1" not in f.state.replicas
+    assert "not the next one for m (m-4)" in f.state.voided[-1].reason

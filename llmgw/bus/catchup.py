@@ -31,10 +31,18 @@ class Unsupported(Exception):
     """This server URL needs what this reader does not speak (TLS, auth)."""
 
 
+class Interrupted(ConnectionError):
+    """The reader stopped half-way; `delivered` is the last sequence it handed on."""
+
+    def __init__(self, why: str, delivered: int) -> None:
+        super().__init__(why)
+        self.delivered = delivered
+
+
 async def read_range(url: str, stream: str, start_seq: int, last_seq: int, on_message: OnMessage, timeout: float = 30.0) -> int:
     """Call `on_message(seq, subject, data)` for every message from
-    `start_seq` to `last_seq` of `stream`, in order. Returns the last sequence
-    delivered (== last_seq unless it raised half-way; callers resume there)."""
+    `start_seq` to `last_seq` of `stream`, in order, and return `last_seq`.
+    Stopped half-way, it raises `Interrupted` saying where to resume."""
     parsed = urlparse(url if "://" in url else f"nats://{url}")
     if parsed.scheme not in ("nats", "") or parsed.username or parsed.password:
         raise Unsupported(f"{parsed.scheme}:// with credentials or TLS")
@@ -68,13 +76,19 @@ async def read_range(url: str, stream: str, start_seq: int, last_seq: int, on_me
             + b"PUB $JS.API.CONSUMER.CREATE.%s %s.api %d\r\n%s\r\n" % (stream.encode(), inbox.encode(), len(body), body)
         )
         await writer.drain()
-        delivered = await _deliver(reader, writer, delivered, last_seq, on_message, timeout)
+        progress = [delivered]
+        try:
+            await _deliver(reader, writer, progress, last_seq, on_message, timeout)
+        except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as e:
+            raise Interrupted(f"{type(e).__name__}: {e}", progress[0]) from e
     finally:
         writer.close()
-    return delivered
+    return last_seq
 
 
-async def _deliver(reader, writer, delivered: int, last_seq: int, on_message: OnMessage, timeout: float) -> int:
+async def _deliver(reader, writer, progress: list[int], last_seq: int, on_message: OnMessage, timeout: float) -> None:
+    """The protocol loop. `progress[0]` is kept at the last sequence handed on."""
+    delivered = progress[0]
     buf = b""
     pos = 0
     while delivered < last_seq:
@@ -104,7 +118,7 @@ async def _deliver(reader, writer, delivered: int, last_seq: int, on_message: On
                     if seq != delivered + 1:
                         raise ConnectionError(f"a gap in the delivery: {delivered} then {seq}")
                     on_message(seq, parts[1].decode(), buf[eol + 2 + int(parts[-2]) : end])
-                    delivered = seq
+                    delivered = progress[0] = seq
                 else:
                     headers = buf[eol + 2 : eol + 2 + int(parts[-2])]
                     if reply:  # flow control: answering lets the server send more
@@ -131,4 +145,3 @@ async def _deliver(reader, writer, delivered: int, last_seq: int, on_message: On
                 raise ConnectionError(line.decode(errors="replace"))
             else:  # +OK, PONG, INFO updates
                 pos = eol + 2
-    return delivered

@@ -250,20 +250,15 @@ class NatsBus:
         last = await self.last_seq()
         if last - start_seq >= CATCHUP_MIN and self.nc.connected_url is not None:
             url = self.nc.connected_url.geturl()
-            delivered = max(start_seq, 1) - 1
-
-            def counted(seq: int, subject: str, data: bytes) -> None:
-                nonlocal delivered
-                on_message(seq, subject, data)
-                delivered = seq
-
             try:
-                await catchup.read_range(url, STREAM, delivered + 1, last, counted)
+                start_seq = await catchup.read_range(url, STREAM, max(start_seq, 1), last, on_message) + 1
             except catchup.Unsupported as e:
                 log.debug("fast catch-up not possible here: %s", e)
-            except (OSError, ConnectionError, asyncio.TimeoutError) as e:
-                log.warning("fast catch-up stopped at %d (%s); the client reads the rest", delivered, e)
-            start_seq = delivered + 1
+            except catchup.Interrupted as e:
+                log.warning("fast catch-up stopped at %d (%s); the client reads the rest", e.delivered, e)
+                start_seq = e.delivered + 1
+            except (OSError, asyncio.TimeoutError) as e:  # before anything was read
+                log.warning("fast catch-up not possible (%s); the client reads it all", e)
         return await self._follow_with_client(start_seq, on_message)
 
     async def _follow_with_client(self, start_seq: int, on_message: OnMessage) -> _Sub:

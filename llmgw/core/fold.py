@@ -91,8 +91,9 @@ def quarantine(state: State, seq: int, subject: str, error: str) -> None:
 
 
 _decode = ev._decoder.decode
-check_origin = ev.check_origin
 _PREFIX = ev._PREFIX
+check_origin = ev.check_origin
+_TERMINAL = frozenset(TERMINAL_SHARD_STATES)
 _AGENT = ev._PREFIX[ev.ShardStatus]
 _state_encoder = msgspec.msgpack.Encoder()
 _state_decoder = msgspec.msgpack.Decoder(State)
@@ -201,7 +202,7 @@ def _stray_reason(state: State, r: ev.RunningShard) -> str:
 def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
     # Nearly every event of a long log is one of these: written for speed.
     st = e.state
-    terminal = st == "failed" or st == "stopped"
+    terminal = st in _TERMINAL
     if terminal:
         node = state.nodes.get(e.node)
         if node is not None and node.strays:
@@ -226,21 +227,29 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
     if sh.node != e.node:
         raise Refused(f"shard {sh.id} runs on {sh.node}, not on {e.node}")
     current = sh.state
-    if sh.generation != e.generation or current == "failed" or current == "stopped":
+    if sh.generation != e.generation or current in _TERMINAL:
         return  # a late report about an older incarnation: nothing to learn
     if terminal:
         sh.state = st
         sh.reason = e.reason
         node = state.nodes.get(e.node)
         if node is not None:
-            _release_ids(node, sh.id, sh.gpus, sh.port)
+            sid, used = sh.id, node.used
+            for g in sh.gpus:
+                if used.get(g) == sid:
+                    del used[g]
+            if sh.port and node.ports.get(sh.port) == sid:
+                del node.ports[sh.port]
     elif current != "stopping":
         sh.state = st
         sh.reason = e.reason
         if e.endpoint:
             sh.endpoint = e.endpoint
-        if len(rep.shards) == 1 and rep.state != "stopping" and st != "ready":
-            rep.state = st  # one shard, not failed, not ready: the replica is where it is
+        if len(rep.shards) == 1 and rep.state != "stopping":
+            # One shard, not failed: the replica is where its shard is.
+            if st == "ready" and rep.state != "ready":
+                rep.ready_at = e.at
+            rep.state = st
             return
     _derive_replica_state(state, rep, e.at)
 
@@ -262,12 +271,11 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
     rid, model_name = a.replica, a.model
     if rid in state.replicas:
         return f"replica {rid} exists already"
-    head, _, number_text = rid.rpartition("-")
-    number = int(number_text) if number_text.isdigit() else 0
-    if head != model_name or number < state.replica_numbers.get(model_name, 1):
-        # An id is never used twice in one log: a stale decision could name a
-        # replica that was placed and has gone since.
-        return f"replica id {rid} was used before"
+    number = state.replica_numbers.get(model_name, 1)
+    if rid != f"{model_name}-{number}":
+        # Ids are handed out in order and never twice in one log: a stale
+        # decision could name a replica that was placed and has gone since.
+        return f"replica id {rid} is not the next one for {model_name} ({model_name}-{number})"
     model = state.models.get(model_name)
     if model is None:
         return f"model {model_name} is no longer in the catalog"
