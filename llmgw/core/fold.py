@@ -24,7 +24,6 @@ from . import events as ev
 from .catalog import NAME_RE, fingerprint, spec_problem
 from .state import (
     KEEP_LAST,
-    LIVE_SHARD_STATES,
     TERMINAL_SHARD_STATES,
     Model,
     Node,
@@ -66,14 +65,18 @@ def apply(state: State, seq: int, subject: str, data: bytes) -> State:
                 check_origin(subject, event)
         elif not subject.startswith(prefix):
             check_origin(subject, event)
+        elif prefix is _CONTROL:
+            state.control_seq = seq
         _HANDLERS[cls](state, event, seq)
     except (msgspec.DecodeError, msgspec.ValidationError, ev.OriginError, Refused) as e:
         quarantine(state, seq, subject, str(e))
+        if subject.startswith(_CONTROL):
+            state.control_seq = seq
     except Exception as e:  # a bug in a handler must not stop the fold either
         quarantine(state, seq, subject, f"{type(e).__name__}: {e}")
+        if subject.startswith(_CONTROL):
+            state.control_seq = seq
     state.seq = seq
-    if subject.startswith("llmgw.control."):
-        state.control_seq = seq
     return state
 
 
@@ -95,6 +98,7 @@ _PREFIX = ev._PREFIX
 check_origin = ev.check_origin
 _TERMINAL = frozenset(TERMINAL_SHARD_STATES)
 _AGENT = ev._PREFIX[ev.ShardStatus]
+_CONTROL = ev._PREFIX[ev.Decided]
 _state_encoder = msgspec.msgpack.Encoder()
 _state_decoder = msgspec.msgpack.Decoder(State)
 
@@ -329,13 +333,18 @@ def _stop(state: State, a: ev.StopReplica, e: ev.Decided, seq: int) -> str:
         return f"replica {a.replica} is gone"
     if rep.state == "stopping":
         return f"replica {a.replica} is stopping already"
+    running = False
+    for sh in rep.shards:
+        if sh.state not in _TERMINAL:
+            sh.state = "stopping"
+            running = True
+    if not running:
+        # Nothing of it runs (a failed replica, the usual case): gone at once.
+        del state.replicas[rep.id]
+        return ""
     rep.state = "stopping"
     rep.reason = a.reason
     rep.stopping_at = e.at
-    for sh in rep.shards:
-        if sh.state in LIVE_SHARD_STATES:
-            sh.state = "stopping"
-    _derive_replica_state(state, rep, e.at)
     return ""
 
 
