@@ -8,7 +8,10 @@ spec) and removed, agents registering (reporting some of what the fold
 believes runs there, sometimes with a stale generation or a stray nobody
 placed), nodes lost, shard status reports (sometimes stale), malformed
 messages, and control-plane passes, some of them deliberately decided on an
-older state, as a deposed leader would publish them.
+older state, as a deposed leader would publish them. With `rogue=True` some
+decisions are made up outright (GPUs and ports someone holds, ids used
+before, nodes lost or unknown), to press the fold's voiding rules harder than
+any honest `decide` would.
 
 Every choice is drawn from a hypothesis `data` object, so a failing run
 shrinks to a short sequence of steps. No NATS, no I/O.
@@ -125,6 +128,8 @@ class World:
     # (node, shard) -> the replica an agent named when it reported the stray.
     stray_replicas: dict[tuple[str, str], str] = field(default_factory=dict)
     ghosts: int = 0
+    # Every replica id the live state ever had, with its model.
+    replicas_seen: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.fleet = self.fleet or self.draw(fleets(), "fleet")
@@ -142,6 +147,8 @@ class World:
         self.log.append(record)
         apply(self.live, seq, subject, data)
         self.states.append(encode_state(self.live))
+        for rid, rep in self.live.replicas.items():
+            self.replicas_seen.setdefault(rid, rep.model)
         return record
 
     def publish(self, event: ev.Event, subject: str | None = None) -> Record:
@@ -171,7 +178,19 @@ class World:
         return step
 
     def run(self, max_steps: int = 40):
-        """Yield each step as it is taken (the state after it is `self.live`)."""
+        """Yield each step as it is taken (the state after it is `self.live`).
+
+        Half the worlds start warm: every node registered and every model
+        applied first, so that the random steps find something to act on."""
+        if self.draw(st.booleans(), "warm start"):
+            for name in sorted(self.fleet):
+                step = Step(kind="register", before=self.states[-1])
+                self._step_register(step, name)
+                yield step
+            for name in sorted(self.catalog):
+                step = Step(kind="apply", before=self.states[-1])
+                self._emit(step, ev.ModelApplied(at=self.tick(), model=self.catalog[name]))
+                yield step
         for _ in range(self.draw(st.integers(1, max_steps), "steps")):
             yield self.step()
 
@@ -194,8 +213,8 @@ class World:
         name = self.draw(st.sampled_from(sorted(self.fleet)))
         self._emit(step, ev.NodeLost(at=self.tick(), node=name, reason="no heartbeat", basis=self.live.seq))
 
-    def _step_register(self, step: Step) -> None:
-        name = self.draw(st.sampled_from(sorted(self.fleet)))
+    def _step_register(self, step: Step, name: str = "") -> None:
+        name = name or self.draw(st.sampled_from(sorted(self.fleet)))
         self._emit(step, self.registration(name))
         # Remember which replica each reported stray named, for its exit report.
         node = self.live.nodes.get(name)
@@ -311,6 +330,9 @@ class World:
             return
         stale = self.draw(st.integers(0, 5)) == 0
         if self.draw(st.sampled_from(choices)) == "shard":
+            live = [(rep, sh) for rep, sh in shards if sh.state in LIVE_SHARD_STATES]
+            if live and self.draw(st.integers(0, 3)):  # mostly about shards still running
+                shards = live
             rep, sh = self.draw(st.sampled_from(shards))
             generation = sh.generation - self.draw(st.integers(1, 3)) if stale else sh.generation
             event = ev.ShardStatus(
@@ -367,7 +389,19 @@ class World:
         nodes = [*sorted(self.fleet), "unknown-node"]
         for _ in range(self.draw(st.integers(1, 3))):
             what = self.draw(st.sampled_from(["place", "place", "stop", "stop-stray", "wait"]))
-            name = self.draw(st.sampled_from(sorted(self.catalog)))
+            applied = sorted(self.live.models)
+            if applied and self.draw(st.integers(0, 3)):  # mostly models in the catalog
+                name = self.draw(st.sampled_from(applied))
+            else:
+                name = self.draw(st.sampled_from(sorted(self.catalog)))
+            # Ids the log used before for models still in the catalog, now forgotten.
+            forgotten = sorted(
+                r for r, m in self.replicas_seen.items() if m in self.live.models and r not in self.live.replicas
+            )
+            replica = ""
+            if what == "place" and forgotten and self.draw(st.booleans()):
+                replica = self.draw(st.sampled_from(forgotten), "id used before")
+                name = self.replicas_seen[replica]
             model = self.live.models.get(name)
             spec = model.spec if model is not None else self.catalog[name]
             if what == "place":
@@ -375,13 +409,45 @@ class World:
                 fingerprint = model.fingerprints.get(profile.name, "") if model is not None else ""
                 if self.draw(st.integers(0, 5)) == 0:
                     fingerprint = "0" * 12
-                number = self.draw(st.integers(1, self.live.replica_numbers.get(name, 1) + 1))
-                replica = f"{name}-{number}"
-                where = self.draw(st.lists(st.sampled_from(nodes), min_size=1, max_size=2))
+                if replica:  # an id used before, on a placement that otherwise holds
+                    fingerprint = model.fingerprints[profile.name]  # type: ignore[union-attr]
+                    placement = self.plausible_placement(replica)
+                    if placement is not None:
+                        actions.append(
+                            ev.PlaceReplica(
+                                replica=replica,
+                                model=name,
+                                profile=profile.name,
+                                fingerprint=fingerprint,
+                                shards=[placement],
+                                reason="rogue",
+                            )
+                        )
+                        continue
+                else:
+                    next_number = self.live.replica_numbers.get(name, 1)
+                    if self.draw(st.integers(0, 3)):  # mostly an id never used
+                        number = next_number + self.draw(st.integers(0, 2))
+                    else:
+                        number = self.draw(st.integers(1, next_number))
+                    replica = f"{name}-{number}"
+                ready = sorted(n for n, x in self.live.nodes.items() if x.state == "ready")
+                pool = ready if ready and self.draw(st.integers(0, 3)) else nodes  # mostly ready nodes
+                distinct = self.draw(st.booleans())
+                where = self.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=2, unique=distinct))
                 shards = []
                 for rank, n in enumerate(where):
-                    gpus = self.draw(st.lists(st.integers(0, 8), max_size=3, unique=True))
-                    port = self.draw(st.sampled_from(PORTS))
+                    node = self.live.nodes.get(n)
+                    indices = sorted({g.index for g in self.fleet.get(n, [])} | {8})  # 8: no such GPU
+                    least = 0
+                    if node is not None and node.used and self.draw(st.booleans()):
+                        indices, least = sorted(node.used), 1  # GPUs someone holds
+                    gpus = self.draw(st.lists(st.sampled_from(indices), min_size=least, max_size=3, unique=True))
+                    taken = set(node.ports) if node is not None else set()
+                    if self.draw(st.booleans()):  # a port nobody holds, so that the GPUs decide
+                        port = self.draw(st.sampled_from([p for p in (*PORTS, 20004, 20005) if p not in taken]))
+                    else:
+                        port = self.draw(st.sampled_from(sorted({*PORTS, *taken})))
                     shards.append(ev.ShardPlacement(shard=f"{replica}.{rank}", node=n, rank=rank, gpus=gpus, port=port))
                 actions.append(
                     ev.PlaceReplica(
@@ -399,10 +465,23 @@ class World:
             elif what == "stop-stray":
                 strays = [(n, s, x.generation) for n, node in self.live.nodes.items() for s, x in node.strays.items()]
                 n, s, g = self.draw(st.sampled_from([*strays, ("unknown-node", "ghost-1.0", 1)]))
-                actions.append(ev.StopStray(node=n, shard=s, generation=g + self.draw(st.integers(0, 1)), reason="rogue"))
+                g += self.draw(st.integers(0, 1))
+                actions.append(ev.StopStray(node=n, shard=s, generation=g, reason="rogue"))
             else:
                 actions.append(ev.ModelWaiting(model=name, reason="rogue"))
         self._emit(step, ev.Decided(at=now, basis=self.live.seq, actions=actions, leader="cp-rogue"))
+
+    def plausible_placement(self, replica: str) -> ev.ShardPlacement | None:
+        """One shard on a ready node, on GPUs and a port nobody holds."""
+        ready = sorted(n for n, x in self.live.nodes.items() if x.state == "ready")
+        if not ready:
+            return None
+        name = self.draw(st.sampled_from(ready))
+        node = self.live.nodes[name]
+        free = [g.index for g in node.gpus if g.index not in node.used]
+        gpus = self.draw(st.lists(st.sampled_from(free), max_size=2, unique=True)) if free else []
+        port = self.draw(st.sampled_from([p for p in PORTS if p not in node.ports]))
+        return ev.ShardPlacement(shard=f"{replica}.0", node=name, rank=0, gpus=sorted(gpus), port=port)
 
     # ------------------------------------------------------------------ malformed messages
 
@@ -499,14 +578,17 @@ class World:
             (f"llmgw.agent.{node}.model.removed", ev.ModelRemoved(at=at, name=name)),
             (f"llmgw.agent.{node}.node.lost", ev.NodeLost(at=at, node=node, reason="says who")),
             ("llmgw.ctl.node.registered", ev.NodeRegistered(at=at, node=node, gpus=list(self.fleet[node]))),
-            ("llmgw.control.shard.status", ev.ShardStatus(
-                at=at, node=node, replica="m-1", shard="m-1.0", generation=1, state="ready")),
+            (
+                "llmgw.control.shard.status",
+                ev.ShardStatus(at=at, node=node, replica="m-1", shard="m-1.0", generation=1, state="ready"),
+            ),
             ("llmgw", ev.ModelRemoved(at=at, name=name)),
         ]
         actions = decide(self.live, at)
         if actions:
-            options.append(("llmgw.ctl.control.decided", ev.Decided(at=at, basis=self.live.seq, actions=actions)))
-            options.append((f"llmgw.agent.{node}.control.decided", ev.Decided(at=at, basis=self.live.seq, actions=actions)))
+            decided = ev.Decided(at=at, basis=self.live.seq, actions=actions)
+            options.append(("llmgw.ctl.control.decided", decided))
+            options.append((f"llmgw.agent.{node}.control.decided", decided))
         subject, event = self.draw(st.sampled_from(options))
         return subject, ev.encode(event)
 

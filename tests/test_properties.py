@@ -9,6 +9,9 @@ with `fold.apply` as each message is appended.
 
 from __future__ import annotations
 
+import os
+
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,11 +23,18 @@ from llmgw.core.state import LIVE_SHARD_STATES, State, gpus_in_use
 
 from .fleet_strategies import Step, World
 
+# LLMGW_PROPERTY_EXAMPLES=2000 LLMGW_PROPERTY_STEPS=80 search deeper (minutes, not seconds).
+STEPS = int(os.environ.get("LLMGW_PROPERTY_STEPS", "40"))
 SETTINGS = settings(
-    max_examples=60,
+    max_examples=int(os.environ.get("LLMGW_PROPERTY_EXAMPLES", "60")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+
+
+# Passing takes seconds; a failure is shrunk for up to 5 minutes more
+# (Hypothesis's own limit), which the suite's 300 s default would cut short.
+pytestmark = pytest.mark.timeout(900)
 
 
 def replay(records) -> State:
@@ -96,57 +106,81 @@ def assert_quarantined_and_nothing_else(step: Step, after: State) -> None:
     assert rest == before, f"a quarantined message ({step.detail} on {subject}) changed the state"
 
 
-def place_holds(before: State, a: ev.PlaceReplica, taken: set[tuple[str, str, int]]) -> bool:
-    """Whether a placement still holds on `before` (plus what earlier actions of
-    the same decision took): the rule, said independently of the fold."""
+def why_place_is_unsafe(
+    before: State, a: ev.PlaceReplica, taken: set[tuple[str, str, int]], numbers: dict[str, int]
+) -> str:
+    """Why applying a placement on `before` (plus what earlier actions of the
+    same decision took) would be wrong, or "" when it is safe. Said
+    independently of the fold; the fold may void more than this, never less."""
     model = before.models.get(a.model)
-    if a.replica in before.replicas or model is None or model.fingerprints.get(a.profile) != a.fingerprint:
-        return False
+    if model is None:
+        return "its model is not in the catalog"
+    if model.fingerprints.get(a.profile) != a.fingerprint:
+        return "its profile changed"
+    # A replica id is "<model>-<n>" and is never used twice in one log.
+    head, _, n = a.replica.rpartition("-")
+    if a.replica in before.replicas or head != a.model or not n.isdigit() or int(n) < numbers.get(a.model, 1):
+        return f"replica id {a.replica} was used before"
     if not a.shards or len({s.node for s in a.shards}) != len(a.shards):
-        return False
+        return "not one shard per distinct node"
     for s in a.shards:
         node = before.nodes.get(s.node)
         if node is None or node.state != "ready":
-            return False
+            return f"{s.node} is not ready"
         have = {g.index for g in node.gpus}
         for g in s.gpus:
-            if g not in have or g in node.used or (s.node, "gpu", g) in taken:
-                return False
-        if s.port in node.ports or (s.node, "port", s.port) in taken:
-            return False
-    return True
+            if g not in have:
+                return f"{s.node} has no GPU {g}"
+            if g in node.used or (s.node, "gpu", g) in taken:
+                return f"GPU {g} on {s.node} is held"
+        if s.port and (s.port in node.ports or (s.node, "port", s.port) in taken):
+            return f"port {s.port} on {s.node} is held"
+    return ""
 
 
 def assert_voided_not_applied(step: Step, after: State) -> None:
-    """Each action of a decision is applied if it still holds, and voided and
-    counted otherwise; a decision taken on the live state voids nothing."""
+    """Each action of a decision, in order, is either applied, and then it was
+    safe, or voided and counted; a decision taken on the live state voids
+    nothing."""
     before = step.state_before()
     seq = step.record[0]
     decided: ev.Decided = step.event  # type: ignore[assignment]
-    taken: set[tuple[str, str, int]] = set()
-    held = 0
+    taken: set[tuple[str, str, int]] = set()  # GPUs and ports taken by earlier actions
+    placed: set[str] = set()  # replicas placed by earlier actions
+    stopped: set[str] = set()  # replicas stopped by earlier actions
+    waiting: dict[str, str] = {}  # what each model's `waiting` must say afterwards
+    numbers = dict(before.replica_numbers)  # each model's next replica number
+    applied = 0
     for a in decided.actions:
         if isinstance(a, ev.PlaceReplica):
-            ok = place_holds(before, a, taken)
             rep = after.replicas.get(a.replica)
+            ok = (
+                a.replica not in placed
+                and rep is not None
+                and [(s.id, s.node, s.gpus, s.port, s.generation) for s in rep.shards]
+                == [(s.shard, s.node, s.gpus, s.port, seq) for s in a.shards]
+            )
             if ok:
-                assert rep is not None and [s.generation for s in rep.shards] == [seq] * len(a.shards)
-                assert [(s.node, s.gpus, s.port) for s in rep.shards] == [(s.node, s.gpus, s.port) for s in a.shards]
+                why = why_place_is_unsafe(before, a, taken, numbers)
+                assert not why, f"{a.replica} was placed though {why}"
+                placed.add(a.replica)
+                numbers[a.model] = int(a.replica.rpartition("-")[2]) + 1
+                waiting[a.model] = ""
                 for s in a.shards:
                     taken.update((s.node, "gpu", g) for g in s.gpus)
-                    taken.add((s.node, "port", s.port))
-            else:
-                assert rep == before.replicas.get(a.replica), f"voided {a.replica} was placed anyway"
+                    if s.port:
+                        taken.add((s.node, "port", s.port))
         elif isinstance(a, ev.StopReplica):
-            rep = before.replicas.get(a.replica)
-            ok = rep is not None and rep.state != "stopping"
+            was = before.replicas.get(a.replica)
+            ok = a.replica not in stopped and (a.replica in placed or (was is not None and was.state != "stopping"))
             if ok:
+                stopped.add(a.replica)
                 now = after.replicas.get(a.replica)
                 assert now is None or now.state == "stopping", f"{a.replica} was not stopped"
         elif isinstance(a, ev.ModelWaiting):
             ok = a.model in before.models
             if ok:
-                assert after.models[a.model].waiting == a.reason
+                waiting[a.model] = a.reason
         elif isinstance(a, ev.StopStray):
             node = before.nodes.get(a.node)
             stray = node.strays.get(a.shard) if node is not None else None
@@ -155,10 +189,15 @@ def assert_voided_not_applied(step: Step, after: State) -> None:
                 assert after.nodes[a.node].strays[a.shard].stopping
         else:  # pragma: no cover - a new kind of action needs a rule here
             raise AssertionError(f"unknown action {a!r}")
-        held += ok
+        applied += ok
+    # Nothing was placed but by an action that was applied.
+    new = {rid for rid, rep in after.replicas.items() if any(s.generation == seq for s in rep.shards)}
+    assert new == placed, f"placed {sorted(new)}, but only {sorted(placed)} by actions applied"
+    for model, reason in waiting.items():
+        assert after.models[model].waiting == reason
     voided = after.voided_count - before.voided_count
-    assert voided == len(decided.actions) - held, (
-        f"{len(decided.actions) - held} action(s) no longer held but {voided} were voided"
+    assert voided == len(decided.actions) - applied, (
+        f"{len(decided.actions) - applied} action(s) not applied but {voided} voided: {after.voided[-voided:]}"
     )
     assert all(v.seq == seq for v in after.voided[len(after.voided) - voided :])
     if step.fresh:
@@ -172,7 +211,7 @@ def assert_voided_not_applied(step: Step, after: State) -> None:
 @given(st.data())
 def test_replaying_the_log_gives_the_live_state(data):
     world = World(data, rogue=True)
-    for _ in world.run():
+    for _ in world.run(STEPS):
         pass
     assert replay(world.log) == world.live
 
@@ -181,7 +220,7 @@ def test_replaying_the_log_gives_the_live_state(data):
 @given(st.data())
 def test_a_snapshot_plus_the_tail_gives_the_full_replay(data):
     world = World(data, rogue=True)
-    for _ in world.run():
+    for _ in world.run(STEPS):
         pass
     full = replay(world.log)
     cut = data.draw(st.integers(0, len(world.log)), "cut")
@@ -196,8 +235,8 @@ def test_a_snapshot_plus_the_tail_gives_the_full_replay(data):
 @SETTINGS
 @given(st.data())
 def test_decide_is_deterministic_and_does_not_touch_the_state(data):
-    world = World(data)
-    for _ in world.run(30):
+    world = World(data, rogue=True)
+    for _ in world.run(STEPS):
         now = world.now + data.draw(st.integers(0, 100))
         before = encode_state(world.live)
         one, two = decide(copy_state(world.live), now), decide(copy_state(world.live), now)
@@ -211,15 +250,15 @@ def test_decide_is_deterministic_and_does_not_touch_the_state(data):
 def test_no_gpu_or_port_is_ever_given_twice(data):
     world = World(data, rogue=True)
     assert_no_gpu_given_twice(world.live)
-    for _ in world.run():
+    for _ in world.run(STEPS):
         assert_no_gpu_given_twice(world.live)
 
 
 @SETTINGS
 @given(st.data())
 def test_malformed_messages_are_quarantined_and_change_nothing_else(data):
-    world = World(data)
-    for step in world.run():
+    world = World(data, rogue=True)
+    for step in world.run(STEPS):
         if step.malformed:
             assert_quarantined_and_nothing_else(step, world.live)
         else:
@@ -233,7 +272,7 @@ def test_malformed_messages_are_quarantined_and_change_nothing_else(data):
 @given(st.data())
 def test_stale_decisions_are_voided_not_applied(data):
     world = World(data, rogue=True)
-    for step in world.run():
+    for step in world.run(STEPS):
         if isinstance(step.event, ev.Decided):
             assert_voided_not_applied(step, world.live)
         assert_no_gpu_given_twice(world.live)
@@ -244,7 +283,7 @@ def test_stale_decisions_are_voided_not_applied(data):
 def test_verify_finds_no_difference_in_a_log_of_fresh_decisions(data):
     world = World(data, stale=False)
     passes = 0
-    for step in world.run():
+    for step in world.run(STEPS):
         passes += isinstance(step.event, ev.Decided)
     checked, differences = verify(world.log)
     assert (checked, differences) == (passes, [])
@@ -257,23 +296,60 @@ def test_verify_finds_no_difference_in_decisions_taken_on_older_states(data):
     # its basis, so deciding again on that state gives it exactly.
     world = World(data)
     passes = 0
-    for step in world.run():
-        passes += isinstance(step.event, ev.Decided) and step.record is not None and not step.malformed
+    for step in world.run(STEPS):
+        passes += isinstance(step.event, ev.Decided)
     checked, differences = verify(world.log)
     assert (checked, differences) == (passes, [])
 
 
-@SETTINGS
+# This property found a core bug, since fixed in fold._place (commit 08ab9e8):
+# the fold voided a placement whose replica existed *now*, not one whose id had
+# been used before, so a late decision (a deposed leader's) re-placed a replica
+# that had been placed, failed, stopped and forgotten, and one replica id named
+# two incarnations in one log. The regression test below is the minimal log.
+class ReuseWorld(World):
+    """Replicas placed, failed, stopped and forgotten, and made-up decisions that name them again."""
+
+    def kinds(self) -> list[str]:
+        return [*super().kinds(), "rogue", "rogue", "decide", "status", "status"]
+
+
+@settings(SETTINGS, max_examples=2 * SETTINGS.max_examples)
 @given(st.data())
 def test_a_replica_id_is_placed_at_most_once_in_a_log(data):
     # state.py: replica numbers are "never forgotten ... so an id is never used
     # twice in one log". Whoever publishes, the fold must keep that.
-    world = World(data)
+    world = ReuseWorld(data, rogue=True)
     placed: dict[str, int] = {}
-    for step in world.run():
+    for step in world.run(STEPS):
         if isinstance(step.event, ev.Decided):
             seq = step.record[0]
             for rid, rep in world.live.replicas.items():
                 if rep.shards and rep.shards[0].generation == seq:
                     assert rid not in placed, f"replica {rid} placed at seq {placed[rid]} and again at seq {seq}"
                     placed[rid] = seq
+
+
+def test_a_late_decision_does_not_place_a_forgotten_replica_id_again():
+    # The minimal log hypothesis found (before the fix), written out.
+    state, log = State(), []
+
+    def publish(event: ev.Event) -> int:
+        seq = len(log) + 1
+        log.append((seq, ev.subject_for(event), ev.encode(event)))
+        apply(state, *log[-1])
+        return seq
+
+    publish(ev.NodeRegistered(at=1, node="a", gpus=[ev.Gpu(index=0, memory_gb=80)]))
+    publish(ev.ModelApplied(at=2, model=ev.ModelSpec(name="m", profiles=[ev.ProfileSpec(name="p")])))
+    old = copy_state(state)  # what a leader about to be deposed decides on
+    first = publish(ev.Decided(at=3, basis=state.seq, actions=decide(state, 3)))  # m-1 placed
+    publish(ev.ShardStatus(at=4, node="a", replica="m-1", shard="m-1.0", generation=first, state="failed"))
+    second = publish(ev.Decided(at=5, basis=state.seq, actions=decide(state, 5)))  # m-1 stopped and gone, m-2 placed
+    publish(ev.ShardStatus(at=6, node="a", replica="m-2", shard="m-2.0", generation=second, state="failed"))
+    assert "m-1" not in state.replicas and state.replica_numbers["m"] == 3
+    late = decide(old, 7)
+    assert [a.replica for a in late] == ["m-1"]
+    publish(ev.Decided(at=7, basis=old.seq, actions=late))  # published late
+    assert "m-1" not in state.replicas, "replica id m-1 was placed a second time"
+    assert state.voided_count == 1
