@@ -361,6 +361,8 @@ def _stop_stray(state: State, a: ev.StopStray, e: ev.Decided, seq: int) -> str:
     stray = node.strays.get(a.shard) if node is not None else None
     if stray is None or stray.generation != a.generation:
         return f"stray {a.shard} is no longer on {a.node}"
+    if stray.stopping:
+        return f"stray {a.shard} is stopping already"
     stray.stopping = True
     stray.reason = a.reason
     return ""

@@ -1,0 +1,131 @@
+"""What the database holds, kept in memory, so a batch writes only what changed.
+
+The entity tables are small (a row per model, node, replica and shard that
+exists now), so the projector loads them once at start and afterwards knows,
+without asking SQLite, what every row is. That buys three things:
+
+* a row is written only when it differs: an event mentions its node and its
+  model, but few events change them (most shard reports change one replica);
+* the replicas the database shows on a node are known without a query, so a
+  replica that left the state as a side effect of an event about its node
+  (see `rows`) has its rows deleted;
+* the integer ids of `entities`, for `event_mentions`, are assigned here.
+
+Loaded from the database, not derived from the folded state, so the mirror
+is what is on disk even if the two ever disagreed; the next write of an
+entity then corrects it.
+"""
+
+from __future__ import annotations
+
+import aiosqlite
+
+from ..core.state import State
+from . import rows
+
+
+class Changes:
+    """The rows one batch writes, in the order the transaction applies them."""
+
+    __slots__ = (
+        "entities", "mentions",
+        "gone_models", "models", "gone_nodes", "nodes",
+        "gone_shards", "gone_replicas", "replicas", "shards",
+    )
+
+    def __init__(self) -> None:
+        self.entities: list[tuple] = []  # (id, kind, name), new ones
+        self.mentions: list[tuple] = []  # (entity, seq)
+        self.gone_models: list[tuple] = []
+        self.models: list[tuple] = []
+        self.gone_nodes: list[tuple] = []
+        self.nodes: list[tuple] = []
+        self.gone_shards: list[tuple] = []
+        self.gone_replicas: list[tuple] = []
+        self.replicas: list[tuple] = []
+        self.shards: list[tuple] = []
+
+
+class Mirror:
+    def __init__(self) -> None:
+        self.models: dict[str, tuple] = {}
+        self.nodes: dict[str, tuple] = {}
+        self.replicas: dict[str, tuple] = {}
+        self.shards: dict[str, dict[str, tuple]] = {}  # replica -> shard id -> row
+        self.on_node: dict[str, set[str]] = {}  # node -> replicas with a shard row there
+        self.ids: dict[tuple[str, str], int] = {}
+
+    async def load(self, conn: aiosqlite.Connection) -> None:
+        self.__init__()
+        for row in await conn.execute_fetchall("SELECT * FROM models"):
+            self.models[row[0]] = tuple(row)
+        for row in await conn.execute_fetchall("SELECT * FROM nodes"):
+            self.nodes[row[0]] = tuple(row)
+        for row in await conn.execute_fetchall("SELECT * FROM replicas"):
+            self.replicas[row[0]] = tuple(row)
+        for row in await conn.execute_fetchall("SELECT * FROM shards"):
+            row = tuple(row)
+            self.shards.setdefault(row[1], {})[row[0]] = row
+            self.on_node.setdefault(row[2], set()).add(row[1])
+        for id_, kind, name in await conn.execute_fetchall("SELECT id, kind, name FROM entities"):
+            self.ids[(kind, name)] = id_
+
+    def changes(self, state: State, batch: rows.Batch) -> Changes:
+        """The writes that bring the database from what it holds to `state`
+        for every entity `batch` may have changed. Updates the mirror: call it
+        once per batch, and write what it returns (or give up the mirror)."""
+        out = Changes()
+        ids = self.ids
+        mentioned = out.mentions.append
+        for entity, seq in batch.mentions:
+            id_ = ids.get(entity)
+            if id_ is None:
+                id_ = ids[entity] = len(ids) + 1
+                out.entities.append((id_, *entity))
+            mentioned((id_, seq))
+        for name in sorted(batch.models):
+            m = state.models.get(name)
+            self._put(self.models, name, rows.model_row(m) if m is not None else None, out.models, out.gone_models)
+        for name in sorted(batch.nodes):
+            n = state.nodes.get(name)
+            self._put(self.nodes, name, rows.node_row(n) if n is not None else None, out.nodes, out.gone_nodes)
+        replicas = set(batch.replicas)
+        if batch.nodes:
+            replicas |= rows.replicas_on(state, batch.nodes)
+            for name in batch.nodes:
+                replicas |= self.on_node.get(name, set())
+        for rid in sorted(replicas):
+            self._replica(state, rid, out)
+        return out
+
+    @staticmethod
+    def _put(have: dict, key: str, row: tuple | None, upserts: list, deletes: list) -> None:
+        old = have.get(key)
+        if row is None:
+            if old is not None:
+                del have[key]
+                deletes.append((key,))
+        elif row != old:
+            have[key] = row
+            upserts.append(row)
+
+    def _replica(self, state: State, rid: str, out: Changes) -> None:
+        rep = state.replicas.get(rid)
+        row = rows.replica_row(rep) if rep is not None else None
+        self._put(self.replicas, rid, row, out.replicas, out.gone_replicas)
+        new = {s[0]: s for s in rows.shard_rows(rep)} if rep is not None else {}
+        old = self.shards.get(rid, {})
+        if new == old:
+            return
+        for sid, s in old.items():
+            if sid not in new:
+                out.gone_shards.append((sid,))
+            self.on_node.get(s[2], set()).discard(rid)
+        for sid, s in new.items():
+            if old.get(sid) != s:
+                out.shards.append(s)
+            self.on_node.setdefault(s[2], set()).add(rid)
+        if new:
+            self.shards[rid] = new
+        else:
+            self.shards.pop(rid, None)

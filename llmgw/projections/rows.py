@@ -1,0 +1,293 @@
+"""What a batch of events changes, as rows: no I/O, no clock.
+
+The projector keeps a `State` folded with `llmgw.core.fold.apply`, the very
+fold the control plane runs, and never interprets an event itself. For each
+batch it folds the events one by one and notes:
+
+* the append-only rows each event makes (events, event_mentions, decisions,
+  quarantined), from what the core says of it (`history.summary`,
+  `history.mentions`, the state's quarantine and voided counters);
+* which models, nodes and replicas the event may have changed: every entity
+  it mentions, plus (at the end of the batch) every replica with a shard on a
+  mentioned node, in the state or still in the database. That second part is
+  what catches side effects no event names: a node lost or re-registering
+  fails the shards on it, and a stopping replica whose last shard ends that
+  way leaves the state. Widening by node is cheap (one pass over the replicas
+  per batch) and stays right if the fold grows new side effects on a node.
+
+The entity rows are then made from the state as it is at the end of the
+batch (`mirror.Mirror.changes`): an upsert for what exists and differs from
+the database, a delete for what does not exist. Rows from the end state, not
+event by event, is what makes a batch of 2,000 events cost about as much as
+its distinct entities, not its events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from ..core import events as ev
+from ..core.catalog import max_replicas
+from ..core.fold import apply, describe_action
+from ..core.history import mentions, summary
+from ..core.state import Model, Node, Replica, State
+
+Record = tuple[int, str, bytes]
+
+_json = msgspec.json.Encoder()
+_decode = ev._decoder.decode
+_TAG = {cls: ev.tag_of(cls) for cls in ev.EVENT_TYPES}
+_NOT_DECODED = (msgspec.DecodeError, msgspec.ValidationError)
+
+
+class _Loose(msgspec.Struct):
+    """Just enough of a message that does not decode as an event to list it."""
+
+    type: str = ""
+    at: float | None = None
+
+
+_loose = msgspec.json.Decoder(_Loose)
+
+
+def _json_text(obj) -> str:
+    return _json.encode(obj).decode()
+
+
+class Batch:
+    """The rows and dirty entities of a run of consecutive events."""
+
+    __slots__ = ("first_seq", "last_seq", "events", "mentions", "decisions", "quarantined", "dirty")
+
+    def __init__(self) -> None:
+        self.first_seq = 0
+        self.last_seq = 0
+        self.events: list[tuple] = []  # (seq, at, type, subject, summary)
+        self.mentions: list[tuple] = []  # ((kind, name), seq), in log order
+        self.decisions: list[tuple] = []  # (seq, idx, at, kind, model, replica, node, action, reason, voided)
+        self.quarantined: list[tuple] = []  # (seq, subject, error)
+        self.dirty: dict[str, set[str]] = {"model": set(), "node": set(), "replica": set()}
+
+    @property
+    def models(self) -> set[str]:
+        return self.dirty["model"]
+
+    @property
+    def nodes(self) -> set[str]:
+        return self.dirty["node"]
+
+    @property
+    def replicas(self) -> set[str]:
+        return self.dirty["replica"]
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+
+def fold(state: State, records: Iterable[Record], batch: Batch | None = None) -> Batch:
+    """Fold `records` into `state` (mutating it) and collect what they change.
+    Records at or below `state.seq` (redelivered) are skipped."""
+    batch = batch or Batch()
+    for seq, subject, data in records:
+        if seq <= state.seq:
+            continue
+        if not batch.first_seq:
+            batch.first_seq = seq
+        _fold_one(state, batch, seq, subject, data)
+        batch.last_seq = seq
+    return batch
+
+
+def _fold_one(state: State, batch: Batch, seq: int, subject: str, data: bytes) -> None:
+    quarantined, voided = state.quarantine_count, state.voided_count
+    try:
+        event = _decode(data)
+    except _NOT_DECODED:
+        event = None
+    cls = type(event)
+    stop_nodes: dict[str, str] = {}
+    if cls is ev.Decided:
+        # Where a replica about to be stopped runs, before the fold may forget it.
+        for a in event.actions:
+            if type(a) is ev.StopReplica:
+                rep = state.replicas.get(a.replica)
+                stop_nodes[a.replica] = _nodes_of(rep) if rep is not None else ""
+    apply(state, seq, subject, data)
+    error = ""
+    if state.quarantine_count != quarantined:
+        error = state.quarantined[-1].error
+        batch.quarantined.append((seq, subject, error))
+    if event is None:
+        try:
+            loose = _loose.decode(data)
+            tag, at = loose.type, loose.at
+        except (*_NOT_DECODED, UnicodeDecodeError):
+            tag, at = "", None
+        batch.events.append((seq, at, tag, subject, f"not an event: {error}"))
+        return
+    batch.events.append((seq, event.at, _TAG[cls], subject, summary(event)))
+    # Sorted: the entities table numbers things in order of first mention,
+    # and a set's order differs from one process to the next.
+    append, dirty = batch.mentions.append, batch.dirty
+    for entity in sorted(mentions(event)):
+        append((entity, seq))
+        dirty[entity[0]].add(entity[1])
+    if cls is ev.Decided:
+        actions = event.actions
+        described = [describe_action(a) for a in actions]
+        if error:
+            why_void = [f"the event was quarantined: {error}"] * len(actions)
+        else:
+            why_void = _voided(state, described, state.voided_count - voided)
+        at = event.at
+        for i, a in enumerate(actions):
+            batch.decisions.append((seq, i, at, *_action_row(a, stop_nodes), described[i], a.reason, why_void[i]))
+    elif cls is ev.NodeLost:
+        batch.decisions.append(
+            (seq, 0, event.at, "node-lost", "", "", event.node, f"node {event.node} lost", event.reason,
+             error and f"the event was quarantined: {error}")
+        )
+
+
+def _voided(state: State, described: list[str], count: int) -> list[str]:
+    """Which actions of one event the fold voided, and why.
+
+    The fold appends a `Voided(action=describe_action(a), reason)` per voided
+    action, in action order. Matched from the last action backwards, so that
+    of two identical actions the later one is taken as voided, which is what
+    the fold does (the first took effect, the second finds it done). The
+    state keeps only its last KEEP_LAST entries: beyond that, an action known
+    voided by the count but without its entry says so.
+    """
+    out = [""] * len(described)
+    if not count:
+        return out
+    entries = state.voided[-count:] if count <= len(state.voided) else list(state.voided)
+    j = len(entries) - 1
+    left = count
+    for i in range(len(described) - 1, -1, -1):
+        if left == 0:
+            break
+        if j >= 0 and entries[j].action == described[i]:
+            out[i] = entries[j].reason
+            j -= 1
+            left -= 1
+    if left and count > len(state.voided):
+        for i in range(len(described)):
+            if left == 0:
+                break
+            if not out[i]:
+                out[i] = "voided (its reason is no longer kept in the state)"
+                left -= 1
+    return out
+
+
+def _action_row(a: ev.Action, stop_nodes: dict[str, str]) -> tuple[str, str, str, str]:
+    """(kind, model, replica, node) of one action."""
+    cls = type(a)
+    if cls is ev.PlaceReplica:
+        shards = a.shards
+        nodes = shards[0].node if len(shards) == 1 else ",".join(s.node for s in sorted(shards, key=_rank))
+        return "place", a.model, a.replica, nodes
+    if cls is ev.StopReplica:
+        return "stop", a.replica.rpartition("-")[0], a.replica, stop_nodes.get(a.replica, "")
+    if cls is ev.ModelWaiting:
+        return "wait", a.model, "", ""
+    if cls is ev.StopStray:
+        replica = a.shard.rpartition(".")[0]
+        return "stop-stray", replica.rpartition("-")[0], replica, a.node
+    return str(a.__struct_config__.tag), "", "", ""
+
+
+def _rank(s: ev.ShardPlacement) -> int:
+    return s.rank
+
+
+def _nodes_of(rep: Replica) -> str:
+    return ",".join(s.node for s in sorted(rep.shards, key=_rank))
+
+
+# --------------------------------------------------------------------------- entity rows
+
+
+def replicas_on(state: State, nodes: set[str]) -> set[str]:
+    """Replicas in the state with a shard on one of `nodes`."""
+    out = set()
+    if nodes:
+        for rep in state.replicas.values():
+            for sh in rep.shards:
+                if sh.node in nodes:
+                    out.add(rep.id)
+                    break
+    return out
+
+
+class EntityRows(msgspec.Struct):
+    """Every row the entity tables must hold for a state, keyed like the tables."""
+
+    models: dict[str, tuple]
+    nodes: dict[str, tuple]
+    replicas: dict[str, tuple]
+    shards: dict[str, tuple]
+
+
+def all_entity_rows(state: State) -> EntityRows:
+    """What the entity tables must hold for `state`: the tests and the
+    benchmark hold the database to it."""
+    shards = {}
+    for r in state.replicas.values():
+        for row in shard_rows(r):
+            shards[row[0]] = row
+    return EntityRows(
+        models={name: model_row(m) for name, m in state.models.items()},
+        nodes={name: node_row(n) for name, n in state.nodes.items()},
+        replicas={rid: replica_row(r) for rid, r in state.replicas.items()},
+        shards=shards,
+    )
+
+
+def model_row(m: Model) -> tuple:
+    spec = m.spec
+    profiles = [{**msgspec.structs.asdict(p), "fingerprint": m.fingerprints.get(p.name, "")} for p in spec.profiles]
+    return (
+        spec.name,
+        spec.owner,
+        spec.min_replicas,
+        max_replicas(spec),
+        _json_text(spec.aliases),
+        _json_text(profiles),
+        m.waiting,
+        m.applied_at,
+    )
+
+
+def node_row(n: Node) -> tuple:
+    used = n.used
+    gpus = [{"index": g.index, "model": g.model, "memory_gb": g.memory_gb, "shard": used.get(g.index, "")} for g in n.gpus]
+    return (
+        n.name,
+        n.state,
+        n.reason,
+        len(n.gpus),
+        len(used),
+        _json_text(gpus),
+        _json_text(n.labels),
+        n.memory_gb,
+        n.cpu_cores,
+        n.agent,
+        _json_text(n.strays),
+        n.registered_at,
+    )
+
+
+def replica_row(r: Replica) -> tuple:
+    return (r.id, r.model, r.profile, r.fingerprint, r.state, r.reason, r.placed_at, r.ready_at, r.stopping_at)
+
+
+def shard_rows(r: Replica) -> list[tuple]:
+    return [
+        (s.id, r.id, s.node, s.rank, _json_text(s.gpus), s.port, s.generation, s.state, s.reason, s.endpoint)
+        for s in r.shards
+    ]
