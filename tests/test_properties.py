@@ -184,7 +184,7 @@ def assert_voided_not_applied(step: Step, after: State) -> None:
         elif isinstance(a, ev.StopStray):
             node = before.nodes.get(a.node)
             stray = node.strays.get(a.shard) if node is not None else None
-            ok = stray is not None and stray.generation == a.generation
+            ok = stray is not None and stray.generation == a.generation and not stray.stopping
             if ok:
                 assert after.nodes[a.node].strays[a.shard].stopping
         else:  # pragma: no cover - a new kind of action needs a rule here
