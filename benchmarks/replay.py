@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--events", type=int, default=1_000_000, help="events in the recorded log (default 1,000,000)")
     p.add_argument("--repeat", type=int, default=3,
-                   help="fold and read (a) and (b) this many times and keep the best (default 1; the cores are noisy)")
+                   help="fold and read (a) and (b) this many times and keep the best (default 3: the cores are noisy)")
     a = p.parse_args(argv)
     n = a.events
     # A plain kill runs the finally blocks too, so the nats-server is stopped.
