@@ -64,6 +64,8 @@ def up(state_dir: str, nats_port: int, nats_url: str | None) -> int:
     py = sys.executable
     children = [
         Child("control plane", [py, "-m", "llmgw", "control", "--nats", nats_url, "--state-dir", str(state)]),
+        # The read models: it waits for the streams the control plane creates.
+        Child("projector", [py, "-m", "llmgw.projections", "--nats", nats_url, "--db", str(state / "readmodels.db")]),
     ]
     stopping = False
 
@@ -76,6 +78,7 @@ def up(state_dir: str, nats_port: int, nats_url: str | None) -> int:
     for c in children:
         c.start()
     print(
+        f"read models (SQLite): {(state / 'readmodels.db').resolve()}\n"
         f"ready. In other shells:\n"
         f"  llmgw agent --simulate --name gpu-1 --gpus 8 --nats {nats_url}\n"
         f"  llmgw ctl --nats {nats_url} apply -f deploy/catalog.example.yaml\n"

@@ -3,6 +3,8 @@
     migrate.py    the plain-SQL migrations under projections/, applied once each
     db.py         opening the database (WAL), reading and waiting for its position
     rows.py       what a batch of events changes, as rows (pure: the core's fold)
+    mirror.py     what the database holds, in memory: only changed rows are written
+    statements.py the SQL of one batch, as multi-row inserts
     projector.py  the shell: follow the log, write each batch in one transaction;
                   rebuild a fresh database from the whole log
     __main__.py   `python -m llmgw.projections --nats URL --db PATH`

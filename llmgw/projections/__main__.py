@@ -1,4 +1,6 @@
-"""`python -m llmgw.projections --nats URL --db PATH`: run the projector.
+"""The projector: follow the log and keep the SQLite read models at PATH.
+
+    python -m llmgw.projections --nats URL --db PATH [--rebuild]
 
 It follows the log until SIGINT or SIGTERM and keeps the read models at
 PATH; after any crash, run it again and it resumes where its last commit
@@ -16,7 +18,7 @@ import signal
 import sys
 
 from ..bus.nats import NatsBus
-from .projector import Projector, ProjectorFailed, rebuild
+from .projector import MAX_BATCH, Projector, ProjectorFailed, rebuild
 
 
 async def _main(args: argparse.Namespace) -> None:
@@ -38,10 +40,13 @@ async def _main(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m llmgw.projections", description=__doc__.split("\n\n")[0])
-    p.add_argument("--nats", default=os.environ.get("LLMGW_NATS", "nats://127.0.0.1:4222"))
+    p.add_argument("--nats", default=os.environ.get("LLMGW_NATS", "nats://127.0.0.1:4222"),
+                   help="NATS server URL(s), comma-separated (default $LLMGW_NATS or the local one)")
     p.add_argument("--db", required=True, help="the SQLite file of the read models")
     p.add_argument("--rebuild", action="store_true", help="build the database afresh from the whole log, then exit")
-    p.add_argument("--max-batch", type=int, default=2000, help="most events per transaction (default 2000)")
+    p.add_argument(
+        "--max-batch", type=int, default=MAX_BATCH, help=f"most events per transaction (default {MAX_BATCH})"
+    )
     p.add_argument("--wait-streams", type=float, default=30.0, help="seconds to wait for the log's stream to exist")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)

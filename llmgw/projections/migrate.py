@@ -9,19 +9,35 @@ end with every file applied once (the loser's transaction fails on the
 table the winner created, rolls back, and finds the version recorded).
 
 `schema_migrations` itself is made here, not by a migration: it is how
-migrations are counted, so it must exist before the first one.
+migrations are counted, so it must exist before the first one. A migration
+file holds plain statements, no BEGIN or COMMIT of its own, and is never
+edited once released: a change is a new file.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
 import aiosqlite
 
-MIGRATIONS_DIR = Path(os.environ.get("LLMGW_PROJECTIONS_SQL", Path(__file__).resolve().parents[2] / "projections"))
+
+def _migrations_dir() -> Path:
+    """$LLMGW_PROJECTIONS_SQL, else projections/ of the source tree this runs
+    from (an editable install, the tests), else where a wheel would put the
+    files (<prefix>/share/llmgw/projections: pyproject's data-files)."""
+    if os.environ.get("LLMGW_PROJECTIONS_SQL"):
+        return Path(os.environ["LLMGW_PROJECTIONS_SQL"])
+    source = Path(__file__).resolve().parents[2] / "projections"
+    if source.is_dir():
+        return source
+    return Path(sys.prefix) / "share" / "llmgw" / "projections"
+
+
+MIGRATIONS_DIR = _migrations_dir()
 
 _FILE = re.compile(r"^(\d+)_([A-Za-z0-9_\-]+)\.sql$")
 
@@ -74,12 +90,9 @@ async def migrate(conn: aiosqlite.Connection, directory: Path | None = None) -> 
         if version in done:
             continue
         sql = path.read_text()
-        script = (
-            "BEGIN IMMEDIATE;\n"
-            f"{sql}\n;\n"
-            f"INSERT INTO schema_migrations (version, name, applied_at) VALUES ({version}, '{name}', {time.time()!r});\n"
-            "COMMIT;\n"
-        )
+        # `name` matched _FILE (letters, digits, _ and -): safe inside quotes.
+        record = f"INSERT INTO schema_migrations VALUES ({version}, '{name}', {time.time()!r})"
+        script = f"BEGIN IMMEDIATE;\n{sql}\n;\n{record};\nCOMMIT;\n"
         try:
             await conn.executescript(script)
         except Exception as e:

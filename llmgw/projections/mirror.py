@@ -9,7 +9,8 @@ without asking SQLite, what every row is. That buys three things:
 * the replicas the database shows on a node are known without a query, so a
   replica that left the state as a side effect of an event about its node
   (see `rows`) has its rows deleted;
-* the integer ids of `entities`, for `event_mentions`, are assigned here.
+* the integer ids of `entities` are known (`ids`), for `rows.fold` to
+  number what each event mentions and the new ones it names.
 
 Loaded from the database, not derived from the folded state, so the mirror
 is what is on disk even if the two ever disagreed; the next write of an
@@ -27,15 +28,9 @@ from . import rows
 class Changes:
     """The rows one batch writes, in the order the transaction applies them."""
 
-    __slots__ = (
-        "entities", "mentions",
-        "gone_models", "models", "gone_nodes", "nodes",
-        "gone_shards", "gone_replicas", "replicas", "shards",
-    )
+    __slots__ = ("gone_models", "models", "gone_nodes", "nodes", "gone_shards", "gone_replicas", "replicas", "shards")
 
     def __init__(self) -> None:
-        self.entities: list[tuple] = []  # (id, kind, name), new ones
-        self.mentions: list[tuple] = []  # (entity, seq)
         self.gone_models: list[tuple] = []
         self.models: list[tuple] = []
         self.gone_nodes: list[tuple] = []
@@ -47,42 +42,36 @@ class Changes:
 
 
 class Mirror:
+    """The entity tables' rows and the entity ids, as the database holds them."""
+
     def __init__(self) -> None:
         self.models: dict[str, tuple] = {}
         self.nodes: dict[str, tuple] = {}
         self.replicas: dict[str, tuple] = {}
         self.shards: dict[str, dict[str, tuple]] = {}  # replica -> shard id -> row
         self.on_node: dict[str, set[str]] = {}  # node -> replicas with a shard row there
-        self.ids: dict[tuple[str, str], int] = {}
+        self.ids: dict[tuple[str, str], int] = {}  # (kind, name) -> entities.id
 
     async def load(self, conn: aiosqlite.Connection) -> None:
         self.__init__()
-        for row in await conn.execute_fetchall("SELECT * FROM models"):
-            self.models[row[0]] = tuple(row)
-        for row in await conn.execute_fetchall("SELECT * FROM nodes"):
-            self.nodes[row[0]] = tuple(row)
-        for row in await conn.execute_fetchall("SELECT * FROM replicas"):
-            self.replicas[row[0]] = tuple(row)
-        for row in await conn.execute_fetchall("SELECT * FROM shards"):
-            row = tuple(row)
+
+        async def select(table: str) -> list[tuple]:
+            columns = ", ".join(rows.COLUMNS[table])
+            return [tuple(r) for r in await conn.execute_fetchall(f"SELECT {columns} FROM {table}")]
+
+        self.models = {row[0]: row for row in await select("models")}
+        self.nodes = {row[0]: row for row in await select("nodes")}
+        self.replicas = {row[0]: row for row in await select("replicas")}
+        for row in await select("shards"):
             self.shards.setdefault(row[1], {})[row[0]] = row
             self.on_node.setdefault(row[2], set()).add(row[1])
-        for id_, kind, name in await conn.execute_fetchall("SELECT id, kind, name FROM entities"):
-            self.ids[(kind, name)] = id_
+        self.ids = {(kind, name): id_ for id_, kind, name in await select("entities")}
 
     def changes(self, state: State, batch: rows.Batch) -> Changes:
         """The writes that bring the database from what it holds to `state`
         for every entity `batch` may have changed. Updates the mirror: call it
         once per batch, and write what it returns (or give up the mirror)."""
         out = Changes()
-        ids = self.ids
-        mentioned = out.mentions.append
-        for entity, seq in batch.mentions:
-            id_ = ids.get(entity)
-            if id_ is None:
-                id_ = ids[entity] = len(ids) + 1
-                out.entities.append((id_, *entity))
-            mentioned((id_, seq))
         for name in sorted(batch.models):
             m = state.models.get(name)
             self._put(self.models, name, rows.model_row(m) if m is not None else None, out.models, out.gone_models)

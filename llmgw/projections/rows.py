@@ -8,18 +8,19 @@ batch it folds the events one by one and notes:
   quarantined), from what the core says of it (`history.summary`,
   `history.mentions`, the state's quarantine and voided counters);
 * which models, nodes and replicas the event may have changed: every entity
-  it mentions, plus (at the end of the batch) every replica with a shard on a
-  mentioned node, in the state or still in the database. That second part is
-  what catches side effects no event names: a node lost or re-registering
-  fails the shards on it, and a stopping replica whose last shard ends that
-  way leaves the state. Widening by node is cheap (one pass over the replicas
-  per batch) and stays right if the fold grows new side effects on a node.
+  it mentions, plus (at the end of the batch) every replica with a shard on
+  a mentioned node, in the state or still in the database (as the mirror
+  remembers it). That second part catches the side effects no event names:
+  a node lost or re-registering fails the shards on it, and a stopping
+  replica whose last shard ends that way leaves the state. Widening by node
+  is cheap (one pass over the replicas per batch) and stays right if the
+  fold grows new side effects on a node.
 
 The entity rows are then made from the state as it is at the end of the
 batch (`mirror.Mirror.changes`): an upsert for what exists and differs from
 the database, a delete for what does not exist. Rows from the end state, not
-event by event, is what makes a batch of 2,000 events cost about as much as
-its distinct entities, not its events.
+event by event, is what makes a batch of thousands of events cost about as
+much as its distinct entities, not its events.
 """
 
 from __future__ import annotations
@@ -36,10 +37,31 @@ from ..core.state import Model, Node, Replica, State
 
 Record = tuple[int, str, bytes]
 
+# The columns of every table the projector writes, in the order of the rows
+# made here (projections/*.sql has the types). The statements and the
+# mirror name them from this, never with SELECT *.
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "events": ("seq", "at", "type", "subject", "summary"),
+    "entities": ("id", "kind", "name"),
+    "event_mentions": ("entity", "seq"),
+    "decisions": ("seq", "idx", "at", "kind", "model", "replica", "node", "reason", "voided"),
+    "quarantined": ("seq", "subject", "error"),
+    "models": ("name", "owner", "min_replicas", "max_replicas", "aliases", "profiles", "waiting", "applied_at"),
+    "nodes": ("name", "state", "reason", "gpus_total", "gpus_used", "gpus", "labels", "memory_gb", "cpu_cores",
+              "agent", "strays", "registered_at"),
+    "replicas": ("id", "model", "profile", "fingerprint", "state", "reason", "placed_at", "ready_at", "stopping_at"),
+    "shards": ("id", "replica", "node", "rank", "gpus", "port", "generation", "state", "reason", "endpoint"),
+}
+
 _json = msgspec.json.Encoder()
 _decode = ev._decoder.decode
 _TAG = {cls: ev.tag_of(cls) for cls in ev.EVENT_TYPES}
 _NOT_DECODED = (msgspec.DecodeError, msgspec.ValidationError)
+_DECIDED, _NODE_LOST = ev.Decided, ev.NodeLost
+# A mention is one int, entity id << SEQ_BITS | seq (a sequence below 2**40):
+# ints sort ~5x faster than tuples, and SQLite unpacks them (see projector).
+SEQ_BITS = 40
+SEQ_MASK = (1 << SEQ_BITS) - 1
 
 
 class _Loose(msgspec.Struct):
@@ -59,14 +81,15 @@ def _json_text(obj) -> str:
 class Batch:
     """The rows and dirty entities of a run of consecutive events."""
 
-    __slots__ = ("first_seq", "last_seq", "events", "mentions", "decisions", "quarantined", "dirty")
+    __slots__ = ("first_seq", "last_seq", "events", "entities", "mentions", "decisions", "quarantined", "dirty")
 
     def __init__(self) -> None:
         self.first_seq = 0
         self.last_seq = 0
         self.events: list[tuple] = []  # (seq, at, type, subject, summary)
-        self.mentions: list[tuple] = []  # ((kind, name), seq), in log order
-        self.decisions: list[tuple] = []  # (seq, idx, at, kind, model, replica, node, action, reason, voided)
+        self.entities: list[tuple] = []  # (id, kind, name): first mentioned in this batch
+        self.mentions: list[int] = []  # entity id << SEQ_BITS | seq
+        self.decisions: list[tuple] = []  # (seq, idx, at, kind, model, replica, node, reason, voided)
         self.quarantined: list[tuple] = []  # (seq, subject, error)
         self.dirty: dict[str, set[str]] = {"model": set(), "node": set(), "replica": set()}
 
@@ -86,30 +109,35 @@ class Batch:
         return len(self.events)
 
 
-def fold(state: State, records: Iterable[Record], batch: Batch | None = None) -> Batch:
+def fold(state: State, records: Iterable[Record], ids: dict[tuple[str, str], int], batch: Batch | None = None) -> Batch:
     """Fold `records` into `state` (mutating it) and collect what they change.
-    Records at or below `state.seq` (redelivered) are skipped."""
-    batch = batch or Batch()
+
+    `ids` numbers every entity ever mentioned, (kind, name) -> id, and is
+    extended here with those first mentioned now (also listed in
+    `batch.entities`). Records at or below `state.seq` (redelivered) are
+    skipped."""
+    if batch is None:
+        batch = Batch()
     for seq, subject, data in records:
         if seq <= state.seq:
             continue
         if not batch.first_seq:
             batch.first_seq = seq
-        _fold_one(state, batch, seq, subject, data)
+        _fold_one(state, batch, ids, seq, subject, data)
         batch.last_seq = seq
     return batch
 
 
-def _fold_one(state: State, batch: Batch, seq: int, subject: str, data: bytes) -> None:
+def _fold_one(state: State, batch: Batch, ids: dict, seq: int, subject: str, data: bytes) -> None:
     quarantined, voided = state.quarantine_count, state.voided_count
     try:
         event = _decode(data)
     except _NOT_DECODED:
         event = None
     cls = type(event)
-    stop_nodes: dict[str, str] = {}
-    if cls is ev.Decided:
+    if cls is _DECIDED:
         # Where a replica about to be stopped runs, before the fold may forget it.
+        stop_nodes = {}
         for a in event.actions:
             if type(a) is ev.StopReplica:
                 rep = state.replicas.get(a.replica)
@@ -128,30 +156,37 @@ def _fold_one(state: State, batch: Batch, seq: int, subject: str, data: bytes) -
         batch.events.append((seq, at, tag, subject, f"not an event: {error}"))
         return
     batch.events.append((seq, event.at, _TAG[cls], subject, summary(event)))
-    # Sorted: the entities table numbers things in order of first mention,
-    # and a set's order differs from one process to the next.
-    append, dirty = batch.mentions.append, batch.dirty
-    for entity in sorted(mentions(event)):
-        append((entity, seq))
+    mention, dirty, new = batch.mentions.append, batch.dirty, None
+    for entity in mentions(event):
+        id_ = ids.get(entity)
+        if id_ is None:
+            new = [entity] if new is None else [*new, entity]
+            continue
+        mention(id_ << SEQ_BITS | seq)
         dirty[entity[0]].add(entity[1])
-    if cls is ev.Decided:
+    if new is not None:
+        # Numbered in sorted order: a set's order differs from one process
+        # to the next, and the same log must number its entities alike.
+        for entity in sorted(new):
+            id_ = ids[entity] = len(ids) + 1
+            batch.entities.append((id_, *entity))
+            mention(id_ << SEQ_BITS | seq)
+            dirty[entity[0]].add(entity[1])
+    if cls is _DECIDED:
         actions = event.actions
-        described = [describe_action(a) for a in actions]
         if error:
             why_void = [f"the event was quarantined: {error}"] * len(actions)
         else:
-            why_void = _voided(state, described, state.voided_count - voided)
-        at = event.at
+            why_void = _voided(state, actions, state.voided_count - voided)
+        at, append = event.at, batch.decisions.append
         for i, a in enumerate(actions):
-            batch.decisions.append((seq, i, at, *_action_row(a, stop_nodes), described[i], a.reason, why_void[i]))
-    elif cls is ev.NodeLost:
-        batch.decisions.append(
-            (seq, 0, event.at, "node-lost", "", "", event.node, f"node {event.node} lost", event.reason,
-             error and f"the event was quarantined: {error}")
-        )
+            append((seq, i, at, *_action_row(a, stop_nodes), a.reason, why_void[i]))
+    elif cls is _NODE_LOST:
+        why_void = error and f"the event was quarantined: {error}"
+        batch.decisions.append((seq, 0, event.at, "node-lost", "", "", event.node, event.reason, why_void))
 
 
-def _voided(state: State, described: list[str], count: int) -> list[str]:
+def _voided(state: State, actions: list[ev.Action], count: int) -> list[str]:
     """Which actions of one event the fold voided, and why.
 
     The fold appends a `Voided(action=describe_action(a), reason)` per voided
@@ -161,21 +196,21 @@ def _voided(state: State, described: list[str], count: int) -> list[str]:
     state keeps only its last KEEP_LAST entries: beyond that, an action known
     voided by the count but without its entry says so.
     """
-    out = [""] * len(described)
+    out = [""] * len(actions)
     if not count:
         return out
     entries = state.voided[-count:] if count <= len(state.voided) else list(state.voided)
     j = len(entries) - 1
     left = count
-    for i in range(len(described) - 1, -1, -1):
+    for i in range(len(actions) - 1, -1, -1):
         if left == 0:
             break
-        if j >= 0 and entries[j].action == described[i]:
+        if j >= 0 and entries[j].action == describe_action(actions[i]):
             out[i] = entries[j].reason
             j -= 1
             left -= 1
     if left and count > len(state.voided):
-        for i in range(len(described)):
+        for i in range(len(actions)):
             if left == 0:
                 break
             if not out[i]:
@@ -206,7 +241,8 @@ def _rank(s: ev.ShardPlacement) -> int:
 
 
 def _nodes_of(rep: Replica) -> str:
-    return ",".join(s.node for s in sorted(rep.shards, key=_rank))
+    shards = rep.shards
+    return shards[0].node if len(shards) == 1 else ",".join(s.node for s in sorted(shards, key=_rank))
 
 
 # --------------------------------------------------------------------------- entity rows
@@ -265,7 +301,9 @@ def model_row(m: Model) -> tuple:
 
 def node_row(n: Node) -> tuple:
     used = n.used
-    gpus = [{"index": g.index, "model": g.model, "memory_gb": g.memory_gb, "shard": used.get(g.index, "")} for g in n.gpus]
+    gpus = [
+        {"index": g.index, "model": g.model, "memory_gb": g.memory_gb, "shard": used.get(g.index, "")} for g in n.gpus
+    ]
     return (
         n.name,
         n.state,
