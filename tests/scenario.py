@@ -3,6 +3,9 @@ decisions out, with the log kept exactly as the shell would write it."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+
 from llmgw.core import events as ev
 from llmgw.core.decide import decide
 from llmgw.core.fold import apply
@@ -105,3 +108,22 @@ class Fleet:
 
     def states(self) -> dict[str, str]:
         return {r.id: r.state for r in self.state.replicas.values()}
+
+
+# --------------------------------------------------------------------------- for tests of the shell
+
+_ids = itertools.count(1)
+
+
+async def until(predicate, timeout: float = 10.0) -> None:
+    """Wait, within a bound, for a condition the shell brings about."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+async def publish(bus, event: ev.Event, subject: str | None = None) -> int:
+    """Publish an event on a bus as its speaker would (or on `subject`)."""
+    return await bus.publish(subject or ev.subject_for(event), ev.encode(event), msg_id=f"test-{next(_ids)}")

@@ -2,7 +2,6 @@
 commands, liveness and snapshots, without a server."""
 
 import asyncio
-import itertools
 
 import pytest
 
@@ -15,22 +14,7 @@ from llmgw.core import events as ev
 from llmgw.core.fold import apply
 from llmgw.core.state import State
 
-from .scenario import model
-
-
-async def until(predicate, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
-
-
-_ids = itertools.count(1)
-
-
-async def publish(bus, event: ev.Event) -> int:
-    return await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"test-{next(_ids)}")
+from .scenario import model, publish, until
 
 
 def replay(bus: MemoryBus) -> State:

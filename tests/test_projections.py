@@ -35,25 +35,9 @@ from llmgw.projections.rows import COLUMNS, all_entity_rows
 from llmgw.replay import logfile
 
 from .conftest import REPO
-from .scenario import model
+from .scenario import model, publish, until
 
 ENTITY_TABLES = ("models", "nodes", "replicas", "shards")
-
-
-async def until(predicate, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
-
-
-_ids = itertools.count(1)
-
-
-async def publish(bus, event: ev.Event, subject: str | None = None) -> int:
-    data = ev.encode(event)
-    return await bus.publish(subject or ev.subject_for(event), data, msg_id=f"test-{next(_ids)}")
 
 
 def query(db: Path, sql: str, *args) -> list[tuple]:
