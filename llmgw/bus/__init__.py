@@ -57,6 +57,11 @@ class Bus(Protocol):
         """Call `on_message(seq, subject, data)` for every message from
         `start_seq` on, in order, then for each new one, until stopped."""
 
+    async def read_matching(self, subjects: str) -> list[tuple[int, str, bytes]]:
+        """Every message so far on the subjects matching a filter (e.g.
+        `llmgw.ctl.>`), in order: what a few kinds of events say, without
+        reading the whole log."""
+
     async def send_command(self, node: str, data: bytes) -> None: ...
 
     async def follow_commands(self, node: str, on_command: OnCommand) -> Follower: ...

@@ -56,6 +56,10 @@ class MemoryBus:
     async def log_id(self) -> str:
         return self._log_id
 
+    async def read_matching(self, subjects: str) -> list[tuple[int, str, bytes]]:
+        prefix = subjects.removesuffix(">")
+        return [(i, s, d) for i, (s, d) in enumerate(self.log, 1) if s.startswith(prefix)]
+
     async def follow(self, start_seq: int, on_message: OnMessage) -> _Follower:
         async def run() -> None:
             seq = max(start_seq, 1)

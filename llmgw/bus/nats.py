@@ -280,6 +280,35 @@ class NatsBus:
         )
         return _Sub(sub)
 
+    async def read_matching(self, subjects: str) -> list[tuple[int, str, bytes]]:
+        # The server counts the matching messages, so the read knows where it
+        # ends (and an empty answer costs no consumer at all).
+        try:
+            info = await self.js.stream_info(STREAM, subjects_filter=subjects)
+        except NotFoundError:
+            raise LookupError(f"there is no {STREAM} stream on this NATS: has a control plane run against it?") from None
+        want = sum((info.state.subjects or {}).values())
+        records: list[tuple[int, str, bytes]] = []
+        if not want:
+            return records
+        done = asyncio.Event()
+
+        async def cb(msg) -> None:
+            meta = msg.metadata
+            records.append((meta.sequence.stream, msg.subject, msg.data))
+            if meta.num_pending == 0 or len(records) >= want:
+                done.set()
+
+        sub = await self.js.subscribe(
+            subjects, stream=STREAM, ordered_consumer=True, cb=cb, pending_msgs_limit=-1,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+        )
+        try:
+            await done.wait()
+        finally:
+            await sub.unsubscribe()
+        return records
+
     # ----------------------------------------------------------------- commands
 
     async def send_command(self, node: str, data: bytes) -> None:

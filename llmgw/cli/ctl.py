@@ -1,83 +1,306 @@
-"""`llmgw ctl`: the operator's commands (a minimal set; the full CLI reads
-projections and is its own piece of work)."""
+"""`llmgw ctl`: the operator's commands.
+
+Reads come from the SQLite read models (`get`, `describe`); changes are
+events published on the log (`apply`, `delete`). `--wait` joins the two: the
+command returns only once the read models include the event it published,
+so `apply --wait` then `get` shows the change (read-your-writes).
+
+Exit status: 0 done, 1 no such thing, 2 bad input (nothing was published),
+3 NATS or the read models cannot be reached, 4 the read models did not reach
+the event in time.
+"""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import itertools
 import sys
 import time
 import uuid
 
-from ..bus import read_log
 from ..core import events as ev
 from ..core.fold import apply
 from ..core.state import State
+from ..ctl import views
 from ..ctl.catalog_file import CatalogError, load
+from ..ctl.locate import Where, locate
+from ..ctl.readmodels import NoReadModels, ReadModels
+
+OK, NOT_FOUND, BAD_INPUT, UNREACHABLE, BEHIND = 0, 1, 2, 3, 4
+WATCH_INTERVAL_S = 0.2
+
+
+class CtlError(Exception):
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def add_parser(sub) -> None:
-    ctl = sub.add_parser("ctl", help="operate the fleet")
-    ctl.add_argument("--nats", help="NATS URL (default $LLMGW_NATS or the local llmgw up)")
+    ctl = sub.add_parser("ctl", help="operate the fleet: apply a catalog, get and describe what runs")
+    _where_flags(ctl, None)
     verbs = ctl.add_subparsers(dest="verb", required=True)
-    apply_ = verbs.add_parser("apply", help="publish the models of a catalog file that changed")
+
+    def verb(name: str, help: str) -> argparse.ArgumentParser:
+        p = verbs.add_parser(name, help=help)
+        _where_flags(p, argparse.SUPPRESS)  # also accepted after the verb
+        return p
+
+    apply_ = verb("apply", "publish the models of a catalog file that changed")
     apply_.add_argument("-f", "--file", required=True)
-    delete = verbs.add_parser("delete", help="remove a model from the catalog")
+    _wait_flags(apply_)
+
+    delete = verb("delete", "remove a model from the catalog")
     delete.add_argument("kind", choices=["model"])
     delete.add_argument("name")
+    _wait_flags(delete)
+
+    get = verb("get", "list models, nodes, replicas or decisions from the read models")
+    get.add_argument("kind", choices=views.KINDS)
+    get.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    get.add_argument("-w", "--watch", action="store_true", help="then print each change as it is projected")
+    get.add_argument("--model", help="only this model's replicas or decisions")
+    get.add_argument("--limit", type=int, default=50, help="decisions: the latest N (0: all; default 50)")
+    get.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the read models to catch up")
+
+    describe = verb("describe", "one model, replica or node: its state now and its history, with reasons")
+    describe.add_argument("kind", choices=("model", "replica", "node"))
+    describe.add_argument("name")
+    describe.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
+    describe.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the read models to catch up")
+
     from .main import cmd_ctl
 
     ctl.set_defaults(func=cmd_ctl)
 
 
-async def _state(bus) -> State:
-    state = State()
-    for seq, subject, data in await read_log(bus):
-        apply(state, seq, subject, data)
-    return state
+def _where_flags(p: argparse.ArgumentParser, default) -> None:
+    p.add_argument("--nats", default=default, help="NATS URL (default $LLMGW_NATS, else the local llmgw up)")
+    p.add_argument("--db", default=default, help="the read models' SQLite file (default $LLMGW_DB, else the local llmgw up's)")
 
 
-async def run(args, url: str) -> int:
+def _wait_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wait", action="store_true", help="return once the read models include the change")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds --wait waits (default 30)")
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- the bus
+
+
+async def _connect(where: Where):
     from ..bus.nats import NatsBus
 
-    specs: list[ev.ModelSpec] = []
-    if args.verb == "apply":
-        try:
-            specs = load(args.file)  # before connecting: a bad file publishes nothing
-        except CatalogError as e:
-            print(f"llmgw ctl apply: {e}", file=sys.stderr)
-            return 2
     try:
-        bus = await NatsBus.connect(url, name="llmgw-ctl")
+        bus = await NatsBus.connect(where.nats, name="llmgw-ctl")
     except ConnectionError as e:
-        print(f"llmgw ctl: {e}", file=sys.stderr)
-        return 3
-    ids = (f"ctl-{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
+        raise CtlError(f"{e} (found from {where.found}; is llmgw up running? give --nats URL)", UNREACHABLE)
+    return bus
+
+
+async def _catalog(bus) -> tuple[State, dict[str, int]]:
+    """The catalog as the log has it, and the sequence of each model's latest
+    event: folded from the operators' events alone (llmgw.ctl.>), which are
+    all that define it, so the answer is exact without reading the whole log
+    or trusting read models that may be behind."""
+    state = State()
+    latest: dict[str, int] = {}
+    for seq, subject, data in await bus.read_matching("llmgw.ctl.>"):
+        apply(state, seq, subject, data)
+        try:
+            event = ev.decode(data)
+        except Exception:  # quarantined by the fold; says nothing of a model
+            continue
+        name = event.model.name if isinstance(event, ev.ModelApplied) else getattr(event, "name", "")
+        if name:
+            latest[name] = seq
+    return state, latest
+
+
+# --------------------------------------------------------------------------- waiting for the read models
+
+
+async def wait_projected(db, seq: int, timeout: float, *, what: str) -> None:
+    """Wait until the read models include event `seq`, saying so when it takes a while."""
+    if db is None:
+        raise CtlError("--wait needs the read models: give --db (or run llmgw up)", UNREACHABLE)
+    models = ReadModels(db)
+    started = time.monotonic()
+    told = 0.0
+    while True:
+        try:
+            at = models.position()
+        except NoReadModels:
+            at = 0
+        if at >= seq:
+            if told:
+                say(f"  the read models reached event {seq}")
+            return
+        waited = time.monotonic() - started
+        if waited >= timeout:
+            raise CtlError(
+                f"the read models at {db} stand at event {at} and did not reach {seq} ({what}) in {timeout:g}s: "
+                f"the projector is behind or not running (llmgw up runs it; `llmgw projections rebuild` remakes them)",
+                BEHIND,
+            )
+        if waited - told >= 1.0:
+            told = waited
+            say(f"  waiting for the read models to reach event {seq} ({what}): at {at}, {waited:.0f}s")
+        await asyncio.sleep(0.02)
+
+
+async def _fresh(where: Where, timeout: float) -> ReadModels:
+    """The read models, once they include everything the log held when we
+    asked (so a `get` after another process's `apply --wait` sees it). When
+    the log cannot be reached the rows are shown as they are, with a warning."""
+    if where.db is None:
+        raise CtlError(
+            "no read models found: run `llmgw up` here (or below the folder it runs in), or give --db PATH",
+            UNREACHABLE,
+        )
+    models = ReadModels(where.db)
     try:
-        await bus.wait_for_streams(timeout=10)
-        state = await _state(bus)
-        if args.verb == "apply":
-            changed = 0
-            for spec in specs:
-                current = state.models.get(spec.name)
-                if current is not None and current.spec == spec:
-                    print(f"model {spec.name} unchanged")
-                    continue
-                event = ev.ModelApplied(at=time.time(), model=spec)
-                seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
-                print(f"model {spec.name} {'configured' if current else 'created'} (event {seq})")
-                changed += 1
-            return 0
-        if args.verb == "delete":
-            if args.name not in state.models:
-                print(f"llmgw ctl delete: there is no model {args.name}", file=sys.stderr)
-                return 1
-            event = ev.ModelRemoved(at=time.time(), name=args.name)
-            seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
-            print(f"model {args.name} deleted (event {seq})")
-            return 0
-    except TimeoutError as e:
-        print(f"llmgw ctl: {e}", file=sys.stderr)
-        return 3
+        bus = await _connect(where)
+    except CtlError as e:
+        say(f"warning: {e}; showing the read models as they are (event {models.position()})")
+        return models
+    try:
+        last = await bus.last_seq()
+    except LookupError as e:
+        say(f"warning: {e}")
+        return models
     finally:
         await bus.close()
-    return 0
+    try:
+        await wait_projected(where.db, last, timeout, what="the end of the log")
+    except CtlError as e:
+        say(f"warning: {e}; showing them as they are")
+    return models
+
+
+# --------------------------------------------------------------------------- verbs
+
+
+async def cmd_apply(args, where: Where) -> int:
+    try:
+        specs = load(args.file)  # before connecting: a bad file publishes nothing
+    except CatalogError as e:
+        raise CtlError(f"apply: {e}", BAD_INPUT)
+    bus = await _connect(where)
+    ids = (f"ctl-{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
+    wait_for = 0
+    try:
+        state, latest = await _catalog(bus)
+        for spec in specs:
+            current = state.models.get(spec.name)
+            if current is not None and current.spec == spec:
+                print(f"model {spec.name} unchanged")
+                wait_for = max(wait_for, latest.get(spec.name, 0))
+                continue
+            event = ev.ModelApplied(at=time.time(), model=spec)
+            seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
+            print(f"model {spec.name} {'configured' if current else 'created'} (event {seq})")
+            wait_for = max(wait_for, seq)
+    finally:
+        await bus.close()
+    if args.wait and wait_for:
+        await wait_projected(where.db, wait_for, args.timeout, what="the catalog")
+    return OK
+
+
+async def cmd_delete(args, where: Where) -> int:
+    bus = await _connect(where)
+    try:
+        state, _ = await _catalog(bus)
+        if args.name not in state.models:
+            raise CtlError(f"delete: there is no model {args.name}", NOT_FOUND)
+        event = ev.ModelRemoved(at=time.time(), name=args.name)
+        seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"ctl-{uuid.uuid4().hex}")
+        print(f"model {args.name} deleted (event {seq})")
+    finally:
+        await bus.close()
+    if args.wait:
+        await wait_projected(where.db, seq, args.timeout, what=f"the removal of {args.name}")
+    return OK
+
+
+def _listing(models: ReadModels, args) -> list[dict]:
+    if args.kind == "models":
+        return models.models()
+    if args.kind == "nodes":
+        return models.nodes()
+    if args.kind == "replicas":
+        return models.replicas(args.model)
+    return models.decisions(model=args.model, limit=args.limit)
+
+
+async def cmd_get(args, where: Where) -> int:
+    models = await _fresh(where, args.timeout)
+    rows = _listing(models, args)
+    print(views.render(args.kind, rows, args.output), flush=True)
+    if not args.watch:
+        return OK
+    # Follow: the rows are read again whenever the read models move, and what
+    # differs is printed. Decisions only ever grow: new ones are the change.
+    seen = {views.key_of(args.kind, r): r for r in rows}
+    position = models.position()
+    if args.kind == "decisions":
+        args.limit = 0
+    while True:
+        await asyncio.sleep(WATCH_INTERVAL_S)
+        now = models.position()
+        if now == position:
+            continue
+        position = now
+        rows = _listing(models, args)
+        current = {views.key_of(args.kind, r): r for r in rows}
+        for key, row in current.items():
+            if key not in seen:
+                print(views.render_change(args.kind, "ADDED", row, args.output))
+            elif seen[key] != row:
+                print(views.render_change(args.kind, "MODIFIED", row, args.output))
+        if args.kind != "decisions":
+            for key, row in seen.items():
+                if key not in current:
+                    print(views.render_change(args.kind, "DELETED", row, args.output))
+        sys.stdout.flush()
+        seen = current
+
+
+async def cmd_describe(args, where: Where) -> int:
+    models = await _fresh(where, args.timeout)
+    kind, name = args.kind, args.name
+    if not models.known(kind, name):
+        raise CtlError(f"describe: the log never mentioned a {kind} {name}", NOT_FOUND)
+    page: dict = {"name": name}
+    if kind == "model":
+        page["model"] = models.model(name)
+        page["replicas"] = models.replicas(name)
+    elif kind == "replica":
+        page["replica"] = models.replica(name)
+    else:
+        page["node"] = models.node(name)
+        page["shards"] = models.shards_on(name)
+    page["history"] = models.history(kind, name)
+    print(views.describe(kind, page, args.output))
+    return OK
+
+
+VERBS = {"apply": cmd_apply, "delete": cmd_delete, "get": cmd_get, "describe": cmd_describe}
+
+
+async def run(args) -> int:
+    where = locate(args.nats, args.db)
+    try:
+        return await VERBS[args.verb](args, where)
+    except CtlError as e:
+        say(f"llmgw ctl: {e}")
+        return e.status
+    except (LookupError, TimeoutError) as e:  # no read models, no stream
+
+        say(f"llmgw ctl: {e}")
+        return UNREACHABLE

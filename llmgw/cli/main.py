@@ -3,7 +3,8 @@
     llmgw up                 embedded NATS + control plane (+ later: projector, agent, gateway)
     llmgw control            the control plane alone, against a NATS you run
     llmgw agent --simulate   a simulated node
-    llmgw ctl apply -f FILE  publish a catalog
+    llmgw ctl apply -f FILE  publish a catalog; get, describe: read the read models
+    llmgw projections rebuild  make the read models afresh from the log
     llmgw replay [FILE]      fold the log and look at any moment of it
     llmgw events schema      write or check the event contract files
 """
@@ -17,11 +18,12 @@ import os
 import signal
 import sys
 
-DEFAULT_NATS = "nats://127.0.0.1:4222"
+from ..ctl.locate import DEFAULT_NATS, locate
 
 
 def _nats_url(args) -> str:
-    return args.nats or os.environ.get("LLMGW_NATS") or DEFAULT_NATS
+    """--nats, else $LLMGW_NATS, else the local `llmgw up`'s, else the default port."""
+    return locate(args.nats).nats
 
 
 def _setup_logging(verbose: bool = False) -> None:
@@ -119,7 +121,23 @@ def cmd_agent(args) -> None:
 def cmd_ctl(args) -> None:
     from . import ctl
 
-    sys.exit(asyncio.run(ctl.run(args, _nats_url(args))))
+    try:
+        sys.exit(asyncio.run(ctl.run(args)))
+    except KeyboardInterrupt:  # the end of a --watch
+        sys.exit(130)
+
+
+def cmd_projections_rebuild(args) -> None:
+    from ..projections.__main__ import rebuild_once
+
+    where = locate(args.nats, args.db)
+    if where.db is None:
+        sys.exit("llmgw projections rebuild: which database? give --db PATH (or run it where llmgw up runs)")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
+    try:
+        asyncio.run(rebuild_once(where.nats, str(where.db), wait_streams=5.0))
+    except (ConnectionError, LookupError, TimeoutError) as e:
+        sys.exit(f"llmgw projections rebuild: {e}")
 
 
 def cmd_replay(args) -> None:
@@ -205,6 +223,16 @@ def parser() -> argparse.ArgumentParser:
     from . import ctl
 
     ctl.add_parser(sub)
+
+    projections = sub.add_parser("projections", help="the SQLite read models")
+    projections_sub = projections.add_subparsers(dest="what", required=True)
+    rebuild = projections_sub.add_parser(
+        "rebuild", help="make the read models afresh from the whole log (a running projector moves to the new file)"
+    )
+    rebuild.add_argument("--nats", help="NATS URL (default $LLMGW_NATS, else the local llmgw up)")
+    rebuild.add_argument("--db", help="the SQLite file (default $LLMGW_DB, else the local llmgw up's)")
+    rebuild.add_argument("-v", "--verbose", action="store_true")
+    rebuild.set_defaults(func=cmd_projections_rebuild)
 
     replay = sub.add_parser("replay", help="fold the log and show any moment of it")
     replay.add_argument("file", nargs="?", help="a log file (from --export); without it, the live log")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from ..bus.server import NatsServer, PortTaken
+from ..ctl.locate import DB_FILE, remove_up_file, write_up_file
 
 RESTART_PAUSE_S = 1.0  # doubled for each quick death in a row, up to a minute
 HEALTHY_AFTER_S = 30.0
@@ -51,6 +52,7 @@ class Child:
 
 def up(state_dir: str, nats_port: int, nats_url: str | None) -> int:
     state = Path(state_dir)
+    state.mkdir(parents=True, exist_ok=True)
     server = None
     if nats_url is None:
         server = NatsServer(state / "nats", nats_port)
@@ -61,11 +63,12 @@ def up(state_dir: str, nats_port: int, nats_url: str | None) -> int:
             return 2
         nats_url = server.url
     print(f"llmgw up: NATS (JetStream) at {nats_url}, state in {state.resolve()}", flush=True)
+    db = state / DB_FILE
     py = sys.executable
     children = [
         Child("control plane", [py, "-m", "llmgw", "control", "--nats", nats_url, "--state-dir", str(state)]),
         # The read models: it waits for the streams the control plane creates.
-        Child("projector", [py, "-m", "llmgw.projections", "--nats", nats_url, "--db", str(state / "readmodels.db")]),
+        Child("projector", [py, "-m", "llmgw.projections", "--nats", nats_url, "--db", str(db)]),
     ]
     stopping = False
 
@@ -77,12 +80,15 @@ def up(state_dir: str, nats_port: int, nats_url: str | None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     for c in children:
         c.start()
+    # How `llmgw ctl` (and the other commands) run in this folder find us.
+    write_up_file(state, nats=nats_url, db=db)
     print(
-        f"read models (SQLite): {(state / 'readmodels.db').resolve()}\n"
-        f"ready. In other shells:\n"
-        f"  llmgw agent --simulate --name gpu-1 --gpus 8 --nats {nats_url}\n"
-        f"  llmgw ctl --nats {nats_url} apply -f deploy/catalog.example.yaml\n"
-        f"  llmgw replay --nats {nats_url}\n"
+        f"read models (SQLite): {db.resolve()}\n"
+        f"ready. In other shells, here (or with --nats {nats_url}):\n"
+        f"  llmgw agent --simulate --name gpu-1 --gpus 8\n"
+        f"  llmgw ctl apply -f deploy/catalog.example.yaml --wait\n"
+        f"  llmgw ctl get replicas --watch\n"
+        f"  llmgw replay\n"
         f"Ctrl-C stops everything.",
         flush=True,
     )
@@ -104,6 +110,7 @@ def up(state_dir: str, nats_port: int, nats_url: str | None) -> int:
                         c.start()
     finally:
         print("llmgw up: stopping", flush=True)
+        remove_up_file(state)
         for c in reversed(children):
             c.stop()
         if server is not None:

@@ -1,11 +1,12 @@
 """The projector: follow the log and keep the SQLite read models at PATH.
 
     python -m llmgw.projections --nats URL --db PATH [--rebuild]
+    (the same as `llmgw projections run|rebuild`)
 
 It follows the log until SIGINT or SIGTERM and keeps the read models at
 PATH; after any crash, run it again and it resumes where its last commit
-stands. `--rebuild` builds PATH afresh from the whole log and exits (stop
-the running projector of PATH first).
+stands. `--rebuild` builds PATH afresh from the whole log and exits; a
+projector running on PATH meanwhile moves over to the new file by itself.
 """
 
 from __future__ import annotations
@@ -16,26 +17,49 @@ import logging
 import os
 import signal
 import sys
+import time
 
 from ..bus.nats import NatsBus
-from .projector import MAX_BATCH, Projector, ProjectorFailed, rebuild
+from .projector import MAX_BATCH, DatabaseReplaced, Projector, ProjectorFailed, rebuild
+
+log = logging.getLogger("llmgw.projections")
 
 
-async def _main(args: argparse.Namespace) -> None:
-    bus = await NatsBus.connect(args.nats, name="llmgw-projector", forever=not args.rebuild)
+async def serve(nats: str, db: str, *, max_batch: int = MAX_BATCH, wait_streams: float = 30.0) -> None:
+    """Project until SIGINT or SIGTERM; start again on a file a rebuild put at `db`."""
+    bus = await NatsBus.connect(nats, name="llmgw-projector", forever=True)
     try:
-        await bus.wait_for_streams(timeout=args.wait_streams)
-        if args.rebuild:
-            seq = await rebuild(bus, args.db)
-            print(f"rebuilt {args.db} up to seq {seq}")
-            return
+        await bus.wait_for_streams(timeout=wait_streams)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await Projector(bus, args.db, max_batch=args.max_batch).run(stop)
+        while not stop.is_set():
+            try:
+                await Projector(bus, db, max_batch=max_batch).run(stop)
+            except DatabaseReplaced as e:
+                log.info("%s", e)
     finally:
         await bus.close()
+
+
+async def rebuild_once(nats: str, db: str, *, wait_streams: float = 30.0) -> int:
+    """Rebuild `db` from the whole log, printing progress on stderr; returns its last sequence."""
+    bus = await NatsBus.connect(nats, name="llmgw-rebuild")
+    started = time.monotonic()
+
+    def progress(at: int, last: int) -> None:
+        rate = at / max(time.monotonic() - started, 1e-9)
+        print(f"  rebuilding {db}: event {at} of {last} ({rate:,.0f} events/s)", file=sys.stderr, flush=True)
+
+    try:
+        await bus.wait_for_streams(timeout=wait_streams)
+        seq = await rebuild(bus, db, progress=progress)
+    finally:
+        await bus.close()
+    took = time.monotonic() - started
+    print(f"rebuilt {db} from the log up to event {seq} in {took:.1f}s", flush=True)
+    return seq
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,7 +81,10 @@ def main(argv: list[str] | None = None) -> None:
         stream=sys.stderr,
     )
     try:
-        asyncio.run(_main(args))
+        if args.rebuild:
+            asyncio.run(rebuild_once(args.nats, args.db, wait_streams=args.wait_streams))
+        else:
+            asyncio.run(serve(args.nats, args.db, max_batch=args.max_batch, wait_streams=args.wait_streams))
     except (ConnectionError, LookupError, TimeoutError, ProjectorFailed) as e:
         sys.exit(f"llmgw projector: {e}")
 

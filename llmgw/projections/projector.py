@@ -29,6 +29,7 @@ import logging
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..bus import Bus
@@ -53,6 +54,13 @@ FOLD_CHUNK = 1000  # events folded between two turns of the event loop
 RETRY_MAX_S = 5.0
 
 
+class DatabaseReplaced(Exception):
+    """The file at the projector's path is no longer the one it writes: a
+    rebuild (`llmgw projections rebuild`) put a new one there. The projector
+    starts again on the new file, from the position that file stands at, so
+    nothing it wrote to the old one after the rebuild's end is missed."""
+
+
 class ProjectorFailed(RuntimeError):
     """Writing failed with something a retry cannot mend (a bug); started
     again, the projector resumes from what its last commit left."""
@@ -75,6 +83,7 @@ class Projector:
         self.batches = 0
         self.failed: BaseException | None = None
         self._conn = None
+        self._inode = 0  # of the file the connection writes (see DatabaseReplaced)
         self._log_id = ""
         self._fold_only_to = 0  # events up to here are in the rows already: fold, do not write
         self._last_received = 0
@@ -112,6 +121,7 @@ class Projector:
             self._conn = await connect(self.db_path)
             seq, _, _ = await read_position(self._conn)
         self.position = seq
+        self._inode = os.stat(self.db_path).st_ino
         await self.mirror.load(self._conn)
         return seq
 
@@ -136,6 +146,8 @@ class Projector:
             stopper.cancel()
         finally:
             await self.close()
+        if isinstance(self.failed, DatabaseReplaced):
+            raise self.failed
         if self.failed is not None:
             raise ProjectorFailed(f"the projector stopped: {self.failed}") from self.failed
 
@@ -205,6 +217,9 @@ class Projector:
                 await self._write(batch)
         except asyncio.CancelledError:
             raise
+        except DatabaseReplaced as e:  # run() raises it; the caller starts again
+            self.failed = e
+            self._progress.set()
         except BaseException as e:
             log.error("the projector stopped: %s: %s", type(e).__name__, e, exc_info=True)
             self.failed = e
@@ -221,6 +236,8 @@ class Projector:
     async def _write(self, batch: rows.Batch) -> None:
         if not len(batch):
             return
+        if self._inode and os.stat(self.db_path).st_ino != self._inode:
+            raise DatabaseReplaced(f"{self.db_path} was replaced (rebuilt); starting again on the new file")
         # Once per batch: from here the mirror says what this batch writes.
         changes = self.mirror.changes(self.state, batch)
         delay = 0.05
@@ -261,15 +278,25 @@ class Projector:
 # --------------------------------------------------------------------------- rebuild
 
 
-async def rebuild(bus: Bus, db_path: str | os.PathLike, *, max_batch: int = REBUILD_BATCH) -> int:
+async def rebuild(
+    bus: Bus,
+    db_path: str | os.PathLike,
+    *,
+    max_batch: int = REBUILD_BATCH,
+    progress: Callable[[int, int], None] | None = None,
+) -> int:
     """Build the read models afresh from the whole log, as of its last sequence
     now, and put them at `db_path`; returns that sequence.
 
     Built in a temporary file beside it and renamed over it, so a reader sees
-    the old database or the new one, never half of one. Run it with the
-    projector of `db_path` stopped: SQLite cannot have a file renamed under
-    a connection that writes it. The old database's -wal and -shm files go
-    first, else SQLite would apply the old log of changes to the new file.
+    the old database or the new one, never half of one. The new file is
+    left in rollback-journal mode (no -wal beside it) until a projector opens
+    it; the old database's -wal and -shm files go first, else SQLite would
+    apply the old log of changes to the new file. A projector that was
+    writing `db_path` meanwhile keeps writing the old file (its open handle)
+    until its next batch, then sees the new one and starts again on it
+    (DatabaseReplaced), from the position the new file stands at.
+    `progress(at, last)` is called about once a second.
     """
     db_path = Path(db_path)
     tmp = db_path.with_name(f".{db_path.name}.rebuild-{os.getpid()}")
@@ -278,8 +305,9 @@ async def rebuild(bus: Bus, db_path: str | os.PathLike, *, max_batch: int = REBU
     projector = Projector(bus, tmp, max_batch=max_batch)
     try:
         await projector.start()
-        while not await projector.wait_for(last, timeout=60.0):
-            log.info("rebuilding %s: at seq %d of %d", db_path, projector.position, last)
+        while not await projector.wait_for(last, timeout=1.0):
+            if progress is not None:
+                progress(projector.position, last)
         await projector.close()
         conn = await connect(tmp)
         try:

@@ -13,6 +13,7 @@ from ..core import events as ev
 from ..core.fold import apply
 from ..core.history import Entity, Record, history, summary, verify
 from ..core.state import State
+from ..text import table, when
 from . import logfile
 
 
@@ -55,16 +56,6 @@ def fold_until(records: Sequence[Record], at: tuple[str, float] | None) -> State
                     pass
         apply(state, seq, subject, data)
     return state
-
-
-def when(at: float) -> str:
-    return dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-
-
-def table(rows: list[list[str]], header: list[str]) -> str:
-    cells = [header] + rows
-    widths = [max(len(str(r[i])) for r in cells) for i in range(len(header))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
 
 
 def state_json(state: State) -> dict:

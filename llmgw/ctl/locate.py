@@ -1,0 +1,83 @@
+"""Where the fleet is: the NATS URL and the read-model database a command uses.
+
+`llmgw up` writes `<state dir>/up.json` (its pid, NATS URL and database) when
+it starts and removes it when it stops. With nothing given, `llmgw ctl` looks
+for that file in `$LLMGW_STATE_DIR`, else in `.llmgw` of the working
+directory or of the nearest parent that has one (as git finds its
+repository), so the shell where `llmgw up` was started, or any folder below,
+just works. Flags win over the environment, which wins over the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+UP_FILE = "up.json"
+DEFAULT_STATE_DIR = ".llmgw"
+DEFAULT_NATS = "nats://127.0.0.1:4222"
+DB_FILE = "readmodels.db"  # in the state dir
+
+
+@dataclass(frozen=True)
+class Where:
+    nats: str
+    db: Path | None  # None: no read models known
+    found: str  # how they were found, for error messages
+
+
+def write_up_file(state_dir: Path, *, nats: str, db: Path) -> Path:
+    path = state_dir / UP_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "nats": nats, "db": str(db.resolve())}) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def remove_up_file(state_dir: Path) -> None:
+    (state_dir / UP_FILE).unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def find_state_dir(start: Path | None = None) -> Path | None:
+    env = os.environ.get("LLMGW_STATE_DIR")
+    if env:
+        return Path(env)
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / DEFAULT_STATE_DIR).is_dir():
+            return folder / DEFAULT_STATE_DIR
+    return None
+
+
+def locate(nats: str | None = None, db: str | None = None) -> Where:
+    """The NATS URL and database to use, from flags, environment or the local `llmgw up`."""
+    nats = nats or os.environ.get("LLMGW_NATS")
+    db = db or os.environ.get("LLMGW_DB")
+    found = "flags and environment"
+    state_dir = find_state_dir() if nats is None or db is None else None
+    if state_dir is not None:
+        try:
+            up = json.loads((state_dir / UP_FILE).read_text())
+        except (OSError, ValueError):
+            up = {}
+        if up and _pid_alive(int(up.get("pid", 0))):
+            nats = nats or up.get("nats")
+            db = db or up.get("db")
+            found = f"the llmgw up of {state_dir} (pid {up['pid']})"
+        elif db is None and (state_dir / DB_FILE).exists():
+            # up is not running, but its read models are still there to read.
+            db = str(state_dir / DB_FILE)
+            found = f"{state_dir} (llmgw up is not running there)"
+    return Where(nats=nats or DEFAULT_NATS, db=Path(db) if db else None, found=found)
