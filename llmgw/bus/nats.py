@@ -141,7 +141,7 @@ class NatsBus:
         if forever:
             opts.update(max_reconnect_attempts=-1, reconnect_time_wait=0.5, allow_reconnect=True)
         else:
-            opts.update(max_reconnect_attempts=2, connect_timeout=2, allow_reconnect=True)
+            opts.update(max_reconnect_attempts=1, reconnect_time_wait=0.25, connect_timeout=2, allow_reconnect=True)
 
         async def error_cb(e: Exception) -> None:
             log.debug("nats: %s", e)
