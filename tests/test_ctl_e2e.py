@@ -105,6 +105,15 @@ async def test_apply_get_describe_and_a_projector_killed_mid_burst_through_llmgw
         assert f"{bad}:8: models.1.min_replicas: Input should be a valid integer" in out.stderr
         assert await bus.last_seq() == before
 
+        # Someone watching the replicas meanwhile, as a tool would (JSON lines).
+        watch_out = tmp_path / "watch.out"
+        with open(watch_out, "wb") as f:
+            watcher = subprocess.Popen(
+                [sys.executable, "-m", "llmgw", "ctl", "get", "replicas", "--watch", "-o", "json"],
+                stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path, start_new_session=True,
+            )
+        processes.procs.append(watcher)  # stopped at the end whatever happens
+
         # The correct one, with --wait: what `get` shows next includes it.
         good = tmp_path / "catalog.yaml"
         good.write_text(CATALOG)
@@ -132,6 +141,12 @@ async def test_apply_get_describe_and_a_projector_killed_mid_burst_through_llmgw
             # How it got there: placed (with the reason), then started, loaded, ready.
             placed = text.index(f"place {r['id']} on {node}: {r['model']} has")
             assert placed < text.index("starting") < text.index("loading") < text.rindex("ready")
+        await until(lambda: watch_out.read_text().count('"state": "ready"') >= 3, timeout=10)
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(10) == 130
+        changes = [json.loads(line) for line in watch_out.read_text().splitlines()[1:] if line.startswith("{")]
+        assert {c["type"] for c in changes} >= {"ADDED", "MODIFIED"}
+        assert {c["object"]["id"] for c in changes if c["object"]["state"] == "ready"} == {"big-1", "chat-1", "chat-2"}
         table = ctl(up, "get", "decisions").stdout
         assert "place chat-1 on" in table and "chat has 0 of 2 replicas" in table
 
