@@ -99,6 +99,12 @@ async def _connect(where: Where):
         bus = await NatsBus.connect(where.nats, name="llmgw-ctl")
     except ConnectionError as e:
         raise CtlError(f"{e} (found from {where.found}; is llmgw up running? give --nats URL)", UNREACHABLE)
+    try:
+        # Just started, `llmgw up` may not have made the streams yet.
+        await bus.wait_for_streams(timeout=10)
+    except TimeoutError as e:
+        await bus.close()
+        raise CtlError(f"{e} (NATS at {where.nats})", UNREACHABLE)
     return bus
 
 
@@ -170,9 +176,6 @@ async def _fresh(where: Where, timeout: float) -> ReadModels:
         return models
     try:
         last = await bus.last_seq()
-    except LookupError as e:
-        say(f"warning: {e}")
-        return models
     finally:
         await bus.close()
     try:
