@@ -113,6 +113,7 @@ async def test_apply_get_describe_and_a_projector_killed_mid_burst_through_llmgw
                 stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path, start_new_session=True,
             )
         processes.procs.append(watcher)  # stopped at the end whatever happens
+        await until(lambda: watch_out.read_text().startswith("[]"), timeout=20)  # its first listing: none yet
 
         # The correct one, with --wait: what `get` shows next includes it.
         good = tmp_path / "catalog.yaml"
