@@ -68,7 +68,10 @@ def cmd_control(args) -> None:
     from ..control.plane import ControlPlane
     from ..control.snapshots import SnapshotStore
 
+    from ..telemetry import setup
+
     _setup_logging(args.verbose)
+    setup("llmgw-control")
 
     async def main(stop: asyncio.Event) -> None:
         bus = await NatsBus.connect(_nats_url(args), name="llmgw-control", forever=True, replicas=args.stream_replicas)

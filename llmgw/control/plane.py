@@ -22,11 +22,14 @@ from ..core import commands as cmds
 from ..core import events as ev
 from ..core.decide import decide
 from ..core.fold import apply, describe_action
+from ..core.history import action_about
 from ..core.liveness import lost_nodes
 from ..core.state import State
+from ..telemetry import tracer
 from .snapshots import SnapshotStore
 
 log = logging.getLogger("llmgw.control")
+_tracer = tracer("llmgw.control")
 
 
 class ControlPlane:
@@ -161,16 +164,37 @@ class ControlPlane:
         since = max(self._watching_since, getattr(self.bus, "reconnected_at", 0.0))
         for node, reason in lost_nodes(self.state, self._last_seen, since, now, self.node_grace):
             log.warning("node %s lost: %s", node, reason)
-            await self._publish(ev.NodeLost(at=now, node=node, reason=reason, basis=self.state.seq))
-        actions = decide(self.state, now)
-        if actions:
-            self.passes += 1
-            decided = ev.Decided(at=now, basis=self.state.seq, actions=actions, leader=self.leader)
-            if await self._publish(decided):
-                for a in actions:
-                    log.info("%s: %s", describe_action(a), getattr(a, "reason", ""))
+            with _tracer.start_as_current_span("node lost", attributes={"llmgw.node": node, "llmgw.reason": reason}):
+                await self._publish(ev.NodeLost(at=now, node=node, reason=reason, basis=self.state.seq))
+        with _tracer.start_as_current_span("control.pass", attributes={"llmgw.basis": self.state.seq}) as span:
+            actions = decide(self.state, now)
+            span.set_attribute("llmgw.actions", len(actions))
+            if actions:
+                self.passes += 1
+                decided = ev.Decided(at=now, basis=self.state.seq, actions=actions, leader=self.leader)
+                landed = await self._publish(decided)
+                span.set_attribute("llmgw.landed", landed)
+                if landed:
+                    self._trace_decisions(actions)
         await self._send_commands(now)
         self._maybe_snapshot(now)
+
+    def _trace_decisions(self, actions: list[ev.Action]) -> None:
+        """A span per decision that landed, under its pass: what, about whom, and why."""
+        for a in actions:
+            kind, model, replica, node = action_about(a)
+            words = describe_action(a)
+            log.info("%s: %s", words, a.reason)
+            _tracer.start_span(
+                f"decision {kind}",
+                attributes={
+                    "llmgw.decision": words,
+                    "llmgw.model": model,
+                    "llmgw.replica": replica,
+                    "llmgw.node": node,
+                    "llmgw.reason": a.reason,
+                },
+            ).end()
 
     async def _publish(self, event: ev.Event) -> bool:
         """Publish one decision, fenced; True once it is folded back."""

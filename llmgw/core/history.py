@@ -36,6 +36,24 @@ def mentions(event: ev.Event) -> set[Entity]:
     return out
 
 
+def action_about(a: ev.Action) -> tuple[str, str, str, str]:
+    """(kind, model, replica, node) of one action, for its row in the read
+    models and its span; node is "" when the action does not name it (a
+    stop names only the replica: where it runs is in the state)."""
+    cls = type(a)
+    if cls is ev.PlaceReplica:
+        shards = sorted(a.shards, key=lambda s: s.rank)
+        return "place", a.model, a.replica, ",".join(s.node for s in shards)
+    if cls is ev.StopReplica:
+        return "stop", a.replica.rpartition("-")[0], a.replica, ""
+    if cls is ev.ModelWaiting:
+        return "wait", a.model, "", ""
+    if cls is ev.StopStray:
+        replica = a.shard.rpartition(".")[0]
+        return "stop-stray", replica.rpartition("-")[0], replica, a.node
+    return str(a.__struct_config__.tag), "", "", ""
+
+
 def _action_mentions(a: ev.Action) -> set[Entity]:
     if isinstance(a, ev.PlaceReplica):
         return {("replica", a.replica), ("model", a.model)} | {("node", s.node) for s in a.shards}

@@ -32,7 +32,7 @@ import msgspec
 from ..core import events as ev
 from ..core.catalog import max_replicas
 from ..core.fold import apply, describe_action
-from ..core.history import mentions, summary
+from ..core.history import action_about, mentions, summary
 from ..core.state import Model, Node, Replica, State
 
 Record = tuple[int, str, bytes]
@@ -220,20 +220,13 @@ def _voided(state: State, actions: list[ev.Action], count: int) -> list[str]:
 
 
 def _action_row(a: ev.Action, stop_nodes: dict[str, str]) -> tuple[str, str, str, str]:
-    """(kind, model, replica, node) of one action."""
-    cls = type(a)
-    if cls is ev.PlaceReplica:
-        shards = a.shards
-        nodes = shards[0].node if len(shards) == 1 else ",".join(s.node for s in sorted(shards, key=_rank))
-        return "place", a.model, a.replica, nodes
-    if cls is ev.StopReplica:
-        return "stop", a.replica.rpartition("-")[0], a.replica, stop_nodes.get(a.replica, "")
-    if cls is ev.ModelWaiting:
-        return "wait", a.model, "", ""
-    if cls is ev.StopStray:
-        replica = a.shard.rpartition(".")[0]
-        return "stop-stray", replica.rpartition("-")[0], replica, a.node
-    return str(a.__struct_config__.tag), "", "", ""
+    """(kind, model, replica, node) of one action; a stop's nodes as they were before it."""
+    if type(a) is ev.PlaceReplica and len(a.shards) == 1:  # the common case, without sorting
+        return "place", a.model, a.replica, a.shards[0].node
+    kind, model, replica, node = action_about(a)
+    if kind == "stop":
+        node = stop_nodes.get(replica, "")
+    return kind, model, replica, node
 
 
 def _rank(s: ev.ShardPlacement) -> int:
