@@ -52,7 +52,8 @@ from llmgw.core.state import State  # noqa: E402
 from llmgw.replay.logfile import encode_record  # noqa: E402
 
 # Bump whenever the generator would write a different log for the same N.
-GEN_VERSION = 1
+# 2: nodes carry a fabric label (multi-node profiles need one), host memory and CPU accounted.
+GEN_VERSION = 2
 SEED = 20250611
 T0 = 1_760_000_000.0  # simulated start (October 2025), well before any real clock now
 
@@ -166,7 +167,8 @@ class Fleet:
                 name=name,
                 gpus=[ev.Gpu(index=g, model=model, memory_gb=mem) for g in range(GPUS_PER_NODE)],
                 memory_gb=2048.0 if big else 1024.0,
-                labels={"zone": f"zone-{i % 4}", "gpu": model},
+                # One fabric per zone: the multi-node profiles place within one.
+                labels={"zone": f"zone-{i % 4}", "gpu": model, "llmgw.io/fabric": f"ib-{i % 4}"},
             )
         self.names = sorted(self.agents)
         self.models = {m.name: m for m in catalog(rng)}

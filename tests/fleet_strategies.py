@@ -13,6 +13,12 @@ decisions are made up outright (GPUs and ports someone holds, ids used
 before, nodes lost or unknown), to press the fold's voiding rules harder than
 any honest `decide` would.
 
+The fleet is mixed on purpose: GPUs of several models and sizes, nodes that
+say their host memory and cores or do not (0), some in a pool, some on one of
+two fabrics and some on none; profiles ask for GPU models, GPU memory, host
+memory, cores and pools, and span one to three nodes, so that placement meets
+every rule and multi-node replicas are common.
+
 Every choice is drawn from a hypothesis `data` object, so a failing run
 shrinks to a short sequence of steps. No NATS, no I/O.
 """
@@ -31,6 +37,17 @@ from llmgw.core.state import LIVE_SHARD_STATES, State
 
 GPU_MEMORY_GB = (16.0, 24.0, 40.0, 80.0)
 PROFILE_MEMORY_GB = (0.0, 16.0, 40.0, 80.0)
+# What agents report, and what profiles ask for ("" asks nothing); "H100"
+# matches the first two by whole words, "A100" the third.
+GPU_MODELS = ("NVIDIA H100 80GB HBM3", "H100-SXM", "NVIDIA A100-SXM4-40GB", "sim", "")
+PROFILE_GPU_MODELS = ("", "", "", "H100", "A100", "L4")
+HOST_MEMORY_GB = (0.0, 64.0, 256.0)  # 0: not said, no limit
+PROFILE_HOST_MEMORY_GB = (0.0, 0.0, 0.0, 16.0, 48.0, 128.0)
+CPU_CORES = (0, 8, 32)
+PROFILE_CPU_CORES = (0, 0, 0, 2, 6, 16)
+POOLS = ("", "serve", "batch")
+PROFILE_POOLS = ("", "", "", "serve", "batch")
+FABRICS = ("ib-0", "ib-0", "ib-0", "ib-1", "")
 NODE_NAMES = ("n0", "n1", "gpu-2", "node_3", "N4", "n-5")
 # Names that stress replica ids ("<model>-<n>") and shard ids ("<replica>.<rank>").
 MODEL_NAMES = ("m", "m-1", "org/llama-3.1:8b", "m.0", "qwen")
@@ -51,8 +68,34 @@ def node_gpus(draw) -> list[ev.Gpu]:
     count = draw(st.integers(1, 8))
     if draw(st.booleans()):  # most nodes have one kind of GPU
         mem = draw(st.sampled_from(GPU_MEMORY_GB))
-        return [ev.Gpu(index=i, model="sim", memory_gb=mem) for i in range(count)]
-    return [ev.Gpu(index=i, model="sim", memory_gb=draw(st.sampled_from(GPU_MEMORY_GB))) for i in range(count)]
+        model = draw(st.sampled_from(GPU_MODELS))
+        return [ev.Gpu(index=i, model=model, memory_gb=mem) for i in range(count)]
+    return [
+        ev.Gpu(index=i, model=draw(st.sampled_from(GPU_MODELS)), memory_gb=draw(st.sampled_from(GPU_MEMORY_GB)))
+        for i in range(count)
+    ]
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What an agent says of its node besides its GPUs; the same at every registration."""
+
+    memory_gb: float
+    cpu_cores: int
+    labels: dict[str, str]
+
+
+@st.composite
+def node_facts(draw) -> NodeFacts:
+    labels = {"zone": "a"}
+    pool, fabric = draw(st.sampled_from(POOLS)), draw(st.sampled_from(FABRICS))
+    if pool:
+        labels["llmgw.io/pool"] = pool
+    if fabric:
+        labels["llmgw.io/fabric"] = fabric
+    return NodeFacts(
+        memory_gb=draw(st.sampled_from(HOST_MEMORY_GB)), cpu_cores=draw(st.sampled_from(CPU_CORES)), labels=labels
+    )
 
 
 @st.composite
@@ -69,8 +112,12 @@ def profile_specs(draw, name: str) -> ev.ProfileSpec:
         engine="sim",
         args=draw(st.sampled_from([[], ["--fast"], ["--tp", "2"]])),
         gpus=draw(st.integers(0, 4)),
-        nodes=draw(st.integers(1, 2)),
+        nodes=draw(st.sampled_from([1, 1, 2, 3])),
         gpu_memory_gb=draw(st.sampled_from(PROFILE_MEMORY_GB)),
+        gpu_model=draw(st.sampled_from(PROFILE_GPU_MODELS)),
+        memory_gb=draw(st.sampled_from(PROFILE_HOST_MEMORY_GB)),
+        cpu_cores=draw(st.sampled_from(PROFILE_CPU_CORES)),
+        pool=draw(st.sampled_from(PROFILE_POOLS)),
     )
 
 
@@ -120,6 +167,7 @@ class World:
     rogue: bool = False  # some decisions are made up, as by a leader with a diverged view
     malformed: bool = True  # some messages are malformed
     fleet: dict[str, list[ev.Gpu]] = field(default_factory=dict)
+    facts: dict[str, NodeFacts] = field(default_factory=dict)
     catalog: dict[str, ev.ModelSpec] = field(default_factory=dict)
     live: State = field(default_factory=State)
     log: list[Record] = field(default_factory=list)
@@ -133,6 +181,7 @@ class World:
 
     def __post_init__(self) -> None:
         self.fleet = self.fleet or self.draw(fleets(), "fleet")
+        self.facts = self.facts or {name: self.draw(node_facts(), f"facts of {name}") for name in sorted(self.fleet)}
         self.catalog = self.catalog or self.draw(catalogs(), "catalog")
         self.states = [encode_state(self.live)]
 
@@ -309,13 +358,14 @@ class World:
                     port=port,
                 )
             )
+        facts = self.facts[name]
         return ev.NodeRegistered(
             at=self.tick(),
             node=name,
             gpus=list(gpus),
-            memory_gb=256.0,
-            cpu_cores=32,
-            labels={"zone": "a"},
+            memory_gb=facts.memory_gb,
+            cpu_cores=facts.cpu_cores,
+            labels=dict(facts.labels),
             running=running,
             agent=f"agent-{name}",
         )
@@ -603,6 +653,8 @@ class World:
             ev.ModelSpec(name=name, profiles=[p, p]),
             ev.ModelSpec(name=name, profiles=[msgspec.structs.replace(p, nodes=0)]),
             ev.ModelSpec(name=name, profiles=[msgspec.structs.replace(p, gpus=-1)]),
+            ev.ModelSpec(name=name, profiles=[msgspec.structs.replace(p, memory_gb=-8.0)]),
+            ev.ModelSpec(name=name, profiles=[msgspec.structs.replace(p, cpu_cores=-1)]),
             ev.ModelSpec(name=name, profiles=[p], min_replicas=-1),
             ev.ModelSpec(name="bad name!", profiles=[p]),
             ev.ModelSpec(name="", profiles=[p]),

@@ -41,12 +41,26 @@ class Fleet:
     def remove(self, name: str) -> None:
         self.publish(ev.ModelRemoved(at=self.tick(), name=name))
 
-    def register(self, node: str, gpus: int = 8, mem: float = 80.0, running: list[ev.RunningShard] | None = None) -> None:
+    def register(
+        self,
+        node: str,
+        gpus: int = 8,
+        mem: float = 80.0,
+        running: list[ev.RunningShard] | None = None,
+        *,
+        gpu_model: str = "",
+        memory_gb: float = 0.0,
+        cpu_cores: int = 0,
+        labels: dict[str, str] | None = None,
+    ) -> None:
         self.publish(
             ev.NodeRegistered(
                 at=self.tick(),
                 node=node,
-                gpus=[ev.Gpu(index=i, memory_gb=mem) for i in range(gpus)],
+                gpus=[ev.Gpu(index=i, model=gpu_model, memory_gb=mem) for i in range(gpus)],
+                memory_gb=memory_gb,
+                cpu_cores=cpu_cores,
+                labels=labels or {},
                 running=running or [],
             )
         )

@@ -10,7 +10,7 @@ from llmgw.core.history import verify
 from .scenario import Fleet, model
 
 
-def test_a_model_gets_its_minimum_placed_first_fit_and_spread_over_nodes():
+def test_a_model_gets_its_minimum_placed_and_spread_over_nodes():
     f = Fleet()
     f.register("a", gpus=4)
     f.register("b", gpus=4)
@@ -223,8 +223,8 @@ def test_replicas_above_the_maximum_are_stopped_newest_and_unready_first():
 
 def test_multi_node_profiles_take_one_shard_per_node():
     f = Fleet()
-    f.register("a", gpus=8)
-    f.register("b", gpus=8)
+    f.register("a", gpus=8, labels={"llmgw.io/fabric": "ib"})
+    f.register("b", gpus=8, labels={"llmgw.io/fabric": "ib"})
     f.apply(model("big", profiles=[ev.ProfileSpec(name="tp8pp2", gpus=8, nodes=2)]))
     (place,) = f.decide()
     assert [(s.node, s.rank) for s in place.shards] == [("a", 0), ("b", 1)]
@@ -280,15 +280,15 @@ def test_a_shard_given_up_on_a_lost_node_is_a_stray_when_it_comes_back_and_exits
     # node returns still running its half: a stray, whose exit must free its
     # GPUs although its replica id is still known.
     f = Fleet()
-    f.register("a", gpus=4)
-    f.register("b", gpus=4)
+    f.register("a", gpus=4, labels={"llmgw.io/fabric": "ib"})
+    f.register("b", gpus=4, labels={"llmgw.io/fabric": "ib"})
     f.apply(model("m", profiles=[ev.ProfileSpec(name="pp2", gpus=4, nodes=2)]))
     f.decide()
     f.make_ready()
     running = f.running_on("a")
     f.lose("a")
     f.decide()  # stops m-1: its half on b is asked to stop
-    f.register("a", gpus=4, running=running)
+    f.register("a", gpus=4, running=running, labels={"llmgw.io/fabric": "ib"})
     assert "given up here" in f.state.nodes["a"].strays["m-1.0"].reason
     f.decide()  # stops the stray
     gen = running[0].generation

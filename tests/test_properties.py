@@ -16,9 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmgw.core import events as ev
+from llmgw.core.catalog import profile_named
 from llmgw.core.decide import decide
 from llmgw.core.fold import apply, copy_state, decode_state, encode_state
 from llmgw.core.history import verify
+from llmgw.core.placement import Inventory, explain, replicas_per_node
 from llmgw.core.state import LIVE_SHARD_STATES, State, gpus_in_use
 
 from .fleet_strategies import Step, World
@@ -95,6 +97,38 @@ def assert_no_gpu_given_twice(state: State) -> None:
             )
 
 
+def assert_held_memory_cores_and_tallies_are_derived(state: State) -> None:
+    """What the fold keeps as sums (host memory and cores held per node, the
+    tallies per model) is exactly what counting again from the shards and
+    replicas gives; and no node holds more memory or cores than it has."""
+    memory: dict[str, float] = {}
+    cores: dict[str, int] = {}
+    tallies: dict[str, tuple[int, int, int]] = {}
+    for rep in state.replicas.values():
+        for sh in rep.shards:
+            if sh.state in LIVE_SHARD_STATES:
+                memory[sh.node] = memory.get(sh.node, 0.0) + sh.memory_gb
+                cores[sh.node] = cores.get(sh.node, 0) + sh.cpu_cores
+        if rep.state != "stopping":
+            model = state.models.get(rep.model)
+            unwanted = model is None or model.fingerprints.get(rep.profile) != rep.fingerprint
+            live, failed, unw = tallies.get(rep.model, (0, 0, 0))
+            tallies[rep.model] = (live + 1, failed + (rep.state == "failed"), unw + unwanted)
+    for name, node in state.nodes.items():
+        assert abs(node.memory_used - memory.get(name, 0.0)) < 1e-6, (
+            f"{name} holds {node.memory_used} GB of host memory; its shards hold {memory.get(name, 0.0)}"
+        )
+        held = cores.get(name, 0)
+        assert node.cpu_used == held, f"{name} holds {node.cpu_used} cores, its shards {held}"
+        if node.memory_gb:
+            assert node.memory_used <= node.memory_gb + 1e-6, f"{name}: {node.memory_used} of {node.memory_gb} GB held"
+        if node.cpu_cores:
+            assert node.cpu_used <= node.cpu_cores, f"{name}: {node.cpu_used} of {node.cpu_cores} cores held"
+    kept = {m: (t.live, t.failed, t.unwanted) for m, t in state.tallies.items()}
+    kept = {m: t for m, t in kept.items() if t != (0, 0, 0)}  # a model whose replicas have all gone
+    assert kept == tallies, f"tallies {kept}, counted again {tallies}"
+
+
 def assert_quarantined_and_nothing_else(step: Step, after: State) -> None:
     before = step.state_before()
     seq, subject, _ = step.record
@@ -107,7 +141,11 @@ def assert_quarantined_and_nothing_else(step: Step, after: State) -> None:
 
 
 def why_place_is_unsafe(
-    before: State, a: ev.PlaceReplica, taken: set[tuple[str, str, int]], numbers: dict[str, int]
+    before: State,
+    a: ev.PlaceReplica,
+    taken: set[tuple[str, str, int]],
+    numbers: dict[str, int],
+    held: dict[tuple[str, str], float],
 ) -> str:
     """Why applying a placement on `before` (plus what earlier actions of the
     same decision took) would be wrong, or "" when it is safe. Said
@@ -123,10 +161,18 @@ def why_place_is_unsafe(
         return f"replica id {a.replica} was used before"
     if not a.shards or len({s.node for s in a.shards}) != len(a.shards):
         return "not one shard per distinct node"
+    profile = profile_named(model.spec, a.profile)
+    assert profile is not None
     for s in a.shards:
         node = before.nodes.get(s.node)
         if node is None or node.state != "ready":
             return f"{s.node} is not ready"
+        memory = node.memory_used + held.get((s.node, "memory"), 0.0) + profile.memory_gb
+        if profile.memory_gb and node.memory_gb and memory > node.memory_gb + 1e-6:
+            return f"host memory on {s.node} would be over-committed"
+        cores = node.cpu_used + held.get((s.node, "cpu"), 0) + profile.cpu_cores
+        if profile.cpu_cores and node.cpu_cores and cores > node.cpu_cores:
+            return f"CPU cores on {s.node} would be over-committed"
         have = {g.index for g in node.gpus}
         for g in s.gpus:
             if g not in have:
@@ -150,6 +196,7 @@ def assert_voided_not_applied(step: Step, after: State) -> None:
     stopped: set[str] = set()  # replicas stopped by earlier actions
     waiting: dict[str, str] = {}  # what each model's `waiting` must say afterwards
     numbers = dict(before.replica_numbers)  # each model's next replica number
+    held: dict[tuple[str, str], float] = {}  # host memory and cores taken by earlier actions
     applied = 0
     for a in decided.actions:
         if isinstance(a, ev.PlaceReplica):
@@ -161,12 +208,15 @@ def assert_voided_not_applied(step: Step, after: State) -> None:
                 == [(s.shard, s.node, s.gpus, s.port, seq) for s in a.shards]
             )
             if ok:
-                why = why_place_is_unsafe(before, a, taken, numbers)
+                why = why_place_is_unsafe(before, a, taken, numbers, held)
                 assert not why, f"{a.replica} was placed though {why}"
                 placed.add(a.replica)
                 numbers[a.model] = int(a.replica.rpartition("-")[2]) + 1
                 waiting[a.model] = ""
+                profile = profile_named(before.models[a.model].spec, a.profile)
                 for s in a.shards:
+                    held[(s.node, "memory")] = held.get((s.node, "memory"), 0.0) + profile.memory_gb
+                    held[(s.node, "cpu")] = held.get((s.node, "cpu"), 0) + profile.cpu_cores
                     taken.update((s.node, "gpu", g) for g in s.gpus)
                     if s.port:
                         taken.add((s.node, "port", s.port))
@@ -252,6 +302,73 @@ def test_no_gpu_or_port_is_ever_given_twice(data):
     assert_no_gpu_given_twice(world.live)
     for _ in world.run(STEPS):
         assert_no_gpu_given_twice(world.live)
+        assert_held_memory_cores_and_tallies_are_derived(world.live)
+
+
+def why_shard_breaks_a_rule(before: State, profile: ev.ProfileSpec, a: ev.PlaceReplica) -> str:
+    """Which placement rule a decided replica breaks, said independently of
+    placement.py (the GPU model by substring, enough for the names the
+    strategies draw), or "" when it keeps them all."""
+    if len(a.shards) != profile.nodes or [s.rank for s in a.shards] != list(range(profile.nodes)):
+        return f"{len(a.shards)} shards ranked {[s.rank for s in a.shards]} for {profile.nodes} nodes"
+    fabrics = set()
+    for s in a.shards:
+        node = before.nodes[s.node]
+        if len(s.gpus) != profile.gpus:
+            return f"{len(s.gpus)} GPUs on {s.node}, the profile asks {profile.gpus}"
+        gpus = {g.index: g for g in node.gpus}
+        for i in s.gpus:
+            g = gpus[i]
+            if profile.gpu_model and profile.gpu_model.lower() not in g.model.lower():
+                return f"GPU {i} on {s.node} is a {g.model!r}, not a {profile.gpu_model}"
+            if g.memory_gb < profile.gpu_memory_gb:
+                return f"GPU {i} on {s.node} has {g.memory_gb} GB, not {profile.gpu_memory_gb}"
+        if profile.pool and node.labels.get("llmgw.io/pool") != profile.pool:
+            return f"{s.node} is not in pool {profile.pool}"
+        fabrics.add(node.labels.get("llmgw.io/fabric", ""))
+    if profile.nodes > 1 and (len(fabrics) != 1 or "" in fabrics):
+        return f"a multi-node replica over fabrics {sorted(fabrics)}"
+    return ""
+
+
+@SETTINGS
+@given(st.data())
+def test_decided_placements_keep_every_rule_of_their_profile(data):
+    world = World(data, rogue=True)
+    for step in world.run(STEPS):
+        if not (isinstance(step.event, ev.Decided) and step.fresh):
+            continue
+        before = step.state_before()
+        for a in step.event.actions:
+            if isinstance(a, ev.PlaceReplica):
+                profile = profile_named(before.models[a.model].spec, a.profile)
+                why = why_shard_breaks_a_rule(before, profile, a)
+                assert not why, f"{a.replica} ({a.profile}): {why}"
+
+
+@SETTINGS
+@given(st.data())
+def test_explain_and_placement_agree_on_what_fits(data):
+    # Placement looks through its index; explain asks every node. Both must
+    # find the same: a profile fits by one exactly when it does by the other.
+    world = World(data, rogue=True)
+    for _ in world.run(STEPS):
+        state = world.live
+        for name, model in state.models.items():
+            e = explain(state, name)
+            kept = [
+                r for r in state.replicas.values()
+                if r.model == name and r.state not in ("stopping", "failed")
+                and model.fingerprints.get(r.profile) == r.fingerprint
+            ]
+            spread = replicas_per_node(kept)
+            for p, pf in zip(model.spec.profiles, e.profiles):
+                shards = Inventory(state).place(p, f"{name}-0", spread)
+                assert (shards is not None) == pf.fits, (
+                    f"{name}/{p.name}: placement found {shards}, explain says fits={pf.fits}: {pf}"
+                )
+            first = next((pf.profile for pf in e.profiles if pf.fits), "")
+            assert e.chosen == first
 
 
 @SETTINGS
@@ -276,6 +393,7 @@ def test_stale_decisions_are_voided_not_applied(data):
         if isinstance(step.event, ev.Decided):
             assert_voided_not_applied(step, world.live)
         assert_no_gpu_given_twice(world.live)
+        assert_held_memory_cores_and_tallies_are_derived(world.live)
 
 
 @SETTINGS

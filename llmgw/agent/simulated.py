@@ -34,6 +34,9 @@ class SimulatedAgent:
         *,
         gpu_memory_gb: float = 80.0,
         gpu_model: str = "SIM-80GB",
+        memory_gb: float = 0.0,
+        cpu_cores: int = 0,
+        labels: dict[str, str] | None = None,
         loading_after: float = 0.1,
         ready_after: float = 0.5,
         fail_models: frozenset[str] = frozenset(),
@@ -43,6 +46,11 @@ class SimulatedAgent:
         self.bus = bus
         self.name = name
         self.gpus = [ev.Gpu(index=i, model=gpu_model, memory_gb=gpu_memory_gb) for i in range(gpus)]
+        # 0: not said, which placement takes as no limit. Labels such as
+        # llmgw.io/pool and llmgw.io/fabric (needed for multi-node profiles) come from the caller.
+        self.memory_gb = memory_gb
+        self.cpu_cores = cpu_cores
+        self.labels = {"llmgw.io/simulated": "true", **(labels or {})}
         self.loading_after = loading_after
         self.ready_after = ready_after
         self.fail_models = fail_models
@@ -92,7 +100,9 @@ class SimulatedAgent:
                 gpus=self.gpus,
                 running=list(self.running.values()),
                 agent=f"simulated/{self.instance}",
-                labels={"llmgw.io/simulated": "true"},
+                memory_gb=self.memory_gb,
+                cpu_cores=self.cpu_cores,
+                labels=dict(self.labels),
             )
         )
 

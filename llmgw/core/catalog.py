@@ -49,4 +49,8 @@ def spec_problem(spec: ModelSpec) -> str:
         seen.add(p.name)
         if p.gpus < 0 or p.nodes < 1:
             return f"model {spec.name}, profile {p.name}: gpus must be >= 0 and nodes >= 1"
+        # What a shard holds is added to its node's count and taken away at
+        # its exit: a negative amount would make room that is not there.
+        if p.memory_gb < 0 or p.cpu_cores < 0:
+            return f"model {spec.name}, profile {p.name}: memory_gb and cpu_cores must be >= 0"
     return ""

@@ -31,9 +31,14 @@ class StartShard(msgspec.Struct, kw_only=True, tag_field="command", tag="start")
 
 
 class StopShard(msgspec.Struct, kw_only=True, tag_field="command", tag="stop"):
+    """Stop a shard. With `grace_s`, drain it first: the agent waits up to
+    that long for the requests in flight to finish (as the engine's metrics
+    tell, or the whole grace when it has none), then SIGTERM, then SIGKILL."""
+
     shard: str
     generation: int
     reason: str
+    grace_s: float = 0.0
 
 
 class Reregister(msgspec.Struct, kw_only=True, tag_field="command", tag="reregister"):

@@ -39,9 +39,16 @@ class Event(msgspec.Struct, kw_only=True, tag_field="type", gc=False):
 class ProfileSpec(Struct):
     """One way to run a model: an engine and what each shard of it needs.
 
-    `gpus` is per shard; `nodes` is shards per replica (one per node).
-    `gpu_memory_gb` is what each of those GPUs must have, `memory_gb` host
-    memory per shard.
+    `gpus` is per shard; `nodes` is shards per replica (one per node, all on
+    nodes of one fabric: the node label `llmgw.io/fabric`).
+    `gpu_memory_gb` is what each of those GPUs must have, `gpu_model` what
+    they must be (whole words of the name the agent reports, case aside:
+    "H100" suits "NVIDIA H100 80GB HBM3"; "" any), `memory_gb` host memory
+    and `cpu_cores` CPU cores per shard, `pool` the node label
+    `llmgw.io/pool` the nodes must carry ("" any node).
+
+    Fields added later have defaults that ask for nothing, and a default is
+    not encoded, so the fingerprint of a profile written before them stays.
     """
 
     name: str
@@ -51,6 +58,12 @@ class ProfileSpec(Struct):
     nodes: int = 1
     gpu_memory_gb: float = 0.0
     memory_gb: float = 0.0
+    gpu_model: str = ""
+    cpu_cores: int = 0
+    pool: str = ""
+    # What the engine serves: a path to weights on the node, or a name the
+    # agent knows (its agent file's `models`, or `smollm2`, the demo model).
+    model: str = ""
 
 
 class ModelSpec(Struct):
@@ -114,8 +127,11 @@ class NodeRegistered(Event, tag="node.registered"):
 
     node: str
     gpus: list[Gpu] = []
+    # Host memory and CPU cores for shards; 0: not said (an agent that does
+    # not know), which placement takes as no limit rather than none at all.
     memory_gb: float = 0.0
     cpu_cores: int = 0
+    # `llmgw.io/pool` and `llmgw.io/fabric` among them steer placement.
     labels: dict[str, str] = {}
     running: list[RunningShard] = []
     agent: str = ""  # which agent instance spoke, for the history

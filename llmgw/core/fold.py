@@ -21,7 +21,7 @@ from typing import Callable
 import msgspec
 
 from . import events as ev
-from .catalog import NAME_RE, fingerprint, spec_problem
+from .catalog import NAME_RE, fingerprint, profile_named, spec_problem
 from .state import (
     KEEP_LAST,
     TERMINAL_SHARD_STATES,
@@ -32,13 +32,16 @@ from .state import (
     Shard,
     State,
     Stray,
+    Tally,
     Voided,
+    add_gb,
 )
 
 
 # Bump when evolve folds any event differently: snapshots of another version
 # are not trusted, and the state is folded again from the whole log.
-FOLD_VERSION = 2
+# 3: host memory and CPU accounted per node and shard, tallies per model.
+FOLD_VERSION = 3
 
 
 class Refused(ValueError):
@@ -122,15 +125,27 @@ def _model_applied(state: State, e: ev.ModelApplied, seq: int) -> None:
     problem = spec_problem(e.model)
     if problem:
         raise Refused(problem)
-    state.models[e.model.name] = Model(
+    name = e.model.name
+    old = state.models.get(name)
+    model = state.models[name] = Model(
         spec=e.model,
         fingerprints={p.name: fingerprint(p) for p in e.model.profiles},
         applied_at=e.at,
     )
+    tally = state.tallies.get(name)
+    if tally is not None and tally.live and (old is None or old.fingerprints != model.fingerprints):
+        # Which of its replicas the catalog still asks for changed: count
+        # again. Rare (a new definition), so a scan of the replicas is fine.
+        tally.unwanted = sum(
+            1 for r in state.replicas.values() if r.model == name and r.state != "stopping" and _unwanted(state, r)
+        )
 
 
 def _model_removed(state: State, e: ev.ModelRemoved, seq: int) -> None:
     state.models.pop(e.name, None)
+    tally = state.tallies.get(e.name)
+    if tally is not None:
+        tally.unwanted = tally.live  # none of them is asked for any more
 
 
 # --------------------------------------------------------------------------- agent events
@@ -171,6 +186,9 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
             if r is not None and r.generation == sh.generation:
                 ours.add(sh.id)
                 _hold(node, sh)
+                if sh.memory_gb:
+                    node.memory_used = add_gb(node.memory_used, sh.memory_gb)
+                node.cpu_used += sh.cpu_cores
                 if sh.state != "stopping" and r.state in ("starting", "loading", "ready"):
                     sh.state = r.state
                     sh.endpoint = r.endpoint or sh.endpoint
@@ -244,6 +262,11 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
                     del used[g]
             if sh.port and node.ports.get(sh.port) == sid:
                 del node.ports[sh.port]
+            # A live shard on a ready node always holds what it took (a lost
+            # node's shards failed with it; a registration holds afresh).
+            if sh.memory_gb:
+                node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
+            node.cpu_used -= sh.cpu_cores
     elif current != "stopping":
         sh.state = st
         sh.reason = e.reason
@@ -288,11 +311,21 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
     placements = a.shards
     if not placements or (len(placements) > 1 and len({s.node for s in placements}) != len(placements)):
         return "a replica needs one shard per distinct node"
+    profile = profile_named(model.spec, a.profile)
+    memory, cores = (profile.memory_gb, profile.cpu_cores) if profile is not None else (0.0, 0)
     nodes = state.nodes
     for s in placements:
         node = nodes.get(s.node)
         if node is None or node.state != "ready":
             return f"node {s.node} is not ready"
+        # A node that does not say its memory or cores (0) is not limited by them.
+        if memory and node.memory_gb and add_gb(node.memory_used, memory) > node.memory_gb:
+            return (
+                f"host memory on {s.node}: {memory:g} GB more would make {add_gb(node.memory_used, memory):g} "
+                f"of {node.memory_gb:g} GB"
+            )
+        if cores and node.cpu_cores and node.cpu_used + cores > node.cpu_cores:
+            return f"CPU on {s.node}: {cores} cores more would make {node.cpu_used + cores} of {node.cpu_cores}"
         gpus = node.gpus
         used = node.used
         for g in s.gpus:
@@ -306,13 +339,27 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
     shards = []
     for s in placements:
         sid, port, gpus_taken = s.shard, s.port, s.gpus
-        shards.append(Shard(id=sid, node=s.node, rank=s.rank, gpus=gpus_taken, port=port, generation=seq))
+        shards.append(
+            Shard(
+                id=sid,
+                node=s.node,
+                rank=s.rank,
+                gpus=gpus_taken,
+                port=port,
+                generation=seq,
+                memory_gb=memory,
+                cpu_cores=cores,
+            )
+        )
         node = nodes[s.node]
         used = node.used
         for g in gpus_taken:
             used[g] = sid
         if port:
             node.ports[port] = sid
+        if memory:
+            node.memory_used = add_gb(node.memory_used, memory)
+        node.cpu_used += cores
     state.replicas[rid] = Replica(
         id=rid,
         model=model_name,
@@ -323,6 +370,10 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         placed_at=e.at,
     )
     state.replica_numbers[model_name] = number + 1
+    tally = state.tallies.get(model_name)
+    if tally is None:
+        tally = state.tallies[model_name] = Tally()
+    tally.live += 1  # placing, on the profile the catalog has: neither failed nor unwanted
     model.waiting = ""
     return ""
 
@@ -333,6 +384,12 @@ def _stop(state: State, a: ev.StopReplica, e: ev.Decided, seq: int) -> str:
         return f"replica {a.replica} is gone"
     if rep.state == "stopping":
         return f"replica {a.replica} is stopping already"
+    tally = state.tallies[rep.model]
+    tally.live -= 1
+    if rep.state == "failed":
+        tally.failed -= 1
+    if _unwanted(state, rep):
+        tally.unwanted -= 1
     running = False
     for sh in rep.shards:
         if sh.state not in _TERMINAL:
@@ -377,6 +434,8 @@ def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
     node.used.clear()
     node.ports.clear()
     node.strays.clear()
+    node.memory_used = 0.0
+    node.cpu_used = 0
     for rep in list(state.replicas.values()):
         touched = False
         for sh in rep.shards:
@@ -406,16 +465,31 @@ def _release_ids(node: Node, holder: str, gpus: list[int], port: int) -> None:
         del node.ports[port]
 
 
+def _unwanted(state: State, rep: Replica) -> bool:
+    """The catalog no longer asks for this replica: its model is gone or its profile changed."""
+    model = state.models.get(rep.model)
+    return model is None or model.fingerprints.get(rep.profile) != rep.fingerprint
+
+
 def _derive_replica_state(state: State, rep: Replica, at: float) -> None:
     """A replica's state follows from its shards'; one that was stopping and
     whose shards have all exited is forgotten (the log keeps its history)."""
     shards = rep.shards
-    if rep.state == "stopping":
+    was = rep.state
+    if was == "stopping":
         for s in shards:
             if s.state not in TERMINAL_SHARD_STATES:
                 return
         del state.replicas[rep.id]
         return
+    _derive_live_state(rep, at)
+    if (rep.state == "failed") != (was == "failed"):
+        state.tallies[rep.model].failed += 1 if rep.state == "failed" else -1
+
+
+def _derive_live_state(rep: Replica, at: float) -> None:
+    """The state of a replica that is not stopping, from its shards'."""
+    shards = rep.shards
     # One pass over the shards (most replicas have one): the first failure
     # wins, else the least advanced shard says where the replica is.
     failed = None

@@ -1,100 +1,645 @@
-"""Where a replica fits: first fit over the nodes, profiles in order of preference.
+"""Where a replica fits, and why a node does not.
 
-`Inventory` is a working copy of what is free, so that the placements of one
-pass see each other: without it two placements decided in the same pass
-could name the same GPU, and the second would be voided at fold time.
+A profile (`ProfileSpec`) says what one replica needs; the catalog lists a
+model's profiles in order of preference and the first that fits wins. A node
+takes one shard of a replica when every rule below holds; each rule that does
+not is a `Reason` (data: the rule, what was needed, what the node has), and
+`render` says it in words a person can act on:
+
+    ready       the node is registered and not lost
+    pool        it carries the label `llmgw.io/pool` the profile asks for ("" any)
+    fabric      for a multi-node profile, it carries the label `llmgw.io/fabric`
+    gpu-model   it has GPUs of the model asked for (whole words, case aside)
+    gpu-memory  enough of those have the memory asked for, each
+    gpus        enough of those are free
+    memory      its host memory not yet held covers one shard's (0 on the node: not said, no limit)
+    cpu         likewise its CPU cores
+    ports       it has a port free in PORT_BASE..PORT_LIMIT
+
+A multi-node profile (`nodes > 1`) takes one shard on each of that many
+distinct nodes of one fabric, rank 0 being the endpoint. A node without the
+fabric label forms no fabric with any other: tensor or pipeline parallel
+traffic over a network nobody vouched for fails or crawls, and a label is
+one line of an agent's configuration, while a wrong guess is hours of NCCL
+timeouts.
+
+Among the nodes that fit, the choice is:
+
+- spread first: nodes that run none of the model's replicas, then those that
+  run one, and so on, so that one node lost takes as few of its replicas as
+  it can.
+- then best fit: the node with the fewest free GPUs that still has enough,
+  ties in name order. Small replicas fill the nodes already in use and whole
+  nodes stay free for the 8-GPU profiles; first fit in name order would put
+  a small replica on the first node with room, often a whole free one.
+- a multi-node replica goes to the first fabric, in name order, that has
+  enough nodes that fit (within the same rounds of spread); its shards by
+  the same rules, rank 0 on the first node chosen.
+
+`Inventory` is a working copy of what is free for one pass of `decide`, so
+that the placements of a pass see each other (without it two placements of
+one pass could name the same GPU, and the second would be voided at fold
+time). It indexes the ready nodes by pool and kind of GPU (and fabric, for
+multi-node profiles) and, within that, by free GPU count, so a placement
+looks at a few candidates instead of every node. It is built at the first
+placement of a pass, not before: a pass with nothing to place never pays
+for it.
+
+`explain` says, for every node and every profile of a model, why it was
+refused or that it fits; the waiting reason of a model (`why_no_fit`) is a
+summary of exactly that, and placement itself asks the same questions, so the
+three cannot disagree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from bisect import bisect_left, insort
+from functools import lru_cache
 
-from .events import ProfileSpec, ShardPlacement
-from .state import State
+import msgspec
+
+from .events import Gpu, ProfileSpec, ShardPlacement
+from .state import Node, Replica, State, add_gb
 
 PORT_BASE = 20000
 PORT_LIMIT = 29999
+POOL_LABEL = "llmgw.io/pool"
+FABRIC_LABEL = "llmgw.io/fabric"
+
+# The rules, in the order their reasons are listed: what a person can fix
+# fastest (a label, a node down) first.
+READY = "ready"
+POOL = "pool"
+FABRIC = "fabric"
+GPU_MODEL = "gpu-model"
+GPU_MEMORY = "gpu-memory"
+GPUS = "gpus"
+MEMORY = "memory"
+CPU = "cpu"
+PORTS = "ports"
+RULES = (READY, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS)
+_LABELS = {
+    READY: "not ready",
+    POOL: "pool",
+    FABRIC: "fabric",
+    GPU_MODEL: "GPU model",
+    GPU_MEMORY: "GPU memory",
+    GPUS: "GPUs",
+    MEMORY: "host memory",
+    CPU: "CPU",
+    PORTS: "ports",
+}
+
+
+# --------------------------------------------------------------------------- the reasons, as data
+
+
+class Reason(msgspec.Struct, frozen=True, kw_only=True):
+    """One rule a node breaks for a profile: what was needed and what it has."""
+
+    rule: str
+    need: str = ""
+    have: str = ""
+
+
+class NodeFit(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One node for one profile: the rules it breaks, none when it fits."""
+
+    node: str
+    reasons: tuple[Reason, ...] = ()
+    # How many of the model's replicas it runs already: spread tries the
+    # nodes that run fewer first.
+    runs: int = 0
+
+    @property
+    def fits(self) -> bool:
+        return not self.reasons
+
+
+class ProfileFit(msgspec.Struct, kw_only=True):
+    """One profile over the whole fleet."""
+
+    profile: str
+    needs: str  # what one replica of it needs, in words
+    fits: bool
+    nodes: tuple[NodeFit, ...] = ()
+    # A multi-node profile: why no fabric has enough nodes that fit.
+    fabrics: tuple[Reason, ...] = ()
+
+
+class Explanation(msgspec.Struct, kw_only=True):
+    """Where the next replica of a model would go, and why not elsewhere."""
+
+    model: str
+    profiles: tuple[ProfileFit, ...] = ()
+    chosen: str = ""  # the first profile that fits; "" when none does
+    where: tuple[str, ...] = ()  # the nodes its next replica would get, by rank
+    problem: str = ""  # why there is nothing to explain (no such model)
+
+
+def render(reason: Reason) -> str:
+    """A reason in words, e.g. "GPUs: needs 4 free, has 2 free"."""
+    label = _LABELS.get(reason.rule, reason.rule)
+    if reason.rule == READY:
+        return f"{label}: {reason.have}"
+    return f"{label}: needs {reason.need}, has {reason.have}"
+
+
+def render_explanation(e: Explanation) -> list[str]:
+    """The explanation as lines for a terminal: each profile, then each node."""
+    if e.problem:
+        return [e.problem]
+    if e.chosen:
+        head = f"model {e.model}: the next replica would run profile {e.chosen} on {', '.join(e.where)}"
+    else:
+        head = f"model {e.model}: no profile fits anywhere"
+    lines = [head]
+    for pf in e.profiles:
+        lines.append(f"profile {pf.profile} needs {pf.needs}: {'fits' if pf.fits else 'fits nowhere'}")
+        for r in pf.fabrics:
+            lines.append(f"  {render(r)}")
+        for nf in pf.nodes:
+            spread = f" (runs {nf.runs} of its replicas: tried after nodes that run fewer)" if nf.runs else ""
+            said = "fits" if nf.fits else "; ".join(render(r) for r in nf.reasons)
+            lines.append(f"  {nf.node}: {said}{spread}")
+    return lines
+
+
+def needs(p: ProfileSpec) -> str:
+    """What one replica of a profile needs, in words."""
+    where = "a node" if p.nodes == 1 else f"{p.nodes} nodes of one fabric, each"
+    gpu = [w for w in (p.gpu_model, f"{p.gpu_memory_gb:g} GB" if p.gpu_memory_gb else "") if w]
+    out = f"{where} with {p.gpus} free GPU(s)" + (f" ({', '.join(gpu)})" if gpu and p.gpus else "")
+    if p.memory_gb:
+        out += f", {p.memory_gb:g} GB host memory"
+    if p.cpu_cores:
+        out += f", {p.cpu_cores} CPU cores"
+    if p.pool:
+        out += f", in pool {p.pool}"
+    return out
+
+
+def summarize(pf: ProfileFit) -> str:
+    """A profile that fits nowhere, in a line: what it needs and how many nodes
+    refuse it for each rule, with the first such node as an example."""
+    count: dict[str, int] = {}
+    first: dict[str, tuple[str, Reason]] = {}
+    for nf in pf.nodes:
+        for r in nf.reasons:
+            count[r.rule] = count.get(r.rule, 0) + 1
+            first.setdefault(r.rule, (nf.node, r))
+    parts = [f"{count[rule]}x {render(first[rule][1])} (first: {first[rule][0]})" for rule in RULES if rule in count]
+    parts += [render(r) for r in pf.fabrics]
+    return f"profile {pf.profile} needs {pf.needs}" + (f"; {', '.join(parts)}" if parts else "")
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+@lru_cache(maxsize=4096)
+def gpu_model_matches(asked: str, model: str) -> bool:
+    """Whether a GPU reported as `model` is one `asked` for: the words asked
+    for appear, in order and next to each other, among the words of the
+    name, case aside ("H100" is "NVIDIA H100 80GB HBM3" but not "GH100")."""
+    want = _words(asked)
+    have = _words(model)
+    n = len(want)
+    return any(have[i : i + n] == want for i in range(len(have) - n + 1)) if n else True
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in re.split(r"[^0-9a-z]+", name.lower()) if w]
+
+
+def label_reasons(p: ProfileSpec, pool: str, fabric: str) -> tuple[Reason, ...]:
+    """The rules on a node's labels: its pool, and a fabric for a multi-node profile."""
+    out: tuple[Reason, ...] = ()
+    if p.pool and pool != p.pool:
+        out += (Reason(rule=POOL, need=p.pool, have=pool or f"no {POOL_LABEL} label"),)
+    if p.nodes > 1 and not fabric:
+        out += (Reason(rule=FABRIC, need=f"a {FABRIC_LABEL} label ({p.nodes} nodes per replica)", have="none"),)
+    return out
+
+
+def gpu_reasons(
+    p: ProfileSpec, models: str, of_model: int, best_memory: float, suit: int, free: int
+) -> tuple[Reason, ...]:
+    """The rules on a node's GPUs, from a few counts: `of_model` GPUs of the
+    model asked for, the largest memory among them, `suit` of them with
+    enough memory, `free` of those free. `models` names what it has."""
+    need = p.gpus
+    if need == 0:
+        return ()  # a profile that needs no GPU does not care what they are
+    if p.gpu_model and not of_model:
+        return (Reason(rule=GPU_MODEL, need=p.gpu_model, have=models),)
+    if suit < need:
+        if suit < of_model:  # memory rules some of them out
+            have = f"{suit} with it" if suit else f"{best_memory:g} GB at most"
+            return (Reason(rule=GPU_MEMORY, need=f"{need} with {p.gpu_memory_gb:g} GB each", have=have),)
+        return (Reason(rule=GPUS, need=f"{need}", have=f"{of_model} in all"),)
+    if free < need:
+        return (Reason(rule=GPUS, need=f"{need} free", have=f"{free} free"),)
+    return ()
+
+
+def _kind_reasons(p: ProfileSpec, kind: tuple[str, float, int], free: int) -> tuple[Reason, ...]:
+    """`gpu_reasons` for a node whose GPUs are all alike: (model, memory, count)."""
+    model, memory, total = kind
+    of_model = total if not p.gpu_model or gpu_model_matches(p.gpu_model, model) else 0
+    suit = of_model if memory >= p.gpu_memory_gb else 0
+    return gpu_reasons(p, _models_said(model, total), of_model, memory, suit, free if suit else 0)
+
+
+def _models_said(models: str, count: int) -> str:
+    if not count:
+        return "no GPU"
+    return models or "GPUs whose model the agent did not say"
+
+
+def _mixed_reasons(p: ProfileSpec, gpus: list[Gpu], free: list[int]) -> tuple[Reason, ...]:
+    """`gpu_reasons` for a node with GPUs of different kinds."""
+    if p.gpus == 0:
+        return ()
+    of_model = [g for g in gpus if not p.gpu_model or gpu_model_matches(p.gpu_model, g.model)]
+    suit = {g.index for g in of_model if g.memory_gb >= p.gpu_memory_gb}
+    models = _models_said("/".join(sorted({g.model for g in gpus if g.model})), len(gpus))
+    best = max((g.memory_gb for g in of_model), default=0.0)
+    return gpu_reasons(p, models, len(of_model), best, len(suit), sum(1 for i in free if i in suit))
+
+
+def memory_short(p: ProfileSpec, node: Node, used: float) -> bool:
+    """The fold's test too (see fold._place): the same sum, rounded the same way."""
+    return bool(p.memory_gb and node.memory_gb and add_gb(used, p.memory_gb) > node.memory_gb)
+
+
+def cpu_short(p: ProfileSpec, node: Node, used: int) -> bool:
+    return bool(p.cpu_cores and node.cpu_cores and used + p.cpu_cores > node.cpu_cores)
+
+
+# --------------------------------------------------------------------------- the inventory
+
+
+def _limits(spread: dict[str, int]) -> list[int]:
+    """The rounds of spreading: nodes running none of the model's replicas,
+    then at most one, and so on; then any node."""
+    if not spread:
+        return [1]
+    return list(range(1, max(spread.values()) + 2))
+
+
+class _View:
+    """What one node has free in this pass: its GPUs, memory, cores and ports."""
+
+    __slots__ = (
+        "name", "node", "ordinal", "free", "kind", "pool", "fabric", "mem_used", "cpu_used", "ports", "next_port",
+        "groups",
+    )
+
+    def __init__(self, name: str, node: Node, ordinal: int) -> None:
+        self.name = name
+        self.node = node
+        self.ordinal = ordinal  # its place in name order among the ready nodes
+        gpus, used = node.gpus, node.used
+        # Only GPUs the node has: a stray may report one it does not.
+        self.free = sorted(g.index for g in gpus if g.index not in used) if used else sorted(g.index for g in gpus)
+        self.kind = _kind(gpus)
+        labels = node.labels
+        self.pool = labels.get(POOL_LABEL, "")
+        self.fabric = labels.get(FABRIC_LABEL, "")
+        self.mem_used = node.memory_used
+        self.cpu_used = node.cpu_used
+        self.ports: set[int] | None = None  # built when first asked
+        self.next_port = PORT_BASE
+        self.groups: tuple[_Group, ...] = ()  # the index's groups it is filed in
+
+    def free_port(self) -> int:
+        """The lowest port not held by a shard or a stray (0: none left)."""
+        if self.ports is None:
+            self.ports = set(self.node.ports)
+        port = self.next_port
+        while port in self.ports:
+            port += 1
+        self.next_port = port  # ports are only taken within a pass, never freed
+        return port if port <= PORT_LIMIT else 0
+
+
+def _kind(gpus: list[Gpu]) -> tuple[str, float, int] | None:
+    """(model, memory, count) when a node's GPUs are all alike, else None."""
+    if not gpus:
+        return ("", 0.0, 0)
+    first = gpus[0]
+    model, memory = first.model, first.memory_gb
+    for g in gpus:
+        if g.model != model or g.memory_gb != memory:
+            return None
+    return (model, memory, len(gpus))
+
+
+class _Group:
+    """Ready nodes alike in pool and GPUs (and fabric, in the index for
+    multi-node profiles), by free GPU count: for each count, their ordinals
+    in name order."""
+
+    __slots__ = ("pool", "fabric", "kind", "buckets")
+
+    def __init__(self, pool: str, fabric: str, kind: tuple[str, float, int] | None, top: int) -> None:
+        self.pool = pool
+        self.fabric = fabric
+        self.kind = kind
+        self.buckets: list[list[int]] = [[] for _ in range(top + 1)]
 
 
 class Inventory:
-    """Free GPUs and taken ports per ready node, for one pass of decide."""
+    """What is free, for one pass of decide, and where a replica fits in it."""
 
     def __init__(self, state: State) -> None:
-        self.nodes = sorted(n for n, node in state.nodes.items() if node.state == "ready")
         self._state = state
-        self._free: dict[str, list[tuple[int, float]]] = {}
-        self._ports: dict[str, set[int]] = {}
+        self._views: dict[str, _View] = {}
+        self._ready: list[_View] | None = None  # in name order; built at first need
+        # Two indexes over the same nodes: by (pool, GPUs) for single-node
+        # profiles, and by (pool, fabric, GPUs) for multi-node ones. One keyed
+        # by fabric too would have a single-node placement look through a
+        # group per fabric, hundreds, for nothing.
+        self._groups: list[_Group] = []
+        self._fabric_groups: list[_Group] = []
+        self._top = 0
+        # Answers that depend only on a profile and a kind of node, for this
+        # pass: keyed by id() of the profile, which the state holds throughout.
+        self._fixed: dict[tuple, tuple[Reason, ...]] = {}
+        self._admitted: dict[int, list[_Group]] = {}
+        self._by_fabric: dict[int, dict[str, list[_Group]]] = {}
+        self._names: list[str] | None = None
 
-    def free_gpus(self, node: str) -> list[tuple[int, float]]:
-        free = self._free.get(node)
-        if free is None:
-            n = self._state.nodes[node]
-            free = sorted((g.index, g.memory_gb) for g in n.gpus if g.index not in n.used)
-            self._free[node] = free
-        return free
+    # ------------------------------------------------------------------ building
 
-    def taken_ports(self, node: str) -> set[int]:
-        ports = self._ports.get(node)
-        if ports is None:
-            ports = set(self._state.nodes[node].ports)
-            self._ports[node] = ports
-        return ports
+    def _build(self) -> list[_View]:
+        if self._ready is not None:
+            return self._ready
+        nodes = self._state.nodes
+        names = sorted(n for n, node in nodes.items() if node.state == "ready")
+        ready = self._ready = []
+        groups: dict[tuple, _Group] = {}
+        fabric_groups: dict[tuple, _Group] = {}
+        top = max((len(nodes[n].gpus) for n in names), default=0)
+        self._top = top
+        for i, name in enumerate(names):
+            v = _View(name, nodes[name], i)
+            self._views[name] = v
+            ready.append(v)
+            key = (v.pool, v.kind)
+            grp = groups.get(key)
+            if grp is None:
+                grp = groups[key] = _Group(v.pool, "", v.kind, top)
+            v.groups = (grp,)
+            if v.fabric:
+                key = (v.pool, v.fabric, v.kind)
+                fgrp = fabric_groups.get(key)
+                if fgrp is None:
+                    fgrp = fabric_groups[key] = _Group(v.pool, v.fabric, v.kind, top)
+                v.groups = (grp, fgrp)
+            for g in v.groups:
+                g.buckets[len(v.free)].append(i)  # names in order: each bucket stays sorted
+        self._groups = list(groups.values())
+        self._fabric_groups = list(fabric_groups.values())
+        return ready
 
-    def pick(self, node: str, profile: ProfileSpec) -> list[int] | None:
-        """The lowest-numbered free GPUs on a node that suit the profile."""
-        fit = [i for i, mem in self.free_gpus(node) if mem >= profile.gpu_memory_gb]
-        if len(fit) < profile.gpus:
+    def ready(self) -> list[_View]:
+        """The ready nodes, in name order."""
+        return self._build()
+
+    def view(self, name: str) -> _View:
+        self._build()
+        v = self._views.get(name)
+        if v is None:  # a node that is not ready: explained, never placed on
+            v = self._views[name] = _View(name, self._state.nodes[name], -1)
+        return v
+
+    # ------------------------------------------------------------------ the rules, per node
+
+    def reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
+        """Every rule this node breaks for one shard of the profile; () when it fits."""
+        node = v.node
+        if node.state != "ready":
+            have = node.state + (f": {node.reason}" if node.reason else "")
+            return (Reason(rule=READY, need="a ready node", have=have),)
+        return self._fixed_reasons(v, p) + self._room_reasons(v, p)
+
+    def _fixed_reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
+        """The rules on labels and GPUs: alike for nodes alike, so asked once per kind and free count."""
+        if v.kind is None:
+            return label_reasons(p, v.pool, v.fabric) + _mixed_reasons(p, v.node.gpus, v.free)
+        key = (id(p), v.pool, v.fabric, v.kind, len(v.free))
+        out = self._fixed.get(key)
+        if out is None:
+            out = self._fixed[key] = label_reasons(p, v.pool, v.fabric) + _kind_reasons(p, v.kind, len(v.free))
+        return out
+
+    def _room_reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
+        """The rules on what the node's other shards hold: memory, cores, ports."""
+        node = v.node
+        out: tuple[Reason, ...] = ()
+        if memory_short(p, node, v.mem_used):
+            have = f"{add_gb(node.memory_gb, -v.mem_used):g} GB free of {node.memory_gb:g}"
+            out += (Reason(rule=MEMORY, need=f"{p.memory_gb:g} GB", have=have),)
+        if cpu_short(p, node, v.cpu_used):
+            have = f"{node.cpu_cores - v.cpu_used} free of {node.cpu_cores}"
+            out += (Reason(rule=CPU, need=f"{p.cpu_cores} cores", have=have),)
+        if not v.free_port():
+            out += (Reason(rule=PORTS, need=f"a free one in {PORT_BASE}-{PORT_LIMIT}", have="none"),)
+        return out
+
+    # ------------------------------------------------------------------ placing
+
+    def place(self, p: ProfileSpec, replica: str, spread: dict[str, int]) -> list[ShardPlacement] | None:
+        """Shards for one replica of this profile, taken from the inventory, or
+        None when it fits nowhere. `spread`: how many of the model's replicas
+        each node runs already; the fewer, the sooner a node is tried."""
+        self._build()
+        groups = self._admitting(p)
+        if p.nodes == 1:
+            v = None
+            for limit in _limits(spread):
+                v = self._best(p, groups, spread, limit, ())
+                if v is not None:
+                    break
+            chosen = [v] if v is not None else None
+        else:
+            chosen = self._fabric_pick(p, groups, spread)
+        if chosen is None:
             return None
-        return fit[: profile.gpus]
+        shards = []
+        for rank, v in enumerate(chosen):
+            gpus = self._gpus_for(v, p)
+            port = self._take(v, gpus, p)
+            shards.append(ShardPlacement(shard=f"{replica}.{rank}", node=v.name, rank=rank, gpus=gpus, port=port))
+        return shards
 
-    def take(self, node: str, gpus: Iterable[int]) -> int:
-        """Take GPUs and a port on a node; returns the port."""
-        taken = set(gpus)
-        self._free[node] = [g for g in self.free_gpus(node) if g[0] not in taken]
-        ports = self.taken_ports(node)
-        port = PORT_BASE
-        while port in ports:
-            port += 1
-        if port > PORT_LIMIT:
-            raise RuntimeError(f"no free port left on {node}")
-        ports.add(port)
+    def _admitting(self, p: ProfileSpec) -> list[_Group]:
+        """The groups whose labels and GPUs suit the profile, were their GPUs all free."""
+        out = self._admitted.get(id(p))
+        if out is None:
+            out = []
+            for grp in self._groups if p.nodes == 1 else self._fabric_groups:
+                if label_reasons(p, grp.pool, grp.fabric):
+                    continue
+                if grp.kind is not None and _kind_reasons(p, grp.kind, grp.kind[2]):
+                    continue
+                out.append(grp)
+            self._admitted[id(p)] = out
+        return out
+
+    def _best(self, p: ProfileSpec, groups: list[_Group], spread: dict[str, int], limit: int, taken) -> _View | None:
+        """The fitting node with the fewest free GPUs that are enough, ties in
+        name order, among those running fewer than `limit` of the model's
+        replicas and not in `taken`."""
+        ready = self._ready
+        assert ready is not None
+        for k in range(p.gpus, self._top + 1):
+            best: _View | None = None
+            for grp in groups:
+                for o in grp.buckets[k]:
+                    if best is not None and o >= best.ordinal:
+                        break  # this group has nothing earlier in name order
+                    v = ready[o]
+                    if spread and spread.get(v.name, 0) >= limit or v in taken:
+                        continue
+                    if grp.kind is None and _mixed_reasons(p, v.node.gpus, v.free):
+                        continue
+                    if self._room_reasons(v, p):
+                        continue
+                    best = v
+                    break
+            if best is not None:
+                return best
+        return None
+
+    def _fabric_pick(self, p: ProfileSpec, groups: list[_Group], spread: dict[str, int]) -> list[_View] | None:
+        """Nodes for a multi-node replica: the first fabric, in name order, with
+        enough nodes that fit among the least loaded with the model; within
+        it, the least loaded first."""
+        by_fabric: dict[str, list[_Group]] | None = self._by_fabric.get(id(p))
+        if by_fabric is None:
+            by_fabric = {}
+            for grp in groups:  # label_reasons let no group without a fabric through
+                by_fabric.setdefault(grp.fabric, []).append(grp)
+            by_fabric = self._by_fabric[id(p)] = dict(sorted(by_fabric.items()))
+        limits = _limits(spread)
+        for i in range(len(limits)):
+            for groups_in_fabric in by_fabric.values():
+                chosen: list[_View] = []
+                for limit in limits[: i + 1]:
+                    while len(chosen) < p.nodes:
+                        v = self._best(p, groups_in_fabric, spread, limit, chosen)
+                        if v is None:
+                            break
+                        chosen.append(v)
+                if len(chosen) == p.nodes:
+                    return chosen
+        return None
+
+    def _gpus_for(self, v: _View, p: ProfileSpec) -> list[int]:
+        """The lowest-numbered free GPUs of the node that suit the profile."""
+        if v.kind is not None or p.gpus == 0:
+            return v.free[: p.gpus]
+        suit = {
+            g.index
+            for g in v.node.gpus
+            if (not p.gpu_model or gpu_model_matches(p.gpu_model, g.model)) and g.memory_gb >= p.gpu_memory_gb
+        }
+        return [i for i in v.free if i in suit][: p.gpus]
+
+    def _take(self, v: _View, gpus: list[int], p: ProfileSpec) -> int:
+        """Take GPUs, memory, cores and a port on a node; returns the port."""
+        before = len(v.free)
+        if gpus:
+            taken = set(gpus)
+            v.free = [g for g in v.free if g not in taken]
+            for grp in v.groups:
+                old = grp.buckets[before]
+                del old[bisect_left(old, v.ordinal)]
+                insort(grp.buckets[len(v.free)], v.ordinal)
+        if p.memory_gb:
+            v.mem_used = add_gb(v.mem_used, p.memory_gb)
+        v.cpu_used += p.cpu_cores
+        port = v.free_port()
+        v.ports.add(port)  # type: ignore[union-attr]
+        v.next_port = port + 1
         return port
 
+    # ------------------------------------------------------------------ explaining
 
-def first_fit(
-    inv: Inventory, profile: ProfileSpec, replica: str, prefer_not: set[str]
-) -> list[ShardPlacement] | None:
-    """Shards for one replica of this profile, or None when it fits nowhere.
+    def names(self) -> list[str]:
+        if self._names is None:
+            self._names = sorted(self._state.nodes)
+        return self._names
 
-    Nodes that already run one of the model's replicas are tried last, so a
-    model's replicas spread over nodes where they can.
-    """
-    order = [n for n in inv.nodes if n not in prefer_not] + [n for n in inv.nodes if n in prefer_not]
-    chosen: list[tuple[str, list[int]]] = []
-    for node in order:
-        gpus = inv.pick(node, profile)
-        if gpus is not None:
-            chosen.append((node, gpus))
-            if len(chosen) == profile.nodes:
-                break
-    if len(chosen) < profile.nodes:
-        return None
-    return [
-        ShardPlacement(shard=f"{replica}.{rank}", node=node, rank=rank, gpus=gpus, port=inv.take(node, gpus))
-        for rank, (node, gpus) in enumerate(chosen)
-    ]
+    def profile_fit(self, p: ProfileSpec, spread: dict[str, int] | None = None) -> ProfileFit:
+        """Every node, for one profile, as it stands in this inventory."""
+        self._build()
+        nodes = []
+        fitting: dict[str, int] = {}
+        for name in self.names():
+            v = self.view(name)
+            rs = self.reasons(v, p)
+            nodes.append(NodeFit(node=name, reasons=rs, runs=spread.get(name, 0) if spread else 0))
+            if not rs:
+                fitting[v.fabric] = fitting.get(v.fabric, 0) + 1
+        fabrics: tuple[Reason, ...] = ()
+        if p.nodes == 1:
+            fits = bool(fitting)
+        else:
+            fits = any(n >= p.nodes for n in fitting.values())
+            if fitting and not fits:
+                most = max(fitting.values())
+                where = min(f for f, n in fitting.items() if n == most)
+                need = f"{p.nodes} nodes that fit in one fabric"
+                fabrics = (Reason(rule=FABRIC, need=need, have=f"{most} in {where}"),)
+        return ProfileFit(profile=p.name, needs=needs(p), fits=fits, nodes=tuple(nodes), fabrics=fabrics)
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def replicas_per_node(replicas: list[Replica]) -> dict[str, int]:
+    """Node -> how many of these replicas have a shard on it: what spread weighs."""
+    out: dict[str, int] = {}
+    for r in replicas:
+        for s in r.shards:
+            out[s.node] = out.get(s.node, 0) + 1
+    return out
 
 
 def why_no_fit(inv: Inventory, profiles: list[ProfileSpec]) -> str:
-    """A reason a person can act on when no profile fits."""
-    if not inv.nodes:
+    """The reason a model waits, when none of its profiles fits: for each
+    profile, how many nodes refuse it for each rule (a summary of `explain`)."""
+    if not inv.ready():
         return "no node is ready"
-    parts = []
-    for p in profiles:
-        best = max(
-            (sum(1 for _, mem in inv.free_gpus(n) if mem >= p.gpu_memory_gb) for n in inv.nodes), default=0
-        )
-        need = f"{p.gpus} free GPU(s)" + (f" with {p.gpu_memory_gb:g} GB" if p.gpu_memory_gb else "")
-        nodes = f"{p.nodes} nodes" if p.nodes > 1 else "a node"
-        parts.append(f"profile {p.name} needs {nodes} with {need}; the most any ready node has is {best}")
-    return "no room: " + "; ".join(parts)
+    return "no room: " + "; ".join(summarize(inv.profile_fit(p)) for p in profiles)
+
+
+def explain(state: State, model: str) -> Explanation:
+    """For every profile of a model, in order, and every node: why the node is
+    refused, or that it fits; and where the next replica would go. Taken on
+    the state as it is, as the next pass of decide would see it (but for what
+    that pass places for other models first)."""
+    m = state.models.get(model)
+    if m is None:
+        return Explanation(model=model, problem=f"no model {model} in the catalog")
+    # The replicas decide keeps (not stopping, not failed, on a profile the
+    # catalog still has as it is): the ones spread steers away from.
+    kept = [
+        r
+        for r in state.replicas.values()
+        if r.model == model and r.state not in ("stopping", "failed") and m.fingerprints.get(r.profile) == r.fingerprint
+    ]
+    spread = replicas_per_node(kept)
+    inv = Inventory(state)
+    fits = tuple(inv.profile_fit(p, spread) for p in m.spec.profiles)
+    chosen, where = "", ()
+    for p in m.spec.profiles:
+        shards = inv.place(p, f"{model}-next", spread)
+        if shards is not None:
+            chosen, where = p.name, tuple(s.node for s in shards)
+            break
+    return Explanation(model=model, profiles=fits, chosen=chosen, where=where)

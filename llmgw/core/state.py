@@ -32,6 +32,10 @@ class Shard(msgspec.Struct, kw_only=True):
     state: str = "placing"
     reason: str = ""
     endpoint: str = ""
+    # Host memory and CPU cores it holds on its node, from its profile when
+    # placed: kept here so that its exit frees them whatever the catalog says by then.
+    memory_gb: float = 0.0
+    cpu_cores: int = 0
 
 
 class Replica(msgspec.Struct, kw_only=True):
@@ -74,8 +78,27 @@ class Node(msgspec.Struct, kw_only=True):
     used: dict[int, str] = {}
     # port -> shard id, ports held by live shards and by strays until they exit.
     ports: dict[int, str] = {}
+    # Host memory (GB) and CPU cores held by its live shards, derived like
+    # `used`. A stray holds none here: agents do not say what one takes.
+    memory_used: float = 0.0
+    cpu_used: int = 0
     # Shards the agent runs that no model claims, until they exit.
     strays: dict[str, "Stray"] = {}
+
+
+class Tally(msgspec.Struct, kw_only=True):
+    """How a model's replicas stand, kept by the fold so that a pass of
+    `decide` knows which models need a look without reading every replica.
+
+    Counted over the model's replicas that are not stopping: `live` all of
+    them, `failed` those failed, `unwanted` those the catalog no longer asks
+    for (the model removed, or their profile changed). Derived, like a node's
+    `used`: the property tests count again from the replicas and compare.
+    """
+
+    live: int = 0
+    failed: int = 0
+    unwanted: int = 0
 
 
 class Model(msgspec.Struct, kw_only=True):
@@ -107,10 +130,24 @@ class State(msgspec.Struct, kw_only=True):
     # Next number per model for replica ids. Never forgotten, not even when the
     # model is removed, so an id is never used twice in one log.
     replica_numbers: dict[str, int] = {}
+    # Model name -> how its replicas stand (see Tally). Kept, like
+    # replica_numbers, for names no longer in the catalog.
+    tallies: dict[str, Tally] = {}
     quarantine_count: int = 0
     quarantined: list[Quarantined] = []
     voided_count: int = 0
     voided: list[Voided] = []
+
+
+def add_gb(a: float, b: float) -> float:
+    """Sum of two amounts of memory, rounded to the megabyte.
+
+    Host memory is accounted by adding and taking away what each shard
+    holds; rounding every step keeps the sum from drifting by float error,
+    and the fold and `decide` round the same way, so that they agree on
+    whether a shard still fits to the last byte.
+    """
+    return round(a + b, 3)
 
 
 def gpus_in_use(state: State) -> list[tuple[str, int, str]]:

@@ -35,6 +35,10 @@ class _Profile(BaseModel):
     nodes: int = Field(1, ge=1)
     gpu_memory_gb: float = Field(0.0, ge=0)
     memory_gb: float = Field(0.0, ge=0)
+    gpu_model: str = ""
+    cpu_cores: int = Field(0, ge=0)
+    pool: str = ""
+    model: str = ""
 
 
 class _Model(BaseModel):
