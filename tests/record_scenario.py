@@ -7,7 +7,9 @@ Three nodes join; a catalog is applied; a shard fails and is replaced; a
 malformed message arrives and is quarantined; a node dies (kill -9 of its
 agent) and is lost, its replicas moved; a model is scaled down; another is
 deleted and its replicas stop. `tests/test_recorded_logs.py` replays and
-verifies the result, so it must be re-recorded only when the contract grows.
+verifies the result against the current policy, so it is re-recorded when the
+contract grows or a rule of `decide` changes (the old file, replayed with
+`llmgw replay --verify`, shows what the new rules would have done instead).
 """
 
 from __future__ import annotations

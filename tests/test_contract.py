@@ -82,6 +82,11 @@ def test_unknown_fields_from_a_newer_publisher_are_ignored(cls):
         ev.ShardStatus: ev.ShardStatus(at=1.0, node="n", replica="r", shard="r.0", generation=1, state="ready"),
         ev.Decided: ev.Decided(at=1.0, basis=0, actions=[]),
         ev.NodeLost: ev.NodeLost(at=1.0, node="n", reason="x"),
+        ev.ReplicasRestart: ev.ReplicasRestart(at=1.0, replicas=["m-1"]),
+        ev.ModelRetry: ev.ModelRetry(at=1.0, name="m"),
+        ev.ApiKeyApplied: ev.ApiKeyApplied(at=1.0, name="k", owner="o", key_sha256="0" * 64),
+        ev.ApiKeyRemoved: ev.ApiKeyRemoved(at=1.0, name="k"),
+        ev.ModelLoad: ev.ModelLoad(at=1.0, gateway="g", model="m"),
     }[cls]
     data = msgspec.json.decode(ev.encode(sample))
     data["from_the_future"] = 42

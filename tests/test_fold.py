@@ -309,7 +309,8 @@ def test_replica_ids_are_handed_out_in_order_and_never_twice():
     f.make_ready()
     f.report("m-1.0", "failed")
     f.decide()  # m-1 stopped and gone, m-2 placed
-    f.report("m-2.0", "failed")
+    f.report("m-2.0", "failed")  # it failed to start: the model backs off
+    f.tick(10)
     f.decide()
     # A decision taken long ago names m-1 again: voided, though m-1 is gone.
     f.publish(ev.Decided(at=f.tick(), basis=stale.seq, actions=decide(stale, f.now)))

@@ -146,10 +146,22 @@ def why_place_is_unsafe(
     taken: set[tuple[str, str, int]],
     numbers: dict[str, int],
     held: dict[tuple[str, str], float],
+    stopped: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> str:
     """Why applying a placement on `before` (plus what earlier actions of the
     same decision took) would be wrong, or "" when it is safe. Said
-    independently of the fold; the fold may void more than this, never less."""
+    independently of the fold; the fold may void more than this, never less.
+
+    In place of a replica stopped by an earlier action of the same decision
+    (`replaces`), what that replica's shards hold is the new one's to take."""
+    handed: dict[str, list] = {}
+    if a.replaces:
+        old = before.replicas.get(a.replaces)
+        if old is None or old.model != a.model or (a.replaces not in stopped and old.state != "stopping"):
+            return f"the replica it replaces, {a.replaces}, is not being stopped"
+        for sh in old.shards:
+            if sh.state not in ("failed", "stopped"):
+                handed.setdefault(sh.node, []).append(sh)
     model = before.models.get(a.model)
     if model is None:
         return "its model is not in the catalog"
@@ -167,19 +179,25 @@ def why_place_is_unsafe(
         node = before.nodes.get(s.node)
         if node is None or node.state != "ready":
             return f"{s.node} is not ready"
+        old_shards = handed.get(s.node, [])
+        old_ids = {sh.id for sh in old_shards}
         memory = node.memory_used + held.get((s.node, "memory"), 0.0) + profile.memory_gb
+        memory -= sum(sh.memory_gb for sh in old_shards)
         if profile.memory_gb and node.memory_gb and memory > node.memory_gb + 1e-6:
             return f"host memory on {s.node} would be over-committed"
         cores = node.cpu_used + held.get((s.node, "cpu"), 0) + profile.cpu_cores
+        cores -= sum(sh.cpu_cores for sh in old_shards)
         if profile.cpu_cores and node.cpu_cores and cores > node.cpu_cores:
             return f"CPU cores on {s.node} would be over-committed"
         have = {g.index for g in node.gpus}
         for g in s.gpus:
             if g not in have:
                 return f"{s.node} has no GPU {g}"
-            if g in node.used or (s.node, "gpu", g) in taken:
+            if (g in node.used and node.used[g] not in old_ids) or (s.node, "gpu", g) in taken:
                 return f"GPU {g} on {s.node} is held"
-        if s.port and (s.port in node.ports or (s.node, "port", s.port) in taken):
+        if s.port and (
+            (s.port in node.ports and node.ports[s.port] not in old_ids) or (s.node, "port", s.port) in taken
+        ):
             return f"port {s.port} on {s.node} is held"
     return ""
 
@@ -208,7 +226,7 @@ def assert_voided_not_applied(step: Step, after: State) -> None:
                 == [(s.shard, s.node, s.gpus, s.port, seq) for s in a.shards]
             )
             if ok:
-                why = why_place_is_unsafe(before, a, taken, numbers, held)
+                why = why_place_is_unsafe(before, a, taken, numbers, held, stopped)
                 assert not why, f"{a.replica} was placed though {why}"
                 placed.add(a.replica)
                 numbers[a.model] = int(a.replica.rpartition("-")[2]) + 1
@@ -237,6 +255,22 @@ def assert_voided_not_applied(step: Step, after: State) -> None:
             ok = stray is not None and stray.generation == a.generation and not stray.stopping
             if ok:
                 assert after.nodes[a.node].strays[a.shard].stopping
+        elif isinstance(a, ev.ScaleModel):
+            ok = a.model in before.models
+            if ok:
+                assert after.models[a.model].desired == a.desired
+        elif isinstance(a, (ev.RestartReplica, ev.RefuseRestart)):
+            was = before.replicas.get(a.replica)
+            ok = was is not None and was.state != "stopping" and a.replica not in stopped and was.model in before.models
+            if isinstance(a, ev.RestartReplica):
+                ok = ok and was.restart not in ("replacing", "in place")
+            if ok:
+                now = after.replicas.get(a.replica)
+                assert now is None or now.state == "stopping" or now.restart != ""
+        elif isinstance(a, ev.ParkModel):
+            ok = a.model in before.models
+            if ok and a.model in after.models:
+                assert after.models[a.model].parked
         else:  # pragma: no cover - a new kind of action needs a rule here
             raise AssertionError(f"unknown action {a!r}")
         applied += ok
@@ -463,11 +497,12 @@ def test_a_late_decision_does_not_place_a_forgotten_replica_id_again():
     old = copy_state(state)  # what a leader about to be deposed decides on
     first = publish(ev.Decided(at=3, basis=state.seq, actions=decide(state, 3)))  # m-1 placed
     publish(ev.ShardStatus(at=4, node="a", replica="m-1", shard="m-1.0", generation=first, state="failed"))
-    second = publish(ev.Decided(at=5, basis=state.seq, actions=decide(state, 5)))  # m-1 stopped and gone, m-2 placed
-    publish(ev.ShardStatus(at=6, node="a", replica="m-2", shard="m-2.0", generation=second, state="failed"))
+    # m-1 stopped and gone, m-2 placed (after the back-off its failure to start asks for)
+    second = publish(ev.Decided(at=10, basis=state.seq, actions=decide(state, 10)))
+    publish(ev.ShardStatus(at=11, node="a", replica="m-2", shard="m-2.0", generation=second, state="failed"))
     assert "m-1" not in state.replicas and state.replica_numbers["m"] == 3
-    late = decide(old, 7)
+    late = decide(old, 12)
     assert [a.replica for a in late] == ["m-1"]
-    publish(ev.Decided(at=7, basis=old.seq, actions=late))  # published late
+    publish(ev.Decided(at=12, basis=old.seq, actions=late))  # published late
     assert "m-1" not in state.replicas, "replica id m-1 was placed a second time"
     assert state.voided_count == 1

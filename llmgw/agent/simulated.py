@@ -131,6 +131,9 @@ class SimulatedAgent:
             asyncio.create_task(self._stop(cmd))
 
     async def _start(self, cmd: cmds.StartShard) -> None:
+        # In place of another shard: its GPUs and port are ours once it has exited.
+        while any(s in self.running for s in cmd.after):
+            await asyncio.sleep(0.02)
         endpoint = f"http://127.0.0.1:{cmd.port}"
         shard = ev.RunningShard(
             shard=cmd.shard,
@@ -157,6 +160,9 @@ class SimulatedAgent:
         await self._status(cmd.replica, cmd.shard, cmd.generation, "ready", endpoint=endpoint)
 
     async def _stop(self, cmd: cmds.StopShard) -> None:
+        if cmd.grace_s and cmd.shard in self.running:
+            # Draining: a simulated engine finishes what it has at once, nearly.
+            await asyncio.sleep(min(cmd.grace_s, 0.05))
         shard = self.running.pop(cmd.shard, None)
         replica = shard.replica if shard else cmd.shard.rpartition(".")[0]
         await self._status(replica, cmd.shard, cmd.generation, "stopped", reason=cmd.reason)

@@ -28,6 +28,9 @@ class StartShard(msgspec.Struct, kw_only=True, tag_field="command", tag="start")
     gpus: list[int]
     port: int
     nodes: list[str]  # every node of the replica, by rank: rank 0 is the leader
+    # Shards on this node that must have exited before this one starts: the
+    # replica it replaces in place, whose GPUs and port it takes over.
+    after: list[str] = []
 
 
 class StopShard(msgspec.Struct, kw_only=True, tag_field="command", tag="stop"):
@@ -85,9 +88,10 @@ def outstanding(state: State) -> Iterator[tuple[str, Command]]:
                     gpus=sh.gpus,
                     port=sh.port,
                     nodes=nodes,
+                    after=sh.after,
                 )
             elif sh.state == "stopping":
-                yield sh.node, StopShard(shard=sh.id, generation=sh.generation, reason=rep.reason)
+                yield sh.node, StopShard(shard=sh.id, generation=sh.generation, reason=rep.reason, grace_s=rep.drain_s)
     for name, node in state.nodes.items():
         if node.state != "ready":
             continue

@@ -14,6 +14,16 @@ multi-node placement). Counting bytes lets a cold start place ~2,000
 replicas a pass instead of 500, so it takes a few passes, not dozens, each of
 which reads the state again. What is left is decided by the next pass.
 
+Per model, a pass follows the seeds' reconciler (restart.go): scale to the
+desired count (scaling.py: load, on demand, min and max); drain and stop
+what is above it; replace what failed; place what is missing unless the
+model backs off or is parked after replicas that failed to start; then
+finish and begin restarts (`_retire`, `_begin_restarts`). A restart is
+a replacement placed beside the replica, which is drained once the
+replacement serves; or, when asked or when the replica is the only thing in
+its replacement's way, a stop and the replacement's placement in the same
+pass, on what the stop frees, so that no other model takes it meanwhile.
+
 A pass reads only what may need doing: the fold keeps a tally per model
 (`state.tallies`) of its replicas, failed ones and unwanted ones, so a model
 with as many healthy replicas as it wants is passed over without reading
@@ -25,10 +35,10 @@ from __future__ import annotations
 import msgspec
 
 from . import events as ev
-from .catalog import max_replicas
 from .fold import replica_number
 from .placement import Inventory, replicas_per_node, why_no_fit
-from .state import Replica, State
+from .scaling import PARK_AFTER, backoff_until, decided, desired, why_desired
+from .state import Model, Replica, State
 
 # Half the server's default payload limit: room for the message's own fields
 # and headers, and for a server configured tighter than the default.
@@ -47,6 +57,7 @@ class _Pass:
         self.budget = budget
         self.size = _ENVELOPE_BYTES
         self.full = False
+        self.numbers: dict[str, int] = {}  # model -> number of its next replica id, after this pass's
 
     def add(self, action: ev.Action) -> bool:
         """Keep an action if the message has room for it; once one does not
@@ -59,6 +70,8 @@ class _Pass:
             return False
         self.size += size
         self.actions.append(action)
+        if type(action) is ev.PlaceReplica:
+            self.numbers[action.model] = replica_number(action.replica) + 1
         return True
 
 
@@ -72,7 +85,7 @@ def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Ac
             if not stray.stopping:
                 out.add(ev.StopStray(node=name, shard=shard, generation=stray.generation, reason=stray.reason))
 
-    look = _models_to_look_at(state)
+    look = _models_to_look_at(state, now)
     if not look:
         return out.actions
 
@@ -91,61 +104,258 @@ def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Ac
     for name in sorted(n for n in look if n in state.models):
         if out.full:
             break
-        _decide_model(state, inv, name, by_model.get(name, []), out)
+        _decide_model(state, inv, name, by_model.get(name, []), out, now)
     return out.actions
 
 
-def _models_to_look_at(state: State) -> set[str]:
-    """Models with a replica to stop, fewer or more replicas than they want,
-    or a waiting reason to say again: the others need nothing this pass."""
+_RETIRING = ("replacing", "in place")
+
+
+def _models_to_look_at(state: State, now: float) -> set[str]:
+    """Models with a replica to stop, a restart to begin or finish, fewer or
+    more replicas than they want, or a waiting reason to say again: the
+    others need nothing this pass."""
     look = set()
     tallies = state.tallies
     for name, t in tallies.items():
-        if t.failed or t.unwanted:
+        if t.failed or t.unwanted or t.retiring:
             look.add(name)
     for name, model in state.models.items():
         t = tallies.get(name)
         live = t.live if t is not None else 0
-        spec = model.spec
-        if live < spec.min_replicas or live > max_replicas(spec) or model.waiting:
+        n = desired(model, now)
+        if live != n or n != decided(model) or model.waiting or model.restart_queue:
             look.add(name)
     return look
 
 
-def _decide_model(state: State, inv: Inventory, name: str, live: list[Replica], out: _Pass) -> None:
-    """Scale one model to what it wants: stop the extra, place the missing,
-    or say why it waits."""
+def _decide_model(state: State, inv: Inventory, name: str, live: list[Replica], out: _Pass, now: float) -> None:
+    """One model: its desired count, what is above and below it, its restarts."""
     model = state.models[name]
     spec = model.spec
-    most = max_replicas(spec)
-    if len(live) > most:
-        # The newest first, and those not yet serving before those that are.
-        extra = sorted(live, key=lambda r: (r.state == "ready", -r.placed_at, -replica_number(r.id)))
-        for rep in extra[: len(live) - most]:
-            out.add(ev.StopReplica(replica=rep.id, reason=f"{name} wants at most {most}"))
-        return
+    n = desired(model, now)
+    if n != decided(model):
+        out.add(ev.ScaleModel(model=name, desired=n, reason=why_desired(model, now)))
+
+    retiring = [r for r in live if r.restart in _RETIRING]
+    serving = [r for r in live if r.restart not in _RETIRING]
+    if len(serving) > n:
+        # Scale down: those not yet serving first (nothing to drain), then the newest.
+        extra = sorted(serving, key=lambda r: (r.state == "ready", -r.placed_at, -replica_number(r.id)))
+        why = f"{name} scales down to {n}: {why_desired(model, now)}"
+        for rep in extra[: len(serving) - n]:
+            out.add(ev.StopReplica(replica=rep.id, reason=why, drain_s=_drain(spec, rep)))
+            serving.remove(rep)
+
     spread = replicas_per_node(live)
-    number = state.replica_numbers.get(name, 1)
-    have = len(live)
-    waiting = ""
-    while have < spec.min_replicas and not out.full:
-        placed = _place_one(inv, spec, model.fingerprints, f"{name}-{number}", have, spread)
-        if placed is None:
-            waiting = why_no_fit(inv, spec.profiles)
-            break
-        if not out.add(placed):
-            return
-        for s in placed.shards:
-            spread[s.node] = spread.get(s.node, 0) + 1
-        number += 1
-        have += 1
+    began = _begin_restarts(state, inv, model, live, serving, retiring, spread, out)
+    retiring += began
+    serving = [r for r in serving if r not in began]
+
+    have = len(serving)
+    outcome, waiting = "enough", ""
+    if have < n:
+        blocked = _blocked(model, now, out)
+        if blocked:
+            outcome, waiting = "not tried", blocked
+        else:
+            number = _next_number(state, name, out)
+            restarting = f"; restarting {', '.join(r.id for r in retiring)}" if retiring else ""
+            while have < n and not out.full:
+                why = _why_place(model, have, n) + restarting
+                placed = _place_one(inv, spec, model.fingerprints, f"{name}-{number}", why, spread)
+                if placed is None:
+                    outcome, waiting = "no room", why_no_fit(inv, spec.profiles)
+                    break
+                if not out.add(placed):
+                    return
+                for s in placed.shards:
+                    spread[s.node] = spread.get(s.node, 0) + 1
+                number += 1
+                have += 1
+            else:
+                outcome = "placed"
+
+    _retire(state, inv, model, retiring, serving, have, n, outcome, spread, out, now)
+
     # Said only when it changes: a placement clears it at fold time.
-    if waiting != model.waiting and (waiting or have == len(live)):
+    if waiting != model.waiting and (waiting or have == len(serving)):
         out.add(ev.ModelWaiting(model=name, reason=waiting))
 
 
+def _next_number(state: State, model: str, out: _Pass) -> int:
+    """The number of the model's next replica id, after those placed earlier in this pass."""
+    return out.numbers.get(model) or state.replica_numbers.get(model, 1)
+
+
+def _why_place(model: Model, have: int, n: int) -> str:
+    if model.spec.target_load > 0 or model.spec.on_demand:
+        return f"{model.spec.name} has {have} of {n} replicas (desired)"
+    return f"{model.spec.name} has {have} of {n} replicas"
+
+
+def _drain(spec: ev.ModelSpec, rep: Replica) -> float:
+    """A replica that serves is drained before it stops; one that does not, not."""
+    return spec.drain_grace_s if rep.state == "ready" else 0.0
+
+
+def _blocked(model: Model, now: float, out: _Pass) -> str:
+    """Why the model may not place now (parked, or backing off after replicas
+    that failed to start), or "". Parks it when it has failed often enough."""
+    if model.parked:
+        return model.parked
+    k = model.start_failures
+    if k >= PARK_AFTER:
+        why = (
+            f"parked: {k} replicas in a row failed to start (the last: {model.last_failure}); "
+            f"`llmgw ctl retry {model.spec.name}` tries again"
+        )
+        out.add(ev.ParkModel(model=model.spec.name, reason=why))
+        return why
+    until = backoff_until(model)
+    if now < until:
+        return (
+            f"backing off: {k} replica(s) in a row failed to start (the last: {model.last_failure}); "
+            f"the next try {until - model.failed_at:g}s after that failure"
+        )
+    return ""
+
+
+# --------------------------------------------------------------------------- restarts
+
+
+def _retire(
+    state: State, inv: Inventory, model: Model, retiring: list[Replica], serving: list[Replica],
+    have: int, n: int, outcome: str, spread: dict[str, int], out: _Pass, now: float,
+) -> None:
+    """Finish the restarts under way (restart.go's retire).
+
+    A retiring replica serves until its replacement does, and is then
+    drained. When its replacement could not be placed beside it, what
+    happens depends on what is in the way:
+    - the replica itself (its node, or every card that fits, is what it
+      holds): it is stopped now and its replacement placed in what it frees.
+      Waiting would change nothing, and a restart shown as "replacing" for
+      ever reads as one that never will;
+    - more than it (its profile now needs more than any node has, even with
+      it stopped): stopping it would leave the model short for nothing, so
+      the restart is refused and the reason kept on the replica;
+    - nothing was tried (a back-off): stopped after the drain grace with no
+      replacement in sight, as if in place;
+    - the model is parked: refused, its replacements fail to start.
+    """
+    spec = model.spec
+    ready = sum(1 for r in serving if r.state == "ready")
+    for rep in retiring:
+        if ready >= n:
+            out.add(ev.StopReplica(replica=rep.id, reason="restarted: its replacement serves", drain_s=_drain(spec, rep)))
+        elif have >= n:
+            continue  # its replacement is placed and starting: wait for it
+        elif model.parked:
+            why = f"its replacements fail to start; the model is parked (llmgw ctl retry {spec.name})"
+            out.add(ev.RefuseRestart(replica=rep.id, reason=why))
+        elif outcome == "no room":
+            why = "restarted in place: it was the only thing in its replacement's way"
+            if _in_place(state, inv, model, rep, why, spread, out):
+                have += 1
+            else:
+                why = (
+                    "its replacement fits on no node even with this replica stopped "
+                    f"(llmgw ctl explain-placement {spec.name})"
+                )
+                out.add(ev.RefuseRestart(replica=rep.id, reason=why))
+        elif outcome == "not tried" and now - rep.retiring_at > spec.drain_grace_s:
+            why = f"restarted in place: no replacement beside it within {spec.drain_grace_s:g}s"
+            if _in_place(state, inv, model, rep, why, spread, out):
+                have += 1
+
+
+def _begin_restarts(
+    state: State, inv: Inventory, model: Model, live: list[Replica], serving: list[Replica],
+    retiring: list[Replica], spread: dict[str, int], out: _Pass,
+) -> list[Replica]:
+    """Begin queued restarts, as many at once as the model's pace allows;
+    returns those now replaced beside themselves.
+
+    The queue: what operators asked for (`llmgw ctl restart`), in order, then
+    replicas whose profile changed since they were placed, which must be
+    restarted to run what the catalog says. At once, `max_surge` are
+    replaced beside themselves (no outage; needs room) and `max_unavailable`
+    are stopped first, their replacements placed in what they free (an
+    outage each while it loads; needs no room). A restart asked for in place
+    takes one of the latter, at least one.
+    """
+    spec = model.spec
+    queued = [rid for rid in model.restart_queue if rid in state.replicas]
+    asked = set(queued)
+    queued += [
+        r.id
+        for r in sorted(serving, key=lambda r: replica_number(r.id))
+        if r.restart == "" and r.id not in asked and model.fingerprints.get(r.profile) != r.fingerprint
+    ]
+    began: list[Replica] = []
+    if not queued:
+        return began
+    surge, unavailable = model.restart_surge, model.restart_unavailable
+    if surge <= 0 and unavailable <= 0:
+        surge = 1
+    beside = surge - len(retiring)
+    # Stopped for a replacement that does not serve yet: still unavailable.
+    instead = sum(1 for r in live if r.replaced and r.state != "ready")
+    for rid in queued:
+        rep = state.replicas[rid]
+        if rep.state != "ready" or rep.restart in _RETIRING or rep not in serving:
+            continue
+        if rep.restart_in_place or beside <= 0:
+            if instead >= max(unavailable, 1 if rep.restart_in_place else 0):
+                break
+            why = "restarted in place, as asked" if rep.restart_in_place else "restarted in place (max_unavailable)"
+            if not _in_place(state, inv, model, rep, why, spread, out, begin=True) and rep.restart_in_place:
+                # Asked for in place: stopped first, always, even if its
+                # replacement must wait for room like any missing replica.
+                out.add(ev.RestartReplica(replica=rid, reason=why, in_place=True))
+                out.add(ev.StopReplica(replica=rid, reason=why, drain_s=_drain(spec, rep)))
+            serving.remove(rep)
+            instead += 1
+            continue
+        why = "asked by an operator" if rid in asked else f"profile {rep.profile} of {spec.name} changed"
+        out.add(ev.RestartReplica(replica=rid, reason=why))
+        began.append(rep)
+        beside -= 1
+    return began
+
+
+def _in_place(
+    state: State, inv: Inventory, model: Model, rep: Replica, why: str, spread: dict[str, int], out: _Pass,
+    begin: bool = False,
+) -> bool:
+    """Stop a replica and place its replacement in what it frees, in one
+    pass: placed on the next pass instead, the freed cards went to a model
+    waiting for room (seen for real: a judge waiting for the only GPU took
+    the card of the model restarted there). Nothing is stopped when the
+    replacement would not fit even so."""
+    inv.release(rep.shards)
+    name = model.spec.name
+    placed = _place_one(inv, model.spec, model.fingerprints, f"{name}-{_next_number(state, name, out)}", why, spread,
+                        replaces=rep.id)
+    if placed is None:
+        inv.hold(rep.shards)
+        return False
+    if begin:
+        out.add(ev.RestartReplica(replica=rep.id, reason=why, in_place=True))
+    out.add(ev.StopReplica(replica=rep.id, reason=why, drain_s=_drain(model.spec, rep)))
+    out.add(placed)
+    for s in placed.shards:
+        spread[s.node] = spread.get(s.node, 0) + 1
+    return True
+
+
+# --------------------------------------------------------------------------- placing and stopping
+
+
 def _place_one(
-    inv: Inventory, spec: ev.ModelSpec, fingerprints: dict[str, str], replica: str, have: int, spread: dict[str, int]
+    inv: Inventory, spec: ev.ModelSpec, fingerprints: dict[str, str], replica: str, reason: str,
+    spread: dict[str, int], replaces: str = "",
 ) -> ev.PlaceReplica | None:
     """The first profile, in the catalog's order of preference, that fits."""
     for profile in spec.profiles:
@@ -157,18 +367,19 @@ def _place_one(
                 profile=profile.name,
                 fingerprint=fingerprints[profile.name],
                 shards=shards,
-                reason=f"{spec.name} has {have} of {spec.min_replicas} replicas",
+                reason=reason,
+                replaces=replaces,
             )
     return None
 
 
 def _why_stop(state: State, rep: Replica) -> str:
-    """Why a replica should stop now, or "" when it should keep running."""
+    """Why a replica should stop now, or "" when it should keep running. A
+    replica whose profile changed is not stopped: it is restarted
+    (`_begin_restarts`), replaced before it goes."""
     model = state.models.get(rep.model)
     if model is None:
         return f"model {rep.model} was removed from the catalog"
     if rep.state == "failed":
         return f"replaced: {rep.reason}"
-    if model.fingerprints.get(rep.profile) != rep.fingerprint:
-        return f"replaced: profile {rep.profile} of {rep.model} changed"
     return ""

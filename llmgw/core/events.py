@@ -75,6 +75,19 @@ class ModelSpec(Struct):
     owner: str = ""
     min_replicas: int = 1
     max_replicas: int = 0  # 0: as many as min_replicas
+    # Scaling on load (what the gateways report in flight and queued): the
+    # desired count is load / target_load per replica, rounded up, between
+    # min and max. 0: no scaling on load, min_replicas run.
+    target_load: float = 0.0
+    # A lower desired count must hold this long before replicas are drained,
+    # so a dip in traffic does not stop what the next burst needs.
+    scale_down_delay_s: float = 300.0
+    # On demand: no replica until a request asks for the model, and none
+    # again once no request came for idle_s.
+    on_demand: bool = False
+    idle_s: float = 600.0
+    # How long a replica being stopped may finish the requests it has.
+    drain_grace_s: float = 30.0
 
 
 # --------------------------------------------------------------------------- fleet records
@@ -115,6 +128,40 @@ class ModelRemoved(Event, tag="model.removed"):
     name: str
 
 
+class ReplicasRestart(Event, tag="replicas.restart"):
+    """An operator asks for replicas to be replaced (`llmgw ctl restart`).
+
+    Each is replaced beside itself (surge) unless `in_place`: stopped first,
+    its replacement started in what it frees. `max_surge` and
+    `max_unavailable` pace a model's restarts (0 and 0: one at a time)."""
+
+    replicas: list[str]
+    in_place: bool = False
+    max_surge: int = 0
+    max_unavailable: int = 0
+
+
+class ModelRetry(Event, tag="model.retry"):
+    """An operator unparks a model whose replicas kept failing to start."""
+
+    name: str
+
+
+class ApiKeyApplied(Event, tag="apikey.applied"):
+    """A key of the gateway, for one owner. Only its SHA-256 travels and is
+    kept: the key itself is never in the log."""
+
+    name: str
+    owner: str
+    key_sha256: str
+    requests_per_minute: int = 0  # 0: no limit
+    tokens_per_minute: int = 0
+
+
+class ApiKeyRemoved(Event, tag="apikey.removed"):
+    name: str
+
+
 # --------------------------------------------------------------------------- agents (llmgw.agent.<node>.>)
 
 
@@ -149,6 +196,24 @@ class ShardStatus(Event, tag="shard.status"):
     endpoint: str = ""
 
 
+# --------------------------------------------------------------------------- gateways (llmgw.gw.<gateway>.>)
+
+
+class ModelLoad(Event, tag="model.load"):
+    """One gateway's load on one model, coalesced: published when it changes,
+    at most every second or so, and once more when it falls to nothing.
+
+    What the reconciler scales on. A request waiting for a model with no
+    ready replica counts as queued, which is how an on-demand model is woken.
+    `last_used` is when this gateway last sent the model a request."""
+
+    gateway: str
+    model: str
+    in_flight: int = 0
+    queued: int = 0
+    last_used: float = 0.0
+
+
 # --------------------------------------------------------------------------- control plane (llmgw.control.>)
 
 
@@ -167,10 +232,47 @@ class PlaceReplica(Struct, tag_field="action", tag="place"):
     fingerprint: str
     shards: list[ShardPlacement]
     reason: str
+    # A replica stopped in the same pass whose GPUs and ports this one takes
+    # over: its shards start once the old ones on their node have exited.
+    replaces: str = ""
 
 
 class StopReplica(Struct, tag_field="action", tag="stop"):
     replica: str
+    reason: str
+    # Drain first: no new requests, and up to this long for those in flight.
+    drain_s: float = 0.0
+
+
+class ScaleModel(Struct, tag_field="action", tag="scale"):
+    """The number of replicas a model should run changes, and why."""
+
+    model: str
+    desired: int
+    reason: str
+
+
+class RestartReplica(Struct, tag_field="action", tag="restart"):
+    """A replica's restart begins: it keeps serving until its replacement does
+    (or, `in_place`, it is stopped in this same pass)."""
+
+    replica: str
+    reason: str
+    in_place: bool = False
+
+
+class RefuseRestart(Struct, tag_field="action", tag="refuse-restart"):
+    """A restart is given up; the replica keeps serving, with the reason kept on it."""
+
+    replica: str
+    reason: str
+
+
+class ParkModel(Struct, tag_field="action", tag="park"):
+    """A model whose replicas keep failing to start is placed no more until
+    an operator retries it (`llmgw ctl retry`)."""
+
+    model: str
     reason: str
 
 
@@ -190,7 +292,7 @@ class StopStray(Struct, tag_field="action", tag="stop-stray"):
     reason: str
 
 
-Action = Union[PlaceReplica, StopReplica, ModelWaiting, StopStray]
+Action = Union[PlaceReplica, StopReplica, ModelWaiting, StopStray, ScaleModel, RestartReplica, RefuseRestart, ParkModel]
 
 
 class Decided(Event, tag="control.decided"):
@@ -220,6 +322,11 @@ AnyEvent = Union[
     ShardStatus,
     Decided,
     NodeLost,
+    ReplicasRestart,
+    ModelRetry,
+    ApiKeyApplied,
+    ApiKeyRemoved,
+    ModelLoad,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
@@ -232,6 +339,11 @@ ORIGIN: dict[type[Event], str] = {
     ShardStatus: "agent",
     Decided: "control",
     NodeLost: "control",
+    ReplicasRestart: "ctl",
+    ModelRetry: "ctl",
+    ApiKeyApplied: "ctl",
+    ApiKeyRemoved: "ctl",
+    ModelLoad: "gw",
 }
 
 
@@ -265,7 +377,7 @@ def subject_for(event: Event, *, gateway: str = "") -> str:
     if origin == "agent":
         return f"llmgw.agent.{event.node}.{tag}"  # type: ignore[attr-defined]
     if origin == "gw":
-        return f"llmgw.gw.{gateway}.{tag}"
+        return f"llmgw.gw.{gateway or event.gateway}.{tag}"  # type: ignore[attr-defined]
     return f"llmgw.{origin}.{tag}"
 
 
@@ -285,6 +397,11 @@ def check_origin(subject: str, event: Event) -> None:
         if subject[12:end] != node or subject[end : end + 1] != ".":
             speaker = subject[12:].partition(".")[0]
             raise OriginError(f"an agent on {speaker} may not speak for node {node}")
+    elif prefix == "llmgw.gw.":
+        gateway = event.gateway  # type: ignore[attr-defined]
+        if subject[9 : 9 + len(gateway) + 1] != gateway + ".":
+            speaker = subject[9:].partition(".")[0]
+            raise OriginError(f"gateway {speaker} may not speak for gateway {gateway}")
 
 
 # One string object per origin, so the fold can compare prefixes by identity.

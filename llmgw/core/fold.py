@@ -22,8 +22,12 @@ import msgspec
 
 from . import events as ev
 from .catalog import NAME_RE, fingerprint, profile_named, spec_problem
+from .scaling import current_load, note_peak, wants
 from .state import (
     KEEP_LAST,
+    RUNTIME,
+    ApiKey,
+    Load,
     TERMINAL_SHARD_STATES,
     Model,
     Node,
@@ -41,7 +45,8 @@ from .state import (
 # Bump when evolve folds any event differently: snapshots of another version
 # are not trusted, and the state is folded again from the whole log.
 # 3: host memory and CPU accounted per node and shard, tallies per model.
-FOLD_VERSION = 3
+# 4: restarts, scaling on load, start failures and parking, api keys.
+FOLD_VERSION = 4
 
 
 class Refused(ValueError):
@@ -66,7 +71,7 @@ def apply(state: State, seq: int, subject: str, data: bytes) -> State:
             end = 12 + len(node)
             if subject[:end] != prefix + node or subject[end : end + 1] != ".":
                 check_origin(subject, event)
-        elif not subject.startswith(prefix):
+        elif not subject.startswith(prefix) or prefix is _GATEWAY:
             check_origin(subject, event)
         elif prefix is _CONTROL:
             state.control_seq = seq
@@ -102,6 +107,7 @@ check_origin = ev.check_origin
 _TERMINAL = frozenset(TERMINAL_SHARD_STATES)
 _AGENT = ev._PREFIX[ev.ShardStatus]
 _CONTROL = ev._PREFIX[ev.Decided]
+_GATEWAY = ev._PREFIX[ev.ModelLoad]
 _state_encoder = msgspec.msgpack.Encoder()
 _state_decoder = msgspec.msgpack.Decoder(State)
 
@@ -132,6 +138,10 @@ def _model_applied(state: State, e: ev.ModelApplied, seq: int) -> None:
         fingerprints={p.name: fingerprint(p) for p in e.model.profiles},
         applied_at=e.at,
     )
+    if old is not None:
+        # A new definition, the same model: what it learned while running stays.
+        for field in RUNTIME:
+            setattr(model, field, getattr(old, field))
     tally = state.tallies.get(name)
     if tally is not None and tally.live and (old is None or old.fingerprints != model.fingerprints):
         # Which of its replicas the catalog still asks for changed: count
@@ -146,6 +156,64 @@ def _model_removed(state: State, e: ev.ModelRemoved, seq: int) -> None:
     tally = state.tallies.get(e.name)
     if tally is not None:
         tally.unwanted = tally.live  # none of them is asked for any more
+
+
+def _replicas_restart(state: State, e: ev.ReplicasRestart, seq: int) -> None:
+    """Queue restarts. Asked of a replica that is not ready (or gone), or of
+    one restarting already, it means nothing: the request is kept in the log,
+    the queue unchanged (ctl refuses such requests before publishing)."""
+    for rid in e.replicas:
+        rep = state.replicas.get(rid)
+        model = state.models.get(rep.model) if rep is not None else None
+        if rep is None or model is None or rep.state != "ready" or rep.restart in ("replacing", "in place"):
+            continue
+        if rep.restart.startswith("refused"):
+            rep.restart = ""
+        rep.restart_in_place = e.in_place
+        if rid not in model.restart_queue:
+            model.restart_queue.append(rid)
+        model.restart_surge, model.restart_unavailable = e.max_surge, e.max_unavailable
+
+
+def _model_retry(state: State, e: ev.ModelRetry, seq: int) -> None:
+    model = state.models.get(e.name)
+    if model is None:
+        raise Refused(f"there is no model {e.name} to retry")
+    model.parked = ""
+    model.start_failures = 0
+
+
+def _api_key_applied(state: State, e: ev.ApiKeyApplied, seq: int) -> None:
+    if len(e.key_sha256) != 64:
+        raise Refused(f"api key {e.name}: key_sha256 must be 64 hex digits")
+    state.api_keys[e.name] = ApiKey(
+        owner=e.owner,
+        key_sha256=e.key_sha256,
+        requests_per_minute=e.requests_per_minute,
+        tokens_per_minute=e.tokens_per_minute,
+    )
+
+
+def _api_key_removed(state: State, e: ev.ApiKeyRemoved, seq: int) -> None:
+    state.api_keys.pop(e.name, None)
+
+
+# --------------------------------------------------------------------------- gateway events
+
+
+def _model_load(state: State, e: ev.ModelLoad, seq: int) -> None:
+    """A gateway's load on a model. What it asks for is noted with the
+    event's time, so the scale-down delay is measured in the log's time."""
+    model = state.models.get(e.model)
+    if model is None:
+        return  # a model removed meanwhile, or asked for by a typo: nothing to scale
+    model.load[e.gateway] = Load(in_flight=e.in_flight, queued=e.queued, at=e.at)
+    busy = e.in_flight + e.queued
+    last = max(e.last_used, e.at if busy else 0.0)
+    if last > model.last_used:
+        model.last_used = last
+    if model.spec.target_load > 0:
+        note_peak(model, e.at, wants(model.spec, current_load(model, e.at)))
 
 
 # --------------------------------------------------------------------------- agent events
@@ -252,6 +320,8 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
     if sh.generation != e.generation or current in _TERMINAL:
         return  # a late report about an older incarnation: nothing to learn
     if terminal:
+        if st == "failed" and not rep.ready_at and rep.state not in ("stopping", "failed"):
+            _failed_to_start(state, rep, e)
         sh.state = st
         sh.reason = e.reason
         node = state.nodes.get(e.node)
@@ -276,6 +346,7 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
             # One shard, not failed: the replica is where its shard is.
             if st == "ready" and rep.state != "ready":
                 rep.ready_at = e.at
+                _started(state, rep)
             rep.state = st
             return
     _derive_replica_state(state, rep, e.at)
@@ -313,28 +384,42 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         return "a replica needs one shard per distinct node"
     profile = profile_named(model.spec, a.profile)
     memory, cores = (profile.memory_gb, profile.cpu_cores) if profile is not None else (0.0, 0)
+    # In place: the shards of the replica it replaces (stopped in the same
+    # pass) hand over what they hold on their nodes; the new ones start once
+    # they have exited.
+    handed: dict[str, Shard] = {}
+    if a.replaces:
+        old = state.replicas.get(a.replaces)
+        if old is None or old.state != "stopping" or old.model != model_name:
+            return f"replica {a.replaces} it replaces is not being stopped"
+        handed = {sh.id: sh for sh in old.shards if sh.state not in _TERMINAL}
     nodes = state.nodes
     for s in placements:
         node = nodes.get(s.node)
         if node is None or node.state != "ready":
             return f"node {s.node} is not ready"
+        memory_used, cpu_used = node.memory_used, node.cpu_used
+        if handed:
+            for sh in handed.values():
+                if sh.node == s.node:
+                    memory_used, cpu_used = add_gb(memory_used, -sh.memory_gb), cpu_used - sh.cpu_cores
         # A node that does not say its memory or cores (0) is not limited by them.
-        if memory and node.memory_gb and add_gb(node.memory_used, memory) > node.memory_gb:
+        if memory and node.memory_gb and add_gb(memory_used, memory) > node.memory_gb:
             return (
-                f"host memory on {s.node}: {memory:g} GB more would make {add_gb(node.memory_used, memory):g} "
+                f"host memory on {s.node}: {memory:g} GB more would make {add_gb(memory_used, memory):g} "
                 f"of {node.memory_gb:g} GB"
             )
-        if cores and node.cpu_cores and node.cpu_used + cores > node.cpu_cores:
-            return f"CPU on {s.node}: {cores} cores more would make {node.cpu_used + cores} of {node.cpu_cores}"
+        if cores and node.cpu_cores and cpu_used + cores > node.cpu_cores:
+            return f"CPU on {s.node}: {cores} cores more would make {cpu_used + cores} of {node.cpu_cores}"
         gpus = node.gpus
         used = node.used
         for g in s.gpus:
             # GPUs are usually listed by index; look further only when not.
             if not (0 <= g < len(gpus) and gpus[g].index == g) and all(x.index != g for x in gpus):
                 return f"node {s.node} has no GPU {g}"
-            if g in used:
+            if g in used and used[g] not in handed:
                 return f"GPU {g} on {s.node} is held by {used[g]}"
-        if s.port in node.ports:
+        if s.port in node.ports and node.ports[s.port] not in handed:
             return f"port {s.port} on {s.node} is held by {node.ports[s.port]}"
     shards = []
     for s in placements:
@@ -352,6 +437,14 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
             )
         )
         node = nodes[s.node]
+        if handed:
+            for old_sh in handed.values():
+                if old_sh.node == s.node:
+                    shards[-1].after.append(old_sh.id)
+                    # Handed over: its exit must not free them a second time.
+                    node.memory_used = add_gb(node.memory_used, -old_sh.memory_gb)
+                    node.cpu_used -= old_sh.cpu_cores
+                    old_sh.memory_gb, old_sh.cpu_cores = 0.0, 0
         used = node.used
         for g in gpus_taken:
             used[g] = sid
@@ -368,6 +461,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         shards=shards,
         reason=a.reason,
         placed_at=e.at,
+        replaced=a.replaces,
     )
     state.replica_numbers[model_name] = number + 1
     tally = state.tallies.get(model_name)
@@ -390,6 +484,11 @@ def _stop(state: State, a: ev.StopReplica, e: ev.Decided, seq: int) -> str:
         tally.failed -= 1
     if _unwanted(state, rep):
         tally.unwanted -= 1
+    if rep.restart in _RETIRING:
+        tally.retiring -= 1
+    model = state.models.get(rep.model)
+    if model is not None and rep.id in model.restart_queue:
+        model.restart_queue.remove(rep.id)
     running = False
     for sh in rep.shards:
         if sh.state not in _TERMINAL:
@@ -402,6 +501,55 @@ def _stop(state: State, a: ev.StopReplica, e: ev.Decided, seq: int) -> str:
     rep.state = "stopping"
     rep.reason = a.reason
     rep.stopping_at = e.at
+    rep.drain_s = a.drain_s
+    return ""
+
+
+def _scale(state: State, a: ev.ScaleModel, e: ev.Decided, seq: int) -> str:
+    model = state.models.get(a.model)
+    if model is None:
+        return f"model {a.model} is no longer in the catalog"
+    model.desired = a.desired
+    return ""
+
+
+def _restart(state: State, a: ev.RestartReplica, e: ev.Decided, seq: int) -> str:
+    rep = state.replicas.get(a.replica)
+    if rep is None or rep.state == "stopping":
+        return f"replica {a.replica} is gone or stopping"
+    if rep.restart in _RETIRING:
+        return f"replica {a.replica} is restarting already"
+    model = state.models.get(rep.model)
+    if model is None:
+        return f"model {rep.model} is no longer in the catalog"
+    if rep.id in model.restart_queue:
+        model.restart_queue.remove(rep.id)
+    rep.restart = "in place" if a.in_place else "replacing"
+    rep.retiring_at = e.at
+    state.tallies[rep.model].retiring += 1
+    return ""
+
+
+def _refuse_restart(state: State, a: ev.RefuseRestart, e: ev.Decided, seq: int) -> str:
+    rep = state.replicas.get(a.replica)
+    if rep is None or rep.state == "stopping":
+        return f"replica {a.replica} is gone or stopping"
+    if rep.restart in _RETIRING:
+        state.tallies[rep.model].retiring -= 1
+    model = state.models.get(rep.model)
+    if model is not None and rep.id in model.restart_queue:
+        model.restart_queue.remove(rep.id)
+    rep.restart = f"refused: {a.reason}"
+    rep.retiring_at = 0.0
+    rep.restart_in_place = False
+    return ""
+
+
+def _park(state: State, a: ev.ParkModel, e: ev.Decided, seq: int) -> str:
+    model = state.models.get(a.model)
+    if model is None:
+        return f"model {a.model} is no longer in the catalog"
+    model.parked = a.reason
     return ""
 
 
@@ -465,6 +613,9 @@ def _release_ids(node: Node, holder: str, gpus: list[int], port: int) -> None:
         del node.ports[port]
 
 
+_RETIRING = ("replacing", "in place")
+
+
 def _unwanted(state: State, rep: Replica) -> bool:
     """The catalog no longer asks for this replica: its model is gone or its profile changed."""
     model = state.models.get(rep.model)
@@ -485,6 +636,24 @@ def _derive_replica_state(state: State, rep: Replica, at: float) -> None:
     _derive_live_state(rep, at)
     if (rep.state == "failed") != (was == "failed"):
         state.tallies[rep.model].failed += 1 if rep.state == "failed" else -1
+    if rep.state == "ready" and was != "ready":
+        _started(state, rep)
+
+
+def _failed_to_start(state: State, rep: Replica, e: ev.ShardStatus) -> None:
+    """A replica failed before it was ever ready: one more failure in a row
+    for its model, which backs off and, after enough, is parked (decide)."""
+    model = state.models.get(rep.model)
+    if model is not None:
+        model.start_failures += 1
+        model.last_failure = f"shard {e.shard} on {e.node}: {e.reason or 'no reason given'}"
+        model.failed_at = e.at
+
+
+def _started(state: State, rep: Replica) -> None:
+    model = state.models.get(rep.model)
+    if model is not None and model.start_failures:
+        model.start_failures = 0
 
 
 def _derive_live_state(rep: Replica, at: float) -> None:
@@ -528,13 +697,22 @@ def replica_number(replica_id: str) -> int:
 def describe_action(a: ev.Action) -> str:
     if isinstance(a, ev.PlaceReplica):
         where = ", ".join(f"{s.node}:{s.gpus}" for s in a.shards)
-        return f"place {a.replica} ({a.model}/{a.profile}) on {where}"
+        instead = f" in place of {a.replaces}" if a.replaces else ""
+        return f"place {a.replica} ({a.model}/{a.profile}) on {where}{instead}"
     if isinstance(a, ev.StopReplica):
-        return f"stop {a.replica}"
+        return f"stop {a.replica}" + (f" after a drain of up to {a.drain_s:g}s" if a.drain_s else "")
     if isinstance(a, ev.ModelWaiting):
         return f"{a.model} waits"
     if isinstance(a, ev.StopStray):
         return f"stop stray {a.shard} on {a.node}"
+    if isinstance(a, ev.ScaleModel):
+        return f"scale {a.model} to {a.desired}"
+    if isinstance(a, ev.RestartReplica):
+        return f"restart {a.replica}" + (" in place" if a.in_place else "")
+    if isinstance(a, ev.RefuseRestart):
+        return f"refuse to restart {a.replica}"
+    if isinstance(a, ev.ParkModel):
+        return f"park {a.model}"
     return type(a).__name__
 
 
@@ -545,6 +723,11 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.ShardStatus: _shard_status,
     ev.Decided: _decided,
     ev.NodeLost: _node_lost,
+    ev.ReplicasRestart: _replicas_restart,
+    ev.ModelRetry: _model_retry,
+    ev.ApiKeyApplied: _api_key_applied,
+    ev.ApiKeyRemoved: _api_key_removed,
+    ev.ModelLoad: _model_load,
 }
 
 _ACTIONS: dict[type, Callable[[State, ev.Action, ev.Decided, int], str]] = {
@@ -552,4 +735,8 @@ _ACTIONS: dict[type, Callable[[State, ev.Action, ev.Decided, int], str]] = {
     ev.StopReplica: _stop,
     ev.ModelWaiting: _wait,
     ev.StopStray: _stop_stray,
+    ev.ScaleModel: _scale,
+    ev.RestartReplica: _restart,
+    ev.RefuseRestart: _refuse_restart,
+    ev.ParkModel: _park,
 }

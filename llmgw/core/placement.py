@@ -60,7 +60,7 @@ from functools import lru_cache
 import msgspec
 
 from .events import Gpu, ProfileSpec, ShardPlacement
-from .state import Node, Replica, State, add_gb
+from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
 
 PORT_BASE = 20000
 PORT_LIMIT = 29999
@@ -566,6 +566,41 @@ class Inventory:
         v.ports.add(port)  # type: ignore[union-attr]
         v.next_port = port + 1
         return port
+
+    def release(self, shards: list[Shard]) -> None:
+        """Count what these shards hold as free in this pass: a replica stopped
+        in the pass leaves its room to the replacement placed beside the stop."""
+        self._shift(shards, give=True)
+
+    def hold(self, shards: list[Shard]) -> None:
+        """Undo `release`: the replica is not stopped after all."""
+        self._shift(shards, give=False)
+
+    def _shift(self, shards: list[Shard], give: bool) -> None:
+        self._build()
+        for sh in shards:
+            v = self._views.get(sh.node)
+            if v is None or v.ordinal < 0 or sh.state in TERMINAL_SHARD_STATES:
+                continue
+            held = {g for g in sh.gpus if v.node.used.get(g) == sh.id}
+            before = len(v.free)
+            v.free = sorted(set(v.free) | held) if give else [g for g in v.free if g not in held]
+            if len(v.free) != before:
+                for grp in v.groups:
+                    old = grp.buckets[before]
+                    del old[bisect_left(old, v.ordinal)]
+                    insort(grp.buckets[len(v.free)], v.ordinal)
+            sign = -1 if give else 1
+            v.mem_used = add_gb(v.mem_used, sign * sh.memory_gb)
+            v.cpu_used += sign * sh.cpu_cores
+            if sh.port and v.node.ports.get(sh.port) == sh.id:
+                if v.ports is None:
+                    v.ports = set(v.node.ports)
+                if give:
+                    v.ports.discard(sh.port)
+                    v.next_port = min(v.next_port, sh.port)
+                else:
+                    v.ports.add(sh.port)
 
     # ------------------------------------------------------------------ explaining
 

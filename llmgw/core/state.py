@@ -36,6 +36,9 @@ class Shard(msgspec.Struct, kw_only=True):
     # placed: kept here so that its exit frees them whatever the catalog says by then.
     memory_gb: float = 0.0
     cpu_cores: int = 0
+    # Shards on its node that must exit before it starts: those of the
+    # replica it replaces in place, whose GPUs and port it took over.
+    after: list[str] = []
 
 
 class Replica(msgspec.Struct, kw_only=True):
@@ -49,6 +52,14 @@ class Replica(msgspec.Struct, kw_only=True):
     placed_at: float = 0.0
     ready_at: float = 0.0
     stopping_at: float = 0.0
+    drain_s: float = 0.0  # stopping: how long it may finish the requests it has
+    # Where its restart stands: "" (none), "replacing" (its replacement is
+    # being started beside it), "in place" (stopped for its replacement),
+    # or "refused: why" (given up; it keeps serving).
+    restart: str = ""
+    restart_in_place: bool = False  # asked for in place (ctl restart --in-place)
+    retiring_at: float = 0.0  # when its restart began
+    replaced: str = ""  # the replica it took the place of (a restart in place)
 
 
 class Stray(msgspec.Struct, kw_only=True):
@@ -99,6 +110,22 @@ class Tally(msgspec.Struct, kw_only=True):
     live: int = 0
     failed: int = 0
     unwanted: int = 0
+    retiring: int = 0  # restarting: replaced beside themselves, not counted as serving
+
+
+class Load(msgspec.Struct, kw_only=True):
+    """One gateway's last word on a model's load."""
+
+    in_flight: int = 0
+    queued: int = 0
+    at: float = 0.0
+
+
+class Peak(msgspec.Struct, kw_only=True, array_like=True):
+    """How many replicas the load asked for at a time (see Model.peaks)."""
+
+    at: float
+    wants: int
 
 
 class Model(msgspec.Struct, kw_only=True):
@@ -107,6 +134,39 @@ class Model(msgspec.Struct, kw_only=True):
     fingerprints: dict[str, str] = {}
     waiting: str = ""  # why it has fewer replicas than it wants; "" when it has them
     applied_at: float = 0.0
+    # What follows is kept when the model is applied again (see RUNTIME).
+    # How many replicas it should run, as last decided (ScaleModel); -1: as
+    # the catalog says, min_replicas.
+    desired: int = -1
+    load: dict[str, Load] = {}  # gateway -> its last report
+    last_used: float = 0.0  # the last request any gateway sent it
+    # What the load asked for lately, newest last, each entry asking for more
+    # than every later one: the most asked for within the scale-down delay is
+    # the first entry not older than it. Bounded by max_replicas.
+    peaks: list[Peak] = []
+    # Replicas that failed before ever being ready, in a row; the last one's reason and time.
+    start_failures: int = 0
+    last_failure: str = ""
+    failed_at: float = 0.0
+    parked: str = ""  # why it is placed no more (until `llmgw ctl retry`); "" when not
+    # Restarts asked for and not begun, in order; and how many at once.
+    restart_queue: list[str] = []
+    restart_surge: int = 0
+    restart_unavailable: int = 0
+
+
+# The fields of a Model that a new definition of it does not reset.
+RUNTIME = (
+    "desired", "load", "last_used", "peaks", "start_failures", "last_failure", "failed_at", "parked",
+    "restart_queue", "restart_surge", "restart_unavailable",
+)
+
+
+class ApiKey(msgspec.Struct, kw_only=True):
+    owner: str
+    key_sha256: str
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0
 
 
 class Quarantined(msgspec.Struct, kw_only=True):
@@ -133,6 +193,7 @@ class State(msgspec.Struct, kw_only=True):
     # Model name -> how its replicas stand (see Tally). Kept, like
     # replica_numbers, for names no longer in the catalog.
     tallies: dict[str, Tally] = {}
+    api_keys: dict[str, ApiKey] = {}  # by name
     quarantine_count: int = 0
     quarantined: list[Quarantined] = []
     voided_count: int = 0
