@@ -103,7 +103,7 @@ def assert_held_memory_cores_and_tallies_are_derived(state: State) -> None:
     replicas gives; and no node holds more memory or cores than it has."""
     memory: dict[str, float] = {}
     cores: dict[str, int] = {}
-    tallies: dict[str, tuple[int, int, int]] = {}
+    tallies: dict[str, tuple[int, int, int, int, int]] = {}
     for rep in state.replicas.values():
         for sh in rep.shards:
             if sh.state in LIVE_SHARD_STATES:
@@ -112,8 +112,14 @@ def assert_held_memory_cores_and_tallies_are_derived(state: State) -> None:
         if rep.state != "stopping":
             model = state.models.get(rep.model)
             unwanted = model is None or model.fingerprints.get(rep.profile) != rep.fingerprint
-            live, failed, unw = tallies.get(rep.model, (0, 0, 0))
-            tallies[rep.model] = (live + 1, failed + (rep.state == "failed"), unw + unwanted)
+            live, failed, unw, retiring, assembling = tallies.get(rep.model, (0, 0, 0, 0, 0))
+            tallies[rep.model] = (
+                live + 1,
+                failed + (rep.state == "failed"),
+                unw + unwanted,
+                retiring + (rep.restart in ("replacing", "in place")),
+                assembling + bool(rep.want_shards),
+            )
     for name, node in state.nodes.items():
         assert abs(node.memory_used - memory.get(name, 0.0)) < 1e-6, (
             f"{name} holds {node.memory_used} GB of host memory; its shards hold {memory.get(name, 0.0)}"
@@ -124,8 +130,8 @@ def assert_held_memory_cores_and_tallies_are_derived(state: State) -> None:
             assert node.memory_used <= node.memory_gb + 1e-6, f"{name}: {node.memory_used} of {node.memory_gb} GB held"
         if node.cpu_cores:
             assert node.cpu_used <= node.cpu_cores, f"{name}: {node.cpu_used} of {node.cpu_cores} cores held"
-    kept = {m: (t.live, t.failed, t.unwanted) for m, t in state.tallies.items()}
-    kept = {m: t for m, t in kept.items() if t != (0, 0, 0)}  # a model whose replicas have all gone
+    kept = {m: (t.live, t.failed, t.unwanted, t.retiring, t.assembling) for m, t in state.tallies.items()}
+    kept = {m: t for m, t in kept.items() if t != (0, 0, 0, 0, 0)}  # a model whose replicas have all gone
     assert kept == tallies, f"tallies {kept}, counted again {tallies}"
 
 

@@ -145,6 +145,7 @@ class SimulatedAgent:
             gpus=cmd.gpus,
             port=cmd.port,
             state="starting",
+            fingerprint=cmd.fingerprint,
         )
         self.running[cmd.shard] = shard
         await self._status(cmd.replica, cmd.shard, cmd.generation, "starting")

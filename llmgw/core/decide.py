@@ -94,7 +94,7 @@ def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Ac
     for rep in state.replicas.values():
         if rep.model not in look or rep.state == "stopping":
             continue
-        why = _why_stop(state, rep)
+        why = _why_stop(state, rep, now)
         if why:
             out.add(ev.StopReplica(replica=rep.id, reason=why))
         else:
@@ -109,6 +109,9 @@ def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Ac
 
 
 _RETIRING = ("replacing", "in place")
+# How long the shards of a multi-node replica rebuilt from registrations may
+# take to all be reported (their agents register one by one).
+ADOPT_WAIT_S = 120.0
 
 
 def _models_to_look_at(state: State, now: float) -> set[str]:
@@ -118,7 +121,7 @@ def _models_to_look_at(state: State, now: float) -> set[str]:
     look = set()
     tallies = state.tallies
     for name, t in tallies.items():
-        if t.failed or t.unwanted or t.retiring:
+        if t.failed or t.unwanted or t.retiring or t.assembling:
             look.add(name)
     for name, model in state.models.items():
         t = tallies.get(name)
@@ -373,7 +376,7 @@ def _place_one(
     return None
 
 
-def _why_stop(state: State, rep: Replica) -> str:
+def _why_stop(state: State, rep: Replica, now: float) -> str:
     """Why a replica should stop now, or "" when it should keep running. A
     replica whose profile changed is not stopped: it is restarted
     (`_begin_restarts`), replaced before it goes."""
@@ -382,4 +385,9 @@ def _why_stop(state: State, rep: Replica) -> str:
         return f"model {rep.model} was removed from the catalog"
     if rep.state == "failed":
         return f"replaced: {rep.reason}"
+    if rep.want_shards and now - rep.placed_at > ADOPT_WAIT_S:
+        return (
+            f"adopted with {len(rep.shards)} of its {rep.want_shards} shards; "
+            f"the others were not reported within {ADOPT_WAIT_S:g}s"
+        )
     return ""

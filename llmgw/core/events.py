@@ -112,6 +112,7 @@ class RunningShard(Struct):
     port: int = 0
     state: str = "ready"
     endpoint: str = ""
+    fingerprint: str = ""  # of the profile it was started with ("" : not said)
 
 
 ShardState = Literal["starting", "loading", "ready", "failed", "stopped"]

@@ -266,16 +266,156 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
             touched = True
         if touched:
             _derive_replica_state(state, rep, e.at)
-    # Whatever else runs there is a stray: it holds its GPUs and port until it exits.
+    # What else runs there is adopted when the catalog still asks for it, or
+    # else a stray: it holds its GPUs and port until it exits.
+    unknown: dict[str, list[ev.RunningShard]] = {}
     for r in e.running:
-        if r.shard in ours:
+        if r.shard not in ours:
+            unknown.setdefault(r.replica, []).append(r)
+    for rid, group in unknown.items():
+        for r in _adopt(state, node, rid, group, e.at):
+            why = _stray_reason(state, r)
+            node.strays[r.shard] = Stray(generation=r.generation, gpus=list(r.gpus), port=r.port, reason=why)
+            for g in r.gpus:
+                node.used.setdefault(g, r.shard)
+            if r.port:
+                node.ports.setdefault(r.port, r.shard)
+
+
+def _adopt(state: State, node: Node, rid: str, group: list[ev.RunningShard], at: float) -> list[ev.RunningShard]:
+    """Rebuild a replica from shards an agent runs and the log does not know
+    (adopt.go); returns those that are strays instead.
+
+    This is what lets a fleet outlive its log (a stream made anew while the
+    engines ran on): without it the control plane sees an empty fleet,
+    places duplicates, and the engines already running hold GPUs the state
+    believes free. Rules:
+    - The other shards of a multi-node replica being rebuilt are merged, not
+      treated as rivals: they are simply on a node whose agent registered a
+      moment later (treating them as a competing claim tore multi-node
+      replicas apart on every restart).
+    - A reported replica replaces one we merely placed under the same id; if
+      ours has a shard that came up, two things really run, and the one we
+      did not ask for is the stray.
+    - Ids are never used twice in one log: a replica that this log placed
+      and has forgotten since (stopped, replaced) is not brought back.
+    - No model or profile in the catalog for it: a stray, stopped.
+    """
+    first = group[0]
+    model = state.models.get(first.model)
+    profile = profile_named(model.spec, first.profile) if model is not None else None
+    if model is None or profile is None or rid.rpartition("-")[0] != first.model:
+        return group
+    existing = state.replicas.get(rid)
+    if existing is None and replica_number(rid) < state.replica_numbers.get(first.model, 1):
+        return group  # used before in this log, and gone: left over, not ours
+    if existing is not None:
+        if existing.want_shards and existing.state != "stopping":
+            _merge(state, node, existing, group, profile, at)  # the rest of a replica being rebuilt
+            return []
+        if existing.state == "stopping" or any(sh.state in ("starting", "loading", "ready") for sh in existing.shards):
+            # Two things really run; the one we did not ask for is the stray.
+            # (The shards of ours that the agent reports were matched above:
+            # `group` holds none of them, so ours keeps serving.)
+            return group
+        _forget(state, existing)  # merely placed: what the fleet runs wins
+    rep = Replica(
+        id=rid,
+        model=first.model,
+        profile=first.profile,
+        # From the agent, which was told it at the start; "" from one that
+        # does not say, which reads as unknown: restarted onto what the catalog says.
+        fingerprint=first.fingerprint,
+        shards=[],
+        placed_at=at,
+        reason=f"adopted: running on {node.name} when its agent registered",
+        want_shards=max(profile.nodes, 1),
+    )
+    state.replicas[rid] = rep
+    state.replica_numbers[first.model] = max(state.replica_numbers.get(first.model, 1), replica_number(rid) + 1)
+    _merge(state, node, rep, group, profile, at, counted=False)
+    _tally(state, rep, +1)
+    return []
+
+
+def _merge(
+    state: State, node: Node, rep: Replica, group: list[ev.RunningShard], profile: ev.ProfileSpec, at: float,
+    counted: bool = True,
+) -> None:
+    """Add reported shards to a replica being rebuilt, holding what they hold.
+    Shards it has already are skipped: an agent that reconnects repeats what
+    it runs, and counting those again would complete a replica that is not."""
+    have = {sh.id for sh in rep.shards}
+    for r in group:
+        if r.shard in have:
             continue
-        why = _stray_reason(state, r)
-        node.strays[r.shard] = Stray(generation=r.generation, gpus=list(r.gpus), port=r.port, reason=why)
-        for g in r.gpus:
-            node.used.setdefault(g, r.shard)
-        if r.port:
-            node.ports.setdefault(r.port, r.shard)
+        have.add(r.shard)
+        sh = Shard(
+            id=r.shard,
+            node=node.name,
+            rank=r.rank,
+            gpus=list(r.gpus),
+            port=r.port,
+            generation=r.generation,
+            state=r.state if r.state in ("starting", "loading", "ready") else "starting",
+            endpoint=r.endpoint,
+            # What the profile asks for, as a running process does not say;
+            # no more than the node has free (a profile edited to ask for
+            # more than the node has does not make the node hold more than it has).
+            memory_gb=_at_most(profile.memory_gb, add_gb(node.memory_gb, -node.memory_used), node.memory_gb),
+            cpu_cores=int(_at_most(profile.cpu_cores, node.cpu_cores - node.cpu_used, node.cpu_cores)),
+        )
+        rep.shards.append(sh)
+        _hold(node, sh)
+        if sh.memory_gb:
+            node.memory_used = add_gb(node.memory_used, sh.memory_gb)
+        node.cpu_used += sh.cpu_cores
+    rep.shards.sort(key=lambda s: s.rank)
+    if len(rep.shards) >= rep.want_shards:
+        if counted:
+            state.tallies[rep.model].assembling -= 1
+        rep.want_shards = 0  # whole again
+        rep.reason = f"adopted: running on {', '.join(s.node for s in rep.shards)} when the agents registered"
+    if counted:
+        _derive_replica_state(state, rep, at)
+    else:
+        _derive_live_state(rep, at)
+
+
+def _at_most(asked: float, free: float, total: float) -> float:
+    """What a shard is counted as holding: what it asks, capped at what is
+    free on a node that says how much it has (total 0: no limit)."""
+    return min(asked, max(free, 0)) if total else asked
+
+
+def _forget(state: State, rep: Replica) -> None:
+    """Drop a replica from the state, freeing what its shards hold."""
+    for sh in rep.shards:
+        node = state.nodes.get(sh.node)
+        if node is None or sh.state in _TERMINAL:
+            continue
+        _release_ids(node, sh.id, sh.gpus, sh.port)
+        if sh.memory_gb:
+            node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
+        node.cpu_used -= sh.cpu_cores
+    _tally(state, rep, -1)
+    del state.replicas[rep.id]
+
+
+def _tally(state: State, rep: Replica, sign: int) -> None:
+    """Count a replica in (or out of) its model's tally, as it stands."""
+    t = state.tallies.get(rep.model)
+    if t is None:
+        t = state.tallies[rep.model] = Tally()
+    t.live += sign
+    if rep.state == "failed":
+        t.failed += sign
+    if _unwanted(state, rep):
+        t.unwanted += sign
+    if rep.restart in _RETIRING:
+        t.retiring += sign
+    if rep.want_shards:
+        t.assembling += sign
 
 
 def _stray_reason(state: State, r: ev.RunningShard) -> str:
@@ -342,7 +482,7 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
         sh.reason = e.reason
         if e.endpoint:
             sh.endpoint = e.endpoint
-        if len(rep.shards) == 1 and rep.state != "stopping":
+        if len(rep.shards) == 1 and rep.state != "stopping" and not rep.want_shards:
             # One shard, not failed: the replica is where its shard is.
             if st == "ready" and rep.state != "ready":
                 rep.ready_at = e.at
@@ -486,6 +626,8 @@ def _stop(state: State, a: ev.StopReplica, e: ev.Decided, seq: int) -> str:
         tally.unwanted -= 1
     if rep.restart in _RETIRING:
         tally.retiring -= 1
+    if rep.want_shards:
+        tally.assembling -= 1
     model = state.models.get(rep.model)
     if model is not None and rep.id in model.restart_queue:
         model.restart_queue.remove(rep.id)
@@ -677,6 +819,8 @@ def _derive_live_state(rep: Replica, at: float) -> None:
     if failed is not None:
         rep.state = "failed"
         rep.reason = f"shard {failed.id} on {failed.node} failed: {failed.reason or 'no reason given'}"
+    elif rep.want_shards:  # being rebuilt from what agents report: not whole yet
+        rep.state = "starting"
     elif ready == len(shards):
         if rep.state != "ready":
             rep.ready_at = at

@@ -60,6 +60,9 @@ class Replica(msgspec.Struct, kw_only=True):
     restart_in_place: bool = False  # asked for in place (ctl restart --in-place)
     retiring_at: float = 0.0  # when its restart began
     replaced: str = ""  # the replica it took the place of (a restart in place)
+    # Adopted, and being rebuilt from what agents report: the shards it must
+    # have before it can serve (0: whole). Set only while it is short.
+    want_shards: int = 0
 
 
 class Stray(msgspec.Struct, kw_only=True):
@@ -111,6 +114,7 @@ class Tally(msgspec.Struct, kw_only=True):
     failed: int = 0
     unwanted: int = 0
     retiring: int = 0  # restarting: replaced beside themselves, not counted as serving
+    assembling: int = 0  # adopted, with shards still to be reported (Replica.want_shards)
 
 
 class Load(msgspec.Struct, kw_only=True):
