@@ -94,7 +94,7 @@ def test_tables_for_people_json_and_yaml_for_tools(fleet_day):
     models, _, _ = fleet_day
     rows = models.replicas()
     table = views.render("replicas", rows, "table").splitlines()
-    assert table[0].split() == ["ID", "MODEL", "PROFILE", "STATE", "NODES", "ENDPOINT", "REASON"]
+    assert table[0].split() == ["ID", "MODEL", "PROFILE", "STATE", "RESTART", "NODES", "ENDPOINT", "REASON"]
     assert len(table) == len(rows) + 1
     assert json.loads(views.render("replicas", rows, "json")) == rows
     assert yaml.safe_load(views.render("replicas", rows, "yaml")) == rows

@@ -304,7 +304,9 @@ async def test_migrations_are_versioned_and_applied_once(tmp_path):
         p = Projector(bus, tmp_path / "real.db")
         await p.open()
         await p.close()
-    assert query(tmp_path / "real.db", "SELECT version FROM schema_migrations") == [(1,)]
+    real = sorted(int(f.name[:4]) for f in MIGRATIONS_DIR.glob("*.sql"))
+    assert real[:2] == [1, 2]
+    assert query(tmp_path / "real.db", "SELECT version FROM schema_migrations ORDER BY version") == [(v,) for v in real]
 
 
 # --------------------------------------------------------------------------- exactness

@@ -19,6 +19,7 @@ import sys
 import time
 import uuid
 
+from ..bus import read_log
 from ..core import events as ev
 from ..core.fold import apply
 from ..core.state import State
@@ -69,6 +70,21 @@ def add_parser(sub) -> None:
     describe.add_argument("name")
     describe.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
     describe.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the read models to catch up")
+
+    restart = verb("restart", "replace replicas: beside themselves (surge), or in place")
+    restart.add_argument("replicas", nargs="+", metavar="REPLICA")
+    restart.add_argument("--in-place", action="store_true", help="stop each first, then start its replacement")
+    restart.add_argument("--max-surge", type=int, default=0, help="replaced beside themselves at once (default 1)")
+    restart.add_argument("--max-unavailable", type=int, default=0, help="stopped first at once (default 0)")
+    _wait_flags(restart)
+
+    retry = verb("retry", "try again a model parked after replicas kept failing to start")
+    retry.add_argument("model")
+    _wait_flags(retry)
+
+    explain = verb("explain-placement", "for every node, why the next replica of a model would or would not go there")
+    explain.add_argument("model")
+    explain.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
 
     from .main import cmd_ctl
 
@@ -231,6 +247,78 @@ async def cmd_delete(args, where: Where) -> int:
     return OK
 
 
+async def _publish(where: Where, event: ev.Event, args, what: str) -> int:
+    """Publish one operator event; with --wait, return once the read models include it."""
+    bus = await _connect(where)
+    try:
+        seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"ctl-{uuid.uuid4().hex}")
+    finally:
+        await bus.close()
+    if args.wait:
+        await wait_projected(where.db, seq, args.timeout, what=what)
+    return seq
+
+
+async def cmd_restart(args, where: Where) -> int:
+    models = await _fresh(where, 5.0)
+    for rid in args.replicas:
+        rep = models.replica(rid)
+        if rep is None:
+            raise CtlError(f"restart: there is no replica {rid}", NOT_FOUND)
+        if rep["state"] != "ready":
+            raise CtlError(f"restart: replica {rid} is {rep['state']}, not ready: only a serving replica is restarted",
+                           BAD_INPUT)
+        if rep["restart"] in ("queued", "replacing", "in place"):
+            raise CtlError(f"restart: replica {rid} is restarting already ({rep['restart']})", BAD_INPUT)
+    if args.max_surge < 0 or args.max_unavailable < 0:
+        raise CtlError("restart: --max-surge and --max-unavailable are counts (0 or more)", BAD_INPUT)
+    event = ev.ReplicasRestart(
+        at=time.time(), replicas=args.replicas, in_place=args.in_place,
+        max_surge=args.max_surge, max_unavailable=args.max_unavailable,
+    )
+    seq = await _publish(where, event, args, "the restart")
+    print(f"restart of {', '.join(args.replicas)} asked (event {seq}); `llmgw ctl get replicas` shows how it stands")
+    return OK
+
+
+async def cmd_retry(args, where: Where) -> int:
+    models = await _fresh(where, 5.0)
+    model = models.model(args.model)
+    if model is None:
+        raise CtlError(f"retry: there is no model {args.model}", NOT_FOUND)
+    if not model["parked"]:
+        print(f"model {args.model} is not parked: nothing to retry")
+        return OK
+    seq = await _publish(where, ev.ModelRetry(at=time.time(), name=args.model), args, "the retry")
+    print(f"model {args.model} unparked (event {seq}): its replicas will be placed again")
+    return OK
+
+
+async def cmd_explain(args, where: Where) -> int:
+    """Folded from the log itself (the read models do not keep GPUs per
+    profile): what the control plane's next pass would see."""
+    import msgspec
+
+    from ..core.placement import explain, render_explanation
+
+    bus = await _connect(where)
+    try:
+        state = State()
+        for seq, subject, data in await read_log(bus):
+            apply(state, seq, subject, data)
+    finally:
+        await bus.close()
+    if args.model not in state.models:
+        raise CtlError(f"explain-placement: there is no model {args.model} in the catalog", NOT_FOUND)
+    explanation = explain(state, args.model)
+    if args.output == "text":
+        print("\n".join(render_explanation(explanation)))
+    else:
+        data = msgspec.to_builtins(explanation)
+        print(views.render("explanation", data, args.output))  # type: ignore[arg-type]
+    return OK
+
+
 def _listing(models: ReadModels, args) -> list[dict]:
     if args.kind == "models":
         return models.models()
@@ -293,7 +381,15 @@ async def cmd_describe(args, where: Where) -> int:
     return OK
 
 
-VERBS = {"apply": cmd_apply, "delete": cmd_delete, "get": cmd_get, "describe": cmd_describe}
+VERBS = {
+    "apply": cmd_apply,
+    "delete": cmd_delete,
+    "get": cmd_get,
+    "describe": cmd_describe,
+    "restart": cmd_restart,
+    "retry": cmd_retry,
+    "explain-placement": cmd_explain,
+}
 
 
 async def run(args) -> int:

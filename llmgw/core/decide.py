@@ -227,6 +227,18 @@ def _blocked(model: Model, now: float, out: _Pass) -> str:
 # --------------------------------------------------------------------------- restarts
 
 
+def restart_state(state: State, rep: Replica) -> str:
+    """Where a replica's restart stands, for people: "queued", "replacing",
+    "in place", "refused: why", or "" when none was asked for."""
+    if rep.restart:
+        return rep.restart
+    model = state.models.get(rep.model)
+    if model is not None and rep.id in model.restart_queue:
+        return "queued"
+    return ""
+
+
+
 def _retire(
     state: State, inv: Inventory, model: Model, retiring: list[Replica], serving: list[Replica],
     have: int, n: int, outcome: str, spread: dict[str, int], out: _Pass, now: float,

@@ -30,6 +30,13 @@ def mentions(event: ev.Event) -> set[Entity]:
         out.add(("model", event.replica.rpartition("-")[0]))
     elif isinstance(event, ev.NodeLost):
         out.add(("node", event.node))
+    elif isinstance(event, ev.ReplicasRestart):
+        for r in event.replicas:
+            out.update({("replica", r), ("model", r.rpartition("-")[0])})
+    elif isinstance(event, (ev.ModelRetry,)):
+        out.add(("model", event.name))
+    elif isinstance(event, ev.ModelLoad):
+        out.add(("model", event.model))
     elif isinstance(event, ev.Decided):
         for a in event.actions:
             out.update(_action_mentions(a))
@@ -51,19 +58,23 @@ def action_about(a: ev.Action) -> tuple[str, str, str, str]:
     if cls is ev.StopStray:
         replica = a.shard.rpartition(".")[0]
         return "stop-stray", replica.rpartition("-")[0], replica, a.node
+    if cls is ev.ScaleModel or cls is ev.ParkModel:
+        return str(a.__struct_config__.tag), a.model, "", ""
+    if cls is ev.RestartReplica or cls is ev.RefuseRestart:
+        return str(a.__struct_config__.tag), a.replica.rpartition("-")[0], a.replica, ""
     return str(a.__struct_config__.tag), "", "", ""
 
 
 def _action_mentions(a: ev.Action) -> set[Entity]:
-    if isinstance(a, ev.PlaceReplica):
-        return {("replica", a.replica), ("model", a.model)} | {("node", s.node) for s in a.shards}
-    if isinstance(a, ev.StopReplica):
-        return {("replica", a.replica), ("model", a.replica.rpartition("-")[0])}
-    if isinstance(a, ev.ModelWaiting):
-        return {("model", a.model)}
-    if isinstance(a, ev.StopStray):
-        return {("node", a.node)}
-    return set()
+    kind, model, replica, node = action_about(a)
+    out: set[Entity] = set()
+    if model:
+        out.add(("model", model))
+    if replica:
+        out.add(("replica", replica))
+    if node:
+        out.update(("node", n) for n in node.split(","))
+    return out
 
 
 def summary(event: ev.Event, about: Entity | None = None) -> str:
@@ -81,6 +92,19 @@ def summary(event: ev.Event, about: Entity | None = None) -> str:
         return f"shard {event.shard} on {event.node} {event.state}{why}"
     if isinstance(event, ev.NodeLost):
         return f"node {event.node} lost: {event.reason}"
+    if isinstance(event, ev.ReplicasRestart):
+        how = " in place" if event.in_place else ""
+        pace = f" (max surge {event.max_surge}, max unavailable {event.max_unavailable})" if (
+            event.max_surge or event.max_unavailable) else ""
+        return f"restart of {', '.join(event.replicas)} asked{how}{pace}"
+    if isinstance(event, ev.ModelRetry):
+        return f"model {event.name} retried: unparked"
+    if isinstance(event, ev.ModelLoad):
+        return f"load on {event.model} from gateway {event.gateway}: {event.in_flight} in flight, {event.queued} queued"
+    if isinstance(event, ev.ApiKeyApplied):
+        return f"api key {event.name} applied for {event.owner}"
+    if isinstance(event, ev.ApiKeyRemoved):
+        return f"api key {event.name} removed"
     if isinstance(event, ev.Decided):
         acts = [a for a in event.actions if about is None or about in _action_mentions(a)]
         return "; ".join(f"{describe_action(a)} ({a.reason})" if a.reason else describe_action(a) for a in acts)

@@ -48,6 +48,11 @@ class _Model(BaseModel):
     owner: str = ""
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(0, ge=0)
+    target_load: float = Field(0.0, ge=0)
+    scale_down_delay_s: float = Field(300.0, ge=0)
+    on_demand: bool = False
+    idle_s: float = Field(600.0, gt=0)
+    drain_grace_s: float = Field(30.0, ge=0)
     profiles: list[_Profile] = Field(min_length=1)
 
     @field_validator("name")
@@ -118,13 +123,6 @@ def load(path: str | Path) -> list[ModelSpec]:
         if names.count(n) > 1:
             raise CatalogError(f"{path}: model {n} is defined twice")
     return [
-        ModelSpec(
-            name=m.name,
-            aliases=m.aliases,
-            owner=m.owner,
-            min_replicas=m.min_replicas,
-            max_replicas=m.max_replicas,
-            profiles=[ProfileSpec(**p.model_dump()) for p in m.profiles],
-        )
+        ModelSpec(**{**m.model_dump(), "profiles": [ProfileSpec(**p.model_dump()) for p in m.profiles]})
         for m in catalog.models
     ]

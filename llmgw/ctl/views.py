@@ -37,6 +37,14 @@ def decision_words(d: dict) -> str:
         return f"stop stray of {d['replica']} on {d['node']}"
     if kind == "node-lost":
         return f"node {d['node']} lost"
+    if kind == "scale":
+        return f"scale {d['model']}"
+    if kind == "restart":
+        return f"restart {d['replica']}"
+    if kind == "refuse-restart":
+        return f"refuse to restart {d['replica']}"
+    if kind == "park":
+        return f"park {d['model']}"
     return kind
 
 
@@ -44,10 +52,10 @@ def decision_words(d: dict) -> str:
 COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
     "models": (
         "name",
-        ["NAME", "OWNER", "MIN", "MAX", "READY", "PROFILES", "WAITING"],
+        ["NAME", "OWNER", "MIN", "MAX", "DESIRED", "READY", "PROFILES", "WAITING"],
         lambda m: [
-            m["name"], m["owner"], str(m["min_replicas"]), str(m["max_replicas"]), f"{m['ready']}/{m['replicas']}",
-            ",".join(p["name"] for p in m["profiles"]), m["waiting"],
+            m["name"], m["owner"], str(m["min_replicas"]), str(m["max_replicas"]), str(m["desired"]),
+            f"{m['ready']}/{m['replicas']}", ",".join(p["name"] for p in m["profiles"]), m["waiting"],
         ],
     ),
     "nodes": (
@@ -60,8 +68,10 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
     ),
     "replicas": (
         "id",
-        ["ID", "MODEL", "PROFILE", "STATE", "NODES", "ENDPOINT", "REASON"],
-        lambda r: [r["id"], r["model"], r["profile"], r["state"], ",".join(r["nodes"]), r["endpoint"], r["reason"]],
+        ["ID", "MODEL", "PROFILE", "STATE", "RESTART", "NODES", "ENDPOINT", "REASON"],
+        lambda r: [
+            r["id"], r["model"], r["profile"], r["state"], r["restart"], ",".join(r["nodes"]), r["endpoint"], r["reason"],
+        ],
     ),
     "decisions": (
         "key",
@@ -136,7 +146,8 @@ def describe_text(kind: str, page: dict) -> str:
                 ("Model", now["name"]), ("Owner", now["owner"]),
                 ("Replicas", f"{now['ready']} ready of {now['replicas']} (min {now['min_replicas']}, max {now['max_replicas']})"),
                 ("Aliases", ", ".join(now["aliases"]) or "(none)"),
-                ("Waiting", now["waiting"] or "(no)"), ("Applied", _age(now["applied_at"])),
+                ("Desired", now["desired"]), ("Waiting", now["waiting"] or "(no)"),
+                ("Parked", now["parked"] or "(no)"), ("Applied", _age(now["applied_at"])),
             ])
             out.append("Profiles (in order of preference):")
             for p in now["profiles"]:
@@ -152,7 +163,8 @@ def describe_text(kind: str, page: dict) -> str:
             out += _fields([
                 ("Replica", now["id"]), ("Model", now["model"]),
                 ("Profile", f"{now['profile']} (fingerprint {now['fingerprint']})"),
-                ("State", now["state"]), ("Reason", now["reason"] or "(none)"), ("Endpoint", now["endpoint"] or "(none)"),
+                ("State", now["state"]), ("Reason", now["reason"] or "(none)"),
+                ("Restart", now["restart"] or "(none)"), ("Endpoint", now["endpoint"] or "(none)"),
                 ("Placed", _age(now["placed_at"])), ("Ready", _age(now["ready_at"]) or "(not yet)"),
             ])
             out.append("Shards:")

@@ -100,7 +100,7 @@ class Mirror:
 
     def _replica(self, state: State, rid: str, out: Changes) -> None:
         rep = state.replicas.get(rid)
-        row = rows.replica_row(rep) if rep is not None else None
+        row = rows.replica_row(rep, state) if rep is not None else None
         self._put(self.replicas, rid, row, out.replicas, out.gone_replicas)
         new = {s[0]: s for s in rows.shard_rows(rep)} if rep is not None else {}
         old = self.shards.get(rid, {})

@@ -33,6 +33,8 @@ from ..core import events as ev
 from ..core.catalog import max_replicas
 from ..core.fold import apply, describe_action
 from ..core.history import action_about, mentions, summary
+from ..core.decide import restart_state
+from ..core.scaling import decided
 from ..core.state import Model, Node, Replica, State
 
 Record = tuple[int, str, bytes]
@@ -46,10 +48,12 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "event_mentions": ("entity", "seq"),
     "decisions": ("seq", "idx", "at", "kind", "model", "replica", "node", "reason", "voided"),
     "quarantined": ("seq", "subject", "error"),
-    "models": ("name", "owner", "min_replicas", "max_replicas", "aliases", "profiles", "waiting", "applied_at"),
+    "models": ("name", "owner", "min_replicas", "max_replicas", "aliases", "profiles", "waiting", "applied_at",
+               "desired", "parked"),
     "nodes": ("name", "state", "reason", "gpus_total", "gpus_used", "gpus", "labels", "memory_gb", "cpu_cores",
               "agent", "strays", "registered_at"),
-    "replicas": ("id", "model", "profile", "fingerprint", "state", "reason", "placed_at", "ready_at", "stopping_at"),
+    "replicas": ("id", "model", "profile", "fingerprint", "state", "reason", "placed_at", "ready_at", "stopping_at",
+                 "restart"),
     "shards": ("id", "replica", "node", "rank", "gpus", "port", "generation", "state", "reason", "endpoint"),
 }
 
@@ -272,7 +276,7 @@ def all_entity_rows(state: State) -> EntityRows:
     return EntityRows(
         models={name: model_row(m) for name, m in state.models.items()},
         nodes={name: node_row(n) for name, n in state.nodes.items()},
-        replicas={rid: replica_row(r) for rid, r in state.replicas.items()},
+        replicas={rid: replica_row(r, state) for rid, r in state.replicas.items()},
         shards=shards,
     )
 
@@ -289,6 +293,8 @@ def model_row(m: Model) -> tuple:
         _json_text(profiles),
         m.waiting,
         m.applied_at,
+        decided(m),
+        m.parked,
     )
 
 
@@ -313,8 +319,11 @@ def node_row(n: Node) -> tuple:
     )
 
 
-def replica_row(r: Replica) -> tuple:
-    return (r.id, r.model, r.profile, r.fingerprint, r.state, r.reason, r.placed_at, r.ready_at, r.stopping_at)
+def replica_row(r: Replica, state: State) -> tuple:
+    return (
+        r.id, r.model, r.profile, r.fingerprint, r.state, r.reason, r.placed_at, r.ready_at, r.stopping_at,
+        restart_state(state, r),
+    )
 
 
 def shard_rows(r: Replica) -> list[tuple]:
