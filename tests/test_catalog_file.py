@@ -44,3 +44,37 @@ def test_a_model_defined_twice_is_refused(tmp_path):
 def test_a_missing_file_says_so(tmp_path):
     with pytest.raises(CatalogError, match="No such file"):
         load(tmp_path / "nope.yaml")
+
+
+def test_api_keys_are_hashed_when_read_and_the_key_itself_goes_nowhere(tmp_path):
+    import hashlib
+
+    from llmgw.ctl.catalog_file import load_catalog
+
+    text = (
+        "api_keys:\n"
+        "  - name: team-a\n    owner: org/team-a\n    key: sk-team-a-0123456789abcdef\n    requests_per_minute: 60\n"
+        "  - name: ops\n    owner: org\n    key_sha256: " + "ab" * 32 + "\n"
+    )
+    catalog = load_catalog(write(tmp_path, text))
+    a, ops = catalog.api_keys
+    assert a.key_sha256 == hashlib.sha256(b"sk-team-a-0123456789abcdef").hexdigest()
+    assert a.requests_per_minute == 60 and ops.key_sha256 == "ab" * 32
+    assert "sk-team-a" not in repr(catalog)  # only the hash is kept
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("api_keys:\n  - name: k\n    owner: o\n", ":2: api_keys.0: Value error, give the key or its key_sha256"),
+        ("api_keys:\n  - name: k\n    owner: o\n    key: short\n", ":4: api_keys.0.key: String should have at least 16"),
+        ("api_keys:\n  - {name: k, owner: o, key: 0123456789abcdefg}\n  - {name: k, owner: o, key: 0123456789abcdefg}\n",
+         "api key k is defined twice"),
+    ],
+)
+def test_a_bad_api_key_names_its_line_and_field(tmp_path, text, expected):
+    from llmgw.ctl.catalog_file import load_catalog
+
+    with pytest.raises(CatalogError) as e:
+        load_catalog(write(tmp_path, text))
+    assert expected in str(e.value)

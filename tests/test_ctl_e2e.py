@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.bus import read_log
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import free_port
 from llmgw.core import events as ev
@@ -44,6 +45,10 @@ models:
     profiles:
       - name: four
         gpus: 4
+api_keys:
+  - name: team
+    owner: org/team
+    key: sk-e2e-0123456789abcdef
 """
 
 
@@ -57,7 +62,8 @@ class Up:
         self.out = folder / "up.out"
         with open(self.out, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "llmgw", "up", "--nats-port", str(self.port)],
+                # Simulated agents only: no local agent, so no demo model either.
+                [sys.executable, "-m", "llmgw", "up", "--nats-port", str(self.port), "--no-agent"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=folder, start_new_session=True,
             )
         self.url = f"nats://127.0.0.1:{self.port}"
@@ -95,6 +101,12 @@ async def test_apply_get_describe_and_a_projector_killed_mid_burst_through_llmgw
             processes.start(n, "agent", "--simulate", "--name", n, "--gpus", "4", "--nats", up.url)
         bus = await NatsBus.connect(up.url, name="test")
         await bus.wait_for_streams(timeout=20)
+        # The three registrations first: one landing later would look like
+        # something the bad catalog published.
+        deadline = time.monotonic() + 30
+        while await bus.last_seq() < 3:
+            assert time.monotonic() < deadline, "the simulated agents did not register"
+            await asyncio.sleep(0.05)
 
         # A catalog with an error: the file, the line and the field; nothing published.
         bad = tmp_path / "bad.yaml"
@@ -121,10 +133,14 @@ async def test_apply_get_describe_and_a_projector_killed_mid_burst_through_llmgw
         out = ctl(up, "apply", "-f", str(good), "--wait")
         assert out.returncode == 0, out.stderr
         assert "model chat created" in out.stdout and "model big created" in out.stdout
+        assert "api key team created for org/team" in out.stdout
+        log = await read_log(bus)
+        assert not any(b"sk-e2e-0123456789abcdef" in data for _, _, data in log)  # only its hash travels
         models = json.loads(ctl(up, "get", "models", "-o", "json").stdout)
         assert {m["name"] for m in models} == {"chat", "big"}
         again = ctl(up, "apply", "-f", str(good), "--wait")  # only what changed is published
-        assert "model chat unchanged" in again.stdout and "created" not in again.stdout
+        assert "model chat unchanged" in again.stdout and "api key team unchanged" in again.stdout
+        assert "created" not in again.stdout
 
         # Ready, as the read models tell it.
         deadline = time.monotonic() + 60

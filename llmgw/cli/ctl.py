@@ -19,12 +19,14 @@ import sys
 import time
 import uuid
 
+import msgspec
+
 from ..bus import read_log
 from ..core import events as ev
 from ..core.fold import apply
 from ..core.state import State
 from ..ctl import views
-from ..ctl.catalog_file import CatalogError, load
+from ..ctl.catalog_file import CatalogError, load_catalog
 from ..ctl.locate import Where, locate
 from ..ctl.readmodels import NoReadModels, ReadModels
 
@@ -52,8 +54,8 @@ def add_parser(sub) -> None:
     apply_.add_argument("-f", "--file", required=True)
     _wait_flags(apply_)
 
-    delete = verb("delete", "remove a model from the catalog")
-    delete.add_argument("kind", choices=["model"])
+    delete = verb("delete", "remove a model or an API key from the catalog")
+    delete.add_argument("kind", choices=["model", "apikey"])
     delete.add_argument("name")
     _wait_flags(delete)
 
@@ -124,22 +126,26 @@ async def _connect(where: Where):
     return bus
 
 
-async def _catalog(bus) -> tuple[State, dict[str, int]]:
+async def _catalog(bus) -> tuple[State, dict[tuple[str, str], int]]:
     """The catalog as the log has it, and the sequence of each model's latest
     event: folded from the operators' events alone (llmgw.ctl.>), which are
     all that define it, so the answer is exact without reading the whole log
     or trusting read models that may be behind."""
     state = State()
-    latest: dict[str, int] = {}
+    latest: dict[tuple[str, str], int] = {}
     for seq, subject, data in await bus.read_matching("llmgw.ctl.>"):
         apply(state, seq, subject, data)
         try:
             event = ev.decode(data)
         except Exception:  # quarantined by the fold; says nothing of a model
             continue
-        name = event.model.name if isinstance(event, ev.ModelApplied) else getattr(event, "name", "")
-        if name:
-            latest[name] = seq
+        # The latest event of each model and key: what --wait waits for when nothing changed.
+        if isinstance(event, ev.ModelApplied):
+            latest[("model", event.model.name)] = seq
+        elif isinstance(event, ev.ModelRemoved):
+            latest[("model", event.name)] = seq
+        elif isinstance(event, (ev.ApiKeyApplied, ev.ApiKeyRemoved)):
+            latest[("apikey", event.name)] = seq
     return state, latest
 
 
@@ -206,9 +212,10 @@ async def _fresh(where: Where, timeout: float) -> ReadModels:
 
 async def cmd_apply(args, where: Where) -> int:
     try:
-        specs = load(args.file)  # before connecting: a bad file publishes nothing
+        catalog = load_catalog(args.file)  # before connecting: a bad file publishes nothing
     except CatalogError as e:
         raise CtlError(f"apply: {e}", BAD_INPUT)
+    specs = catalog.models
     bus = await _connect(where)
     ids = (f"ctl-{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
     wait_for = 0
@@ -218,11 +225,23 @@ async def cmd_apply(args, where: Where) -> int:
             current = state.models.get(spec.name)
             if current is not None and current.spec == spec:
                 print(f"model {spec.name} unchanged")
-                wait_for = max(wait_for, latest.get(spec.name, 0))
+                wait_for = max(wait_for, latest.get(("model", spec.name), 0))
                 continue
             event = ev.ModelApplied(at=time.time(), model=spec)
             seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
             print(f"model {spec.name} {'configured' if current else 'created'} (event {seq})")
+            wait_for = max(wait_for, seq)
+        for key in catalog.api_keys:
+            had = state.api_keys.get(key.name)
+            same = had is not None and (had.owner, had.key_sha256, had.requests_per_minute, had.tokens_per_minute) == (
+                key.owner, key.key_sha256, key.requests_per_minute, key.tokens_per_minute)
+            if same:
+                print(f"api key {key.name} unchanged")
+                wait_for = max(wait_for, latest.get(("apikey", key.name), 0))
+                continue
+            event = msgspec.structs.replace(key, at=time.time())
+            seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
+            print(f"api key {key.name} {'configured' if had else 'created'} for {key.owner} (event {seq})")
             wait_for = max(wait_for, seq)
     finally:
         await bus.close()
@@ -235,11 +254,17 @@ async def cmd_delete(args, where: Where) -> int:
     bus = await _connect(where)
     try:
         state, _ = await _catalog(bus)
-        if args.name not in state.models:
-            raise CtlError(f"delete: there is no model {args.name}", NOT_FOUND)
-        event = ev.ModelRemoved(at=time.time(), name=args.name)
+        event: ev.Event
+        if args.kind == "model":
+            if args.name not in state.models:
+                raise CtlError(f"delete: there is no model {args.name}", NOT_FOUND)
+            event = ev.ModelRemoved(at=time.time(), name=args.name)
+        else:
+            if args.name not in state.api_keys:
+                raise CtlError(f"delete: there is no api key {args.name}", NOT_FOUND)
+            event = ev.ApiKeyRemoved(at=time.time(), name=args.name)
         seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"ctl-{uuid.uuid4().hex}")
-        print(f"model {args.name} deleted (event {seq})")
+        print(f"{'model' if args.kind == 'model' else 'api key'} {args.name} deleted (event {seq})")
     finally:
         await bus.close()
     if args.wait:
@@ -297,8 +322,6 @@ async def cmd_retry(args, where: Where) -> int:
 async def cmd_explain(args, where: Where) -> int:
     """Folded from the log itself (the read models do not keep GPUs per
     profile): what the control plane's next pass would see."""
-    import msgspec
-
     from ..core.placement import explain, render_explanation
 
     bus = await _connect(where)

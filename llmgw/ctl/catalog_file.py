@@ -12,14 +12,15 @@ and the field, so a typo is found without reading the code.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..core.catalog import MODEL_NAME_RE
-from ..core.events import ModelSpec, ProfileSpec
+from ..core.events import ApiKeyApplied, ModelSpec, ProfileSpec
 
 
 class CatalogError(ValueError):
@@ -71,9 +72,34 @@ class _Model(BaseModel):
         return v
 
 
+class _ApiKey(BaseModel):
+    """A key of the gateway. Give `key` (hashed here, never published) or its
+    `key_sha256`; the log and the gateways only ever see the hash."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    owner: str
+    key: str | None = Field(None, min_length=16)
+    key_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    requests_per_minute: int = Field(0, ge=0)
+    tokens_per_minute: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _one_key(self) -> "_ApiKey":
+        if (self.key is None) == (self.key_sha256 is None):
+            raise ValueError("give the key or its key_sha256, one of the two")
+        return self
+
+
 class _Catalog(BaseModel):
     model_config = ConfigDict(extra="forbid")
     models: list[_Model] = []
+    api_keys: list[_ApiKey] = []
+
+
+class Catalog(NamedTuple):
+    models: list[ModelSpec]
+    api_keys: list[ApiKeyApplied]  # `at` 0: set when published
 
 
 def _line_of(root: yaml.Node | None, loc: tuple) -> int | None:
@@ -96,6 +122,12 @@ def _line_of(root: yaml.Node | None, loc: tuple) -> int | None:
 
 
 def load(path: str | Path) -> list[ModelSpec]:
+    """The models of a catalog file."""
+    return load_catalog(path).models
+
+
+def load_catalog(path: str | Path) -> Catalog:
+    """Everything a catalog file defines: models and API keys."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -118,11 +150,23 @@ def load(path: str | Path) -> list[ModelSpec]:
             line = _line_of(root, loc)
             lines.append(f"{path}:{line}: {field}: {err['msg']}")
         raise CatalogError("\n".join(lines)) from None
-    names = [m.name for m in catalog.models]
-    for n in set(names):
-        if names.count(n) > 1:
-            raise CatalogError(f"{path}: model {n} is defined twice")
-    return [
+    for kind, names in (("model", [m.name for m in catalog.models]), ("api key", [k.name for k in catalog.api_keys])):
+        for n in sorted(set(names)):
+            if names.count(n) > 1:
+                raise CatalogError(f"{path}: {kind} {n} is defined twice")
+    models = [
         ModelSpec(**{**m.model_dump(), "profiles": [ProfileSpec(**p.model_dump()) for p in m.profiles]})
         for m in catalog.models
     ]
+    keys = [
+        ApiKeyApplied(
+            at=0.0,
+            name=k.name,
+            owner=k.owner,
+            key_sha256=k.key_sha256 or hashlib.sha256(k.key.encode()).hexdigest(),  # type: ignore[union-attr]
+            requests_per_minute=k.requests_per_minute,
+            tokens_per_minute=k.tokens_per_minute,
+        )
+        for k in catalog.api_keys
+    ]
+    return Catalog(models=models, api_keys=keys)
