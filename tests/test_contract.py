@@ -87,6 +87,8 @@ def test_unknown_fields_from_a_newer_publisher_are_ignored(cls):
         ev.ApiKeyApplied: ev.ApiKeyApplied(at=1.0, name="k", owner="o", key_sha256="0" * 64),
         ev.ApiKeyRemoved: ev.ApiKeyRemoved(at=1.0, name="k"),
         ev.ModelLoad: ev.ModelLoad(at=1.0, gateway="g", model="m"),
+        ev.OwnerApplied: ev.OwnerApplied(at=1.0, name="org"),
+        ev.OwnerRemoved: ev.OwnerRemoved(at=1.0, name="org"),
     }[cls]
     data = msgspec.json.decode(ev.encode(sample))
     data["from_the_future"] = 42

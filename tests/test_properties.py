@@ -21,6 +21,7 @@ from llmgw.core.decide import decide
 from llmgw.core.fold import apply, copy_state, decode_state, encode_state
 from llmgw.core.history import verify
 from llmgw.core.placement import Inventory, explain, replicas_per_node
+from llmgw.core.quota import add, shard_amount
 from llmgw.core.state import LIVE_SHARD_STATES, State, gpus_in_use
 
 from .fleet_strategies import Step, World
@@ -130,6 +131,12 @@ def assert_held_memory_cores_and_tallies_are_derived(state: State) -> None:
             assert node.memory_used <= node.memory_gb + 1e-6, f"{name}: {node.memory_used} of {node.memory_gb} GB held"
         if node.cpu_cores:
             assert node.cpu_used <= node.cpu_cores, f"{name}: {node.cpu_used} of {node.cpu_cores} cores held"
+    usage: dict = {}
+    for rep in state.replicas.values():
+        for sh in rep.shards:
+            if sh.state in LIVE_SHARD_STATES:
+                add(usage, rep.owner, shard_amount(sh))
+    assert state.usage == usage, f"usage {state.usage}, counted again {usage}"
     kept = {m: (t.live, t.failed, t.unwanted, t.retiring, t.assembling) for m, t in state.tallies.items()}
     kept = {m: t for m, t in kept.items() if t != (0, 0, 0, 0, 0)}  # a model whose replicas have all gone
     assert kept == tallies, f"tallies {kept}, counted again {tallies}"
@@ -273,6 +280,17 @@ def assert_voided_not_applied(step: Step, after: State) -> None:
             if ok:
                 now = after.replicas.get(a.replica)
                 assert now is None or now.state == "stopping" or now.restart != ""
+        elif isinstance(a, ev.Preempt):
+            ok = a.model in before.models and all(
+                v.replica in before.replicas
+                and before.replicas[v.replica].state != "stopping"
+                and not before.replicas[v.replica].preempted_for
+                and v.replica not in stopped
+                for v in a.victims
+            )
+            if ok:
+                assert all(after.replicas[v.replica].preempted_for == a.model for v in a.victims
+                           if v.replica in after.replicas)
         elif isinstance(a, ev.ParkModel):
             ok = a.model in before.models
             if ok and a.model in after.models:

@@ -20,6 +20,8 @@ def fingerprint(profile: ProfileSpec) -> str:
     It changes when anything that would change the running engine changes, so
     a replica running an older fingerprint is known to need a restart.
     """
+    if profile.weight != 1.0:  # routing only: a new weight restarts nothing
+        profile = msgspec.structs.replace(profile, weight=1.0)
     return hashlib.sha256(msgspec.json.encode(profile)).hexdigest()[:12]
 
 

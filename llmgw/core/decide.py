@@ -36,7 +36,9 @@ import msgspec
 
 from . import events as ev
 from .fold import replica_number
+from . import preempt
 from .placement import Inventory, replicas_per_node, why_no_fit
+from .quota import add, need, over_limit, replica_amount
 from .scaling import PARK_AFTER, backoff_until, decided, desired, why_desired
 from .state import Model, Replica, State
 
@@ -58,6 +60,8 @@ class _Pass:
         self.size = _ENVELOPE_BYTES
         self.full = False
         self.numbers: dict[str, int] = {}  # model -> number of its next replica id, after this pass's
+        self.usage: dict = {}  # owner -> what this pass's placements add (quota limits)
+        self.victims: preempt.VictimIndex | None = None  # built at the first preemption tried
 
     def add(self, action: ev.Action) -> bool:
         """Keep an action if the message has room for it; once one does not
@@ -73,6 +77,10 @@ class _Pass:
         if type(action) is ev.PlaceReplica:
             self.numbers[action.model] = replica_number(action.replica) + 1
         return True
+
+    def placed(self, owner: str, profile: ev.ProfileSpec) -> None:
+        if owner:
+            add(self.usage, owner, need(profile))
 
 
 def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Action]:
@@ -151,14 +159,18 @@ def _decide_model(state: State, inv: Inventory, name: str, live: list[Replica], 
             serving.remove(rep)
 
     spread = replicas_per_node(live)
-    began = _begin_restarts(state, inv, model, live, serving, retiring, spread, out)
+    numbered = out.numbers.get(name)  # changes when this pass places one of its replicas
+    began, replaced = _begin_restarts(state, inv, model, live, serving, retiring, spread, out)
     retiring += began
     serving = [r for r in serving if r not in began]
 
-    have = len(serving)
+    # The replacements placed in place of replicas stopped above count as
+    # had: without them the loop below placed one more replica per restart
+    # in place (max_unavailable), and the next pass scaled it down again.
+    have = len(serving) + replaced
     outcome, waiting = "enough", ""
     if have < n:
-        blocked = _blocked(model, now, out)
+        blocked = _blocked(state, model, now, out)
         if blocked:
             outcome, waiting = "not tried", blocked
         else:
@@ -166,9 +178,14 @@ def _decide_model(state: State, inv: Inventory, name: str, live: list[Replica], 
             restarting = f"; restarting {', '.join(r.id for r in retiring)}" if retiring else ""
             while have < n and not out.full:
                 why = _why_place(model, have, n) + restarting
-                placed = _place_one(inv, spec, model.fingerprints, f"{name}-{number}", why, spread)
+                placed = _place_one(inv, spec, model.fingerprints, f"{name}-{number}", why, spread, state=state, out=out)
                 if placed is None:
-                    outcome, waiting = "no room", why_no_fit(inv, spec.profiles)
+                    limit = _over_limit(state, spec, out)
+                    if limit:
+                        outcome, waiting = "over limit", limit
+                    else:
+                        outcome, waiting = "no room", why_no_fit(inv, spec.profiles)
+                        waiting = _preempt_for(state, inv, model, spread, out, now, have, n) or waiting
                     break
                 if not out.add(placed):
                     return
@@ -179,16 +196,52 @@ def _decide_model(state: State, inv: Inventory, name: str, live: list[Replica], 
             else:
                 outcome = "placed"
 
-    _retire(state, inv, model, retiring, serving, have, n, outcome, spread, out, now)
+    if _retire(state, inv, model, retiring, serving, have, n, outcome, spread, out, now) >= n:
+        # Its restarts were finished in place or refused, and it has what it
+        # wants: not waiting. (The reason was said after the replacement's
+        # placement, which had cleared it, so every restart in place read
+        # "waits: no room" until the next pass.)
+        waiting = ""
 
-    # Said only when it changes: a placement clears it at fold time.
-    if waiting != model.waiting and (waiting or have == len(serving)):
+    # Said only when it changes: a placement clears it at fold time (one in
+    # place of a restarted replica too, hence no longer `have == len(serving)`).
+    if waiting != model.waiting and (waiting or out.numbers.get(name) == numbered):
         out.add(ev.ModelWaiting(model=name, reason=waiting))
 
 
 def _next_number(state: State, model: str, out: _Pass) -> int:
     """The number of the model's next replica id, after those placed earlier in this pass."""
     return out.numbers.get(model) or state.replica_numbers.get(model, 1)
+
+
+def _over_limit(state: State, spec: ev.ModelSpec, out: _Pass) -> str:
+    """Why no profile of the model may be placed for its owner's limits ("" when one may)."""
+    if not state.owners or not spec.owner:
+        return ""
+    why = ""
+    for p in spec.profiles:
+        why = over_limit(state, spec.owner, need(p), out.usage)
+        if not why:
+            return ""
+    return why
+
+
+def _preempt_for(
+    state: State, inv: Inventory, model: Model, spread: dict[str, int], out: _Pass, now: float, have: int, n: int,
+) -> str:
+    """Make room for a model that fits nowhere by stopping replicas that may
+    give way (preempt.py); returns what it waits for ("" when nothing)."""
+    pending = preempt.waiting_for_victims(state, model)
+    if pending:
+        return f"waiting for {', '.join(pending)}, preempted for it, to stop"
+    if out.victims is None:
+        out.victims = preempt.VictimIndex(state, now)
+    chosen = preempt.choose(out.victims, inv, model, spread)
+    if not chosen:
+        return ""
+    for action in preempt.decision(out.victims, inv, model, chosen, now, have, n):
+        out.add(action)
+    return f"preempting {', '.join(c.rep.id for _, c in chosen)} to make room"
 
 
 def _why_place(model: Model, have: int, n: int) -> str:
@@ -202,11 +255,14 @@ def _drain(spec: ev.ModelSpec, rep: Replica) -> float:
     return spec.drain_grace_s if rep.state == "ready" else 0.0
 
 
-def _blocked(model: Model, now: float, out: _Pass) -> str:
+def _blocked(state: State, model: Model, now: float, out: _Pass) -> str:
     """Why the model may not place now (parked, or backing off after replicas
     that failed to start), or "". Parks it when it has failed often enough."""
     if model.parked:
         return model.parked
+    hold = preempt.held(state, model, now)
+    if hold:
+        return hold
     k = model.start_failures
     if k >= PARK_AFTER:
         why = (
@@ -242,8 +298,10 @@ def restart_state(state: State, rep: Replica) -> str:
 def _retire(
     state: State, inv: Inventory, model: Model, retiring: list[Replica], serving: list[Replica],
     have: int, n: int, outcome: str, spread: dict[str, int], out: _Pass, now: float,
-) -> None:
-    """Finish the restarts under way (restart.go's retire).
+) -> int:
+    """Finish the restarts under way (restart.go's retire); returns how many
+    replicas the model has after them (`have`, with the replacements placed
+    in place and the replicas whose restart was refused, which serve on).
 
     A retiring replica serves until its replacement does, and is then
     drained. When its replacement could not be placed beside it, what
@@ -261,36 +319,47 @@ def _retire(
     """
     spec = model.spec
     ready = sum(1 for r in serving if r.state == "ready")
+    refused = 0
     for rep in retiring:
         if ready >= n:
             out.add(ev.StopReplica(replica=rep.id, reason="restarted: its replacement serves", drain_s=_drain(spec, rep)))
         elif have >= n:
             continue  # its replacement is placed and starting: wait for it
-        elif model.parked:
+        elif model.parked or model.start_failures >= PARK_AFTER:
+            # (Parked in this very pass too: refused at once rather than the
+            # next pass, so the model never reads "waits: parked" while the
+            # replica it could not replace serves on.)
             why = f"its replacements fail to start; the model is parked (llmgw ctl retry {spec.name})"
             out.add(ev.RefuseRestart(replica=rep.id, reason=why))
-        elif outcome == "no room":
+            refused += 1
+        elif outcome in ("no room", "over limit"):
             why = "restarted in place: it was the only thing in its replacement's way"
             if _in_place(state, inv, model, rep, why, spread, out):
                 have += 1
-            else:
-                why = (
-                    "its replacement fits on no node even with this replica stopped "
-                    f"(llmgw ctl explain-placement {spec.name})"
-                )
+            elif outcome == "over limit":
+                why = f"its replacement would take {spec.owner} past a limit even with this replica stopped"
                 out.add(ev.RefuseRestart(replica=rep.id, reason=why))
+            else:
+                out.add(ev.RefuseRestart(replica=rep.id, reason=_fits_nowhere(spec)))
+                refused += 1
         elif outcome == "not tried" and now - rep.retiring_at > spec.drain_grace_s:
             why = f"restarted in place: no replacement beside it within {spec.drain_grace_s:g}s"
             if _in_place(state, inv, model, rep, why, spread, out):
                 have += 1
+    return have + refused
+
+
+def _fits_nowhere(spec: ev.ModelSpec) -> str:
+    return f"its replacement fits on no node even with this replica stopped (llmgw ctl explain-placement {spec.name})"
 
 
 def _begin_restarts(
     state: State, inv: Inventory, model: Model, live: list[Replica], serving: list[Replica],
     retiring: list[Replica], spread: dict[str, int], out: _Pass,
-) -> list[Replica]:
+) -> tuple[list[Replica], int]:
     """Begin queued restarts, as many at once as the model's pace allows;
-    returns those now replaced beside themselves.
+    returns those now replaced beside themselves, and how many replacements
+    were placed in place of replicas stopped first.
 
     The queue: what operators asked for (`llmgw ctl restart`), in order, then
     replicas whose profile changed since they were placed, which must be
@@ -309,8 +378,9 @@ def _begin_restarts(
         if r.restart == "" and r.id not in asked and model.fingerprints.get(r.profile) != r.fingerprint
     ]
     began: list[Replica] = []
+    replaced = 0
     if not queued:
-        return began
+        return began, replaced
     surge, unavailable = model.restart_surge, model.restart_unavailable
     if surge <= 0 and unavailable <= 0:
         surge = 1
@@ -325,11 +395,20 @@ def _begin_restarts(
             if instead >= max(unavailable, 1 if rep.restart_in_place else 0):
                 break
             why = "restarted in place, as asked" if rep.restart_in_place else "restarted in place (max_unavailable)"
-            if not _in_place(state, inv, model, rep, why, spread, out, begin=True) and rep.restart_in_place:
+            if _in_place(state, inv, model, rep, why, spread, out, begin=True):
+                replaced += 1
+            elif rep.restart_in_place:
                 # Asked for in place: stopped first, always, even if its
                 # replacement must wait for room like any missing replica.
                 out.add(ev.RestartReplica(replica=rid, reason=why, in_place=True))
                 out.add(ev.StopReplica(replica=rid, reason=why, drain_s=_drain(spec, rep)))
+            else:
+                # Paced by max_unavailable, its replacement fits nowhere even
+                # with it stopped: refused, as `_retire` refuses a surge
+                # restart. (It was left queued for ever, still serving but
+                # counted as stopped, so the model read "waits: no room".)
+                out.add(ev.RefuseRestart(replica=rid, reason=_fits_nowhere(spec)))
+                continue
             serving.remove(rep)
             instead += 1
             continue
@@ -337,7 +416,7 @@ def _begin_restarts(
         out.add(ev.RestartReplica(replica=rid, reason=why))
         began.append(rep)
         beside -= 1
-    return began
+    return began, replaced
 
 
 def _in_place(
@@ -350,11 +429,14 @@ def _in_place(
     the card of the model restarted there). Nothing is stopped when the
     replacement would not fit even so."""
     inv.release(rep.shards)
+    freed = replica_amount(rep)
+    add(out.usage, rep.owner, freed, -1)  # what it holds is its replacement's to take, limits included
     name = model.spec.name
     placed = _place_one(inv, model.spec, model.fingerprints, f"{name}-{_next_number(state, name, out)}", why, spread,
-                        replaces=rep.id)
+                        replaces=rep.id, state=state, out=out)
     if placed is None:
         inv.hold(rep.shards)
+        add(out.usage, rep.owner, freed, +1)
         return False
     if begin:
         out.add(ev.RestartReplica(replica=rep.id, reason=why, in_place=True))
@@ -370,12 +452,16 @@ def _in_place(
 
 def _place_one(
     inv: Inventory, spec: ev.ModelSpec, fingerprints: dict[str, str], replica: str, reason: str,
-    spread: dict[str, int], replaces: str = "",
+    spread: dict[str, int], replaces: str = "", *, state: State, out: _Pass,
 ) -> ev.PlaceReplica | None:
-    """The first profile, in the catalog's order of preference, that fits."""
+    """The first profile, in the catalog's order of preference, that fits,
+    within the owner's limits."""
     for profile in spec.profiles:
+        if state.owners and spec.owner and over_limit(state, spec.owner, need(profile), out.usage):
+            continue
         shards = inv.place(profile, replica, spread)
         if shards is not None:
+            out.placed(spec.owner, profile)
             return ev.PlaceReplica(
                 replica=replica,
                 model=spec.name,

@@ -64,6 +64,10 @@ class ProfileSpec(Struct):
     # What the engine serves: a path to weights on the node, or a name the
     # agent knows (its agent file's `models`, or `smollm2`, the demo model).
     model: str = ""
+    # The share of requests a replica of this profile gets from a gateway,
+    # relative to the others of the model (least outstanding requests per
+    # unit of weight). Routing only: it does not change the fingerprint.
+    weight: float = 1.0
 
 
 class ModelSpec(Struct):
@@ -88,6 +92,25 @@ class ModelSpec(Struct):
     idle_s: float = 600.0
     # How long a replica being stopped may finish the requests it has.
     drain_grace_s: float = 30.0
+    # Who gives way to whom when the fleet is full: critical > standard >
+    # opportunistic (see preempt.py).
+    priority: str = "standard"
+
+
+class Resources(Struct):
+    """An amount of the fleet: GPUs, CPU cores, host memory."""
+
+    gpus: int = 0
+    cpu_cores: int = 0
+    memory_gb: float = 0.0
+
+
+class Limit(Struct):
+    """The most an owner may hold; None: no limit on that."""
+
+    gpus: int | None = None
+    cpu_cores: int | None = None
+    memory_gb: float | None = None
 
 
 # --------------------------------------------------------------------------- fleet records
@@ -145,6 +168,20 @@ class ReplicasRestart(Event, tag="replicas.restart"):
 class ModelRetry(Event, tag="model.retry"):
     """An operator unparks a model whose replicas kept failing to start."""
 
+    name: str
+
+
+class OwnerApplied(Event, tag="owner.applied"):
+    """An owner of models (an organisation, a team: "org/team" is a team of
+    org), with what it is guaranteed and the most it may hold. Usage counts
+    up the tree: a team's replicas count for its organisation too."""
+
+    name: str
+    guarantee: Resources = msgspec.field(default_factory=Resources)
+    limit: Limit = msgspec.field(default_factory=Limit)
+
+
+class OwnerRemoved(Event, tag="owner.removed"):
     name: str
 
 
@@ -213,6 +250,10 @@ class ModelLoad(Event, tag="model.load"):
     in_flight: int = 0
     queued: int = 0
     last_used: float = 0.0
+    # Usage: the prompt and completion tokens this gateway counted for the
+    # model since its previous report (so the sum over the log is the total).
+    tokens_in: int = 0
+    tokens_out: int = 0
 
 
 # --------------------------------------------------------------------------- control plane (llmgw.control.>)
@@ -269,6 +310,32 @@ class RefuseRestart(Struct, tag_field="action", tag="refuse-restart"):
     reason: str
 
 
+class Victim(Struct):
+    """One replica stopped to make room, and why it was the one."""
+
+    replica: str
+    model: str
+    priority: str
+    tier: int
+    why: str  # the tier, in words
+    idle_s: float = 0.0  # 0: unknown
+    gpus: int = 0
+
+
+class Preempt(Struct, tag_field="action", tag="preempt"):
+    """Replicas stopped so that a model fits: the StopReplica actions of the
+    victims follow in the same pass. `inventory` says what the nodes
+    involved had free before, for whoever asks why later."""
+
+    model: str
+    victims: list[Victim]
+    reason: str
+    inventory: str = ""
+    # The models that gave room may not take it back before then (or before
+    # `model` has what it asked for).
+    hold_until: float = 0.0
+
+
 class ParkModel(Struct, tag_field="action", tag="park"):
     """A model whose replicas keep failing to start is placed no more until
     an operator retries it (`llmgw ctl retry`)."""
@@ -293,7 +360,9 @@ class StopStray(Struct, tag_field="action", tag="stop-stray"):
     reason: str
 
 
-Action = Union[PlaceReplica, StopReplica, ModelWaiting, StopStray, ScaleModel, RestartReplica, RefuseRestart, ParkModel]
+Action = Union[
+    PlaceReplica, StopReplica, ModelWaiting, StopStray, ScaleModel, RestartReplica, RefuseRestart, ParkModel, Preempt
+]
 
 
 class Decided(Event, tag="control.decided"):
@@ -328,6 +397,8 @@ AnyEvent = Union[
     ApiKeyApplied,
     ApiKeyRemoved,
     ModelLoad,
+    OwnerApplied,
+    OwnerRemoved,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
@@ -345,6 +416,8 @@ ORIGIN: dict[type[Event], str] = {
     ApiKeyApplied: "ctl",
     ApiKeyRemoved: "ctl",
     ModelLoad: "gw",
+    OwnerApplied: "ctl",
+    OwnerRemoved: "ctl",
 }
 
 

@@ -22,12 +22,14 @@ import msgspec
 
 from . import events as ev
 from .catalog import NAME_RE, fingerprint, profile_named, spec_problem
+from .quota import count, need, over_limit, replica_amount, shard_amount
 from .scaling import current_load, note_peak, wants
 from .state import (
     KEEP_LAST,
     RUNTIME,
     ApiKey,
     Load,
+    Owner,
     TERMINAL_SHARD_STATES,
     Model,
     Node,
@@ -46,7 +48,8 @@ from .state import (
 # are not trusted, and the state is folded again from the whole log.
 # 3: host memory and CPU accounted per node and shard, tallies per model.
 # 4: restarts, scaling on load, start failures and parking, api keys.
-FOLD_VERSION = 4
+# 5: owners, usage per owner, preemption.
+FOLD_VERSION = 5
 
 
 class Refused(ValueError):
@@ -142,6 +145,14 @@ def _model_applied(state: State, e: ev.ModelApplied, seq: int) -> None:
         # A new definition, the same model: what it learned while running stays.
         for field in RUNTIME:
             setattr(model, field, getattr(old, field))
+        if old.spec.owner != e.model.owner:
+            # Its replicas now count for the new owner (rare: a scan is fine).
+            for rep in state.replicas.values():
+                if rep.model == name and rep.owner != e.model.owner:
+                    amount = replica_amount(rep)
+                    count(state, rep.owner, amount, -1)
+                    count(state, e.model.owner, amount, +1)
+                    rep.owner = e.model.owner
     tally = state.tallies.get(name)
     if tally is not None and tally.live and (old is None or old.fingerprints != model.fingerprints):
         # Which of its replicas the catalog still asks for changed: count
@@ -181,6 +192,17 @@ def _model_retry(state: State, e: ev.ModelRetry, seq: int) -> None:
         raise Refused(f"there is no model {e.name} to retry")
     model.parked = ""
     model.start_failures = 0
+
+
+def _owner_applied(state: State, e: ev.OwnerApplied, seq: int) -> None:
+    parts = e.name.split("/")
+    if not e.name or not all(NAME_RE.match(p) for p in parts):
+        raise Refused(f"owner {e.name!r}: a path of names (letters, digits, _ and -) joined by /")
+    state.owners[e.name] = Owner(guarantee=e.guarantee, limit=e.limit)
+
+
+def _owner_removed(state: State, e: ev.OwnerRemoved, seq: int) -> None:
+    state.owners.pop(e.name, None)
 
 
 def _api_key_applied(state: State, e: ev.ApiKeyApplied, seq: int) -> None:
@@ -261,6 +283,7 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
                     sh.state = r.state
                     sh.endpoint = r.endpoint or sh.endpoint
             else:
+                count(state, rep.owner, shard_amount(sh), -1)
                 sh.state = "failed"
                 sh.reason = "the agent reports it is not running"
             touched = True
@@ -274,7 +297,7 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
             unknown.setdefault(r.replica, []).append(r)
     for rid, group in unknown.items():
         for r in _adopt(state, node, rid, group, e.at):
-            why = _stray_reason(state, r)
+            why = _stray_reason(state, r, node.name)
             node.strays[r.shard] = Stray(generation=r.generation, gpus=list(r.gpus), port=r.port, reason=why)
             for g in r.gpus:
                 node.used.setdefault(g, r.shard)
@@ -330,6 +353,7 @@ def _adopt(state: State, node: Node, rid: str, group: list[ev.RunningShard], at:
         placed_at=at,
         reason=f"adopted: running on {node.name} when its agent registered",
         want_shards=max(profile.nodes, 1),
+        owner=model.spec.owner,
     )
     state.replicas[rid] = rep
     state.replica_numbers[first.model] = max(state.replica_numbers.get(first.model, 1), replica_number(rid) + 1)
@@ -366,6 +390,7 @@ def _merge(
             cpu_cores=int(_at_most(profile.cpu_cores, node.cpu_cores - node.cpu_used, node.cpu_cores)),
         )
         rep.shards.append(sh)
+        count(state, rep.owner, shard_amount(sh), +1)
         _hold(node, sh)
         if sh.memory_gb:
             node.memory_used = add_gb(node.memory_used, sh.memory_gb)
@@ -398,6 +423,7 @@ def _forget(state: State, rep: Replica) -> None:
         if sh.memory_gb:
             node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
         node.cpu_used -= sh.cpu_cores
+        count(state, rep.owner, shard_amount(sh), -1)
     _tally(state, rep, -1)
     del state.replicas[rep.id]
 
@@ -418,14 +444,20 @@ def _tally(state: State, rep: Replica, sign: int) -> None:
         t.assembling += sign
 
 
-def _stray_reason(state: State, r: ev.RunningShard) -> str:
+def _stray_reason(state: State, r: ev.RunningShard, node: str) -> str:
     m = state.models.get(r.model)
     if m is None:
         return f"no model {r.model} in the catalog claims it"
     if r.profile not in m.fingerprints:
         return f"model {r.model} has no profile {r.profile} any more"
-    if r.replica in state.replicas:
-        return f"shard {r.shard} of {r.replica} was given up here (failed or lost) and its replica went on without it"
+    rep = state.replicas.get(r.replica)
+    if rep is not None:
+        if any(sh.id == r.shard and sh.node == node for sh in rep.shards):
+            return f"shard {r.shard} of {r.replica} was given up here (failed or lost) and its replica went on without it"
+        # Not "given up here": a second copy of a replica that runs elsewhere
+        # (one placed under the same id that had come up when this was reported).
+        where = ", ".join(sorted({sh.node for sh in rep.shards})) or "another node"
+        return f"replica {r.replica} runs on {where} already: this copy of it is not the one the control plane placed"
     return f"replica {r.replica} is not one the control plane knows"
 
 
@@ -477,6 +509,7 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
             if sh.memory_gb:
                 node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
             node.cpu_used -= sh.cpu_cores
+        count(state, rep.owner, shard_amount(sh), -1)
     elif current != "stopping":
         sh.state = st
         sh.reason = e.reason
@@ -524,6 +557,10 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         return "a replica needs one shard per distinct node"
     profile = profile_named(model.spec, a.profile)
     memory, cores = (profile.memory_gb, profile.cpu_cores) if profile is not None else (0.0, 0)
+    if state.owners and profile is not None:
+        why = over_limit(state, model.spec.owner, need(profile))
+        if why:
+            return why
     # In place: the shards of the replica it replaces (stopped in the same
     # pass) hand over what they hold on their nodes; the new ones start once
     # they have exited.
@@ -581,10 +618,14 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
             for old_sh in handed.values():
                 if old_sh.node == s.node:
                     shards[-1].after.append(old_sh.id)
-                    # Handed over: its exit must not free them a second time.
+                    # Handed over: its exit must not free them a second time,
+                    # nor count them for its owner meanwhile.
                     node.memory_used = add_gb(node.memory_used, -old_sh.memory_gb)
                     node.cpu_used -= old_sh.cpu_cores
+                    count(state, old.owner, shard_amount(old_sh), -1)
                     old_sh.memory_gb, old_sh.cpu_cores = 0.0, 0
+                    old_sh.gpus = [g for g in old_sh.gpus if g not in gpus_taken]
+                    count(state, old.owner, shard_amount(old_sh), +1)
         used = node.used
         for g in gpus_taken:
             used[g] = sid
@@ -602,7 +643,11 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         reason=a.reason,
         placed_at=e.at,
         replaced=a.replaces,
+        owner=model.spec.owner,
     )
+    if model.spec.owner:
+        for sh in shards:
+            count(state, model.spec.owner, shard_amount(sh), +1)
     state.replica_numbers[model_name] = number + 1
     tally = state.tallies.get(model_name)
     if tally is None:
@@ -687,6 +732,25 @@ def _refuse_restart(state: State, a: ev.RefuseRestart, e: ev.Decided, seq: int) 
     return ""
 
 
+def _preempt(state: State, a: ev.Preempt, e: ev.Decided, seq: int) -> str:
+    """Mark the victims and hold their models back; the victims' StopReplica
+    actions, which follow, stop them."""
+    model = state.models.get(a.model)
+    if model is None:
+        return f"model {a.model} is no longer in the catalog"
+    for v in a.victims:
+        rep = state.replicas.get(v.replica)
+        if rep is None or rep.state == "stopping" or rep.preempted_for:
+            return f"victim {v.replica} is gone, stopping or preempted already"
+    for v in a.victims:
+        state.replicas[v.replica].preempted_for = a.model
+        gave = state.models.get(v.model)
+        if gave is not None:
+            gave.held_until, gave.held_for = a.hold_until, a.model
+    model.preempting = [v.replica for v in a.victims]
+    return ""
+
+
 def _park(state: State, a: ev.ParkModel, e: ev.Decided, seq: int) -> str:
     model = state.models.get(a.model)
     if model is None:
@@ -730,6 +794,7 @@ def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
         touched = False
         for sh in rep.shards:
             if sh.node == e.node and sh.state not in TERMINAL_SHARD_STATES:
+                count(state, rep.owner, shard_amount(sh), -1)
                 sh.state = "failed"
                 sh.reason = f"node {e.node} lost: {e.reason}"
                 touched = True
@@ -857,6 +922,9 @@ def describe_action(a: ev.Action) -> str:
         return f"refuse to restart {a.replica}"
     if isinstance(a, ev.ParkModel):
         return f"park {a.model}"
+    if isinstance(a, ev.Preempt):
+        victims = ", ".join(f"{v.replica} (tier {v.tier}: {v.why})" for v in a.victims)
+        return f"preempt {victims} for {a.model}"
     return type(a).__name__
 
 
@@ -872,6 +940,8 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.ApiKeyApplied: _api_key_applied,
     ev.ApiKeyRemoved: _api_key_removed,
     ev.ModelLoad: _model_load,
+    ev.OwnerApplied: _owner_applied,
+    ev.OwnerRemoved: _owner_removed,
 }
 
 _ACTIONS: dict[type, Callable[[State, ev.Action, ev.Decided, int], str]] = {
@@ -883,4 +953,5 @@ _ACTIONS: dict[type, Callable[[State, ev.Action, ev.Decided, int], str]] = {
     ev.RestartReplica: _restart,
     ev.RefuseRestart: _refuse_restart,
     ev.ParkModel: _park,
+    ev.Preempt: _preempt,
 }

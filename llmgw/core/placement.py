@@ -54,6 +54,7 @@ three cannot disagree.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from bisect import bisect_left, insort
 from functools import lru_cache
 
@@ -451,21 +452,26 @@ class Inventory:
 
     # ------------------------------------------------------------------ placing
 
+    def fits(self, p: ProfileSpec, spread: dict[str, int]) -> bool:
+        """Whether a replica of this profile would fit now (nothing is taken)."""
+        return self._find(p, spread) is not None
+
+    def _find(self, p: ProfileSpec, spread: dict[str, int]) -> list[_View] | None:
+        self._build()
+        groups = self._admitting(p)
+        if p.nodes == 1:
+            for limit in _limits(spread):
+                v = self._best(p, groups, spread, limit, ())
+                if v is not None:
+                    return [v]
+            return None
+        return self._fabric_pick(p, groups, spread)
+
     def place(self, p: ProfileSpec, replica: str, spread: dict[str, int]) -> list[ShardPlacement] | None:
         """Shards for one replica of this profile, taken from the inventory, or
         None when it fits nowhere. `spread`: how many of the model's replicas
         each node runs already; the fewer, the sooner a node is tried."""
-        self._build()
-        groups = self._admitting(p)
-        if p.nodes == 1:
-            v = None
-            for limit in _limits(spread):
-                v = self._best(p, groups, spread, limit, ())
-                if v is not None:
-                    break
-            chosen = [v] if v is not None else None
-        else:
-            chosen = self._fabric_pick(p, groups, spread)
+        chosen = self._find(p, spread)
         if chosen is None:
             return None
         shards = []
@@ -601,6 +607,20 @@ class Inventory:
                     v.next_port = min(v.next_port, sh.port)
                 else:
                     v.ports.add(sh.port)
+
+    def describe_nodes(self, names: Iterable[str]) -> str:
+        """What these nodes have free in this pass, in words (a preemption keeps it)."""
+        out = []
+        for name in sorted(set(names)):
+            v = self.view(name)
+            node = v.node
+            parts = [f"{len(v.free)} of {len(node.gpus)} GPUs free"]
+            if node.memory_gb:
+                parts.append(f"{add_gb(node.memory_gb, -v.mem_used):g} of {node.memory_gb:g} GB free")
+            if node.cpu_cores:
+                parts.append(f"{node.cpu_cores - v.cpu_used} of {node.cpu_cores} cores free")
+            out.append(f"{name}: {', '.join(parts)}")
+        return "; ".join(out)
 
     # ------------------------------------------------------------------ explaining
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .events import Gpu, ModelSpec
+from .events import Gpu, Limit, ModelSpec, Resources
 
 # Shard and replica states. A replica's state follows from its shards'
 # (see fold.derive_replica_state) except "stopping", which is a decision.
@@ -63,6 +63,10 @@ class Replica(msgspec.Struct, kw_only=True):
     # Adopted, and being rebuilt from what agents report: the shards it must
     # have before it can serve (0: whole). Set only while it is short.
     want_shards: int = 0
+    # Its model's owner when placed: what it holds counts for that owner
+    # (and up its tree) until it exits, whatever the catalog says meanwhile.
+    owner: str = ""
+    preempted_for: str = ""  # the model it was stopped to make room for
 
 
 class Stray(msgspec.Struct, kw_only=True):
@@ -157,13 +161,24 @@ class Model(msgspec.Struct, kw_only=True):
     restart_queue: list[str] = []
     restart_surge: int = 0
     restart_unavailable: int = 0
+    # It gave room to `held_for` and may not take it back before
+    # `held_until` (or before that model has what it asked for).
+    held_until: float = 0.0
+    held_for: str = ""
+    # Replicas stopped to make room for it: it waits for them to go.
+    preempting: list[str] = []
 
 
 # The fields of a Model that a new definition of it does not reset.
 RUNTIME = (
     "desired", "load", "last_used", "peaks", "start_failures", "last_failure", "failed_at", "parked",
-    "restart_queue", "restart_surge", "restart_unavailable",
+    "restart_queue", "restart_surge", "restart_unavailable", "held_until", "held_for", "preempting",
 )
+
+
+class Owner(msgspec.Struct, kw_only=True):
+    guarantee: Resources = msgspec.field(default_factory=Resources)
+    limit: Limit = msgspec.field(default_factory=Limit)
 
 
 class ApiKey(msgspec.Struct, kw_only=True):
@@ -198,6 +213,11 @@ class State(msgspec.Struct, kw_only=True):
     # replica_numbers, for names no longer in the catalog.
     tallies: dict[str, Tally] = {}
     api_keys: dict[str, ApiKey] = {}  # by name
+    owners: dict[str, Owner] = {}  # by path ("org/team")
+    # What the live shards of each owner's replicas hold, counted for the
+    # owner and every ancestor ("org/team" counts for "org" too); derived,
+    # like a node's `used`, and kept as the shards come and go.
+    usage: dict[str, Resources] = {}
     quarantine_count: int = 0
     quarantined: list[Quarantined] = []
     voided_count: int = 0

@@ -1,0 +1,196 @@
+"""Quotas: a tree of owners, each with a guarantee and a limit.
+
+Owners are paths: "org" is an organisation, "org/team" one of its teams.
+What a team's replicas hold counts for the team and for every owner above
+it, so an organisation's limit caps all its teams together.
+
+- A limit is the most an owner may hold: a placement that would take it (or
+  an ancestor) past one is refused with the reason (`over_limit`).
+- A guarantee is what an owner can count on. What it holds beyond its
+  guarantee is borrowed (`borrowed`): idle capacity lent while nobody with a
+  guarantee needs it, taken back (preempt.py, tier 1) when an owner within
+  its own guarantee asks for room. A replica within its owner's guarantee is
+  never taken by another owner.
+
+Usage is kept by the fold (`State.usage`, per owner and ancestor) as shards
+come and go; everything here is read from it and from the replicas, with no
+clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from .events import Limit, ProfileSpec, Resources
+from .state import Replica, Shard, State
+
+
+def ancestors(owner: str) -> list[str]:
+    """The owner and those above it, nearest first: "a/b/c" -> a/b/c, a/b, a."""
+    if not owner:
+        return []
+    parts = owner.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+def shard_amount(sh: Shard) -> Resources:
+    return Resources(gpus=len(sh.gpus), cpu_cores=sh.cpu_cores, memory_gb=sh.memory_gb)
+
+
+def replica_amount(rep: Replica) -> Resources:
+    """What a replica's live shards hold."""
+    out = Resources()
+    for sh in rep.shards:
+        if sh.state not in ("failed", "stopped"):
+            out = plus(out, shard_amount(sh))
+    return out
+
+
+def need(p: ProfileSpec) -> Resources:
+    """What one replica of a profile takes."""
+    n = max(p.nodes, 1)
+    return Resources(gpus=p.gpus * n, cpu_cores=p.cpu_cores * n, memory_gb=p.memory_gb * n)
+
+
+def plus(a: Resources, b: Resources, sign: int = 1) -> Resources:
+    return Resources(
+        gpus=a.gpus + sign * b.gpus,
+        cpu_cores=a.cpu_cores + sign * b.cpu_cores,
+        memory_gb=round(a.memory_gb + sign * b.memory_gb, 3),
+    )
+
+
+def count(state: State, owner: str, amount: Resources, sign: int) -> None:
+    """Add (or take away) what a shard holds to its owner and every ancestor."""
+    add(state.usage, owner, amount, sign)
+
+
+def add(usage: dict[str, Resources], owner: str, amount: Resources, sign: int = 1) -> None:
+    """Add an amount to an owner and its ancestors in a usage map."""
+    if not owner or not (amount.gpus or amount.cpu_cores or amount.memory_gb):
+        return
+    for o in ancestors(owner):
+        u = usage.get(o)
+        u = plus(u, amount, sign) if u is not None else plus(Resources(), amount, sign)
+        if u.gpus or u.cpu_cores or u.memory_gb:
+            usage[o] = u
+        else:
+            usage.pop(o, None)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def over_limit(state: State, owner: str, amount: Resources, pending: dict[str, Resources] | None = None) -> str:
+    """Why taking `amount` more would put the owner or an ancestor past its
+    limit, or "" when it would not. `pending`: what placements not folded
+    yet (earlier in the same pass) add, per owner and ancestor."""
+    if not state.owners:
+        return ""
+    for o in ancestors(owner):
+        q = state.owners.get(o)
+        if q is None:
+            continue
+        used = state.usage.get(o, Resources())
+        if pending and o in pending:
+            used = plus(used, pending[o])
+        lim = q.limit
+        for what, have, more, most in (
+            ("GPUs", used.gpus, amount.gpus, lim.gpus),
+            ("CPU cores", used.cpu_cores, amount.cpu_cores, lim.cpu_cores),
+            ("GB of host memory", used.memory_gb, amount.memory_gb, lim.memory_gb),
+        ):
+            if most is not None and more and have + more > most + 1e-9:
+                return f"over limit: owner {o} holds {_fmt(have)} {what}; {_fmt(more)} more would pass its limit of {_fmt(most)}"
+    return ""
+
+
+def governing(state: State, owner: str) -> str:
+    """The nearest owner up the tree with a guarantee ("" when none has one)."""
+    for o in ancestors(owner):
+        q = state.owners.get(o)
+        if q is not None and _any(q.guarantee):
+            return o
+    return ""
+
+
+def _any(r: Resources) -> bool:
+    return bool(r.gpus or r.cpu_cores or r.memory_gb)
+
+
+def _within(used: Resources, g: Resources) -> bool:
+    """Within a guarantee, on what it guarantees: a guarantee of GPUs alone
+    says nothing of the cores that come with them."""
+    return (
+        (not g.gpus or used.gpus <= g.gpus)
+        and (not g.cpu_cores or used.cpu_cores <= g.cpu_cores)
+        and (not g.memory_gb or used.memory_gb <= g.memory_gb + 1e-9)
+    )
+
+
+def within_guarantee(state: State, owner: str, amount: Resources) -> bool:
+    """Whether the owner would still be within its guarantee holding `amount`
+    more: such an owner takes back what others borrowed."""
+    g = governing(state, owner)
+    if not g:
+        return False
+    used = plus(state.usage.get(g, Resources()), amount)
+    return _within(used, state.owners[g].guarantee)
+
+
+def borrowed(state: State, replicas: Iterable[Replica] | None = None) -> set[str]:
+    """Replicas held past their owner's guarantee: of each governing owner's
+    replicas, oldest first, those that take it past what it is guaranteed;
+    and every replica of an owner with no guarantee up its tree."""
+    by_governor: dict[str, list[Replica]] = {}
+    out: set[str] = set()
+    for rep in state.replicas.values() if replicas is None else replicas:
+        if rep.state == "stopping":
+            continue
+        g = governing(state, rep.owner)
+        if not g:
+            out.add(rep.id)
+        else:
+            by_governor.setdefault(g, []).append(rep)
+    for g, reps in by_governor.items():
+        guarantee = state.owners[g].guarantee
+        used = Resources()
+        for rep in sorted(reps, key=lambda r: (r.placed_at, r.id)):
+            used = plus(used, replica_amount(rep))
+            if not _within(used, guarantee):
+                out.add(rep.id)
+    return out
+
+
+class QuotaRow(msgspec.Struct, kw_only=True):
+    owner: str
+    guarantee: Resources
+    limit: Limit
+    usage: Resources
+    borrowed: Resources
+
+
+def report(state: State) -> list[QuotaRow]:
+    """Each owner the catalog names, and each owner replicas run for: its
+    guarantee, limit, usage and what of it is borrowed (`llmgw ctl get quotas`)."""
+    lent = borrowed(state)
+    owed: dict[str, Resources] = {}
+    for rep in state.replicas.values():
+        if rep.id in lent:
+            amount = replica_amount(rep)
+            for o in ancestors(rep.owner):
+                owed[o] = plus(owed.get(o, Resources()), amount)
+    names = sorted(set(state.owners) | set(state.usage))
+    return [
+        QuotaRow(
+            owner=o,
+            guarantee=state.owners[o].guarantee if o in state.owners else Resources(),
+            limit=state.owners[o].limit if o in state.owners else Limit(),
+            usage=state.usage.get(o, Resources()),
+            borrowed=owed.get(o, Resources()),
+        )
+        for o in names
+    ]
