@@ -54,8 +54,8 @@ def add_parser(sub) -> None:
     apply_.add_argument("-f", "--file", required=True)
     _wait_flags(apply_)
 
-    delete = verb("delete", "remove a model or an API key from the catalog")
-    delete.add_argument("kind", choices=["model", "apikey"])
+    delete = verb("delete", "remove a model, an owner or an API key from the catalog")
+    delete.add_argument("kind", choices=["model", "owner", "apikey"])
     delete.add_argument("name")
     _wait_flags(delete)
 
@@ -146,6 +146,8 @@ async def _catalog(bus) -> tuple[State, dict[tuple[str, str], int]]:
             latest[("model", event.name)] = seq
         elif isinstance(event, (ev.ApiKeyApplied, ev.ApiKeyRemoved)):
             latest[("apikey", event.name)] = seq
+        elif isinstance(event, (ev.OwnerApplied, ev.OwnerRemoved)):
+            latest[("owner", event.name)] = seq
     return state, latest
 
 
@@ -231,6 +233,16 @@ async def cmd_apply(args, where: Where) -> int:
             seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
             print(f"model {spec.name} {'configured' if current else 'created'} (event {seq})")
             wait_for = max(wait_for, seq)
+        for owner in catalog.owners:
+            had = state.owners.get(owner.name)
+            if had is not None and (had.guarantee, had.limit) == (owner.guarantee, owner.limit):
+                print(f"owner {owner.name} unchanged")
+                wait_for = max(wait_for, latest.get(("owner", owner.name), 0))
+                continue
+            event = msgspec.structs.replace(owner, at=time.time())
+            seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
+            print(f"owner {owner.name} {'configured' if had else 'created'} (event {seq})")
+            wait_for = max(wait_for, seq)
         for key in catalog.api_keys:
             had = state.api_keys.get(key.name)
             same = had is not None and (had.owner, had.key_sha256, had.requests_per_minute, had.tokens_per_minute) == (
@@ -259,12 +271,16 @@ async def cmd_delete(args, where: Where) -> int:
             if args.name not in state.models:
                 raise CtlError(f"delete: there is no model {args.name}", NOT_FOUND)
             event = ev.ModelRemoved(at=time.time(), name=args.name)
+        elif args.kind == "owner":
+            if args.name not in state.owners:
+                raise CtlError(f"delete: there is no owner {args.name}", NOT_FOUND)
+            event = ev.OwnerRemoved(at=time.time(), name=args.name)
         else:
             if args.name not in state.api_keys:
                 raise CtlError(f"delete: there is no api key {args.name}", NOT_FOUND)
             event = ev.ApiKeyRemoved(at=time.time(), name=args.name)
         seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"ctl-{uuid.uuid4().hex}")
-        print(f"{'model' if args.kind == 'model' else 'api key'} {args.name} deleted (event {seq})")
+        print(f"{args.kind.replace('apikey', 'api key')} {args.name} deleted (event {seq})")
     finally:
         await bus.close()
     if args.wait:
@@ -349,6 +365,10 @@ def _listing(models: ReadModels, args) -> list[dict]:
         return models.nodes()
     if args.kind == "replicas":
         return models.replicas(args.model)
+    if args.kind == "quotas":
+        return models.quotas()
+    if args.kind == "preemptions":
+        return models.preemptions(model=args.model, limit=args.limit)
     return models.decisions(model=args.model, limit=args.limit)
 
 
@@ -362,7 +382,7 @@ async def cmd_get(args, where: Where) -> int:
     # differs is printed. Decisions only ever grow: new ones are the change.
     seen = {views.key_of(args.kind, r): r for r in rows}
     position = models.position()
-    if args.kind == "decisions":
+    if args.kind in ("decisions", "preemptions"):
         args.limit = 0
     while True:
         await asyncio.sleep(WATCH_INTERVAL_S)
@@ -377,7 +397,7 @@ async def cmd_get(args, where: Where) -> int:
                 print(views.render_change(args.kind, "ADDED", row, args.output))
             elif seen[key] != row:
                 print(views.render_change(args.kind, "MODIFIED", row, args.output))
-        if args.kind != "decisions":
+        if args.kind not in ("decisions", "preemptions"):
             for key, row in seen.items():
                 if key not in current:
                     print(views.render_change(args.kind, "DELETED", row, args.output))

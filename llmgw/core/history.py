@@ -58,7 +58,7 @@ def action_about(a: ev.Action) -> tuple[str, str, str, str]:
     if cls is ev.StopStray:
         replica = a.shard.rpartition(".")[0]
         return "stop-stray", replica.rpartition("-")[0], replica, a.node
-    if cls is ev.ScaleModel or cls is ev.ParkModel:
+    if cls is ev.ScaleModel or cls is ev.ParkModel or cls is ev.Preempt:
         return str(a.__struct_config__.tag), a.model, "", ""
     if cls is ev.RestartReplica or cls is ev.RefuseRestart:
         return str(a.__struct_config__.tag), a.replica.rpartition("-")[0], a.replica, ""
@@ -68,6 +68,9 @@ def action_about(a: ev.Action) -> tuple[str, str, str, str]:
 def _action_mentions(a: ev.Action) -> set[Entity]:
     kind, model, replica, node = action_about(a)
     out: set[Entity] = set()
+    if type(a) is ev.Preempt:  # about its victims and their models too
+        for v in a.victims:
+            out.update({("replica", v.replica), ("model", v.model)})
     if model:
         out.add(("model", model))
     if replica:
@@ -75,6 +78,10 @@ def _action_mentions(a: ev.Action) -> set[Entity]:
     if node:
         out.update(("node", n) for n in node.split(","))
     return out
+
+
+def _or_none(x) -> str:
+    return "no limit of" if x is None else f"{x:g}"
 
 
 def summary(event: ev.Event, about: Entity | None = None) -> str:
@@ -101,14 +108,33 @@ def summary(event: ev.Event, about: Entity | None = None) -> str:
         return f"model {event.name} retried: unparked"
     if isinstance(event, ev.ModelLoad):
         return f"load on {event.model} from gateway {event.gateway}: {event.in_flight} in flight, {event.queued} queued"
+    if isinstance(event, ev.OwnerApplied):
+        g, lim = event.guarantee, event.limit
+        return (
+            f"owner {event.name} applied: guarantee {g.gpus} GPUs, {g.cpu_cores} cores, {g.memory_gb:g} GB; "
+            f"limit {_or_none(lim.gpus)} GPUs, {_or_none(lim.cpu_cores)} cores, {_or_none(lim.memory_gb)} GB"
+        )
+    if isinstance(event, ev.OwnerRemoved):
+        return f"owner {event.name} removed"
     if isinstance(event, ev.ApiKeyApplied):
         return f"api key {event.name} applied for {event.owner}"
     if isinstance(event, ev.ApiKeyRemoved):
         return f"api key {event.name} removed"
     if isinstance(event, ev.Decided):
         acts = [a for a in event.actions if about is None or about in _action_mentions(a)]
-        return "; ".join(f"{describe_action(a)} ({a.reason})" if a.reason else describe_action(a) for a in acts)
+        return "; ".join(_said(a) for a in acts)
     return ev.tag_of(type(event))
+
+
+def _said(a: ev.Action) -> str:
+    """One action in words, with its reason (and, for a preemption, what the
+    nodes it freed had before)."""
+    out = describe_action(a)
+    if a.reason:
+        out += f" ({a.reason})"
+    if type(a) is ev.Preempt and a.inventory:
+        out += f" [before: {a.inventory}]"
+    return out
 
 
 class Difference(msgspec.Struct, kw_only=True):

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..core.catalog import MODEL_NAME_RE
-from ..core.events import ApiKeyApplied, ModelSpec, ProfileSpec
+from ..core.events import ApiKeyApplied, Limit, ModelSpec, OwnerApplied, ProfileSpec, Resources
 
 
 class CatalogError(ValueError):
@@ -54,6 +54,7 @@ class _Model(BaseModel):
     on_demand: bool = False
     idle_s: float = Field(600.0, gt=0)
     drain_grace_s: float = Field(30.0, ge=0)
+    priority: Literal["critical", "standard", "opportunistic"] = "standard"
     profiles: list[_Profile] = Field(min_length=1)
 
     @field_validator("name")
@@ -91,15 +92,40 @@ class _ApiKey(BaseModel):
         return self
 
 
+class _Amount(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gpus: int = Field(0, ge=0)
+    cpu_cores: int = Field(0, ge=0)
+    memory_gb: float = Field(0.0, ge=0)
+
+
+class _Limit(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gpus: int | None = Field(None, ge=0)
+    cpu_cores: int | None = Field(None, ge=0)
+    memory_gb: float | None = Field(None, ge=0)
+
+
+class _Owner(BaseModel):
+    """An owner: "org", or a team of it, "org/team"."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}(/[A-Za-z0-9_-]{1,64})*$")
+    guarantee: _Amount = _Amount()
+    limit: _Limit = _Limit()
+
+
 class _Catalog(BaseModel):
     model_config = ConfigDict(extra="forbid")
     models: list[_Model] = []
+    owners: list[_Owner] = []
     api_keys: list[_ApiKey] = []
 
 
 class Catalog(NamedTuple):
     models: list[ModelSpec]
-    api_keys: list[ApiKeyApplied]  # `at` 0: set when published
+    owners: list[OwnerApplied]  # `at` 0: set when published
+    api_keys: list[ApiKeyApplied]
 
 
 def _line_of(root: yaml.Node | None, loc: tuple) -> int | None:
@@ -150,7 +176,11 @@ def load_catalog(path: str | Path) -> Catalog:
             line = _line_of(root, loc)
             lines.append(f"{path}:{line}: {field}: {err['msg']}")
         raise CatalogError("\n".join(lines)) from None
-    for kind, names in (("model", [m.name for m in catalog.models]), ("api key", [k.name for k in catalog.api_keys])):
+    for kind, names in (
+        ("model", [m.name for m in catalog.models]),
+        ("owner", [o.name for o in catalog.owners]),
+        ("api key", [k.name for k in catalog.api_keys]),
+    ):
         for n in sorted(set(names)):
             if names.count(n) > 1:
                 raise CatalogError(f"{path}: {kind} {n} is defined twice")
@@ -169,4 +199,10 @@ def load_catalog(path: str | Path) -> Catalog:
         )
         for k in catalog.api_keys
     ]
-    return Catalog(models=models, api_keys=keys)
+    owners = [
+        OwnerApplied(
+            at=0.0, name=o.name, guarantee=Resources(**o.guarantee.model_dump()), limit=Limit(**o.limit.model_dump())
+        )
+        for o in catalog.owners
+    ]
+    return Catalog(models=models, owners=owners, api_keys=keys)

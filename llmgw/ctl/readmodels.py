@@ -22,6 +22,8 @@ _JSON = {
     "models": ("aliases", "profiles"),
     "nodes": ("gpus", "labels", "strays"),
     "shards": ("gpus",),
+    "quotas": ("guarantee", "limits", "usage", "borrowed"),
+    "preemptions": ("victims",),
 }
 
 
@@ -112,6 +114,21 @@ class ReadModels:
         rows = self._rows(
             "decisions", f"SELECT * FROM decisions {where} ORDER BY seq DESC, idx DESC {limit_sql}", args
         )
+        return rows[::-1]
+
+    def quotas(self) -> list[dict]:
+        return self._rows("quotas", "SELECT * FROM quotas ORDER BY owner")
+
+    def preemptions(self, *, model: str | None = None, limit: int = 50) -> list[dict]:
+        """The latest `limit` preemptions (0: all), oldest first; `model`: for it or taking from it."""
+        where, args = "", ()
+        if model:
+            where = "WHERE model = ? OR EXISTS (SELECT 1 FROM json_each(victims) v WHERE json_extract(v.value, '$.model') = ?)"
+            args = (model, model)
+        limit_sql = "LIMIT ?" if limit else ""
+        if limit:
+            args = (*args, limit)
+        rows = self._rows("preemptions", f"SELECT * FROM preemptions {where} ORDER BY seq DESC, idx DESC {limit_sql}", args)
         return rows[::-1]
 
     def quarantined(self) -> list[dict]:

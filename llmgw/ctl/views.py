@@ -13,7 +13,7 @@ import yaml
 
 from ..text import table, when
 
-KINDS = ("models", "nodes", "replicas", "decisions")
+KINDS = ("models", "nodes", "replicas", "decisions", "quotas", "preemptions")
 
 
 def _age(at: float) -> str:
@@ -73,6 +73,20 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
             r["id"], r["model"], r["profile"], r["state"], r["restart"], ",".join(r["nodes"]), r["endpoint"], r["reason"],
         ],
     ),
+    "quotas": (
+        "owner",
+        ["OWNER", "GUARANTEE", "LIMIT", "USAGE", "BORROWED"],
+        lambda q: [q["owner"], _amount(q["guarantee"]), _amount(q["limits"]), _amount(q["usage"]), _amount(q["borrowed"])],
+    ),
+    "preemptions": (
+        "key",
+        ["SEQ", "TIME", "FOR", "VICTIMS (TIER)", "REASON", "BEFORE", "VOIDED"],
+        lambda p: [
+            str(p["seq"]), when(p["at"]), p["model"],
+            ", ".join(f"{v['replica']} ({v['tier']}: {v['why']})" for v in p["victims"]),
+            p["reason"], p["inventory"], p["voided"],
+        ],
+    ),
     "decisions": (
         "key",
         ["SEQ", "TIME", "DECISION", "REASON", "VOIDED"],
@@ -81,8 +95,17 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
 }
 
 
+def _amount(a: dict) -> str:
+    """An amount of GPUs, cores and memory; in a limit, None is no limit."""
+    parts = []
+    for key, unit in (("gpus", "GPUs"), ("cpu_cores", "cores"), ("memory_gb", "GB")):
+        v = a.get(key)
+        parts.append(f"{'-' if v is None else format(v, 'g')} {unit}")
+    return ", ".join(parts)
+
+
 def key_of(kind: str, row: dict) -> str:
-    if kind == "decisions":
+    if kind in ("decisions", "preemptions"):
         return f"{row['seq']}.{row['idx']}"
     return row[COLUMNS[kind][0]]
 

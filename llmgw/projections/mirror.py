@@ -20,15 +20,21 @@ entity then corrects it.
 from __future__ import annotations
 
 import aiosqlite
+import msgspec
 
 from ..core.state import State
 from . import rows
+
+_encode = msgspec.msgpack.Encoder().encode
 
 
 class Changes:
     """The rows one batch writes, in the order the transaction applies them."""
 
-    __slots__ = ("gone_models", "models", "gone_nodes", "nodes", "gone_shards", "gone_replicas", "replicas", "shards")
+    __slots__ = (
+        "gone_models", "models", "gone_nodes", "nodes", "gone_shards", "gone_replicas", "replicas", "shards",
+        "gone_quotas", "quotas",
+    )
 
     def __init__(self) -> None:
         self.gone_models: list[tuple] = []
@@ -39,6 +45,8 @@ class Changes:
         self.gone_replicas: list[tuple] = []
         self.replicas: list[tuple] = []
         self.shards: list[tuple] = []
+        self.gone_quotas: list[tuple] = []
+        self.quotas: list[tuple] = []
 
 
 class Mirror:
@@ -51,6 +59,8 @@ class Mirror:
         self.shards: dict[str, dict[str, tuple]] = {}  # replica -> shard id -> row
         self.on_node: dict[str, set[str]] = {}  # node -> replicas with a shard row there
         self.ids: dict[tuple[str, str], int] = {}  # (kind, name) -> entities.id
+        self.quotas: dict[str, tuple] = {}
+        self._quota_basis: bytes | None = None  # owners and usage the quota rows were made from
 
     async def load(self, conn: aiosqlite.Connection) -> None:
         self.__init__()
@@ -66,6 +76,7 @@ class Mirror:
             self.shards.setdefault(row[1], {})[row[0]] = row
             self.on_node.setdefault(row[2], set()).add(row[1])
         self.ids = {(kind, name): id_ for id_, kind, name in await select("entities")}
+        self.quotas = {row[0]: row for row in await select("quotas")}
 
     def changes(self, state: State, batch: rows.Batch) -> Changes:
         """The writes that bring the database from what it holds to `state`
@@ -85,7 +96,19 @@ class Mirror:
                 replicas |= self.on_node.get(name, set())
         for rid in sorted(replicas):
             self._replica(state, rid, out)
+        self._quotas(state, out)
         return out
+
+    def _quotas(self, state: State, out: Changes) -> None:
+        """Quota rows change with the owners and what they hold: made again
+        only when either did (a few owners, but `borrowed` reads every replica)."""
+        basis = _encode((state.owners, state.usage))
+        if basis == self._quota_basis:
+            return
+        self._quota_basis = basis
+        new = rows.quota_rows(state)
+        for owner in sorted(set(self.quotas) | set(new)):
+            self._put(self.quotas, owner, new.get(owner), out.quotas, out.gone_quotas)
 
     @staticmethod
     def _put(have: dict, key: str, row: tuple | None, upserts: list, deletes: list) -> None:

@@ -34,6 +34,7 @@ from ..core.catalog import max_replicas
 from ..core.fold import apply, describe_action
 from ..core.history import action_about, mentions, summary
 from ..core.decide import restart_state
+from ..core.quota import report
 from ..core.scaling import decided
 from ..core.state import Model, Node, Replica, State
 
@@ -55,6 +56,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "replicas": ("id", "model", "profile", "fingerprint", "state", "reason", "placed_at", "ready_at", "stopping_at",
                  "restart"),
     "shards": ("id", "replica", "node", "rank", "gpus", "port", "generation", "state", "reason", "endpoint"),
+    "quotas": ("owner", "guarantee", "limits", "usage", "borrowed"),
+    "preemptions": ("seq", "idx", "at", "model", "victims", "reason", "inventory", "voided"),
 }
 
 _json = msgspec.json.Encoder()
@@ -85,7 +88,9 @@ def _json_text(obj) -> str:
 class Batch:
     """The rows and dirty entities of a run of consecutive events."""
 
-    __slots__ = ("first_seq", "last_seq", "events", "entities", "mentions", "decisions", "quarantined", "dirty")
+    __slots__ = (
+        "first_seq", "last_seq", "events", "entities", "mentions", "decisions", "quarantined", "dirty", "preemptions",
+    )
 
     def __init__(self) -> None:
         self.first_seq = 0
@@ -95,6 +100,7 @@ class Batch:
         self.mentions: list[int] = []  # entity id << SEQ_BITS | seq
         self.decisions: list[tuple] = []  # (seq, idx, at, kind, model, replica, node, reason, voided)
         self.quarantined: list[tuple] = []  # (seq, subject, error)
+        self.preemptions: list[tuple] = []  # (seq, idx, at, model, victims, reason, inventory, voided)
         self.dirty: dict[str, set[str]] = {"model": set(), "node": set(), "replica": set()}
 
     @property
@@ -185,6 +191,9 @@ def _fold_one(state: State, batch: Batch, ids: dict, seq: int, subject: str, dat
         at, append = event.at, batch.decisions.append
         for i, a in enumerate(actions):
             append((seq, i, at, *_action_row(a, stop_nodes), a.reason, why_void[i]))
+            if type(a) is ev.Preempt:
+                victims = _json_text(a.victims)
+                batch.preemptions.append((seq, i, at, a.model, victims, a.reason, a.inventory, why_void[i]))
     elif cls is _NODE_LOST:
         why_void = error and f"the event was quarantined: {error}"
         batch.decisions.append((seq, 0, event.at, "node-lost", "", "", event.node, event.reason, why_void))
@@ -245,6 +254,14 @@ def _nodes_of(rep: Replica) -> str:
 # --------------------------------------------------------------------------- entity rows
 
 
+def quota_rows(state: State) -> dict[str, tuple]:
+    """The quotas table for a state: a row per owner (core.quota.report)."""
+    return {
+        q.owner: (q.owner, _json_text(q.guarantee), _json_text(q.limit), _json_text(q.usage), _json_text(q.borrowed))
+        for q in report(state)
+    }
+
+
 def replicas_on(state: State, nodes: set[str]) -> set[str]:
     """Replicas in the state with a shard on one of `nodes`."""
     out = set()
@@ -264,6 +281,7 @@ class EntityRows(msgspec.Struct):
     nodes: dict[str, tuple]
     replicas: dict[str, tuple]
     shards: dict[str, tuple]
+    quotas: dict[str, tuple]
 
 
 def all_entity_rows(state: State) -> EntityRows:
@@ -278,6 +296,7 @@ def all_entity_rows(state: State) -> EntityRows:
         nodes={name: node_row(n) for name, n in state.nodes.items()},
         replicas={rid: replica_row(r, state) for rid, r in state.replicas.items()},
         shards=shards,
+        quotas=quota_rows(state),
     )
 
 

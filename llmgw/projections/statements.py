@@ -26,7 +26,7 @@ from . import rows
 from .mirror import Changes
 
 # Entity tables are written by upsert on their primary key.
-_UPSERT = {"models", "nodes", "replicas", "shards"}
+_UPSERT = {"models", "nodes", "replicas", "shards", "quotas"}
 # (the statement up to VALUES, columns per row) of every insert.
 INSERT = {
     table: (f"INSERT {'OR REPLACE ' if table in _UPSERT else ''}INTO {table} ({', '.join(cols)}) VALUES ", len(cols))
@@ -37,6 +37,7 @@ DELETE = {
     "nodes": "DELETE FROM nodes WHERE name = ?",
     "replicas": "DELETE FROM replicas WHERE id = ?",
     "shards": "DELETE FROM shards WHERE id = ?",
+    "quotas": "DELETE FROM quotas WHERE owner = ?",
 }
 MAX_PARAMS = 990
 _SMALLER = (256, 64, 16, 4, 1)
@@ -97,12 +98,15 @@ async def write(conn: aiosqlite.Connection, batch: rows.Batch, changes: Changes)
         await insert(conn, "decisions", batch.decisions)
     if batch.quarantined:
         await insert(conn, "quarantined", batch.quarantined)
+    if batch.preemptions:
+        await insert(conn, "preemptions", batch.preemptions)
     for table, gone, upserts in (
         ("models", changes.gone_models, changes.models),
         ("nodes", changes.gone_nodes, changes.nodes),
         ("shards", changes.gone_shards, ()),
         ("replicas", changes.gone_replicas, changes.replicas),
         ("shards", (), changes.shards),
+        ("quotas", changes.gone_quotas, changes.quotas),
     ):
         if gone:
             await conn.executemany(DELETE[table], gone)
