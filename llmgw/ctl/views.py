@@ -76,7 +76,10 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
     "quotas": (
         "owner",
         ["OWNER", "GUARANTEE", "LIMIT", "USAGE", "BORROWED"],
-        lambda q: [q["owner"], _amount(q["guarantee"]), _amount(q["limits"]), _amount(q["usage"]), _amount(q["borrowed"])],
+        lambda q: [
+            q["owner"], _amount(q["guarantee"]), _amount(q["limits"], limit=True), _amount(q["usage"]),
+            _amount(q["borrowed"]),
+        ],
     ),
     "preemptions": (
         "key",
@@ -95,12 +98,13 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
 }
 
 
-def _amount(a: dict) -> str:
-    """An amount of GPUs, cores and memory; in a limit, None is no limit."""
+def _amount(a: dict, limit: bool = False) -> str:
+    """An amount of GPUs, cores and memory (what is not said is 0); of a
+    limit, what is not said is not limited ("-")."""
     parts = []
     for key, unit in (("gpus", "GPUs"), ("cpu_cores", "cores"), ("memory_gb", "GB")):
         v = a.get(key)
-        parts.append(f"{'-' if v is None else format(v, 'g')} {unit}")
+        parts.append(f"{('-' if limit else '0') if v is None else format(v, 'g')} {unit}")
     return ", ".join(parts)
 
 
