@@ -77,11 +77,15 @@ class NatsServer:
             "}\n".replace("'", '"')
         )
         log = open(self.store_dir / "nats-server.log", "ab")
+        # A session of its own: a Ctrl-C in the terminal reaches `llmgw up`
+        # alone, which stops NATS last, after the components have said their
+        # last words (an agent reports the engines it stopped).
         self.proc = subprocess.Popen(
             [nats_server_binary(), "-c", str(conf)],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         log.close()
         deadline = time.monotonic() + timeout

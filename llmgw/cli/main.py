@@ -1,8 +1,10 @@
 """`llmgw`: one command, a subcommand per component.
 
-    llmgw up                 embedded NATS + control plane (+ later: projector, agent, gateway)
+    llmgw up                 embedded NATS, control plane, projector, an agent and the demo model (+ later: gateway)
     llmgw control            the control plane alone, against a NATS you run
+    llmgw agent              the node agent: runs this node's inference engines
     llmgw agent --simulate   a simulated node
+    llmgw gateway            the OpenAI API, routed to ready replicas
     llmgw ctl apply -f FILE  publish a catalog; get, describe: read the read models
     llmgw projections rebuild  make the read models afresh from the log
     llmgw replay [FILE]      fold the log and look at any moment of it
@@ -60,7 +62,17 @@ def _run_until_signalled(main_coro_factory) -> None:
 def cmd_up(args) -> None:
     from .up import up
 
-    sys.exit(up(state_dir=args.state_dir, nats_port=args.nats_port, nats_url=args.nats))
+    sys.exit(
+        up(
+            state_dir=args.state_dir,
+            nats_port=args.nats_port,
+            nats_url=args.nats,
+            agent=not args.no_agent,
+            demo=not args.no_demo,
+            agent_file=args.agent_file,
+            node_name=args.name,
+        )
+    )
 
 
 def cmd_control(args) -> None:
@@ -85,9 +97,54 @@ def cmd_control(args) -> None:
     _run_until_signalled(main)
 
 
+def cmd_gateway(args) -> None:
+    import re
+    import socket
+
+    from ..bus.nats import NatsBus
+    from ..gateway.server import Gateway
+    from ..telemetry import setup
+
+    name = args.name or re.sub(r"[^A-Za-z0-9_-]", "-", f"{socket.gethostname().split('.')[0]}-{args.port}")[:64]
+    if not re.match(r"^[A-Za-z0-9_-]{1,64}$", name):
+        sys.exit(f"llmgw gateway: a gateway name is letters, digits, _ and - (at most 64), not {name!r}")
+    _setup_logging(args.verbose)
+    setup("llmgw-gateway")
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+
+    async def main(stop: asyncio.Event) -> None:
+        bus = await NatsBus.connect(_nats_url(args), name=f"llmgw-gateway-{name}", forever=True)
+        gateway = Gateway(
+            bus, name=name, port=args.port, host=args.host, wait_s=args.wait_timeout,
+            upstream_timeout=args.upstream_timeout,
+        )  # fmt: skip
+        try:
+            await gateway.run(stop)
+        finally:
+            await bus.close()
+
+    _run_until_signalled(main)
+
+
+def default_node_name() -> str:
+    """This machine's host name, as a node name (letters, digits, _ and -)."""
+    import re
+    import socket
+
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname().split(".")[0])[:64]
+    return name or "node"
+
+
 def cmd_agent(args) -> None:
     if not args.simulate:
-        sys.exit("llmgw agent: only the simulated agent exists so far; run it with --simulate")
+        return cmd_real_agent(args)
+    if not args.name:
+        sys.exit("llmgw agent: a simulated node needs --name")
     from ..agent.simulated import SimulatedAgent
     from ..bus.nats import NatsBus
 
@@ -116,6 +173,59 @@ def cmd_agent(args) -> None:
             await agent.run(stop)
         finally:
             await sub.unsubscribe()
+            await bus.close()
+
+    _run_until_signalled(main)
+
+
+def cmd_real_agent(args) -> None:
+    from pathlib import Path
+
+    from ..agent import agentfile
+    from ..agent.node import NodeAgent, StateDirTaken
+    from ..bus.nats import NatsBus
+    from ..core.catalog import NAME_RE
+
+    name = args.name or default_node_name()
+    if not NAME_RE.match(name):
+        sys.exit(f"llmgw agent: a node name is letters, digits, _ and - (at most 64), not {name!r}")
+    try:
+        agent_file = agentfile.load(args.agent_file)
+    except agentfile.AgentFileError as e:
+        print(f"llmgw agent: {e}", file=sys.stderr)
+        sys.exit(2)
+    state_dir = Path(args.state_dir or os.path.join(".llmgw", f"agent-{name}"))
+    _setup_logging(args.verbose)
+    log = logging.getLogger("llmgw.agent")
+    url = _nats_url(args)
+
+    async def main(stop: asyncio.Event) -> None:
+        # NATS may not be up yet (a node booting before it): wait for it, forever.
+        delay = 0.5
+        while True:
+            try:
+                bus = await NatsBus.connect(url, name=f"llmgw-agent-{name}", forever=True)
+                break
+            except ConnectionError as e:
+                log.warning("%s; trying again in %gs", e, delay)
+                try:
+                    await asyncio.wait_for(stop.wait(), delay)
+                    return
+                except asyncio.TimeoutError:
+                    delay = min(delay * 2, 5.0)
+        agent = NodeAgent(
+            bus,
+            name,
+            state_dir=state_dir,
+            agent_file=agent_file,
+            stop_engines_on_exit=args.stop_engines_on_exit,
+            model_dirs=(state_dir / "models", state_dir.parent / "models"),
+        )
+        try:
+            await agent.run(stop)
+        except StateDirTaken as e:
+            sys.exit(f"llmgw agent: {e}")
+        finally:
             await bus.close()
 
     _run_until_signalled(main)
@@ -195,10 +305,14 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llmgw", description="A GPU fleet as one LLM service, folded from an event log.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    up = sub.add_parser("up", help="run NATS (embedded) and the control plane on this machine")
+    up = sub.add_parser("up", help="run NATS (embedded), the control plane, the projector and an agent on this machine")
     up.add_argument("--state-dir", default=".llmgw", help="where NATS keeps the log and the control plane its snapshots")
     up.add_argument("--nats-port", type=int, default=4222)
     up.add_argument("--nats", help="use this NATS server or cluster instead of starting one")
+    up.add_argument("--no-agent", action="store_true", help="run no agent on this machine (and so no demo model)")
+    up.add_argument("--no-demo", action="store_true", help="do not apply the demo model to an empty catalog")
+    up.add_argument("--agent-file", help="the local agent's file (default: one written for this CPU-only machine)")
+    up.add_argument("--name", help="the local node's name (default: the host name)")
     up.set_defaults(func=cmd_up)
 
     control = sub.add_parser("control", help="run the control plane")
@@ -211,10 +325,18 @@ def parser() -> argparse.ArgumentParser:
     control.add_argument("-v", "--verbose", action="store_true")
     control.set_defaults(func=cmd_control)
 
-    agent = sub.add_parser("agent", help="run a node agent")
+    agent = sub.add_parser("agent", help="run a node agent: the engines of this node (or, with --simulate, none)")
     agent.add_argument("--simulate", action="store_true", help="a simulated node: runs no engine")
-    agent.add_argument("--name", required=True)
-    agent.add_argument("--gpus", type=int, default=8)
+    agent.add_argument("--name", help="the node's name (default: the host name; required with --simulate)")
+    agent.add_argument("--agent-file", help="what this node has that NVML cannot say (YAML; see llmgw/agent/agentfile.py)")
+    agent.add_argument(
+        "--state-dir", help="engines' logs and what the agent remembers across restarts (default .llmgw/agent-NAME)"
+    )
+    agent.add_argument(
+        "--stop-engines-on-exit", action="store_true",
+        help="stop the engines when the agent stops (llmgw up); by default they outlive it and are adopted again",
+    )  # fmt: skip
+    agent.add_argument("--gpus", type=int, default=8, help="GPUs of a simulated node")
     agent.add_argument("--gpu-memory", type=float, default=80.0, help="GB per simulated GPU")
     agent.add_argument("--loading-after", type=float, default=0.1, help="seconds from starting to loading")
     agent.add_argument("--ready-after", type=float, default=0.5, help="seconds from loading to ready")
@@ -222,6 +344,22 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--nats")
     agent.add_argument("-v", "--verbose", action="store_true")
     agent.set_defaults(func=cmd_agent)
+
+    gateway = sub.add_parser("gateway", help="serve the OpenAI API and route to ready replicas (stateless: run as many as needed)")
+    gateway.add_argument("--nats", help=f"NATS URL (default $LLMGW_NATS, else the local llmgw up, else {DEFAULT_NATS})")
+    gateway.add_argument("--port", type=int, default=8080, help="the port of the OpenAI API (0: any free one)")
+    gateway.add_argument(
+        "--host", default="0.0.0.0",
+        help="where to listen once the catalog defines API keys (until then, and without keys, 127.0.0.1 only)",
+    )  # fmt: skip
+    gateway.add_argument("--name", help="the gateway's name in the load it reports (default HOST-PORT)")
+    gateway.add_argument(
+        "--wait-timeout", type=float, default=300.0,
+        help="seconds a request waits for a ready replica (an on-demand model waking) before 503",
+    )  # fmt: skip
+    gateway.add_argument("--upstream-timeout", type=float, default=600.0, help="seconds to wait for an engine's first byte")
+    gateway.add_argument("-v", "--verbose", action="store_true")
+    gateway.set_defaults(func=cmd_gateway)
 
     from . import ctl
 

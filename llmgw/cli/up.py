@@ -5,6 +5,14 @@ component as a child process of its own, so that any of them can be killed
 and restarted on its own, as in a real fleet. A child that dies is started
 again after a pause. Ctrl-C (or SIGTERM) stops every process it started, the
 components first, NATS last, and running it again resumes from the same log.
+
+Unless told `--no-agent`, a real agent runs this machine as a node (named
+after the host, with an agent file written for a CPU-only machine unless
+`--agent-file` gives one; its state under `<state dir>/agent`). It stops its
+engines when `up` stops, but an agent that dies is started again and adopts
+them. Unless told `--no-demo`, an empty catalog gets the demo model
+(SmolLM2-135M-Instruct on llama.cpp, on the CPU; `demo.py`), and `up` says
+where it answers once it is ready.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from ..ctl.locate import DB_FILE, remove_up_file, write_up_file
 
 RESTART_PAUSE_S = 1.0  # doubled for each quick death in a row, up to a minute
 HEALTHY_AFTER_S = 30.0
-STOP_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 20.0  # the agent stops its engines first
 
 
 class Child:
@@ -50,9 +58,29 @@ class Child:
             self.proc.wait()
 
 
-def up(state_dir: str, nats_port: int, nats_url: str | None) -> int:
+def up(
+    state_dir: str,
+    nats_port: int,
+    nats_url: str | None,
+    *,
+    agent: bool = True,
+    demo: bool = True,
+    agent_file: str | None = None,
+    node_name: str | None = None,
+) -> int:
+    import asyncio
+
+    from . import demo as demo_mod
+
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
+    demo = demo and agent
+    if demo:
+        # Before anything runs: a download interrupted leaves nothing to stop.
+        problem = demo_mod.ensure_weights(state)
+        if problem:
+            print(f"llmgw up: no demo model ({problem}); run with --no-demo to stop trying", file=sys.stderr, flush=True)
+            demo = False
     server = None
     if nats_url is None:
         server = NatsServer(state / "nats", nats_port)
@@ -70,6 +98,20 @@ def up(state_dir: str, nats_port: int, nats_url: str | None) -> int:
         # The read models: it waits for the streams the control plane creates.
         Child("projector", [py, "-m", "llmgw.projections", "--nats", nats_url, "--db", str(db)]),
     ]
+    if agent:
+        from .main import default_node_name
+
+        node = node_name or default_node_name()
+        af = Path(agent_file) if agent_file else demo_mod.write_agent_file(state / "agent.yaml")
+        children.append(
+            Child(
+                f"agent {node}",
+                [
+                    py, "-m", "llmgw", "agent", "--name", node, "--agent-file", str(af),
+                    "--state-dir", str(state / "agent"), "--nats", nats_url, "--stop-engines-on-exit",
+                ],
+            )  # fmt: skip
+        )
     stopping = False
 
     def on_signal(signum, frame) -> None:
@@ -78,21 +120,32 @@ def up(state_dir: str, nats_port: int, nats_url: str | None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    for c in children:
-        c.start()
-    # How `llmgw ctl` (and the other commands) run in this folder find us.
-    write_up_file(state, nats=nats_url, db=db)
-    print(
-        f"read models (SQLite): {db.resolve()}\n"
-        f"ready. In other shells, here (or with --nats {nats_url}):\n"
-        f"  llmgw agent --simulate --name gpu-1 --gpus 8\n"
-        f"  llmgw ctl apply -f deploy/catalog.example.yaml --wait\n"
-        f"  llmgw ctl get replicas --watch\n"
-        f"  llmgw replay\n"
-        f"Ctrl-C stops everything.",
-        flush=True,
-    )
+    watcher = None
     try:
+        for c in children:
+            c.start()
+        # How `llmgw ctl` (and the other commands) run in this folder find us.
+        write_up_file(state, nats=nats_url, db=db)
+        if demo:
+            try:
+                said = asyncio.run(demo_mod.apply_demo(nats_url))
+            except Exception as e:  # the control plane slow to make the streams, NATS gone
+                said = f"could not apply the demo model: {e}"
+            if said:
+                print(f"llmgw up: {said}", flush=True)
+            watcher = demo_mod.DemoWatcher(nats_url)
+            watcher.start()
+        print(
+            f"read models (SQLite): {db.resolve()}\n"
+            f"ready. In other shells, here (or with --nats {nats_url}):\n"
+            + ("  llmgw ctl get replicas --watch           # the demo model, starting\n" if demo else "")
+            + f"  llmgw agent --simulate --name gpu-1 --gpus 8\n"
+            f"  llmgw ctl apply -f deploy/catalog.example.yaml --wait\n"
+            f"  llmgw ctl get replicas --watch\n"
+            f"  llmgw replay\n"
+            f"Ctrl-C stops everything.",
+            flush=True,
+        )
         while not stopping:
             time.sleep(0.2)
             for c in children:
@@ -110,6 +163,8 @@ def up(state_dir: str, nats_port: int, nats_url: str | None) -> int:
                         c.start()
     finally:
         print("llmgw up: stopping", flush=True)
+        if watcher is not None:
+            watcher.halt.set()
         remove_up_file(state)
         for c in reversed(children):
             c.stop()

@@ -1,0 +1,160 @@
+"""The agent file: what a node has that the agent cannot find out by itself.
+
+YAML, validated with pydantic; an error names the file, the line and the
+field (as a catalog's does) and the agent does not start.
+
+    # where engines listen, and the host of the endpoints others reach
+    address: 10.1.2.3
+    # only where NVML finds no GPU: a CPU-only machine declares its (none, or
+    # pretend) GPUs here; NVML's answer wins where there is one
+    gpus:
+      - {index: 0, model: "NVIDIA H100 80GB HBM3", memory_gb: 80}
+    cpu_cores: 32          # for shards; default: the cores this process may use
+    memory_gb: 512         # for shards; default: the machine's memory
+    hcas: [mlx5_0, mlx5_1] # reported as the label llmgw.io/hcas (comma-separated)
+    labels:
+      llmgw.io/site: par1
+      llmgw.io/room: r2
+      llmgw.io/row: "4"
+      llmgw.io/rack: r4-12
+      llmgw.io/pdu: pdu-a
+      llmgw.io/pool: prod
+      llmgw.io/fabric: ib-1
+    models:                # names a profile's `model` may use, and where the weights are here
+      qwen-7b: /models/qwen2.5-7b-instruct-q4_k_m.gguf   # "./x" and "../x": relative to this file
+      qwen-hub: Qwen/Qwen2.5-7B-Instruct                  # anything else: passed to the engine as written
+    engines:               # where an engine kind's program is (default: on PATH)
+      vllm: /opt/vllm/bin/vllm
+      sglang: /opt/sglang/bin/python
+    start_timeout_s: 900   # not healthy by then: the shard failed
+    stop_timeout_s: 10     # after SIGTERM, SIGKILL
+
+Labels under `llmgw.io/` are the ones llmgw reads; a typo there is an error
+rather than a label nobody reads. Other labels pass through as they are.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..ctl.catalog_file import _line_of
+
+KNOWN_LABELS = frozenset(
+    f"llmgw.io/{k}" for k in ("site", "room", "row", "rack", "pdu", "pool", "fabric", "simulated")
+)
+HCAS_LABEL = "llmgw.io/hcas"
+ENGINE_KINDS = ("llama.cpp", "vllm", "sglang")
+
+
+class AgentFileError(ValueError):
+    pass
+
+
+class GpuDecl(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    index: int = Field(ge=0)
+    model: str = ""
+    memory_gb: float = Field(0.0, ge=0)
+
+
+class AgentFile(BaseModel):
+    """An agent file, as loaded (every field has a default: no file is an empty one)."""
+
+    model_config = ConfigDict(extra="forbid")
+    address: str = "127.0.0.1"
+    gpus: list[GpuDecl] = []
+    cpu_cores: int = Field(0, ge=0)  # 0: what the machine has
+    memory_gb: float = Field(0.0, ge=0)  # 0: what the machine has
+    hcas: list[str] = []
+    labels: dict[str, str] = {}
+    models: dict[str, str] = {}
+    engines: dict[str, str] = {}
+    start_timeout_s: float = Field(900.0, gt=0)
+    stop_timeout_s: float = Field(10.0, gt=0)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            if not v or any(c.isspace() or c in "/:" for c in v):
+                raise ValueError("an IP address or a host name") from None
+        return v
+
+    def problems(self) -> list[tuple[tuple, str]]:
+        """(location, message) of what the types alone do not catch, each at its own line."""
+        out: list[tuple[tuple, str]] = []
+        seen: set[int] = set()
+        for i, g in enumerate(self.gpus):
+            if g.index in seen:
+                out.append((("gpus", i, "index"), f"GPU index {g.index} is declared twice"))
+            seen.add(g.index)
+        known = ", ".join(sorted(KNOWN_LABELS))
+        for key in self.labels:
+            if key == HCAS_LABEL:
+                out.append((("labels", key), f"{HCAS_LABEL} comes from `hcas`, not from a label"))
+            elif key.startswith("llmgw.io/") and key not in KNOWN_LABELS:
+                out.append((("labels", key), f"{key} is not a label llmgw reads (known: {known})"))
+        for kind in self.engines:
+            if kind not in ENGINE_KINDS:
+                out.append((("engines", kind), f"{kind} is not an engine kind ({', '.join(ENGINE_KINDS)})"))
+        return out
+
+    def node_labels(self) -> dict[str, str]:
+        labels = dict(self.labels)
+        if self.hcas:
+            labels[HCAS_LABEL] = ",".join(self.hcas)
+        return labels
+
+
+def load(path: str | Path | None) -> AgentFile:
+    """The agent file at `path`; None: the empty one."""
+    if path is None:
+        return AgentFile()
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise AgentFileError(f"{path}: {e.strerror}") from None
+    try:
+        data: Any = yaml.safe_load(text)
+        root = yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise AgentFileError(f"{path}{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if data is not None and not isinstance(data, dict):
+        raise AgentFileError(f"{path}:1: (top level): a mapping of fields is expected")
+    try:
+        loaded = AgentFile.model_validate(data or {})
+    except ValidationError as e:
+        raise AgentFileError(_say(path, root, [(tuple(err["loc"]), err["msg"]) for err in e.errors()])) from None
+    problems = loaded.problems()
+    if problems:
+        raise AgentFileError(_say(path, root, problems))
+    # "./x.gguf" and "../x" are relative to the file; anything else is kept
+    # as written (an absolute path, or a hub id such as Qwen/Qwen2.5-7B).
+    loaded.models = {
+        k: str((path.parent / v).resolve()) if v.startswith(("./", "../")) else v for k, v in loaded.models.items()
+    }
+    return loaded
+
+
+def _say(path: Path, root, problems: list[tuple[tuple, str]]) -> str:
+    lines = []
+    for loc, msg in problems:
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        lines.append(f"{path}:{_line_of(root, loc)}: {field}: {msg}")
+    return "\n".join(lines)
+
+
+def dump(agent_file: AgentFile) -> str:
+    """YAML for an agent file (what `llmgw up` writes for its machine)."""
+    data = agent_file.model_dump(exclude_defaults=True)
+    return yaml.safe_dump(data, sort_keys=False)

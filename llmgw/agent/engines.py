@@ -1,0 +1,170 @@
+"""The command line of an engine, from a start command and the node it lands on.
+
+A profile's `engine` is a kind the agent knows, or a command template:
+
+    llama.cpp  llama.cpp on the CPU (or the GPUs of an xllamacpp built for
+               them) through `xllamacpp`: `python -m llmgw.agent.llamacpp_server`
+    vllm       `vllm serve MODEL` (the program: agent file `engines.vllm`, else on PATH)
+    sglang     `python -m sglang.launch_server` (the python: `engines.sglang`, else this one)
+    anything else: a command template, split like a shell would
+               (`my-server --port {port}`); the profile's args are templates too
+
+The agent decides the port, the GPUs (through `CUDA_VISIBLE_DEVICES`, empty
+when the shard has none, so a CPU engine takes no GPU it was not given), the
+tensor-parallel size (the shard's GPUs), the model, and for a multi-node
+replica the number of nodes, this shard's rank and the leader's address (the
+rank 0 node, by its node name as a host name; its rendezvous port is
+DIST_PORT unless the profile's args say otherwise). The profile's args come
+last, so they override what the agent chose (argparse keeps the last).
+
+Template placeholders: {port} {host} {model} (the weights, resolved) {name}
+(the catalog model) {gpus} (comma list) {tp} (GPU count) {rank} {nodes}
+(node count) {leader} {dist_port} {replica} {shard} {python} (the agent's
+interpreter); `{{` and `}}` for braces. An unknown placeholder is an error
+that names it. Args of the known kinds are passed as written.
+
+Each kind says how to tell it is healthy (`health`, a path that answers 200
+once the model is loaded; the OpenAI `/v1/models` for templates) and where its
+requests in flight show (`metrics` and `inflight`, Prometheus gauges summed),
+which a drain waits on.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import string
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..core.commands import StartShard
+
+LLAMA_CPP = "llama.cpp"
+VLLM = "vllm"
+SGLANG = "sglang"
+KINDS = (LLAMA_CPP, VLLM, SGLANG)
+DIST_PORT = 29500
+PLACEHOLDERS = (
+    "port", "host", "model", "name", "gpus", "tp", "rank", "nodes", "leader", "dist_port", "replica", "shard", "python",
+)
+
+
+class EngineError(ValueError):
+    """The engine cannot be started here; the message is the shard's failure reason."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: list[str]
+    env: dict[str, str]  # added to the agent's environment
+    health: str  # a path that answers 200 once ready
+    metrics: str = ""  # Prometheus metrics ("" none)
+    inflight: tuple[str, ...] = ()  # gauges whose sum is the requests in flight
+    kind: str = ""
+    model: str = ""  # the weights, resolved
+
+
+def _leader(cmd: StartShard, host: str) -> str:
+    return host if cmd.rank == 0 or not cmd.nodes else cmd.nodes[0]
+
+
+def _check_program(program: str, which: Callable[[str], str | None], where: str) -> str:
+    if "/" in program:
+        if not Path(program).is_file():
+            raise EngineError(f"engine program {program} does not exist ({where})")
+        return program
+    found = which(program)
+    if found is None:
+        raise EngineError(f"engine program {program} not found on PATH ({where})")
+    return found
+
+
+def build(
+    cmd: StartShard,
+    *,
+    host: str,
+    model: str,
+    engines: dict[str, str] | None = None,
+    python: str = sys.executable,
+    which: Callable[[str], str | None] = shutil.which,
+) -> Launch:
+    """The launch of one shard; `model` is the weights, already resolved on this node."""
+    engines = engines or {}
+    p = cmd.profile
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in cmd.gpus)}
+    tp = max(len(cmd.gpus), 1)
+    nodes = max(p.nodes, len(cmd.nodes), 1)
+    kind = p.engine
+    if kind == "sim":
+        raise EngineError("engine sim is for simulated agents: a real agent runs llama.cpp, vllm, sglang or a command")
+    if kind == LLAMA_CPP:
+        if nodes > 1:
+            raise EngineError("llama.cpp runs on one node: a profile of nodes > 1 needs vllm, sglang or a command")
+        if not model:
+            raise EngineError(f"profile {p.name} of {cmd.model} names no model file (profile field `model`)")
+        if not Path(model).is_file():
+            raise EngineError(f"model file {model} not found on this node (profile {p.name} of {cmd.model})")
+        argv = [python, "-m", "llmgw.agent.llamacpp_server", "--model", model, "--host", host, "--port", str(cmd.port)]
+        argv += ["--alias", cmd.model]
+        if p.cpu_cores:
+            argv += ["--threads", str(p.cpu_cores)]
+        if cmd.gpus:
+            argv += ["--n-gpu-layers", "999"]
+        return Launch(
+            argv + list(p.args), env, "/health", "/metrics", ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+            kind, model,
+        )
+    if kind == VLLM:
+        program = _check_program(engines.get(VLLM, "vllm"), which, "agent file engines.vllm, else PATH")
+        argv = [program, "serve", model or cmd.model, "--host", host, "--port", str(cmd.port)]
+        argv += ["--served-model-name", cmd.model, "--tensor-parallel-size", str(tp)]
+        if nodes > 1:
+            argv += ["--pipeline-parallel-size", str(nodes), "--nnodes", str(nodes), "--node-rank", str(cmd.rank)]
+            argv += ["--master-addr", _leader(cmd, host), "--master-port", str(DIST_PORT)]
+            if cmd.rank:
+                argv.append("--headless")
+        return Launch(
+            argv + list(p.args), env, "/health", "/metrics", ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+            kind, model or cmd.model,
+        )
+    if kind == SGLANG:
+        program = _check_program(engines.get(SGLANG, python), which, "agent file engines.sglang, else this python")
+        argv = [program, "-m", "sglang.launch_server", "--model-path", model or cmd.model, "--host", host]
+        argv += ["--port", str(cmd.port), "--served-model-name", cmd.model, "--tp-size", str(tp * nodes)]
+        if nodes > 1:
+            argv += ["--nnodes", str(nodes), "--node-rank", str(cmd.rank)]
+            argv += ["--dist-init-addr", f"{_leader(cmd, host)}:{DIST_PORT}"]
+        return Launch(
+            argv + list(p.args), env, "/health", "/metrics", ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+            kind, model or cmd.model,
+        )
+    # A command template.
+    values = {
+        "port": cmd.port, "host": host, "model": model or cmd.model, "name": cmd.model,
+        "gpus": ",".join(str(g) for g in cmd.gpus), "tp": tp, "rank": cmd.rank, "nodes": nodes,
+        "leader": _leader(cmd, host), "dist_port": DIST_PORT, "replica": cmd.replica, "shard": cmd.shard,
+        "python": python,
+    }  # fmt: skip
+    try:
+        words = shlex.split(kind)
+    except ValueError as e:
+        raise EngineError(f"engine {kind!r} of profile {p.name} is not a command line: {e}") from None
+    if not words:
+        raise EngineError(f"profile {p.name} of {cmd.model} names no engine")
+    argv = [_fill(w, values, p.name) for w in [*words, *p.args]]
+    argv[0] = _check_program(argv[0], which, f"the command of profile {p.name}")
+    return Launch(argv, env, "/v1/models", kind=kind, model=values["model"])
+
+
+def _fill(word: str, values: dict, profile: str) -> str:
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(word) if f is not None]
+    except ValueError as e:
+        raise EngineError(f"{word!r} in the command of profile {profile}: {e} (write {{{{ and }}}} for braces)") from None
+    for f in fields:
+        if f not in values:
+            known = ", ".join(PLACEHOLDERS)
+            raise EngineError(f"unknown placeholder {{{f}}} in the command of profile {profile}; known: {known}")
+    return word.format_map(values)

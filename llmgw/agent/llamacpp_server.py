@@ -1,0 +1,102 @@
+"""llama.cpp's OpenAI server through `xllamacpp`, as a process of its own.
+
+    python -m llmgw.agent.llamacpp_server --model FILE.gguf --port 20000 [--host H]
+        [--alias NAME]... [--threads N] [--ctx-size N] [--parallel N] [--n-gpu-layers N] [--embeddings]
+
+`xllamacpp.Server` serves until the object is dropped, so it gets a process
+(the agent's engine) and lives until SIGTERM or SIGINT. llama.cpp says only
+"Failed to init server" when the model file is missing or the port is
+taken, so those are checked first and said in words, as the last line of the
+log, which is what the agent reports as the reason. Exit status: 0 stopped
+on a signal, 1 llama.cpp failed, 2 bad arguments or no model file, 3 port taken.
+Metrics (`/metrics`, with `llamacpp:requests_processing`) are on: a drain
+reads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llmgw.agent.llamacpp_server", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="a .gguf file")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--alias", action="append", default=[], help="a name the OpenAI API answers to (repeatable)")
+    p.add_argument("--threads", type=int, default=0, help="0: the cores this process may use")
+    p.add_argument("--ctx-size", type=int, default=4096, help="the context shared by the parallel slots")
+    p.add_argument("--parallel", type=int, default=2, help="requests served at once")
+    p.add_argument("--n-gpu-layers", type=int, default=0)
+    p.add_argument("--embeddings", action="store_true")
+    return p
+
+
+def say(text: str) -> None:
+    print(f"llmgw: {text}", file=sys.stderr, flush=True)
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if not os.path.isfile(args.model):
+        say(f"model file {args.model} not found")
+        return 2
+    if not os.access(args.model, os.R_OK):
+        say(f"model file {args.model} is not readable")
+        return 2
+    if not port_free(args.host, args.port):
+        say(f"port {args.port} on {args.host} is taken by another process")
+        return 3
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    import xllamacpp
+
+    threads = args.threads or len(os.sched_getaffinity(0))
+    p = xllamacpp.CommonParams()
+    p.model.path = args.model
+    p.hostnames = [args.host]
+    p.port = args.port
+    p.n_parallel = args.parallel
+    p.n_ctx = args.ctx_size
+    p.n_gpu_layers = args.n_gpu_layers
+    p.cpuparams.n_threads = threads
+    p.cpuparams_batch.n_threads = threads
+    p.endpoint_metrics = True
+    p.embedding = args.embeddings
+    if args.alias:
+        p.model_alias = set(args.alias)
+    started = time.monotonic()
+    try:
+        server = xllamacpp.Server(p)
+    except RuntimeError as e:
+        say(f"llama.cpp could not start serving {args.model} on {args.host}:{args.port}: {e} (see the lines above)")
+        return 1
+    took = time.monotonic() - started
+    say(f"serving {args.model} on http://{args.host}:{args.port} ({threads} threads), loaded in {took:.2f}s")
+    while not stop.wait(1.0):
+        pass
+    say("stopping")
+    del server
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

