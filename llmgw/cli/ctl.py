@@ -84,6 +84,11 @@ def add_parser(sub) -> None:
     retry.add_argument("model")
     _wait_flags(retry)
 
+    logs = verb("logs", "the engine log of a replica, from the agents of its nodes")
+    logs.add_argument("replica")
+    logs.add_argument("-n", "--lines", type=int, default=100, help="the last N lines (default 100)")
+    logs.add_argument("-f", "--follow", action="store_true", help="then print lines as they are written")
+
     explain = verb("explain-placement", "for every node, why the next replica of a model would or would not go there")
     explain.add_argument("model")
     explain.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
@@ -358,6 +363,41 @@ async def cmd_explain(args, where: Where) -> int:
     return OK
 
 
+async def cmd_logs(args, where: Where) -> int:
+    """Asked of the agents of the replica's nodes (core NATS requests on
+    llmgw.agent-logs.<node>): logs stay on the nodes, never in the log."""
+    from ..agent import logs
+
+    models = await _fresh(where, 5.0)
+    rep = models.replica(args.replica)
+    if rep is None:
+        raise CtlError(f"logs: there is no replica {args.replica} (`llmgw ctl get replicas` lists them)", NOT_FOUND)
+    nodes = sorted(set(rep["nodes"]))
+    bus = await _connect(where)
+
+    async def get(lines, offsets):
+        return await logs.fetch_all(bus.nc, nodes, args.replica, lines, offsets)
+
+    try:
+        if not args.follow:
+            got = (await get(args.lines, None))["shards"]
+            if not got:
+                raise CtlError(f"logs: the agents of {', '.join(nodes)} have no log of {args.replica}", NOT_FOUND)
+            for shard, part in sorted(got.items()):
+                for line in part["lines"]:
+                    print(f"{shard}: {line}" if len(got) > 1 else line)
+            return OK
+        async for shard, line in logs.follow(get, args.lines):
+            print(f"{shard}: {line}", flush=True)
+        return OK
+    except ConnectionError as e:
+        raise CtlError(f"logs: {e}", UNREACHABLE)
+    except ValueError as e:
+        raise CtlError(f"logs: {e}", NOT_FOUND)
+    finally:
+        await bus.close()
+
+
 def _listing(models: ReadModels, args) -> list[dict]:
     if args.kind == "models":
         return models.models()
@@ -432,6 +472,7 @@ VERBS = {
     "restart": cmd_restart,
     "retry": cmd_retry,
     "explain-placement": cmd_explain,
+    "logs": cmd_logs,
 }
 
 
