@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import hashlib
 import os
-import shutil
 import signal
 import sys
 import tempfile

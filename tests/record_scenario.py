@@ -25,7 +25,7 @@ import nats
 from llmgw.bus.server import NatsServer, free_port
 
 from .conftest import REPO, Processes, run_llmgw
-from .test_e2e_nats import live, wait_for
+from .test_e2e_nats import wait_for
 
 
 def main(out: str) -> None:

@@ -7,7 +7,6 @@ import asyncio
 import json
 import time
 
-import msgspec
 import nats
 import pytest
 from nats.js.errors import APIError
@@ -18,7 +17,7 @@ from llmgw.core import events as ev
 from llmgw.core.fold import apply
 from llmgw.core.state import State
 
-from .conftest import REPO, run_llmgw
+from .conftest import run_llmgw
 
 pytestmark = pytest.mark.nats
 

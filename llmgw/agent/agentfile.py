@@ -37,12 +37,11 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..ctl.catalog_file import _line_of
+from .. import yamlfile
 
 KNOWN_LABELS = frozenset(
     f"llmgw.io/{k}" for k in ("site", "room", "row", "rack", "pdu", "pool", "fabric", "simulated")
@@ -119,39 +118,18 @@ def load(path: str | Path | None) -> AgentFile:
         return AgentFile()
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise AgentFileError(f"{path}: {e.strerror}") from None
-    try:
-        data: Any = yaml.safe_load(text)
-        root = yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise AgentFileError(f"{path}{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
-    if data is not None and not isinstance(data, dict):
-        raise AgentFileError(f"{path}:1: (top level): a mapping of fields is expected")
-    try:
-        loaded = AgentFile.model_validate(data or {})
-    except ValidationError as e:
-        raise AgentFileError(_say(path, root, [(tuple(err["loc"]), err["msg"]) for err in e.errors()])) from None
+        loaded, root = yamlfile.load(path, AgentFile)
+    except yamlfile.YamlFileError as e:
+        raise AgentFileError(str(e)) from None
     problems = loaded.problems()
     if problems:
-        raise AgentFileError(_say(path, root, problems))
+        raise AgentFileError(yamlfile.problems(path, root, problems))
     # "./x.gguf" and "../x" are relative to the file; anything else is kept
     # as written (an absolute path, or a hub id such as Qwen/Qwen2.5-7B).
     loaded.models = {
         k: str((path.parent / v).resolve()) if v.startswith(("./", "../")) else v for k, v in loaded.models.items()
     }
     return loaded
-
-
-def _say(path: Path, root, problems: list[tuple[tuple, str]]) -> str:
-    lines = []
-    for loc, msg in problems:
-        field = ".".join(str(p) for p in loc) or "(top level)"
-        lines.append(f"{path}:{_line_of(root, loc)}: {field}: {msg}")
-    return "\n".join(lines)
 
 
 def dump(agent_file: AgentFile) -> str:

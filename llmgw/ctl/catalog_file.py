@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .. import yamlfile
 from ..core.catalog import MODEL_NAME_RE
 from ..core.events import ApiKeyApplied, Limit, ModelSpec, OwnerApplied, ProfileSpec, Resources
 
 
 class CatalogError(ValueError):
-    pass
+    """A catalog file with an error: each line names the file, the line and the field."""
 
 
 class _Profile(BaseModel):
@@ -128,25 +128,6 @@ class Catalog(NamedTuple):
     api_keys: list[ApiKeyApplied]
 
 
-def _line_of(root: yaml.Node | None, loc: tuple) -> int | None:
-    """The line (1-based) of the YAML node at a pydantic error location."""
-    node, line = root, (root.start_mark.line + 1 if root is not None else None)
-    for key in loc:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                if k.value == key:
-                    node, line = v, k.start_mark.line + 1
-                    break
-            else:
-                return line
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
-
-
 def load(path: str | Path) -> list[ModelSpec]:
     """The models of a catalog file."""
     return load_catalog(path).models
@@ -156,26 +137,9 @@ def load_catalog(path: str | Path) -> Catalog:
     """Everything a catalog file defines: models and API keys."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise CatalogError(f"{path}: {e.strerror}") from None
-    try:
-        data: Any = yaml.safe_load(text)
-        root = yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise CatalogError(f"{path}{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
-    try:
-        catalog = _Catalog.model_validate(data or {})
-    except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = tuple(err["loc"])
-            field = ".".join(str(p) for p in loc) or "(top level)"
-            line = _line_of(root, loc)
-            lines.append(f"{path}:{line}: {field}: {err['msg']}")
-        raise CatalogError("\n".join(lines)) from None
+        catalog, _ = yamlfile.load(path, _Catalog)
+    except yamlfile.YamlFileError as e:
+        raise CatalogError(str(e)) from None
     for kind, names in (
         ("model", [m.name for m in catalog.models]),
         ("owner", [o.name for o in catalog.owners]),
