@@ -49,7 +49,7 @@ from typing import Callable
 
 import msgspec
 
-from ..bus import Bus
+from ..bus import Bus, publish_fact
 from ..core import commands as cmds
 from ..core import events as ev
 from . import logs as engine_logs
@@ -492,18 +492,7 @@ class NodeAgent:
                 except Exception:  # never the end of the publisher: the next registration may do
                     log.exception("could not build the registration")
                     continue
-                msg_id = f"{self.name}-{self.instance}-{next(self._numbers)}"
-                delay = 0.1
-                while True:
-                    try:
-                        await self.bus.publish(ev.subject_for(event), ev.encode(event), msg_id=msg_id)
-                        break
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception as e:
-                        log.warning("publishing %s failed (%s); retrying", ev.tag_of(type(event)), e)
-                        await asyncio.sleep(delay)
-                        delay = min(delay * 2, 2.0)
+                await publish_fact(self.bus, event, f"{self.name}-{self.instance}-{next(self._numbers)}")
                 if item is _REGISTER:
                     log.info("registered with %d running shard(s)", len(event.running))  # type: ignore[attr-defined]
                     self.registered.set()

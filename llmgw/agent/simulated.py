@@ -18,7 +18,7 @@ from typing import Callable
 
 import msgspec
 
-from ..bus import Bus
+from ..bus import Bus, publish_fact
 from ..core import commands as cmds
 from ..core import events as ev
 
@@ -188,15 +188,4 @@ class SimulatedAgent:
 
     async def _emit(self, event: ev.Event) -> None:
         """Publish a fact, retrying (same Msg-Id) until the bus takes it."""
-        msg_id = f"{self.name}-{self.instance}-{next(self._numbers)}"
-        delay = 0.1
-        while True:
-            try:
-                await self.bus.publish(ev.subject_for(event), ev.encode(event), msg_id=msg_id)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning("publishing %s failed (%s); retrying", ev.tag_of(type(event)), e)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        await publish_fact(self.bus, event, f"{self.name}-{self.instance}-{next(self._numbers)}")

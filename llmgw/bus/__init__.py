@@ -74,6 +74,27 @@ class Bus(Protocol):
     async def close(self) -> None: ...
 
 
+async def publish_fact(bus: Bus, event, msg_id: str) -> int:
+    """Publish a fact an agent saw, retrying with the same Msg-Id until the
+    bus takes it (a fact is never dropped: NATS down, it waits; a retry of
+    one that landed is not a second event). Returns its sequence."""
+    import asyncio
+    import logging
+
+    from ..core import events as ev
+
+    delay = 0.1
+    while True:
+        try:
+            return await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=msg_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            logging.getLogger("llmgw.bus").warning("publishing %s failed (%s); retrying", ev.tag_of(type(event)), e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
 async def read_log(bus: Bus, start_seq: int = 1) -> list[tuple[int, str, bytes]]:
     """Every message of the log from `start_seq` to its end as of now."""
     import asyncio
