@@ -20,9 +20,12 @@ def fingerprint(profile: ProfileSpec) -> str:
     It changes when anything that would change the running engine changes, so
     a replica running an older fingerprint is known to need a restart.
     """
-    if profile.weight != 1.0:  # routing only: a new weight restarts nothing
-        profile = msgspec.structs.replace(profile, weight=1.0)
-    return hashlib.sha256(msgspec.json.encode(profile)).hexdigest()[:12]
+    data = msgspec.json.encode(profile)
+    if b'"weight"' in data:  # routing only: a weight, even 1.0 written out, restarts nothing
+        fields = msgspec.to_builtins(profile)
+        fields.pop("weight", None)
+        data = msgspec.json.encode(fields)
+    return hashlib.sha256(data).hexdigest()[:12]
 
 
 def profile_named(spec: ModelSpec, name: str) -> ProfileSpec | None:

@@ -40,6 +40,7 @@ class _Profile(BaseModel):
     cpu_cores: int = Field(0, ge=0)
     pool: str = ""
     model: str = ""
+    weight: float = Field(1.0, gt=0)  # routing: the share of requests its replicas get
 
 
 class _Model(BaseModel):

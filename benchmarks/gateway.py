@@ -1,0 +1,485 @@
+"""What the gateway adds: latency and throughput through `llmgw gateway`
+against straight to the same upstream, side by side in one run.
+
+    python benchmarks/gateway.py [--seconds S] [--rate R] [--connections C] [--json FILE]
+
+The upstream is fast so that what is measured is the gateway: nginx (Debian's,
+`apt-get install nginx-light`) answering every POST with one fixed chat
+completion; without nginx, a small uvloop server of this file does. Streams
+come from this file's streaming server: `--chunks` SSE events per answer,
+each written on its own.
+
+The gateway is the real one, a process of its own (`llmgw gateway`) on a real
+nats-server, its routing table folded from a log that says one replica of
+model `bench` is ready at the upstream (no control plane or agent needed).
+
+Measured, each straight to the upstream and then through the gateway:
+
+    at R requests/s     an open-loop client (requests sent on a fixed schedule,
+                        latency counted from when each was due, so a stall is
+                        not hidden): p50, p99, max; the added latency is the
+                        difference of the two
+    at saturation       wrk (Debian's `wrk`) with C connections for S seconds:
+                        requests/s; without wrk, a closed-loop client of this
+                        file (itself then part of what limits)
+    streaming           8 streams at a time of `--chunks` events: events/s
+
+Everything shares this machine's cores: the client, the upstream and the
+gateway. The gateway is one process (one core at most).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import httptools  # noqa: E402
+
+MODEL = "bench"
+STREAM_MODEL = "bench-stream"
+REQUEST = json.dumps(
+    {"model": MODEL, "messages": [{"role": "user", "content": "Say hello in one word."}], "max_tokens": 8, "temperature": 0}
+).encode()
+ANSWER = json.dumps(
+    {
+        "id": "chatcmpl-bench", "object": "chat.completion", "created": 1700000000, "model": MODEL,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello!"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 14, "completion_tokens": 3, "total_tokens": 17},
+    }
+).encode()  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {port}")
+
+
+# --------------------------------------------------------------------------- upstreams
+
+
+def start_nginx(port: int, work: Path) -> subprocess.Popen:
+    body = ANSWER.decode().replace("\\", "\\\\").replace("'", "\\'")
+    conf = work / "nginx.conf"
+    conf.write_text(
+        f"""worker_processes 1;
+daemon off;
+pid {work}/nginx.pid;
+error_log {work}/nginx.err warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  keepalive_requests 10000000;
+  keepalive_timeout 300;
+  client_body_temp_path {work}/body;
+  proxy_temp_path {work}/proxy;
+  fastcgi_temp_path {work}/fastcgi;
+  uwsgi_temp_path {work}/uwsgi;
+  scgi_temp_path {work}/scgi;
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{ default_type application/json; return 200 '{body}'; }}
+  }}
+}}
+"""
+    )
+    return subprocess.Popen(["nginx", "-c", str(conf), "-e", str(work / "nginx.err")], start_new_session=True)
+
+
+class UpstreamProtocol(asyncio.Protocol):
+    """The fallback fixed-answer upstream, and the streaming one."""
+
+    def __init__(self, chunks: int) -> None:
+        self.chunks = chunks
+        self.parser = httptools.HttpRequestParser(self)
+        self.body = b""
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        body, self.body = self.body, b""
+        if b'"stream":true' in body.replace(b" ", b""):
+            asyncio.get_running_loop().create_task(self.stream())
+        else:
+            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(ANSWER), ANSWER))
+
+    async def stream(self) -> None:
+        t = self.transport
+        t.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(self.chunks):
+            event = b'data: {"id":"s","object":"chat.completion.chunk","model":"bench-stream","choices":[{"index":0,"delta":{"content":"tok%d "}}]}\n\n' % i
+            t.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await asyncio.sleep(0)
+            if t.is_closing():
+                return
+        done = b"data: [DONE]\n\n"
+        t.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+
+
+def serve(port: int, chunks: int) -> None:
+    import uvloop
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: UpstreamProtocol(chunks), "127.0.0.1", port, backlog=1024)
+        await server.serve_forever()
+
+    uvloop.run(main())
+
+
+# --------------------------------------------------------------------------- the fleet: a log and a gateway
+
+
+async def write_log(url: str, endpoints: dict[str, str]) -> None:
+    from llmgw.bus.nats import NatsBus
+    from llmgw.core import events as ev
+    from llmgw.core.catalog import fingerprint
+
+    bus = await NatsBus.connect(url)
+    await bus.ensure_streams()
+    now = time.time()
+    n = 0
+
+    async def publish(event) -> int:
+        nonlocal n
+        n += 1
+        return await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"bench-{n}")
+
+    await publish(ev.NodeRegistered(at=now, node="bench", gpus=[]))
+    for i, (model, endpoint) in enumerate(endpoints.items()):
+        profile = ev.ProfileSpec(name="p", gpus=0)
+        await publish(ev.ModelApplied(at=now, model=ev.ModelSpec(name=model, profiles=[profile])))
+        rid = f"{model}-1"
+        seq = await publish(
+            ev.Decided(at=now, basis=0, actions=[ev.PlaceReplica(
+                replica=rid, model=model, profile="p", fingerprint=fingerprint(profile), reason="benchmark",
+                shards=[ev.ShardPlacement(shard=f"{rid}.0", node="bench", rank=0, gpus=[], port=40000 + i)],
+            )])
+        )  # fmt: skip
+        for st in ("starting", "loading", "ready"):
+            await publish(ev.ShardStatus(at=now, node="bench", replica=rid, shard=f"{rid}.0", generation=seq, state=st,
+                                         endpoint=endpoint if st == "ready" else ""))  # fmt: skip
+    await bus.close()
+
+
+# --------------------------------------------------------------------------- clients
+
+
+class ClientConn(asyncio.Protocol):
+    def __init__(self, on_done) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.on_done = on_done
+        self.transport = None
+        self.events = 0
+        self.status = 0
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        self.events += body.count(b"data: ")
+
+    def on_message_complete(self) -> None:
+        self.on_done(self)
+
+    def connection_lost(self, exc) -> None:
+        pass
+
+
+def request_bytes(port: int, body: bytes = REQUEST) -> bytes:
+    return b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        port, len(body), body)  # fmt: skip
+
+
+async def open_loop(port: int, rate: float, seconds: float) -> dict:
+    """Requests sent on a fixed schedule; latency from when each was due."""
+    loop = asyncio.get_running_loop()
+    data = request_bytes(port)
+    idle: list[ClientConn] = []
+    due: dict[ClientConn, float] = {}
+    latencies: list[float] = []
+    errors = 0
+
+    def done(conn: ClientConn) -> None:
+        nonlocal errors
+        latencies.append(time.perf_counter() - due.pop(conn))
+        if conn.status != 200:
+            errors += 1
+        idle.append(conn)
+
+    async def conn() -> ClientConn:
+        _, c = await loop.create_connection(lambda: ClientConn(done), "127.0.0.1", port)
+        return c
+
+    for _ in range(16):
+        idle.append(await conn())
+    total = int(rate * seconds)
+    start = time.perf_counter() + 0.05
+    for i in range(total):
+        at = start + i / rate
+        wait = at - time.perf_counter()
+        if wait > 0.0005:
+            await asyncio.sleep(wait)
+        c = idle.pop() if idle else await conn()
+        due[c] = at
+        c.transport.write(data)
+    deadline = time.perf_counter() + 10
+    while due and time.perf_counter() < deadline:
+        await asyncio.sleep(0.01)
+    for c in idle:
+        c.transport.close()
+    latencies.sort()
+    n = len(latencies)
+    took = time.perf_counter() - start
+    return {
+        "offered_rps": rate, "answered": n, "errors": errors + len(due), "achieved_rps": round(n / took, 1),
+        "p50_ms": round(latencies[n // 2] * 1e3, 3), "p90_ms": round(latencies[int(n * 0.9)] * 1e3, 3),
+        "p99_ms": round(latencies[min(n - 1, int(n * 0.99))] * 1e3, 3), "max_ms": round(latencies[-1] * 1e3, 3),
+    }  # fmt: skip
+
+
+def median_round(rounds: list[dict]) -> dict:
+    """Each figure's median over the rounds."""
+    out = {}
+    for k, v in rounds[0].items():
+        values = sorted(r[k] for r in rounds)
+        out[k] = values[len(values) // 2] if isinstance(v, (int, float)) else v
+    return out
+
+
+async def closed_loop(port: int, connections: int, seconds: float) -> dict:
+    """As fast as it goes: each connection sends its next request on the answer."""
+    loop = asyncio.get_running_loop()
+    data = request_bytes(port)
+    count = 0
+    stop_at = 0.0
+
+    def done(conn: ClientConn) -> None:
+        nonlocal count
+        count += 1
+        if time.perf_counter() < stop_at:
+            conn.transport.write(data)
+
+    conns = [(await loop.create_connection(lambda: ClientConn(done), "127.0.0.1", port))[1] for _ in range(connections)]
+    start = time.perf_counter()
+    stop_at = start + seconds
+    for c in conns:
+        c.transport.write(data)
+    await asyncio.sleep(seconds + 0.2)
+    for c in conns:
+        c.transport.close()
+    return {"rps": round(count / (time.perf_counter() - start - 0.2), 1), "tool": "python closed loop", "connections": connections}
+
+
+def wrk(port: int, connections: int, seconds: float, work: Path) -> dict:
+    script = work / "post.lua"
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"wrk.body = {json.dumps(REQUEST.decode())}\n"
+    )
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", str(script), f"http://127.0.0.1:{port}/v1/chat/completions"],
+        capture_output=True, text=True, timeout=seconds + 30,
+    )  # fmt: skip
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out.stdout).group(1))
+    p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)", out.stdout)
+    p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out.stdout)
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out.stdout)
+    unit = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+    return {
+        "rps": rps, "tool": "wrk", "connections": connections,
+        "p50_ms": round(float(p50.group(1)) * unit[p50.group(2)], 3) if p50 else None,
+        "p99_ms": round(float(p99.group(1)) * unit[p99.group(2)], 3) if p99 else None,
+        "errors": int(non2xx.group(1)) if non2xx else 0,
+    }  # fmt: skip
+
+
+async def streams(port: int, concurrent: int, seconds: float) -> dict:
+    loop = asyncio.get_running_loop()
+    body = json.dumps({"model": STREAM_MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True}).encode()
+    data = request_bytes(port, body)
+    events = 0
+    answers = 0
+    stop_at = 0.0
+
+    def done(conn: ClientConn) -> None:
+        nonlocal events, answers
+        events += conn.events
+        answers += 1
+        conn.events = 0
+        if time.perf_counter() < stop_at:
+            conn.transport.write(data)
+
+    conns = [(await loop.create_connection(lambda: ClientConn(done), "127.0.0.1", port))[1] for _ in range(concurrent)]
+    start = time.perf_counter()
+    stop_at = start + seconds
+    for c in conns:
+        c.transport.write(data)
+    while answers < 1 or any(c.events for c in conns) or time.perf_counter() < stop_at:
+        await asyncio.sleep(0.02)
+        if time.perf_counter() > stop_at + 10:
+            break
+    took = time.perf_counter() - start
+    for c in conns:
+        c.transport.close()
+    return {"events_per_s": round(events / took), "streams": answers, "concurrent": concurrent}
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=10.0, help="per measurement")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the fixed-rate measurement (the median is shown)")
+    p.add_argument("--rate", type=float, default=500.0, help="requests/s offered for the latency figures")
+    p.add_argument("--connections", type=int, default=32, help="connections at saturation")
+    p.add_argument("--chunks", type=int, default=200, help="events per streamed answer")
+    p.add_argument("--upstream", choices=("auto", "nginx", "python"), default="auto")
+    p.add_argument("--json", help="also write the figures here")
+    p.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve:
+        serve(args.serve, args.chunks)
+        return 0
+
+    import uvloop
+
+    from llmgw.bus.server import NatsServer
+
+    load_before = os.getloadavg()[0]
+
+    procs: list[subprocess.Popen] = []
+    work = Path(tempfile.mkdtemp(prefix="llmgw-bench-gw-"))
+    use_nginx = args.upstream == "nginx" or (args.upstream == "auto" and shutil.which("nginx"))
+    up_port, stream_port, gw_port = free_port(), free_port(), free_port()
+    nats = NatsServer(work / "nats", free_port()).start()
+    try:
+        if use_nginx:
+            procs.append(start_nginx(up_port, work))
+        else:
+            procs.append(subprocess.Popen([sys.executable, __file__, "--serve", str(up_port)], start_new_session=True))
+        procs.append(subprocess.Popen([sys.executable, __file__, "--serve", str(stream_port), "--chunks", str(args.chunks)], start_new_session=True))
+        wait_port(up_port)
+        wait_port(stream_port)
+        asyncio.run(write_log(nats.url, {MODEL: f"http://127.0.0.1:{up_port}", STREAM_MODEL: f"http://127.0.0.1:{stream_port}"}))
+        gw = subprocess.Popen(
+            [sys.executable, "-m", "llmgw", "gateway", "--nats", nats.url, "--port", str(gw_port), "--name", "bench"],
+            stdout=open(work / "gateway.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True, cwd=HERE.parent,
+        )  # fmt: skip
+        procs.append(gw)
+        wait_port(gw_port)
+        results: dict = {"upstream": "nginx " + subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip().split("/")[-1] if use_nginx else "python (uvloop)"}
+
+        async def measure() -> None:
+            # Warm both paths (connections, caches) before anything counts.
+            for port in (up_port, gw_port):
+                await open_loop(port, args.rate, 1.0)
+            # Rounds, each path in turn, so that a neighbour's burst on the
+            # shared cores lands on one round of both rather than on one path.
+            rounds: dict[str, list[dict]] = {"direct": [], "gateway": []}
+            for _ in range(args.rounds):
+                for name, port in (("direct", up_port), ("gateway", gw_port)):
+                    rounds[name].append(await open_loop(port, args.rate, args.seconds))
+            for name, got in rounds.items():
+                results.setdefault(name, {})["at_rate"] = median_round(got)
+                results[name]["at_rate_rounds"] = got
+            results["added_rounds"] = [
+                {k: round(g[k] - d[k], 3) for k in ("p50_ms", "p99_ms")} for d, g in zip(rounds["direct"], rounds["gateway"])
+            ]
+            for name, port in (("direct", stream_port), ("gateway", gw_port)):
+                results.setdefault(name, {})["streaming"] = await streams(port, 8, args.seconds)
+
+        uvloop.run(measure())
+        for name, port in (("direct", up_port), ("gateway", gw_port)):
+            if shutil.which("wrk"):
+                results[name]["saturation"] = wrk(port, args.connections, args.seconds, work)
+            else:
+                results[name]["saturation"] = uvloop.run(closed_loop(port, args.connections, args.seconds))
+        added = results["added_rounds"]
+        results["added"] = {k: sorted(a[k] for a in added)[len(added) // 2] for k in ("p50_ms", "p99_ms")}
+        results["load_average_before"] = load_before
+        report(results, args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    finally:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        nats.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def report(r: dict, args) -> None:
+    d, g = r["direct"], r["gateway"]
+    sat_d, sat_g = d["saturation"], g["saturation"]
+    rows = [
+        (f"p50 at {args.rate:g} req/s (ms)", d["at_rate"]["p50_ms"], g["at_rate"]["p50_ms"], r["added"]["p50_ms"]),
+        (f"p99 at {args.rate:g} req/s (ms)", d["at_rate"]["p99_ms"], g["at_rate"]["p99_ms"], r["added"]["p99_ms"]),
+        ("max there (ms)", d["at_rate"]["max_ms"], g["at_rate"]["max_ms"], None),
+        ("achieved req/s there", d["at_rate"]["achieved_rps"], g["at_rate"]["achieved_rps"], None),
+        ("errors there", d["at_rate"]["errors"], g["at_rate"]["errors"], None),
+        (f"saturation req/s ({sat_d['tool']})", sat_d["rps"], sat_g["rps"], None),
+    ]
+    if "errors" in sat_d:
+        rows.append(("  non-2xx answers there", sat_d["errors"], sat_g["errors"], None))
+    if sat_d.get("p50_ms") is not None:
+        rows.append(("  p50 at saturation (ms)", sat_d["p50_ms"], sat_g["p50_ms"], None))
+        rows.append(("  p99 at saturation (ms)", sat_d["p99_ms"], sat_g["p99_ms"], None))
+    rows.append(("streaming events/s (8 at once)", d["streaming"]["events_per_s"], g["streaming"]["events_per_s"], None))
+    print(f"upstream: {r['upstream']}; {os.cpu_count()} cores shared by the client, the upstream and the gateway "
+          f"(load average {r['load_average_before']:.2f} before the run); {args.seconds:g}s a measurement; "
+          f"at {args.rate:g} req/s: the median of {args.rounds} rounds; {sat_d['connections']} connections at saturation")
+    print("added latency by round (p50, p99 ms): " + ", ".join(f"({a['p50_ms']}, {a['p99_ms']})" for a in r["added_rounds"]))
+    print(f"{'':34}{'direct':>12}{'gateway':>12}{'added':>10}")
+    for name, a, b, added in rows:
+        print(f"{name:34}{a:>12}{b:>12}{'' if added is None else added:>10}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

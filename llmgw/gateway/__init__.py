@@ -1,0 +1,16 @@
+"""The gateway: the OpenAI API in front of the fleet, as many as needed, stateless.
+
+Its routing table is a fold over the same log as the control plane's state
+(ready replicas, their endpoints and weights, the catalog's names, aliases
+and API keys), updated live as the log grows; the rules are pure and tested
+without I/O, the shell around them is thin:
+
+    routing.py   the table from the folded state; least outstanding requests
+                 weighted per replica; a breaker per endpoint        (pure)
+    limits.py    per-key requests and tokens per minute              (pure)
+    load.py      load and usage per model, coalesced into reports    (pure)
+    metrics.py   counters and histograms, Prometheus' text format     (pure)
+    api.py       OpenAI's shapes: errors, the model list, usage       (pure)
+    upstream.py  pooled keep-alive HTTP/1.1 connections to the engines (shell)
+    server.py    the HTTP server, the log followed, reports published  (shell)
+"""

@@ -1,0 +1,126 @@
+"""A gateway's load and usage per model, coalesced into `ModelLoad` reports.
+Pure: time is the `now` each call is given (Unix seconds, as events carry).
+
+What is reported for a model is its requests in flight (sent to a replica)
+and queued (waiting for one: no replica is ready, which is how an on-demand
+model is woken), each the larger of the count now and the mean over the time
+since the previous report, rounded up: a burst between two reports is not
+lost, and a single request counts as one. With them, when the model was last
+sent a request, and the prompt and completion tokens counted since the
+previous report.
+
+A report goes out when what it would say changed, at most every
+MIN_INTERVAL_S per model; a load that is not zero is repeated at least every
+REPEAT_S (the reconciler forgets a gateway it has not heard for
+scaling.LOAD_FRESH_S); and a load that falls to zero is reported once more,
+as zero, since that is a change too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..core.scaling import LOAD_REPEAT_S
+
+MIN_INTERVAL_S = 1.0
+REPEAT_S = LOAD_REPEAT_S * 0.8  # a margin under the reconciler's expectation
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    model: str
+    in_flight: int
+    queued: int
+    last_used: float
+    tokens_in: int
+    tokens_out: int
+
+
+class Meter:
+    """One model's load at this gateway, and what was last reported of it."""
+
+    __slots__ = (
+        "in_flight", "queued", "changed_at", "since", "area_flight", "area_queued",
+        "last_used", "tokens_in", "tokens_out", "reported", "reported_at",
+    )  # fmt: skip
+
+    def __init__(self, now: float) -> None:
+        self.in_flight = 0
+        self.queued = 0
+        self.changed_at = now
+        self.since = now  # the start of the window since the previous report
+        self.area_flight = 0.0  # request-seconds in flight within the window
+        self.area_queued = 0.0
+        self.last_used = 0.0
+        self.tokens_in = 0
+        self.tokens_out = 0
+        self.reported = (0, 0)
+        self.reported_at = -math.inf
+
+    def _advance(self, now: float) -> None:
+        dt = now - self.changed_at
+        if dt > 0:
+            self.area_flight += self.in_flight * dt
+            self.area_queued += self.queued * dt
+            self.changed_at = now
+
+    def change(self, now: float, in_flight: int = 0, queued: int = 0) -> None:
+        self._advance(now)
+        self.in_flight += in_flight
+        self.queued += queued
+
+    def busy(self) -> bool:
+        return bool(self.in_flight or self.queued)
+
+    def value(self, now: float) -> tuple[int, int]:
+        """What a report would say now."""
+        self._advance(now)
+        span = now - self.since
+        if span <= 0:
+            return self.in_flight, self.queued
+        mean_f = math.ceil(self.area_flight / span - 1e-9)
+        mean_q = math.ceil(self.area_queued / span - 1e-9)
+        return max(self.in_flight, mean_f), max(self.queued, mean_q)
+
+    def due(self, now: float) -> bool:
+        since_report = now - self.reported_at
+        if since_report < MIN_INTERVAL_S:
+            return False
+        value = self.value(now)
+        if value != self.reported or self.tokens_in or self.tokens_out:
+            return True
+        return value != (0, 0) and since_report >= REPEAT_S
+
+    def take(self, model: str, now: float) -> Report:
+        """The report, and a new window from now."""
+        in_flight, queued = self.value(now)
+        report = Report(model, in_flight, queued, self.last_used, self.tokens_in, self.tokens_out)
+        self.reported, self.reported_at = (in_flight, queued), now
+        self.since, self.area_flight, self.area_queued = now, 0.0, 0.0
+        self.tokens_in = self.tokens_out = 0
+        return report
+
+
+class Loads:
+    """Every model's meter at this gateway."""
+
+    def __init__(self) -> None:
+        self.meters: dict[str, Meter] = {}
+
+    def meter(self, model: str, now: float) -> Meter:
+        m = self.meters.get(model)
+        if m is None:
+            m = self.meters[model] = Meter(now)
+        return m
+
+    def due(self, now: float) -> list[Report]:
+        """The reports to publish now; meters with nothing more to say are dropped."""
+        out = []
+        for model, m in list(self.meters.items()):
+            if m.due(now):
+                out.append(m.take(model, now))
+            elif m.reported == (0, 0) and not m.busy() and not m.tokens_in and not m.tokens_out and now - m.reported_at >= MIN_INTERVAL_S:
+                if m.value(now) == (0, 0):
+                    del self.meters[model]  # said all it had to say: zero
+        return out

@@ -1,0 +1,221 @@
+"""Where a request goes: the routing table as a function of the folded state,
+the choice of a replica, and a breaker per endpoint. Pure: no I/O, and time
+only as the `now` it is given.
+
+The table is rebuilt from the state whenever the log says something that may
+change it (a replica ready, draining, gone; the catalog; the keys). A replica
+is routable while it is ready with an endpoint; one being stopped (draining)
+gets no new request. Its weight is its profile's.
+
+The choice is least outstanding requests per unit of weight: the replica with
+the fewest requests in flight from this gateway, relative to its weight, among
+those whose breaker lets a request through; ties go round in turn.
+
+A breaker opens after BREAKER_FAILURES failures in a row (no connection, the
+connection lost before an answer, a 502/503/504); while open the endpoint gets
+nothing; after its cool-down one request is let through (half-open) and its
+outcome closes the breaker or opens it again for twice as long.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..core.catalog import profile_named
+from ..core.scaling import decided
+from ..core.state import ApiKey, State
+from ..core.tenancy import keys_by_hash
+
+BREAKER_FAILURES = 3
+BREAKER_COOLDOWN_S = 2.0
+BREAKER_COOLDOWN_MAX_S = 30.0
+MIN_WEIGHT = 1e-6
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One ready replica, as the log says it."""
+
+    replica: str
+    model: str
+    endpoint: str
+    weight: float = 1.0
+
+
+@dataclass(slots=True)
+class Route:
+    """One model of the catalog."""
+
+    name: str
+    owner: str = ""
+    created: int = 0
+    targets: tuple[Target, ...] = ()
+    # Why a request for it must not wait for a replica ("" : it may: one is
+    # coming, or load will bring one).
+    no_wait: str = ""
+
+
+@dataclass(slots=True)
+class Table:
+    routes: dict[str, Route] = field(default_factory=dict)  # by model name
+    names: dict[str, str] = field(default_factory=dict)  # name or alias -> model name
+    keys: dict[str, tuple[str, ApiKey]] = field(default_factory=dict)  # sha256 -> (name, key)
+
+    def resolve(self, name: str) -> Route | None:
+        model = self.names.get(name)
+        return self.routes.get(model) if model is not None else None
+
+    def aliases(self, model: str) -> list[str]:
+        return sorted(n for n, m in self.names.items() if m == model and n != model)
+
+
+def routable(state: State) -> list[Target]:
+    """Every replica a request may go to, in replica id order."""
+    out = []
+    for rid in sorted(state.replicas):
+        r = state.replicas[rid]
+        if r.state != "ready" or not r.shards:
+            continue
+        lead = min(r.shards, key=lambda s: s.rank)
+        if lead.state != "ready" or not lead.endpoint:
+            continue
+        model = state.models.get(r.model)
+        if model is None:  # removed from the catalog: being stopped
+            continue
+        profile = profile_named(model.spec, r.profile)
+        weight = profile.weight if profile is not None else 1.0
+        out.append(Target(replica=rid, model=r.model, endpoint=lead.endpoint.rstrip("/"), weight=max(weight, MIN_WEIGHT)))
+    return out
+
+
+def build(state: State) -> Table:
+    """The routing table the state implies."""
+    table = Table(keys=keys_by_hash(state))
+    for name in sorted(state.models):
+        model = state.models[name]
+        spec = model.spec
+        if model.parked:
+            no_wait = f"model {name} is parked: {model.parked}"
+        elif not spec.on_demand and spec.target_load <= 0 and decided(model) == 0:
+            no_wait = f"model {name} runs no replica (min_replicas 0, no target_load, not on demand)"
+        else:
+            no_wait = ""
+        table.routes[name] = Route(name=name, owner=spec.owner, created=int(model.applied_at), no_wait=no_wait)
+        table.names[name] = name
+    for name in sorted(state.models):  # aliases never shadow a model's own name
+        for alias in state.models[name].spec.aliases:
+            table.names.setdefault(alias, name)
+    by_model: dict[str, list[Target]] = {}
+    for t in routable(state):
+        by_model.setdefault(t.model, []).append(t)
+    for model, targets in by_model.items():
+        table.routes[model].targets = tuple(targets)
+    return table
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """("host", port) of "http://host:port" (the scheme optional; port 80 if none)."""
+    rest = endpoint.split("://", 1)[-1].split("/", 1)[0]
+    if rest.startswith("["):  # [v6]:port
+        host, _, port = rest[1:].partition("]")
+        port = port.lstrip(":")
+    else:
+        host, _, port = rest.rpartition(":") if ":" in rest else (rest, "", "")
+    return host, int(port) if port else 80
+
+
+# --------------------------------------------------------------------------- the breaker
+
+
+class Breaker:
+    """A breaker for one endpoint: closed, open, or half-open with one probe."""
+
+    __slots__ = ("state", "failures", "opened_at", "cooldown", "probing")
+
+    def __init__(self) -> None:
+        self.state = "closed"
+        self.failures = 0
+        self.opened_at = 0.0
+        self.cooldown = BREAKER_COOLDOWN_S
+        self.probing = False
+
+    def allows(self, now: float) -> bool:
+        """Whether a request may be sent now (a half-open breaker: the probe)."""
+        state = self.state
+        if state == "closed":
+            return True
+        if state == "open":
+            return now >= self.opened_at + self.cooldown
+        return not self.probing
+
+    def picked(self, now: float) -> None:
+        """A request is being sent through it (after `allows`)."""
+        if self.state != "closed":
+            self.state = "half-open"
+            self.probing = True
+
+    def success(self) -> None:
+        self.state = "closed"
+        self.failures = 0
+        self.cooldown = BREAKER_COOLDOWN_S
+        self.probing = False
+
+    def failure(self, now: float) -> None:
+        if self.state == "half-open":
+            self.state, self.opened_at, self.probing = "open", now, False
+            self.cooldown = min(self.cooldown * 2, BREAKER_COOLDOWN_MAX_S)
+            return
+        self.failures += 1
+        if self.failures >= BREAKER_FAILURES:
+            self.state, self.opened_at = "open", now
+
+    def released(self) -> None:
+        """A request ended with no verdict on the endpoint (the client left)."""
+        self.probing = False
+
+
+# --------------------------------------------------------------------------- the choice
+
+
+class Backend:
+    """What this gateway keeps per replica: requests outstanding, its breaker.
+    Kept across rebuilds of the table for as long as the replica is in it."""
+
+    __slots__ = ("target", "replica", "model", "endpoint", "host", "port", "weight", "outstanding", "breaker", "pool")
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.replica = target.replica
+        self.model = target.model
+        self.endpoint = target.endpoint
+        self.host, self.port = split_endpoint(target.endpoint)
+        self.weight = target.weight
+        self.outstanding = 0
+        self.breaker = Breaker()
+        self.pool = None  # the shell's connections to it
+
+
+def choose(backends: list[Backend], now: float, turn: int, exclude: tuple[str, ...] | set[str] = ()) -> Backend | None:
+    """The backend with the fewest requests outstanding per unit of weight,
+    among those not excluded whose breaker allows one; ties in turn from `turn`."""
+    n = len(backends)
+    if n == 1:
+        b = backends[0]
+        if b.replica in exclude or not b.breaker.allows(now):
+            return None
+        return b
+    best = None
+    best_score = 0.0
+    for i in range(n):
+        b = backends[(turn + i) % n]
+        if exclude and b.replica in exclude:
+            continue
+        if b.breaker.state != "closed" and not b.breaker.allows(now):
+            continue
+        score = (b.outstanding + 1) / b.weight
+        if best is None or score < best_score:
+            best, best_score = b, score
+    return best

@@ -1,0 +1,842 @@
+"""The gateway's shell: an HTTP/1.1 server on raw asyncio protocols (httptools
+parsing, uvloop when there), the log followed and folded into the routing
+table, load and usage published, metrics and spans.
+
+A request goes: parse, authenticate (when the catalog has keys), resolve the
+model or alias, check the key may use it and is within its limits, choose a
+replica (routing.choose), send, and pass the answer back as it comes. A
+failure before the first byte reaches the client (no connection, connection
+lost, a 502/503/504) counts against the replica's breaker and is tried on
+another replica; after it, a streamed answer ends with an error event (what
+the openai SDK raises), any other is cut off. A model with no ready replica
+makes its request wait (counted as queued: that wakes an on-demand model) up
+to `wait_s`, then 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import hashlib
+import logging
+import time
+import uuid
+from collections import deque
+
+import httptools
+
+from ..core import events as ev
+from ..core.fold import apply
+from ..core.state import State
+from ..core.tenancy import may_use
+from ..telemetry import tracer
+from . import api
+from .limits import KeyLimits, retry_after
+from .load import Loads
+from .metrics import Metrics
+from .routing import Backend, Table, build, choose
+from .upstream import Lost, Pool
+
+log = logging.getLogger("llmgw.gateway")
+_tracer = tracer("llmgw.gateway")
+
+MAX_BODY = 32 * 1024 * 1024
+LOOPBACK = "127.0.0.1"
+REPORT_TICK_S = 0.25
+WAKE_RETRY_AFTER_S = 5
+MAX_ATTEMPTS = 3
+USAGE_KEEP = 1 << 20  # an unstreamed answer longer than this is not read for its usage
+STREAM_TAIL = 4096
+
+# Outcomes of one attempt.
+DONE, RETRY, STALE, GONE, BROKEN, TIMEOUT = range(6)
+
+_REASON = {k: v.encode() for k, v in api.REASONS.items()}
+
+
+def _status_line(status: int) -> bytes:
+    return b"HTTP/1.1 %d %s\r\n" % (status, _REASON.get(status, b"Unknown"))
+
+
+class Request:
+    __slots__ = ("method", "path", "auth", "body", "keep_alive", "received", "expect")
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.path = b""
+        self.auth = b""
+        self.body = b""
+        self.keep_alive = True
+        self.received = 0.0
+        self.expect = False
+
+
+class Client(asyncio.Protocol):
+    """One client connection: requests parsed, answered one at a time, in order."""
+
+    __slots__ = (
+        "gw", "transport", "parser", "req", "parts", "size", "busy", "queue", "closed", "local", "exchange",
+        "paused", "url",
+    )  # fmt: skip
+
+    def __init__(self, gw: "Gateway") -> None:
+        self.gw = gw
+        self.transport = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.req: Request | None = None
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.url = b""
+        self.busy = False
+        self.queue: deque[Request] = deque()
+        self.closed = False
+        self.local = True
+        self.exchange = None
+        self.paused = False
+
+    # ----------------------------------------------------------------- asyncio
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        host = peer[0] if peer else ""
+        self.local = host.startswith("127.") or host in ("::1", "::ffff:127.0.0.1") or not host
+        self.gw.clients.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.refuse(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as e:
+            self.refuse(400, f"malformed HTTP request: {e}")
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.gw.clients.discard(self)
+        ex = self.exchange
+        if ex is not None:
+            ex.client_gone()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        ex = self.exchange
+        if ex is not None and ex.upstream is not None:
+            ex.upstream.pause()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        ex = self.exchange
+        if ex is not None and ex.upstream is not None:
+            ex.upstream.resume()
+
+    # ----------------------------------------------------------------- httptools
+
+    def on_message_begin(self) -> None:
+        self.req = Request()
+        self.parts = []
+        self.size = 0
+        self.url = b""
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        n = name.lower()
+        if n == b"authorization":
+            self.req.auth = value
+        elif n == b"expect" and value.lower() == b"100-continue":
+            self.req.expect = True
+
+    def on_headers_complete(self) -> None:
+        req = self.req
+        req.method = self.parser.get_method()
+        req.path = self.url.split(b"?", 1)[0]
+        if req.expect and not self.busy and not self.closed:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size > MAX_BODY:
+            self.refuse(413, f"the request body is larger than {MAX_BODY} bytes")
+            return
+        self.parts.append(body)
+
+    def on_message_complete(self) -> None:
+        req = self.req
+        if req is None or self.closed:
+            return
+        parts = self.parts
+        req.body = parts[0] if len(parts) == 1 else b"".join(parts)
+        req.keep_alive = self.parser.should_keep_alive()
+        req.received = time.monotonic()
+        self.req = None
+        if self.busy:
+            self.queue.append(req)
+        else:
+            self.busy = True
+            self.gw.handle(self, req)
+
+    # ----------------------------------------------------------------- answers
+
+    def finished(self, keep_alive: bool) -> None:
+        """The answer to the current request is complete."""
+        self.exchange = None
+        if self.closed:
+            return
+        if not keep_alive:
+            self.closed = True
+            self.transport.close()
+            return
+        if self.queue:
+            self.gw.handle(self, self.queue.popleft())
+        else:
+            self.busy = False
+
+    def reply(self, req: Request, status: int, body: bytes, content_type: bytes = b"application/json", headers: bytes = b"") -> None:
+        if not self.closed:
+            close = b"" if req.keep_alive else b"Connection: close\r\n"
+            self.transport.write(
+                b"%sContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n%s"
+                % (_status_line(status), content_type, len(body), headers, close, body)
+            )
+        self.finished(req.keep_alive)
+
+    def refuse(self, status: int, message: str) -> None:
+        """A request that cannot be parsed: answer and close."""
+        if not self.closed:
+            body = api.error_body(status, message)
+            self.transport.write(
+                b"%sContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                % (_status_line(status), len(body), body)
+            )
+            self.closed = True
+            self.transport.close()
+
+
+class Exchange:
+    """One attempt of one request at one replica: the answer passed to the client as it comes."""
+
+    __slots__ = (
+        "client", "req", "stream", "backend", "fut", "upstream", "out", "sent", "chunked", "status", "keep_alive",
+        "first_at", "parts", "kept", "tail", "events", "error", "retry_body", "timer",
+    )  # fmt: skip
+
+    def __init__(self, client: Client, req: Request, stream: bool, backend: Backend, fut: asyncio.Future) -> None:
+        self.client = client
+        self.req = req
+        self.stream = stream
+        self.backend = backend
+        self.fut = fut
+        self.upstream = None
+        self.out: list[bytes] = []
+        self.sent = False  # the client has had the first byte
+        self.chunked = False
+        self.status = 0
+        self.keep_alive = req.keep_alive
+        self.first_at = 0.0
+        self.parts: list[bytes] = []  # an unstreamed answer, for its usage
+        self.kept = 0
+        self.tail = b""  # the end of a stream, for its usage
+        self.events = 0
+        self.error: Lost | None = None
+        self.retry_body = b""
+        self.timer = None
+
+    def _resolve(self, outcome: int) -> None:
+        if not self.fut.done():
+            self.fut.set_result(outcome)
+
+    # ----------------------------------------------------------------- from the engine
+
+    def head(self, status: int, content_type: bytes, length: int | None, keep_alive: bool) -> None:
+        self.status = status
+        if status in (502, 503, 504):  # not answering: another replica may
+            self.retry_body = b""
+            return
+        self.chunked = length is None
+        framing = b"Transfer-Encoding: chunked\r\n" if self.chunked else b"Content-Length: %d\r\n" % length
+        self.out.append(
+            b"%sContent-Type: %s\r\n%sllmgw-replica: %s\r\n%s\r\n"
+            % (
+                _status_line(status),
+                content_type or b"application/json",
+                framing,
+                self.backend.replica.encode(),
+                b"" if self.keep_alive else b"Connection: close\r\n",
+            )
+        )
+
+    def body(self, data: bytes) -> None:
+        if self.status in (502, 503, 504):
+            if len(self.retry_body) < 2048:
+                self.retry_body += data
+            return
+        if self.chunked:
+            self.out.append(b"%x\r\n%s\r\n" % (len(data), data))
+        else:
+            self.out.append(data)
+        if self.stream:
+            self.events += data.count(b"data:")
+            tail = self.tail + data
+            self.tail = tail[-STREAM_TAIL:] if len(tail) > STREAM_TAIL else tail
+        elif self.kept < USAGE_KEEP:
+            self.parts.append(data)
+            self.kept += len(data)
+
+    def end(self) -> None:
+        self.upstream = None
+        if self.status in (502, 503, 504):
+            self.error = Lost(f"answered {self.status}: {self.retry_body[:300].decode(errors='replace')}")
+            self._resolve(RETRY)
+            return
+        if self.chunked:
+            self.out.append(b"0\r\n\r\n")
+        self.flush(final=True)
+        self._resolve(DONE)
+
+    def flush(self, final: bool = False) -> None:
+        out = self.out
+        if not out or (len(out) == 1 and not self.sent and not final):
+            return  # the head alone: held until the first byte of the body
+        client = self.client
+        if client.closed:
+            self.client_gone()
+            return
+        client.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        out.clear()
+        if not self.sent:
+            self.sent = True
+            self.first_at = time.monotonic()
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+
+    def lost(self, error: Lost) -> None:
+        self.upstream = None
+        self.error = error
+        if self.status in (502, 503, 504):
+            self._resolve(RETRY)
+        elif error.stale and not self.sent and not self.out:
+            self._resolve(STALE)
+        elif not self.sent:
+            self._resolve(RETRY)
+        else:
+            self._resolve(BROKEN)
+
+    # ----------------------------------------------------------------- from elsewhere
+
+    def client_gone(self) -> None:
+        up = self.upstream
+        self.upstream = None
+        if up is not None:
+            up.abort()  # the engine stops generating for no one
+        self._resolve(GONE)
+
+    def timed_out(self) -> None:
+        self.timer = None
+        if self.sent or self.fut.done():
+            return
+        up = self.upstream
+        self.upstream = None
+        if up is not None:
+            up.abort()
+        self._resolve(TIMEOUT)
+
+
+class Gateway:
+    def __init__(
+        self,
+        bus,
+        *,
+        name: str,
+        port: int = 8080,
+        host: str = "0.0.0.0",
+        wait_s: float = 300.0,
+        upstream_timeout: float = 600.0,
+        connect_timeout: float = 3.0,
+    ) -> None:
+        self.bus = bus
+        self.name = name
+        self.port = port
+        self.keys_host = host  # where to listen once the catalog has keys
+        self.wait_s = wait_s
+        self.upstream_timeout = upstream_timeout
+        self.connect_timeout = connect_timeout
+        self.state = State()
+        self.table = Table()
+        self.backends: dict[tuple[str, str], Backend] = {}
+        self.by_model: dict[str, list[Backend]] = {}
+        self.limits: dict[str, KeyLimits] = {}
+        self.loads = Loads()
+        self.metrics = Metrics()
+        self.clients: set[Client] = set()
+        self.turn = 0
+        self.waiters: list[asyncio.Future] = []
+        self.server: asyncio.AbstractServer | None = None
+        self.listening_on = ""
+        self._dirty = False
+        self._rebind: asyncio.Task | None = None
+        self._kick: asyncio.Event | None = None
+        self._instance = uuid.uuid4().hex[:8]
+        self._published = 0
+        self._tracing = False
+        self._publish_warned = 0.0
+
+    # ----------------------------------------------------------------- the log
+
+    def on_message(self, seq: int, subject: str, data: bytes) -> None:
+        apply(self.state, seq, subject, data)
+        if not subject.startswith("llmgw.gw.") and not self._dirty:
+            self._dirty = True
+            asyncio.get_running_loop().call_soon(self.rebuild)
+
+    def rebuild(self) -> None:
+        """The routing table again, from the state as folded so far."""
+        self._dirty = False
+        table = build(self.state)
+        backends: dict[tuple[str, str], Backend] = {}
+        by_model: dict[str, list[Backend]] = {}
+        for route in table.routes.values():
+            found = []
+            for t in route.targets:
+                key = (t.replica, t.endpoint)
+                b = self.backends.get(key)
+                if b is None:
+                    b = Backend(t)
+                    b.pool = Pool(b.host, b.port, self.connect_timeout)
+                else:
+                    b.weight = t.weight
+                backends[key] = b
+                found.append(b)
+            if found:
+                by_model[route.name] = found
+        for key, b in self.backends.items():
+            if key not in backends:
+                b.pool.close()
+        now = time.monotonic()
+        limits = {}
+        for _, (name, key) in table.keys.items():
+            lim = self.limits.get(name)
+            if lim is None or not lim.same(key.requests_per_minute, key.tokens_per_minute):
+                lim = KeyLimits(key.requests_per_minute, key.tokens_per_minute, now)
+            limits[name] = lim
+        self.table, self.backends, self.by_model, self.limits = table, backends, by_model, limits
+        waiters, self.waiters = self.waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+        if self.server is not None and self._want_host() != self.listening_on and self._rebind is None:
+            self._rebind = asyncio.get_running_loop().create_task(self._listen_again())
+
+    # ----------------------------------------------------------------- listening
+
+    def _want_host(self) -> str:
+        """Loopback only until the catalog defines API keys."""
+        return self.keys_host if self.table.keys else LOOPBACK
+
+    async def listen(self) -> None:
+        host = self._want_host()
+        loop = asyncio.get_running_loop()
+        try:
+            self.server = await loop.create_server(lambda: Client(self), host, self.port, reuse_address=True, backlog=1024)
+        except OSError as e:
+            raise ConnectionError(f"cannot listen on {host}:{self.port}: {e.strerror or e}") from None
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.listening_on = host
+        log.info("llmgw gateway %s: the OpenAI API at http://%s:%d/v1%s", self.name, host, self.port,
+                 " (API keys required)" if self.table.keys else " (no API keys defined: this machine only)")
+
+    async def _listen_again(self) -> None:
+        try:
+            old = self.server
+            if old is not None:
+                old.close()
+            self.server = None
+            for attempt in range(50):
+                try:
+                    await self.listen()
+                    break
+                except OSError as e:
+                    if attempt == 49:
+                        log.error("cannot listen on %s:%d: %s", self._want_host(), self.port, e)
+                    await asyncio.sleep(0.1)
+        finally:
+            self._rebind = None
+
+    # ----------------------------------------------------------------- requests
+
+    def handle(self, client: Client, req: Request) -> None:
+        path, method = req.path, req.method
+        if path in api.PROXIED:
+            if method != b"POST":
+                return client.reply(req, 405, api.error_body(405, f"{path.decode()} takes POST"))
+            return self.proxy_start(client, req, path)
+        if method != b"GET":
+            return client.reply(req, 404, api.error_body(404, f"no route {method.decode()} {path.decode(errors='replace')}"))
+        if path == b"/v1/models" or path.startswith(b"/v1/models/"):
+            ok, owner = self.authenticate(client, req)
+            if not ok:
+                return
+            if path == b"/v1/models":
+                return client.reply(req, 200, api.models_list(self.table, owner))
+            name = path[len(b"/v1/models/"):].decode(errors="replace")
+            route = self.table.resolve(name)
+            if route is None or (owner is not None and not may_use(owner, route.owner)):
+                return client.reply(req, 404, self._no_model(name))
+            return client.reply(req, 200, api.model_object(self.table, name))
+        if path == b"/metrics":
+            return client.reply(req, 200, self.render_metrics(), b"text/plain; version=0.0.4; charset=utf-8")
+        if path in (b"/health", b"/healthz", b"/"):
+            return client.reply(req, 200, b'{"status":"ok"}')
+        return client.reply(req, 404, api.error_body(404, f"no route GET {path.decode(errors='replace')}"))
+
+    def _no_model(self, name: str) -> bytes:
+        return api.error_body(404, f"The model `{name}` does not exist or you do not have access to it.", "model_not_found")
+
+    def authenticate(self, client: Client, req: Request) -> tuple[bool, str | None]:
+        """(ok, the key's owner): owner None when the catalog has no keys. Not ok:
+        answered already. The key's name replaces the key in `req.auth`."""
+        keys = self.table.keys
+        if not keys:
+            if not client.local:
+                client.reply(req, 401, api.error_body(401, "this gateway has no API keys defined: it serves this machine only", "invalid_api_key"))
+                return False, None
+            return True, None
+        auth = req.auth
+        if not auth:
+            client.reply(req, 401, api.error_body(401, "You didn't provide an API key (Authorization: Bearer KEY).", "invalid_api_key"))
+            return False, None
+        if auth[:7].lower() == b"bearer ":
+            auth = auth[7:].strip()
+        found = keys.get(hashlib.sha256(auth).hexdigest())
+        if found is None:
+            client.reply(req, 401, api.error_body(401, "Incorrect API key provided.", "invalid_api_key"))
+            return False, None
+        req.auth = found[0].encode()  # the key's name from here on; the key itself is forgotten
+        return True, found[1].owner
+
+    def proxy_start(self, client: Client, req: Request, path: bytes) -> None:
+        ok, owner = self.authenticate(client, req)
+        if not ok:
+            return
+        try:
+            head = api.request_head(req.body)
+        except ValueError as e:
+            self.metrics.answered("", "", 400, 0.0)
+            return client.reply(req, 400, api.error_body(400, str(e)))
+        if not head.model:
+            self.metrics.answered("", "", 400, 0.0)
+            return client.reply(req, 400, api.error_body(400, "you must provide a model parameter", "missing_model"))
+        route = self.table.resolve(head.model)
+        if route is None or (owner is not None and not may_use(owner, route.owner)):
+            self.metrics.answered("", "", 404, 0.0)
+            return client.reply(req, 404, self._no_model(head.model))
+        if owner is not None:
+            lim = self.limits.get(req.auth.decode())
+            if lim is not None:
+                wait, which = lim.admit(time.monotonic())
+                if wait > 0:
+                    self.metrics.answered(route.name, "", 429, 0.0)
+                    after = retry_after(wait)
+                    return client.reply(
+                        req, 429,
+                        api.error_body(429, f"Rate limit reached for {which} per minute of this API key: retry in {after}s.", "rate_limit_exceeded"),
+                        headers=b"Retry-After: %d\r\n" % after,
+                    )  # fmt: skip
+        body = req.body
+        if head.model != route.name:
+            body = api.with_model(body, route.name)
+        asyncio.get_running_loop().create_task(self.proxy(client, req, path, route.name, route.no_wait, head.stream, body, owner is not None))
+
+    async def proxy(self, client: Client, req: Request, path: bytes, model: str, no_wait: str, stream: bool, body: bytes, keyed: bool) -> None:
+        now = time.time()
+        meter = self.loads.meter(model, now)
+        meter.last_used = now
+        span = _tracer.start_span("gateway.request", attributes={"llmgw.model": model, "http.route": path.decode()}) if self._tracing else None
+        upstream_req = b"POST %s HTTP/1.1\r\nHost: %%s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (path, len(body))
+        tried: list[str] = []
+        status, replica, why = 0, "", ""
+        ex: Exchange | None = None
+        answered = False  # the client has had its answer (or is gone)
+        try:
+            while True:
+                backends = self.by_model.get(model)
+                self.turn += 1
+                b = choose(backends, time.monotonic(), self.turn, tried) if backends else None
+                if b is None:
+                    if tried:
+                        status = ex.status if ex is not None and ex.status in (503, 504) else 502
+                        why = f"no replica of {model} could take the request; the last, {tried[-1]}: {ex.error if ex else 'failed'}"
+                        break
+                    if no_wait:
+                        status, why = 503, no_wait
+                        break
+                    b = await self.wait_for_replica(client, model, meter)
+                    if b is None:
+                        status = 499 if client.closed else 503
+                        why = f"no replica of {model} became ready within {self.wait_s:g}s"
+                        break
+                ex = await self.attempt(client, req, b, stream, upstream_req, body, meter)
+                outcome = ex.fut.result()
+                if outcome == RETRY:
+                    tried.append(b.replica)
+                    log.info("%s: %s failed before answering (%s)", model, b.replica, ex.error)
+                    if len(tried) >= MAX_ATTEMPTS:
+                        status = ex.status if ex.status in (503, 504) else 502
+                        why = f"{len(tried)} replicas of {model} failed; the last, {b.replica}: {ex.error}"
+                        break
+                    self.metrics.retried(model)
+                    continue
+                replica = b.replica
+                if outcome == DONE:  # answered and finished by attempt()
+                    status, answered = ex.status, True
+                elif outcome == GONE:
+                    status = 499
+                elif outcome == TIMEOUT:
+                    status, why = 504, f"{b.replica} did not answer within {self.upstream_timeout:g}s"
+                elif outcome == BROKEN:
+                    status, why = 502, f"replica {b.replica} failed mid-answer: {ex.error}"
+                    log.warning("%s: %s", model, why)
+                    self._broken(client, ex, why)
+                    answered = True
+                break
+            if not answered:
+                if status == 499:
+                    client.finished(False)
+                else:
+                    headers = b"Retry-After: %d\r\n" % WAKE_RETRY_AFTER_S if status == 503 else b""
+                    code = "model_unavailable" if status == 503 else "upstream_error"
+                    client.reply(req, status, api.error_body(status, why, code), headers=headers)
+        except Exception as e:  # a bug must not leave the client hanging
+            log.exception("request for %s failed", model)
+            status, why = 500, f"{type(e).__name__}: {e}"
+            if ex is None or not ex.sent:
+                client.reply(req, 500, api.error_body(500, "internal error of the gateway"))
+            else:
+                client.transport.abort()
+                client.finished(False)
+        finally:
+            elapsed = time.monotonic() - req.received
+            self.metrics.answered(model, replica, status, elapsed)
+            prompt = completion = 0
+            if ex is not None and replica and ex.status == 200:
+                if ex.first_at and stream:
+                    self.metrics.first_token(model, replica, ex.first_at - req.received)
+                used = api.stream_usage(ex.tail) if stream else (api.usage_of(b"".join(ex.parts)) if ex.parts else None)
+                if used is None and stream:
+                    used = (0, max(ex.events - 1, 0))  # one event a token, less [DONE]
+                if used is not None:
+                    prompt, completion = used
+                    self.metrics.used(model, replica, prompt, completion)
+                    meter.tokens_in += prompt
+                    meter.tokens_out += completion
+                    if keyed:
+                        lim = self.limits.get(req.auth.decode())
+                        if lim is not None:
+                            lim.used(prompt + completion, time.monotonic())
+            if span is not None:
+                span.set_attribute("llmgw.replica", replica)
+                span.set_attribute("http.status_code", status)
+                span.set_attribute("llmgw.attempts", len(tried) + (1 if replica else 0))
+                if tried:
+                    span.set_attribute("llmgw.failed_replicas", tried)
+                if prompt or completion:
+                    span.set_attribute("llmgw.tokens_in", prompt)
+                    span.set_attribute("llmgw.tokens_out", completion)
+                if why:
+                    span.set_attribute("llmgw.error", why)
+                span.end()
+
+    async def attempt(self, client: Client, req: Request, b: Backend, stream: bool, upstream_req: bytes, body: bytes, meter) -> Exchange:
+        loop = asyncio.get_running_loop()
+        b.breaker.picked(time.monotonic())
+        b.outstanding += 1
+        meter.change(time.time(), in_flight=1)
+        ex = Exchange(client, req, stream, b, loop.create_future())
+        client.exchange = ex
+        data = (upstream_req % b.pool.host_header) + body
+        ex.timer = loop.call_later(self.upstream_timeout, ex.timed_out)
+        try:
+            conn = b.pool.take_idle()
+            while True:
+                if conn is None:
+                    try:
+                        conn = await b.pool.connect()
+                    except (OSError, asyncio.TimeoutError) as e:
+                        ex.error = Lost(f"cannot connect to {b.endpoint}: {e or type(e).__name__}")
+                        ex._resolve(RETRY)
+                        break
+                if client.closed or ex.fut.done():  # gone, or timed out, while connecting
+                    conn.pool.release(conn)
+                    ex._resolve(GONE)
+                    break
+                ex.upstream = conn
+                conn.send(data, ex)
+                if client.paused:
+                    conn.pause()
+                outcome = await ex.fut
+                if outcome == STALE:
+                    conn = None
+                    ex.fut = loop.create_future()
+                    ex.status = 0
+                    continue
+                break
+        finally:
+            b.outstanding -= 1
+            meter.change(time.time(), in_flight=-1)
+            if ex.timer is not None:
+                ex.timer.cancel()
+                ex.timer = None
+        outcome = ex.fut.result()
+        if outcome == DONE:
+            b.breaker.success()
+            client.finished(ex.keep_alive)
+        elif outcome in (RETRY, BROKEN, TIMEOUT):
+            b.breaker.failure(time.monotonic())
+        else:
+            b.breaker.released()
+        return ex
+
+    def _broken(self, client: Client, ex: Exchange, why: str) -> None:
+        """The replica failed after the client had the first byte: end cleanly if the framing allows."""
+        if client.closed:
+            return client.finished(False)
+        if ex.chunked:
+            tail = api.sse_error(502, why, "upstream_error") if ex.stream else b""
+            framed = (b"%x\r\n%s\r\n" % (len(tail), tail) if tail else b"") + b"0\r\n\r\n"
+            client.transport.write(framed)
+            client.finished(ex.keep_alive)
+        else:
+            client.transport.abort()
+            client.closed = True
+            client.finished(False)
+
+    async def wait_for_replica(self, client: Client, model: str, meter) -> Backend | None:
+        """Wait (queued) until the model has a replica to take the request, or time runs out."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self.wait_s
+        was_busy = meter.busy()
+        meter.change(time.time(), queued=1)
+        if not was_busy:
+            self.kick()  # the wake-up: report at once
+        try:
+            while not client.closed:
+                backends = self.by_model.get(model)
+                if backends:
+                    self.turn += 1
+                    b = choose(backends, time.monotonic(), self.turn)
+                    if b is not None:
+                        return b
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                fut = loop.create_future()
+                self.waiters.append(fut)
+                timer = loop.call_later(min(remaining, 0.5), lambda f=fut: f.done() or f.set_result(None))
+                await fut
+                timer.cancel()
+            return None
+        finally:
+            meter.change(time.time(), queued=-1)
+
+    # ----------------------------------------------------------------- load, metrics
+
+    def kick(self) -> None:
+        if self._kick is not None:
+            self._kick.set()
+
+    async def report_loop(self, stop: asyncio.Event) -> None:
+        self._kick = asyncio.Event()
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self._kick.wait(), REPORT_TICK_S)
+            except asyncio.TimeoutError:
+                pass
+            self._kick.clear()
+            for r in self.loads.due(time.time()):
+                await self.publish_load(r)
+
+    async def publish_load(self, r) -> None:
+        event = ev.ModelLoad(
+            at=time.time(), gateway=self.name, model=r.model, in_flight=r.in_flight, queued=r.queued,
+            last_used=r.last_used, tokens_in=r.tokens_in, tokens_out=r.tokens_out,
+        )  # fmt: skip
+        self._published += 1
+        try:
+            await self.bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"gw-{self.name}-{self._instance}-{self._published}")
+        except Exception as e:
+            now = time.monotonic()
+            if now - self._publish_warned > 30:
+                self._publish_warned = now
+                log.warning("cannot publish the load of %s: %s", r.model, e)
+
+    def render_metrics(self) -> bytes:
+        loads = {m: (meter.in_flight, meter.queued) for m, meter in self.loads.meters.items()}
+        for model in self.table.routes:
+            loads.setdefault(model, (0, 0))
+        backends = [(b.model, b.replica, b.outstanding, b.breaker.state != "closed") for b in self.backends.values()]
+        return self.metrics.render(loads, backends)
+
+    # ----------------------------------------------------------------- the whole
+
+    async def start(self) -> None:
+        """Fold the log to its end, then listen."""
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+
+        self._tracing = isinstance(trace.get_tracer_provider(), TracerProvider)
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                last = await self.bus.last_seq()
+                break
+            except LookupError:
+                log.info("waiting for the llmgw stream (is the control plane running?)")
+                await asyncio.sleep(1.0)
+        caught_up = loop.create_future()
+
+        def on_message(seq: int, subject: str, data: bytes) -> None:
+            self.on_message(seq, subject, data)
+            if seq >= last and not caught_up.done():
+                caught_up.set_result(None)
+
+        if last == 0:
+            caught_up.set_result(None)
+        self._follower = await self.bus.follow(1, on_message)
+        await caught_up
+        self.rebuild()
+        await self.listen()
+        # What start-up made lives as long as the process: out of the
+        # collector's full passes, which would otherwise walk it all.
+        gc.collect()
+        gc.freeze()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.start()
+        reports = asyncio.get_running_loop().create_task(self.report_loop(stop))
+        try:
+            await stop.wait()
+        finally:
+            await self.close()
+            reports.cancel()
+            try:
+                await reports
+            except (asyncio.CancelledError, Exception):
+                pass
+            for r in self.loads.due(time.time() + 3600):  # the last word: zero
+                await self.publish_load(r)
+
+    async def close(self, grace: float = 5.0) -> None:
+        if self.server is not None:
+            self.server.close()
+        deadline = time.monotonic() + grace
+        while any(c.busy for c in self.clients) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for c in list(self.clients):
+            if c.transport is not None:
+                c.transport.close()
+        for b in self.backends.values():
+            b.pool.close()
+        if getattr(self, "_follower", None) is not None:
+            await self._follower.stop()

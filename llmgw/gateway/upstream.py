@@ -1,0 +1,221 @@
+"""Keep-alive HTTP/1.1 connections to the engines, pooled per replica.
+
+Raw asyncio protocols with httptools parsing the answers: a connection hands
+each part of an answer (head, body pieces, end, loss) to the `Exchange`
+that sent the request, as it arrives, so streamed answers pass through
+chunk by chunk, nothing buffered.
+
+A pooled connection the engine has closed meanwhile (llama.cpp drops idle
+ones after 5 s, and after 100 requests) fails before any answer; that is
+the connection's fault, not the engine's, and the request is sent again on
+a fresh one (`Lost.stale`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import httptools
+
+IDLE_S = 4.0  # a pooled connection idle longer is closed rather than reused
+MAX_IDLE = 64  # idle connections kept per replica
+
+
+class Lost(Exception):
+    """The connection ended before the answer did."""
+
+    def __init__(self, why: str, stale: bool = False, answered: bool = False) -> None:
+        super().__init__(why)
+        self.stale = stale  # a reused connection that was already closed: try a fresh one
+        self.answered = answered  # some of the answer had come
+
+
+class Sink:
+    """What a connection tells about the answer to the request it carries."""
+
+    def head(self, status: int, content_type: bytes, length: int | None, keep_alive: bool) -> None: ...
+    def body(self, data: bytes) -> None: ...
+    def end(self) -> None: ...
+    def lost(self, error: Lost) -> None: ...
+    def flush(self) -> None:
+        """The end of one read from the engine: what was gathered may be written."""
+
+
+class Connection(asyncio.Protocol):
+    __slots__ = (
+        "pool", "transport", "parser", "sink", "reused", "idle_since", "closed", "got_any",
+        "content_type", "length", "_answered", "_until_close",
+    )  # fmt: skip
+
+    def __init__(self, pool: "Pool") -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.sink: Sink | None = None
+        self.reused = False
+        self.idle_since = 0.0
+        self.closed = False
+        self.got_any = False
+        self.content_type = b""
+        self.length: int | None = None
+        self._answered = False
+        self._until_close = False
+
+    # ----------------------------------------------------------------- asyncio
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.got_any = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self._fail(Lost(f"the engine's answer is not HTTP: {e}", answered=self._answered))
+            self.abort()
+            return
+        sink = self.sink
+        if sink is not None:
+            sink.flush()
+
+    def eof_received(self):
+        return False  # close
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        sink = self.sink
+        if sink is not None:
+            self.sink = None
+            if self._answered and self._until_close:
+                sink.end()
+                sink.flush()
+                return
+            stale = self.reused and not self.got_any
+            sink.lost(Lost("the engine closed the connection" if exc is None else f"connection lost: {exc}", stale, self._answered))
+
+    # ----------------------------------------------------------------- httptools
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        n = name.lower()
+        if n == b"content-type":
+            self.content_type = value
+        elif n == b"content-length":
+            try:
+                self.length = int(value)
+            except ValueError:
+                pass
+
+    def on_headers_complete(self) -> None:
+        self._answered = True
+        parser = self.parser
+        status = parser.get_status_code()
+        # Neither a length nor chunked: the body ends when the engine closes.
+        self._until_close = self.length is None and not parser.should_keep_alive() and status not in (204, 304)
+        if self.sink is not None:
+            self.sink.head(status, self.content_type, self.length, parser.should_keep_alive())
+
+    def on_body(self, body: bytes) -> None:
+        if self.sink is not None:
+            self.sink.body(body)
+
+    def on_message_complete(self) -> None:
+        sink = self.sink
+        keep = self.parser.should_keep_alive()
+        self.sink = None
+        self._answered = False
+        self.content_type, self.length, self._until_close = b"", None, False
+        if keep and not self.closed:
+            self.pool.release(self)
+        else:
+            self.abort()
+        if sink is not None:
+            sink.end()
+
+    # ----------------------------------------------------------------- use
+
+    def send(self, data: bytes, sink: Sink) -> None:
+        self.sink = sink
+        self.got_any = False
+        self.transport.write(data)
+
+    def _fail(self, error: Lost) -> None:
+        sink = self.sink
+        self.sink = None
+        if sink is not None:
+            sink.lost(error)
+
+    def abort(self) -> None:
+        """Drop the connection (a client gone: the engine stops generating)."""
+        self.sink = None
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def pause(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+
+class Pool:
+    """Idle keep-alive connections to one endpoint."""
+
+    __slots__ = ("host", "port", "idle", "open", "host_header", "connect_timeout", "closed")
+
+    def __init__(self, host: str, port: int, connect_timeout: float = 3.0) -> None:
+        self.host, self.port = host, port
+        self.idle: list[Connection] = []
+        self.open = 0
+        self.host_header = f"{host}:{port}".encode() if ":" not in host else f"[{host}]:{port}".encode()
+        self.connect_timeout = connect_timeout
+        self.closed = False  # the replica left the table: connections are not kept
+
+    def take_idle(self) -> Connection | None:
+        idle = self.idle
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if conn.closed:
+                continue
+            if now - conn.idle_since > IDLE_S:
+                conn.abort()
+                continue
+            conn.reused = True
+            return conn
+        return None
+
+    async def connect(self) -> Connection:
+        loop = asyncio.get_running_loop()
+        _, conn = await asyncio.wait_for(
+            loop.create_connection(lambda: Connection(self), self.host, self.port), self.connect_timeout
+        )
+        sock = conn.transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        self.open += 1
+        return conn
+
+    def release(self, conn: Connection) -> None:
+        if self.closed or len(self.idle) >= MAX_IDLE:
+            conn.abort()
+            return
+        conn.idle_since = time.monotonic()
+        self.idle.append(conn)
+
+    def forget(self, conn: Connection) -> None:
+        self.open -= 1
+
+    def close(self) -> None:
+        self.closed = True
+        for conn in self.idle:
+            conn.abort()
+        self.idle.clear()

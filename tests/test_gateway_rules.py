@@ -1,0 +1,296 @@
+"""The gateway's rules, pure: the routing table as a fold, the choice of a
+replica, the breaker, per-key limits, coalesced load reports, metrics, and
+who may use which model. No I/O anywhere here."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from pathlib import Path
+
+import msgspec
+
+from llmgw.core import events as ev
+from llmgw.core.catalog import fingerprint
+from llmgw.core.tenancy import may_use
+from llmgw.gateway import api
+from llmgw.gateway.limits import KeyLimits, retry_after
+from llmgw.gateway.load import MIN_INTERVAL_S, REPEAT_S, Loads
+from llmgw.gateway.metrics import Metrics
+from llmgw.gateway.routing import (
+    BREAKER_COOLDOWN_S,
+    BREAKER_FAILURES,
+    Backend,
+    Breaker,
+    Target,
+    build,
+    choose,
+    split_endpoint,
+)
+
+from .scenario import Fleet, model
+
+
+# --------------------------------------------------------------------------- tenancy
+
+
+def test_a_key_reaches_shared_models_its_owners_and_its_ancestors_only():
+    assert may_use("org/team", "")
+    assert may_use("org/team", "org/team")
+    assert may_use("org/team", "org")
+    assert may_use("org/team/x", "org")
+    assert not may_use("org/team", "org/other")
+    assert not may_use("org", "org/team")  # not a child's
+    assert not may_use("organisation", "org")  # a prefix of a name is not an ancestor
+    assert not may_use("", "org")
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def ready_fleet() -> Fleet:
+    f = Fleet()
+    f.register("n1", gpus=4)
+    big = ev.ProfileSpec(name="big", gpus=1, weight=2.5)
+    f.apply(model("chat", min_replicas=2, aliases=["c", "od"], profiles=[big]))
+    f.apply(model("od", min_replicas=0, on_demand=True))
+    f.apply(model("off", min_replicas=0))
+    f.decide()
+    for rid in ("chat-1", "chat-2"):
+        sh = f.state.replicas[rid].shards[0]
+        for st in ("starting", "loading", "ready"):
+            f.publish(ev.ShardStatus(at=f.tick(), node="n1", replica=rid, shard=sh.id, generation=sh.generation,
+                                     state=st, endpoint=f"http://10.0.0.1:{sh.port}/" if st == "ready" else ""))
+    return f
+
+
+def test_the_table_is_a_fold_of_ready_replicas_endpoints_weights_and_names():
+    f = ready_fleet()
+    table = build(f.state)
+    chat = table.resolve("c")
+    assert chat is table.routes["chat"] and table.resolve("chat") is chat
+    assert table.resolve("od").name == "od"  # a model's own name wins over another's alias
+    assert [t.replica for t in chat.targets] == ["chat-1", "chat-2"]
+    port = f.state.replicas["chat-1"].shards[0].port
+    assert chat.targets[0] == Target("chat-1", "chat", f"http://10.0.0.1:{port}", 2.5)
+    assert table.routes["od"].no_wait == "" and table.routes["od"].targets == ()
+    assert "runs no replica" in table.routes["off"].no_wait
+
+    # Draining (stopping) and failed replicas are no longer routed; the table follows the log.
+    f.publish(ev.Decided(at=f.tick(), basis=0, actions=[ev.StopReplica(replica="chat-1", reason="t", drain_s=30)]))
+    assert [t.replica for t in build(f.state).routes["chat"].targets] == ["chat-2"]
+    sh = f.state.replicas["chat-2"].shards[0]
+    f.publish(ev.ShardStatus(at=f.tick(), node="n1", replica="chat-2", shard=sh.id, generation=sh.generation, state="failed"))
+    assert build(f.state).routes["chat"].targets == ()
+    f.remove("chat")
+    assert build(f.state).resolve("c") is None
+
+
+def test_keys_are_indexed_by_their_hash():
+    f = Fleet()
+    digest = hashlib.sha256(b"sk-1").hexdigest()
+    f.publish(ev.ApiKeyApplied(at=1.0, name="k1", owner="org", key_sha256=digest, requests_per_minute=5))
+    name, key = build(f.state).keys[digest]
+    assert name == "k1" and key.owner == "org" and key.requests_per_minute == 5
+
+
+def test_a_weight_is_routing_only_and_restarts_nothing():
+    p = ev.ProfileSpec(name="p", gpus=1)
+    assert fingerprint(msgspec.structs.replace(p, weight=3.0)) == fingerprint(p)
+    assert fingerprint(msgspec.structs.replace(p, gpus=2)) != fingerprint(p)
+
+
+def test_split_endpoint():
+    assert split_endpoint("http://127.0.0.1:20000") == ("127.0.0.1", 20000)
+    assert split_endpoint("http://node-3:8000/") == ("node-3", 8000)
+    assert split_endpoint("http://[::1]:81") == ("::1", 81)
+    assert split_endpoint("http://host") == ("host", 80)
+
+
+# --------------------------------------------------------------------------- the choice and the breaker
+
+
+def backends(*weights: float) -> list[Backend]:
+    return [Backend(Target(f"m-{i}", "m", f"http://h:{i}", w)) for i, w in enumerate(weights, 1)]
+
+
+def test_least_outstanding_weighted_with_ties_in_turn():
+    a, b = backends(1.0, 1.0)
+    assert {choose([a, b], 0, t).replica for t in range(4)} == {"m-1", "m-2"}  # ties go round
+    a.outstanding = 2
+    assert all(choose([a, b], 0, t) is b for t in range(4))
+    heavy, light = backends(3.0, 1.0)
+    picked = {"m-1": 0, "m-2": 0}
+    for t in range(8):  # eight concurrent: three to one
+        c = choose([heavy, light], 0, t)
+        c.outstanding += 1
+        picked[c.replica] += 1
+    assert picked == {"m-1": 6, "m-2": 2}
+    assert choose([heavy, light], 0, 0, exclude={"m-1"}) is light
+    assert choose([heavy], 0, 0, exclude={"m-1"}) is None
+
+
+def test_the_breaker_opens_after_failures_in_a_row_and_a_probe_closes_it():
+    a, b = backends(1.0, 1.0)
+    br = a.breaker
+    for i in range(BREAKER_FAILURES - 1):
+        br.failure(10.0)
+    br.success()  # not in a row
+    for i in range(BREAKER_FAILURES):
+        assert br.allows(10.0)
+        br.failure(10.0)
+    assert br.state == "open" and not br.allows(10.0)
+    assert all(choose([a, b], 10.0, t) is b for t in range(4))
+    later = 10.0 + BREAKER_COOLDOWN_S
+    assert br.allows(later)
+    br.picked(later)  # the probe
+    assert br.state == "half-open" and not br.allows(later)  # one probe at a time
+    br.failure(later)  # the probe failed: open, for twice as long
+    assert br.state == "open" and not br.allows(later + BREAKER_COOLDOWN_S) and br.allows(later + 2 * BREAKER_COOLDOWN_S)
+    br.picked(later + 2 * BREAKER_COOLDOWN_S)
+    br.released()  # the client left: no verdict, the next request probes
+    assert br.allows(later + 2 * BREAKER_COOLDOWN_S)
+    br.picked(later + 2 * BREAKER_COOLDOWN_S)
+    br.success()
+    assert br.state == "closed" and br.cooldown == BREAKER_COOLDOWN_S and Breaker().state == "closed"
+
+
+# --------------------------------------------------------------------------- limits
+
+
+def test_requests_per_minute_burst_then_rate_with_retry_after():
+    lim = KeyLimits(requests_per_minute=3, tokens_per_minute=0, now=0.0)
+    assert [lim.admit(0.0)[0] for _ in range(3)] == [0.0, 0.0, 0.0]
+    wait, which = lim.admit(0.0)
+    assert which == "requests" and wait == 20.0 and retry_after(wait) == 20
+    assert lim.admit(19.9)[0] > 0 and lim.admit(20.0)[0] == 0.0
+    assert KeyLimits(0, 0, 0.0).admit(0.0) == (0.0, "")
+
+
+def test_tokens_per_minute_are_charged_after_the_answer_and_may_leave_a_debt():
+    lim = KeyLimits(requests_per_minute=0, tokens_per_minute=60, now=0.0)
+    assert lim.admit(0.0) == (0.0, "")
+    lim.used(90, 0.0)  # 30 in debt
+    wait, which = lim.admit(0.0)
+    assert which == "tokens" and 30.0 <= wait < 30.1 and retry_after(wait) == 31
+    assert lim.admit(31.0) == (0.0, "")
+    assert lim.same(0, 60) and not lim.same(1, 60)
+
+
+# --------------------------------------------------------------------------- load reports
+
+
+def test_load_is_reported_at_once_then_coalesced_then_repeated_and_zero_said_once():
+    loads = Loads()
+    m = loads.meter("m", 100.0)
+    m.change(100.0, queued=1)  # a request waits: the wake-up goes at once
+    (r,) = loads.due(100.0)
+    assert (r.model, r.in_flight, r.queued) == ("m", 0, 1)
+    m.change(100.2, queued=-1, in_flight=1)
+    for i in range(1, 9):  # a burst within the second: no report
+        m.change(100.2 + i * 0.05, in_flight=1)
+        assert loads.due(100.2 + i * 0.05) == []
+    (r,) = loads.due(100.0 + MIN_INTERVAL_S)
+    assert r.in_flight == 9 and r.queued >= 1  # queued within the window counts (rounded up)
+    assert loads.due(101.5) == []
+    (r,) = loads.due(101.5 + MIN_INTERVAL_S)
+    assert (r.in_flight, r.queued) == (9, 0)
+    assert loads.due(102.5 + REPEAT_S - 0.5) == []  # unchanged: repeated only after REPEAT_S
+    (r,) = loads.due(102.5 + REPEAT_S)
+    assert (r.in_flight, r.queued) == (9, 0)
+    t = 102.5 + REPEAT_S
+    m.change(t + 0.1, in_flight=-9)
+    m.tokens_in, m.tokens_out, m.last_used = 70, 30, t
+    (r,) = loads.due(t + 1.0)
+    assert r.in_flight == 1 and (r.tokens_in, r.tokens_out, r.last_used) == (70, 30, t)  # the mean, rounded up
+    (r,) = loads.due(t + 2.0)
+    assert (r.in_flight, r.queued, r.tokens_in) == (0, 0, 0)  # zero, once
+    assert loads.due(t + 3.0) == [] and "m" not in loads.meters
+
+
+def test_a_request_shorter_than_a_report_still_counts():
+    loads = Loads()
+    m = loads.meter("m", 0.0)
+    m.change(0.1, in_flight=1)
+    m.change(0.2, in_flight=-1)
+    (r,) = loads.due(0.3)
+    assert r.in_flight == 1
+
+
+# --------------------------------------------------------------------------- the API's shapes, metrics
+
+
+def test_request_head_usage_and_errors():
+    head = api.request_head(b'{"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]}')
+    assert (head.model, head.stream) == ("m", True)
+    for bad in (b"[1]", b"{", b'{"model": 3}'):
+        try:
+            api.request_head(bad)
+        except ValueError:
+            continue
+        raise AssertionError(bad)
+    assert msgspec.json.decode(api.with_model(b'{"model": "alias", "x": [1]}', "real")) == {"model": "real", "x": [1]}
+    assert api.usage_of(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4}}') == (3, 4)
+    assert api.usage_of(b'{"timings": {"prompt_n": 5, "predicted_n": 6}}') == (5, 6)
+    assert api.usage_of(b'{"usage": null}') is None
+    tail = b'data: {"choices": []}\n\ndata: {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}\n\ndata: [DONE]\n\n'
+    assert api.stream_usage(tail) == (1, 2)
+    body = msgspec.json.decode(api.error_body(429, "slow down", "rate_limit_exceeded"))
+    assert body == {"error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded"}}
+    assert api.sse_error(502, "gone").startswith(b'data: {"error":')
+
+
+def test_the_model_list_shows_what_a_key_reaches():
+    f = Fleet()
+    f.apply(model("shared", aliases=["s"]))
+    f.apply(model("theirs", owner="org/other"))
+    f.apply(model("ours", owner="org"))
+    table = build(f.state)
+    ids = lambda owner: sorted(m["id"] for m in msgspec.json.decode(api.models_list(table, owner))["data"])  # noqa: E731
+    assert ids(None) == ["ours", "s", "shared", "theirs"]
+    assert ids("org/team") == ["ours", "s", "shared"]
+
+
+def test_metrics_render_prometheus_text():
+    m = Metrics()
+    m.answered("m", "m-1", 200, 0.003)
+    m.answered("m", "m-1", 200, 0.2)
+    m.first_token("m", "m-1", 0.1)
+    m.used("m", "m-1", 10, 5)
+    m.retried("m")
+    text = m.render({"m": (2, 1)}, [("m", "m-1", 2, False)]).decode()
+    assert 'llmgw_gateway_requests_total{model="m",replica="m-1",code="200"} 2' in text
+    assert 'llmgw_gateway_request_seconds_bucket{model="m",replica="m-1",le="0.005"} 1' in text
+    assert 'llmgw_gateway_request_seconds_bucket{model="m",replica="m-1",le="+Inf"} 2' in text
+    assert 'llmgw_gateway_time_to_first_token_seconds_count{model="m",replica="m-1"} 1' in text
+    assert 'llmgw_gateway_tokens_total{model="m",replica="m-1",kind="completion"} 5' in text
+    assert 'llmgw_gateway_queued{model="m"} 1' in text and 'llmgw_gateway_breaker_open{model="m",replica="m-1"} 0' in text
+    for line in text.splitlines():  # every sample line: name{labels} number
+        if not line.startswith("#"):
+            float(line.rsplit(" ", 1)[1])
+
+
+# --------------------------------------------------------------------------- purity
+
+
+def test_the_rules_of_the_gateway_do_no_io():
+    pure = ("routing.py", "limits.py", "load.py", "metrics.py", "api.py")
+    shell = {"asyncio", "socket", "time", "httptools", "uvloop", "nats", "os", "random", "logging"}
+    for name in pure:
+        path = Path(__file__).resolve().parent.parent / "llmgw" / "gateway" / name
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            elif isinstance(node, ast.ImportFrom) and node.level == 1:
+                names = [f"llmgw.gateway.{node.module}"]
+            for n in names:
+                assert n.split(".")[0] not in shell, f"{name} imports {n}"
+                assert n not in ("llmgw.gateway.server", "llmgw.gateway.upstream"), f"{name} imports the shell"
+
+
+def test_a_weight_written_out_keeps_the_fingerprint_of_a_profile_without_one():
+    p = ev.ProfileSpec(name="p", gpus=1, args=["--x"])
+    assert fingerprint(ev.ProfileSpec(name="p", gpus=1, args=["--x"], weight=float("1.0"))) == fingerprint(p)
