@@ -250,12 +250,13 @@ def test_real_engines_serve_fail_are_replaced_and_are_adopted_across_agent_and_c
         ask(endpoint, model)
 
 
-def test_up_on_a_fresh_folder_answers_a_chat_completion_from_the_real_model(tmp_path, state_dirs):
-    port = free_port()
+def test_up_on_a_fresh_folder_answers_a_chat_completion_from_the_real_model_through_its_gateway(tmp_path, state_dirs):
+    port, gateway_port = free_port(), free_port()
     state = tmp_path / "state"
     state_dirs.append(state / "agent")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llmgw", "up", "--nats-port", str(port), "--state-dir", str(state)],
+        [sys.executable, "-m", "llmgw", "up", "--nats-port", str(port), "--state-dir", str(state),
+         "--gateway-port", str(gateway_port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=tmp_path,
         stdin=subprocess.DEVNULL,
     )  # fmt: skip
@@ -276,6 +277,7 @@ def test_up_on_a_fresh_folder_answers_a_chat_completion_from_the_real_model(tmp_
             if m:
                 endpoint = m.group(1)
         assert endpoint, "llmgw up never said the demo model is ready:\n" + "".join(seen)
+        assert endpoint == f"http://127.0.0.1:{gateway_port}"  # asked through the gateway
         assert any("curl " + endpoint in line for line in [lines.get(timeout=5)])
         client = openai.OpenAI(base_url=f"{endpoint}/v1", api_key="unused", timeout=120, max_retries=0)
         chat = client.chat.completions.create(
@@ -286,7 +288,7 @@ def test_up_on_a_fresh_folder_answers_a_chat_completion_from_the_real_model(tmp_
         # Its engine's log, as the operator reads it, from the agent of its node.
         where = ("--nats", f"nats://127.0.0.1:{port}", "--db", str(state / "readmodels.db"))
         listing = run_llmgw("ctl", *where, "get", "replicas", "-o", "json", cwd=tmp_path)
-        (ready,) = [r["id"] for r in json.loads(listing.stdout) if r["endpoint"] == endpoint]
+        (ready,) = [r["id"] for r in json.loads(listing.stdout) if r["state"] == "ready"]
         out = run_llmgw("ctl", *where, "logs", ready, "-n", "20", cwd=tmp_path)
         assert out.returncode == 0 and out.stdout.strip(), out.stderr
     finally:

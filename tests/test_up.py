@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import openai
 import pytest
 
 from llmgw.bus.server import free_port
@@ -34,9 +35,12 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def start_up(tmp_path, port: int) -> tuple[subprocess.Popen, list[str]]:
+def start_up(tmp_path, port: int, gateway_port: int = 0, extra: tuple = ("--no-agent",)) -> tuple[subprocess.Popen, list[str]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llmgw", "up", "--nats-port", str(port), "--state-dir", str(tmp_path / "state")],
+        [
+            sys.executable, "-m", "llmgw", "up", "--nats-port", str(port), "--state-dir", str(tmp_path / "state"),
+            "--gateway-port", str(gateway_port or free_port()), *extra,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -82,10 +86,23 @@ def test_up_serves_nats_runs_the_control_plane_and_ctrl_c_stops_everything(tmp_p
         catalog.write_text("models:\n  - name: m\n    profiles: [{name: p, gpus: 1}]\n")
         out = run_llmgw("ctl", "--nats", f"nats://127.0.0.1:{port}", "apply", "-f", str(catalog))
         assert out.returncode == 0, out.stderr
+        # The gateway it runs serves the catalog's models (the official SDK as client).
+        url = re.search(r"gateway \(OpenAI API\): (http://\S+)", text).group(1)
+        gateway_pid = int(re.search(r"gateway: pid (\d+)", text).group(1))
+        client = openai.OpenAI(base_url=url, api_key="unused", timeout=5, max_retries=0)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if "m" in [m.id for m in client.models.list()]:
+                    break
+            except openai.APIConnectionError:
+                pass
+            assert time.monotonic() < deadline, "the gateway never listed the model"
+            time.sleep(0.2)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
-    assert not pid_alive(control_pid) and not pid_alive(nats_pid)
+    assert not pid_alive(control_pid) and not pid_alive(nats_pid) and not pid_alive(gateway_pid)
 
     # Again: the same log, resumed.
     proc, lines = start_up(tmp_path, port)
@@ -118,6 +135,11 @@ def test_up_says_clearly_when_its_port_is_taken(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        out = run_llmgw("up", "--nats-port", str(port), "--state-dir", str(tmp_path / "s"), timeout=30)
-    assert out.returncode == 2
-    assert f"port {port} on 127.0.0.1 is taken" in out.stderr
+        out = run_llmgw("up", "--nats-port", str(port), "--state-dir", str(tmp_path / "s"), "--no-agent", timeout=30)
+        assert out.returncode == 2
+        assert f"port {port} on 127.0.0.1 is taken" in out.stderr
+        # The gateway's too, before anything is started.
+        out = run_llmgw("up", "--nats-port", str(free_port()), "--gateway-port", str(port), "--state-dir",
+                        str(tmp_path / "s2"), "--no-agent", timeout=30)
+        assert out.returncode == 2
+        assert f"the gateway's port {port} is taken: give another with --gateway-port" in out.stderr

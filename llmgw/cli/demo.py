@@ -92,9 +92,10 @@ def curl_line(endpoint: str, model: str) -> str:
 class DemoWatcher(threading.Thread):
     """Prints, once, where the demo model answers (or why it does not)."""
 
-    def __init__(self, url: str, model: str = DEMO_SPEC.name) -> None:
+    def __init__(self, url: str, model: str = DEMO_SPEC.name, gateway: str = "") -> None:
         super().__init__(name="llmgw-up-demo", daemon=True)
         self.url, self.model = url, model
+        self.gateway = gateway  # where to ask it: the gateway's URL, or "" to ask the engine itself
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -129,10 +130,11 @@ class DemoWatcher(threading.Thread):
                         endpoint = rep.shards[0].endpoint if rep.shards else ""
                         if rep.state == "ready" and endpoint:
                             said.add(rep.id)
-                            where = f"replica {rep.id} on node {rep.shards[0].node}"
+                            where = f"replica {rep.id} on node {rep.shards[0].node}, engine at {endpoint}"
+                            ask = self.gateway or endpoint
                             print(
-                                f"llmgw up: {self.model} is ready at {endpoint} ({where}). "
-                                f"Ask it:\n{curl_line(endpoint, self.model)}",
+                                f"llmgw up: {self.model} is ready at {ask} ({where}). "
+                                f"Ask it:\n{curl_line(ask, self.model)}",
                                 flush=True,
                             )
                         elif rep.state == "failed":

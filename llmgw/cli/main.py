@@ -1,6 +1,6 @@
 """`llmgw`: one command, a subcommand per component.
 
-    llmgw up                 embedded NATS, control plane, projector, an agent and the demo model (+ later: gateway)
+    llmgw up                 embedded NATS, control plane, projector, an agent, the demo model and a gateway
     llmgw control            the control plane alone, against a NATS you run
     llmgw agent              the node agent: runs this node's inference engines
     llmgw agent --simulate   a simulated node
@@ -71,6 +71,7 @@ def cmd_up(args) -> None:
             demo=not args.no_demo,
             agent_file=args.agent_file,
             node_name=args.name,
+            gateway_port=None if args.no_gateway else args.gateway_port,
         )
     )
 
@@ -313,6 +314,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--no-demo", action="store_true", help="do not apply the demo model to an empty catalog")
     up.add_argument("--agent-file", help="the local agent's file (default: one written for this CPU-only machine)")
     up.add_argument("--name", help="the local node's name (default: the host name)")
+    up.add_argument("--gateway-port", type=int, default=8080, help="the port of the gateway's OpenAI API (default 8080)")
+    up.add_argument("--no-gateway", action="store_true", help="run no gateway")
     up.set_defaults(func=cmd_up)
 
     control = sub.add_parser("control", help="run the control plane")

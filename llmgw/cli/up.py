@@ -58,6 +58,18 @@ class Child:
             self.proc.wait()
 
 
+def port_free(port: int) -> bool:
+    """Whether a port on 127.0.0.1 can be listened on now."""
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def up(
     state_dir: str,
     nats_port: int,
@@ -67,6 +79,7 @@ def up(
     demo: bool = True,
     agent_file: str | None = None,
     node_name: str | None = None,
+    gateway_port: int | None = 8080,
 ) -> int:
     import asyncio
 
@@ -81,6 +94,9 @@ def up(
         if problem:
             print(f"llmgw up: no demo model ({problem}); run with --no-demo to stop trying", file=sys.stderr, flush=True)
             demo = False
+    if gateway_port is not None and not port_free(gateway_port):
+        print(f"llmgw up: the gateway's port {gateway_port} is taken: give another with --gateway-port", file=sys.stderr)
+        return 2
     server = None
     if nats_url is None:
         server = NatsServer(state / "nats", nats_port)
@@ -112,6 +128,10 @@ def up(
                 ],
             )  # fmt: skip
         )
+    gateway_url = ""
+    if gateway_port is not None:
+        gateway_url = f"http://127.0.0.1:{gateway_port}"
+        children.append(Child("gateway", [py, "-m", "llmgw", "gateway", "--nats", nats_url, "--port", str(gateway_port)]))
     stopping = False
 
     def on_signal(signum, frame) -> None:
@@ -133,17 +153,18 @@ def up(
                 said = f"could not apply the demo model: {e}"
             if said:
                 print(f"llmgw up: {said}", flush=True)
-            watcher = demo_mod.DemoWatcher(nats_url)
+            watcher = demo_mod.DemoWatcher(nats_url, gateway=gateway_url)
             watcher.start()
         print(
             f"read models (SQLite): {db.resolve()}\n"
-            f"ready. In other shells, here (or with --nats {nats_url}):\n"
+            + (f"gateway (OpenAI API): {gateway_url}/v1\n" if gateway_url else "")
+            + f"ready. In other shells, here (or with --nats {nats_url}):\n"
             + ("  llmgw ctl get replicas --watch           # the demo model, starting\n" if demo else "")
-            + f"  llmgw agent --simulate --name gpu-1 --gpus 8\n"
-            f"  llmgw ctl apply -f deploy/catalog.example.yaml --wait\n"
-            f"  llmgw ctl get replicas --watch\n"
-            f"  llmgw replay\n"
-            f"Ctrl-C stops everything.",
+            + "  llmgw agent --simulate --name gpu-1 --gpus 8\n"
+            "  llmgw ctl apply -f deploy/catalog.example.yaml --wait\n"
+            "  llmgw ctl get replicas --watch\n"
+            "  llmgw replay\n"
+            "Ctrl-C stops everything.",
             flush=True,
         )
         while not stopping:
