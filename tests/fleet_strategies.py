@@ -5,10 +5,13 @@ a log exactly as the shell would write it: (seq, subject, data bytes), each
 message folded into the "live" state with `fold.apply` as it is appended. The
 steps are what the real system sees: models applied (sometimes with a changed
 spec) and removed, agents registering (reporting some of what the fold
-believes runs there, sometimes with a stale generation or a stray nobody
-placed), nodes lost, shard status reports (sometimes stale), malformed
-messages, and control-plane passes, some of them deliberately decided on an
-older state, as a deposed leader would publish them. With `rogue=True` some
+believes runs there, sometimes with a stale generation, and sometimes shards
+this log never placed: strays, or replicas to adopt, the shards of a
+multi-node one reported by their agents one by one), nodes lost, shard status
+reports (sometimes stale), gateways' load, operators' restarts (beside, in
+place, paced) and retries, malformed messages, and control-plane passes, some
+of them deliberately decided on an older state, as a deposed leader would
+publish them. With `rogue=True` some
 decisions are made up outright (GPUs and ports someone holds, ids used
 before, nodes lost or unknown), to press the fold's voiding rules harder than
 any honest `decide` would.
@@ -17,7 +20,10 @@ The fleet is mixed on purpose: GPUs of several models and sizes, nodes that
 say their host memory and cores or do not (0), some in a pool, some on one of
 two fabrics and some on none; profiles ask for GPU models, GPU memory, host
 memory, cores and pools, and span one to three nodes, so that placement meets
-every rule and multi-node replicas are common.
+every rule and multi-node replicas are common. Models scale on load or on
+demand now and then (SCALINGS). With `plain=True` profiles ask for GPUs only
+and with `warm`, `min_steps` and `forgetful=False` worlds run longer and
+calmer, so that replicas come up and restarts get to finish.
 
 Every choice is drawn from a hypothesis `data` object, so a failing run
 shrinks to a short sequence of steps. No NATS, no I/O.
@@ -31,6 +37,7 @@ import msgspec
 from hypothesis import strategies as st
 
 from llmgw.core import events as ev
+from llmgw.core.catalog import profile_named
 from llmgw.core.decide import decide
 from llmgw.core.fold import apply, decode_state, encode_state
 from llmgw.core.state import LIVE_SHARD_STATES, State
@@ -56,8 +63,39 @@ SHARD_STATES = ("starting", "loading", "ready", "failed", "stopped")
 REPORTED_STATES = ("ready", "loading", "starting", "ready", "failed", "stopped", "ready")
 RUNNING_STATES = ("starting", "loading", "ready")
 PORTS = (0, 20000, 20001, 20002, 20003)
+# How a model scales: (target_load, on_demand, scale_down_delay_s, idle_s,
+# drain_grace_s), with times of the order of a few steps (0-30 s each).
+# Mostly the catalog's minimum only, as most models are.
+SCALINGS = (
+    (0.0, False, 300.0, 600.0, 30.0),
+    (0.0, False, 300.0, 600.0, 30.0),
+    (0.0, False, 300.0, 600.0, 0.0),
+    (2.0, False, 30.0, 600.0, 20.0),
+    (1.0, False, 0.0, 600.0, 60.0),
+    (0.0, True, 300.0, 60.0, 20.0),
+    (3.0, True, 60.0, 30.0, 0.0),
+)
+GATEWAYS = ("gw-1", "gw-2")
 
 Record = tuple[int, str, bytes]
+
+_SAMPLED: dict[tuple, st.SearchStrategy] = {}
+
+
+def sampled_from(options) -> st.SearchStrategy:
+    """`st.sampled_from`, one strategy per tuple of options: hypothesis
+    validates each new strategy object on its first draw, which made up
+    most of the time these worlds took."""
+    key = tuple(options)
+    try:
+        strategy = _SAMPLED.get(key)
+    except TypeError:  # unhashable options (lists, structs): not cached
+        return st.sampled_from(key)
+    if strategy is None:
+        if len(_SAMPLED) > 50_000:
+            _SAMPLED.clear()
+        strategy = _SAMPLED[key] = st.sampled_from(key)
+    return strategy
 
 
 # --------------------------------------------------------------------------- fleet and catalog
@@ -67,11 +105,11 @@ Record = tuple[int, str, bytes]
 def node_gpus(draw) -> list[ev.Gpu]:
     count = draw(st.integers(1, 8))
     if draw(st.booleans()):  # most nodes have one kind of GPU
-        mem = draw(st.sampled_from(GPU_MEMORY_GB))
-        model = draw(st.sampled_from(GPU_MODELS))
+        mem = draw(sampled_from(GPU_MEMORY_GB))
+        model = draw(sampled_from(GPU_MODELS))
         return [ev.Gpu(index=i, model=model, memory_gb=mem) for i in range(count)]
     return [
-        ev.Gpu(index=i, model=draw(st.sampled_from(GPU_MODELS)), memory_gb=draw(st.sampled_from(GPU_MEMORY_GB)))
+        ev.Gpu(index=i, model=draw(sampled_from(GPU_MODELS)), memory_gb=draw(sampled_from(GPU_MEMORY_GB)))
         for i in range(count)
     ]
 
@@ -88,57 +126,71 @@ class NodeFacts:
 @st.composite
 def node_facts(draw) -> NodeFacts:
     labels = {"zone": "a"}
-    pool, fabric = draw(st.sampled_from(POOLS)), draw(st.sampled_from(FABRICS))
+    pool, fabric = draw(sampled_from(POOLS)), draw(sampled_from(FABRICS))
     if pool:
         labels["llmgw.io/pool"] = pool
     if fabric:
         labels["llmgw.io/fabric"] = fabric
     return NodeFacts(
-        memory_gb=draw(st.sampled_from(HOST_MEMORY_GB)), cpu_cores=draw(st.sampled_from(CPU_CORES)), labels=labels
+        memory_gb=draw(sampled_from(HOST_MEMORY_GB)), cpu_cores=draw(sampled_from(CPU_CORES)), labels=labels
     )
 
 
 @st.composite
 def fleets(draw) -> dict[str, list[ev.Gpu]]:
     """1-6 nodes, 1-8 GPUs each: node name -> its GPUs (as its agent reports them)."""
-    names = draw(st.lists(st.sampled_from(NODE_NAMES), min_size=1, max_size=6, unique=True))
+    names = draw(st.lists(sampled_from(NODE_NAMES), min_size=1, max_size=6, unique=True))
     return {name: draw(node_gpus()) for name in names}
 
 
 @st.composite
-def profile_specs(draw, name: str) -> ev.ProfileSpec:
+def profile_specs(draw, name: str, plain: bool = False) -> ev.ProfileSpec:
+    if plain:  # GPUs only, as most profiles are: replicas that fit and come up, to restart
+        return ev.ProfileSpec(
+            name=name,
+            args=draw(sampled_from([[], ["--fast"]])),
+            gpus=draw(sampled_from([0, 1, 1, 2])),
+            nodes=draw(sampled_from([1, 1, 1, 2])),
+            memory_gb=draw(sampled_from([0.0, 0.0, 16.0])),
+        )
     return ev.ProfileSpec(
         name=name,
         engine="sim",
-        args=draw(st.sampled_from([[], ["--fast"], ["--tp", "2"]])),
+        args=draw(sampled_from([[], ["--fast"], ["--tp", "2"]])),
         gpus=draw(st.integers(0, 4)),
-        nodes=draw(st.sampled_from([1, 1, 2, 3])),
-        gpu_memory_gb=draw(st.sampled_from(PROFILE_MEMORY_GB)),
-        gpu_model=draw(st.sampled_from(PROFILE_GPU_MODELS)),
-        memory_gb=draw(st.sampled_from(PROFILE_HOST_MEMORY_GB)),
-        cpu_cores=draw(st.sampled_from(PROFILE_CPU_CORES)),
-        pool=draw(st.sampled_from(PROFILE_POOLS)),
+        nodes=draw(sampled_from([1, 1, 2, 3])),
+        gpu_memory_gb=draw(sampled_from(PROFILE_MEMORY_GB)),
+        gpu_model=draw(sampled_from(PROFILE_GPU_MODELS)),
+        memory_gb=draw(sampled_from(PROFILE_HOST_MEMORY_GB)),
+        cpu_cores=draw(sampled_from(PROFILE_CPU_CORES)),
+        pool=draw(sampled_from(PROFILE_POOLS)),
     )
 
 
 @st.composite
-def model_specs(draw, name: str) -> ev.ModelSpec:
+def model_specs(draw, name: str, plain: bool = False) -> ev.ModelSpec:
     count = draw(st.integers(1, 3))
     names = draw(st.permutations(["p0", "p1", "p2"]))[:count]
     min_replicas = draw(st.integers(0, 4))
+    target_load, on_demand, delay, idle, drain = draw(sampled_from(SCALINGS))
     return ev.ModelSpec(
         name=name,
-        profiles=[draw(profile_specs(p)) for p in names],
+        profiles=[draw(profile_specs(p, plain)) for p in names],
         min_replicas=min_replicas,
-        max_replicas=draw(st.sampled_from([0, 0, min_replicas + 1])),
+        max_replicas=draw(sampled_from([0, 0, min_replicas + 1, min_replicas + 3])),
+        target_load=target_load,
+        on_demand=on_demand,
+        scale_down_delay_s=delay,
+        idle_s=idle,
+        drain_grace_s=drain,
     )
 
 
 @st.composite
-def catalogs(draw) -> dict[str, ev.ModelSpec]:
-    """1-5 models, each with 1-3 profiles."""
-    names = draw(st.lists(st.sampled_from(MODEL_NAMES), min_size=1, max_size=5, unique=True))
-    return {name: draw(model_specs(name)) for name in names}
+def catalogs(draw, plain: bool = False) -> dict[str, ev.ModelSpec]:
+    """1-5 models, each with 1-3 profiles (with `plain`, asking for GPUs only)."""
+    names = draw(st.lists(sampled_from(MODEL_NAMES), min_size=1, max_size=5, unique=True))
+    return {name: draw(model_specs(name, plain)) for name in names}
 
 
 # --------------------------------------------------------------------------- the world
@@ -166,6 +218,10 @@ class World:
     stale: bool = True  # some decisions are taken on an older state
     rogue: bool = False  # some decisions are made up, as by a leader with a diverged view
     malformed: bool = True  # some messages are malformed
+    warm: bool = False  # every world starts warm, not half of them
+    plain: bool = False  # profiles ask for GPUs only (see profile_specs)
+    min_steps: int = 1  # after the warm start, if any
+    forgetful: bool = True  # registrations leave out half of what runs (else one in eight)
     fleet: dict[str, list[ev.Gpu]] = field(default_factory=dict)
     facts: dict[str, NodeFacts] = field(default_factory=dict)
     catalog: dict[str, ev.ModelSpec] = field(default_factory=dict)
@@ -176,13 +232,16 @@ class World:
     # (node, shard) -> the replica an agent named when it reported the stray.
     stray_replicas: dict[tuple[str, str], str] = field(default_factory=dict)
     ghosts: int = 0
+    # Shards of multi-node replicas no log placed (a fleet outliving its log),
+    # still to be reported by the agent of their node: node -> shards.
+    halves: dict[str, list[ev.RunningShard]] = field(default_factory=dict)
     # Every replica id the live state ever had, with its model.
     replicas_seen: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.fleet = self.fleet or self.draw(fleets(), "fleet")
         self.facts = self.facts or {name: self.draw(node_facts(), f"facts of {name}") for name in sorted(self.fleet)}
-        self.catalog = self.catalog or self.draw(catalogs(), "catalog")
+        self.catalog = self.catalog or self.draw(catalogs(self.plain), "catalog")
         self.states = [encode_state(self.live)]
 
     def draw(self, strategy, label: str | None = None):
@@ -211,7 +270,7 @@ class World:
 
     def kinds(self) -> list[str]:
         kinds = ["decide", "status", "apply", "register", "decide", "status", "apply", "status", "register"]
-        kinds += ["status", "decide", "remove", "lose"]
+        kinds += ["status", "decide", "remove", "lose", "load", "restart", "retry"]
         if self.stale:
             kinds += ["stale", "stale"]
         if self.rogue:
@@ -221,7 +280,7 @@ class World:
         return kinds
 
     def step(self) -> Step:
-        kind = self.draw(st.sampled_from(self.kinds()), "step")
+        kind = self.draw(sampled_from(self.kinds()), "step")
         step = Step(kind=kind, before=self.states[-1])
         getattr(self, f"_step_{kind}")(step)
         return step
@@ -229,9 +288,10 @@ class World:
     def run(self, max_steps: int = 40):
         """Yield each step as it is taken (the state after it is `self.live`).
 
-        Half the worlds start warm: every node registered and every model
-        applied first, so that the random steps find something to act on."""
-        if self.draw(st.booleans(), "warm start"):
+        Half the worlds start warm (all of them with `warm`): every node
+        registered and every model applied first, so that the random steps
+        find something to act on."""
+        if self.warm or self.draw(st.booleans(), "warm start"):
             for name in sorted(self.fleet):
                 step = Step(kind="register", before=self.states[-1])
                 self._step_register(step, name)
@@ -240,7 +300,7 @@ class World:
                 step = Step(kind="apply", before=self.states[-1])
                 self._emit(step, ev.ModelApplied(at=self.tick(), model=self.catalog[name]))
                 yield step
-        for _ in range(self.draw(st.integers(1, max_steps), "steps")):
+        for _ in range(self.draw(st.integers(min(self.min_steps, max_steps), max_steps), "steps")):
             yield self.step()
 
     def _emit(self, step: Step, event: ev.Event, subject: str | None = None) -> None:
@@ -248,22 +308,22 @@ class World:
         step.record = self.publish(event, subject)
 
     def _step_apply(self, step: Step) -> None:
-        name = self.draw(st.sampled_from(sorted(self.catalog)))
+        name = self.draw(sampled_from(sorted(self.catalog)))
         spec = self.catalog[name]
         if self.draw(st.booleans()):
-            spec = self.draw(model_specs(name))  # a changed spec
+            spec = self.draw(model_specs(name, self.plain))  # a changed spec
         self._emit(step, ev.ModelApplied(at=self.tick(), model=spec))
 
     def _step_remove(self, step: Step) -> None:
-        name = self.draw(st.sampled_from(sorted(self.catalog)))
+        name = self.draw(sampled_from(sorted(self.catalog)))
         self._emit(step, ev.ModelRemoved(at=self.tick(), name=name))
 
     def _step_lose(self, step: Step) -> None:
-        name = self.draw(st.sampled_from(sorted(self.fleet)))
+        name = self.draw(sampled_from(sorted(self.fleet)))
         self._emit(step, ev.NodeLost(at=self.tick(), node=name, reason="no heartbeat", basis=self.live.seq))
 
     def _step_register(self, step: Step, name: str = "") -> None:
-        name = name or self.draw(st.sampled_from(sorted(self.fleet)))
+        name = name or self.draw(sampled_from(sorted(self.fleet)))
         self._emit(step, self.registration(name))
         # Remember which replica each reported stray named, for its exit report.
         node = self.live.nodes.get(name)
@@ -299,13 +359,22 @@ class World:
         ours = [(rep, sh) for rep in state.replicas.values() for sh in rep.shards if sh.node == name]
         ours.sort(key=lambda p: p[1].state not in LIVE_SHARD_STATES)  # live ones first
         node = state.nodes.get(name)
+        predecessors: set[str] = set()
+        for _, sh in ours:
+            if sh.state == "placing" and sh.after:
+                # Placed in place of shards that may still run here: what it
+                # took over, they hold until they exit, and nothing else runs there.
+                taken_gpus.update(sh.gpus)
+                if sh.port:
+                    taken_ports.add(sh.port)
+                predecessors.update(sh.after)
         for rep, sh in ours:
             live = sh.state in LIVE_SHARD_STATES
             gone_with_the_node = sh.state == "failed" and node is not None and node.state == "lost"
-            if not (live or gone_with_the_node) or not fits(sh.gpus, sh.port):
+            if not (live or gone_with_the_node) or (sh.id not in predecessors and not fits(sh.gpus, sh.port)):
                 continue
-            if not self.draw(st.booleans(), f"report {sh.id}"):
-                continue
+            if not self.draw(st.booleans() if self.forgetful else st.integers(0, 7), f"report {sh.id}"):
+                continue  # the agent lost it (an engine died while the agent lived)
             generation = sh.generation
             if self.draw(st.integers(0, 5)) == 0:
                 generation -= self.draw(st.integers(1, 3))  # a stale incarnation
@@ -319,7 +388,7 @@ class World:
                     rank=sh.rank,
                     gpus=list(sh.gpus),
                     port=sh.port,
-                    state=self.draw(st.sampled_from(RUNNING_STATES)),
+                    state=self.draw(sampled_from(RUNNING_STATES)),
                     endpoint=f"http://{name}:{sh.port}",
                 )
             )
@@ -340,24 +409,19 @@ class World:
                             port=stray.port,
                         )
                     )
-        if self.draw(st.integers(0, 3)) == 0:  # a stray nobody placed
-            self.ghosts += 1
-            model = self.draw(st.sampled_from(["ghost", *sorted(self.catalog)]))
-            replica = f"{model}-{900 + self.ghosts}"
+        # Halves of multi-node replicas no log placed, reported by the other agents one by one.
+        for half in self.halves.pop(name, []):
             free = [g.index for g in gpus if g.index not in taken_gpus]
-            stray_gpus = self.draw(st.lists(st.sampled_from(free), max_size=2, unique=True)) if free else []
-            port = self.draw(st.sampled_from([p for p in PORTS if p not in taken_ports]))
-            add(
-                ev.RunningShard(
-                    shard=f"{replica}.0",
-                    replica=replica,
-                    model=model,
-                    profile=self.draw(st.sampled_from(["p0", "gone"])),
-                    generation=self.draw(st.integers(1, 50)),
-                    gpus=sorted(stray_gpus),
-                    port=port,
-                )
-            )
+            ports = [p for p in PORTS if p and p not in taken_ports]
+            if (
+                len(free) < len(half.gpus) or not ports or any(r.shard == half.shard for r in running)
+                or not self.draw(st.integers(0, 3), f"report {half.shard}")
+            ):
+                self.halves.setdefault(name, []).append(half)  # later, or never: it stays short
+                continue
+            add(msgspec.structs.replace(half, gpus=free[: len(half.gpus)], port=self.draw(sampled_from(ports))))
+        if self.draw(st.integers(0, 2)) == 0:  # something running that this log did not place
+            self._ghost(name, gpus, running, taken_gpus, taken_ports, add)
         facts = self.facts[name]
         return ev.NodeRegistered(
             at=self.tick(),
@@ -370,6 +434,126 @@ class World:
             agent=f"agent-{name}",
         )
 
+    def _ghost(self, name, gpus, running, taken_gpus, taken_ports, add) -> None:
+        """A shard the agent on `name` runs that this log did not place there,
+        as after the stream was made anew while the engines ran on: of a
+        model in the catalog or not, of one of its profiles or a retired one,
+        started with its definition or another; under an id never used, or
+        one this log uses or used (a replica merely placed, one that came up,
+        one forgotten). Of a multi-node profile, one shard of the replica
+        here and the others on other nodes, reported when their agents
+        register (or never)."""
+        self.ghosts += 1
+        model = self.draw(sampled_from(["ghost", *sorted(self.catalog)]))
+        applied = self.live.models.get(model)
+        ids = [f"{model}-{900 + self.ghosts}"]
+        if applied is not None and self.draw(st.integers(0, 3)) == 0:
+            ids = sorted(rid for rid, m in self.replicas_seen.items() if m == model) or ids
+        replica = self.draw(sampled_from(ids))
+        profile = self.draw(sampled_from([*(p.name for p in applied.spec.profiles), "gone"])) if applied else "p0"
+        spec = profile_named(applied.spec, profile) if applied else None
+        # Started with the definition the catalog has, an older one, or by an agent that does not say.
+        fingerprint = self.draw(sampled_from(["", "0" * 12, *(applied.fingerprints.values() if applied else [])]))
+        free = [g.index for g in gpus if g.index not in taken_gpus]
+        port = self.draw(sampled_from([p for p in PORTS if p not in taken_ports]))
+        others = [n for n in sorted(self.fleet) if n != name]
+        if spec is not None and 1 < spec.nodes <= len(others) + 1 and len(free) >= spec.gpus:
+            rank = self.draw(st.integers(0, spec.nodes - 1), "rank here")
+            elsewhere = self.draw(st.permutations(others))[: spec.nodes - 1]
+            for r, node_name in zip([r for r in range(spec.nodes) if r != rank], elsewhere):
+                half = ev.RunningShard(
+                    shard=f"{replica}.{r}", replica=replica, model=model, profile=profile, generation=1,
+                    rank=r, gpus=list(range(spec.gpus)), state="ready", fingerprint=fingerprint,
+                )
+                self.halves.setdefault(node_name, []).append(half)
+            shard, shard_gpus = f"{replica}.{rank}", free[: spec.gpus]
+        else:
+            rank, shard = 0, f"{replica}.0"
+            shard_gpus = self.draw(st.lists(sampled_from(free), max_size=2, unique=True)) if free else []
+        if any(r.shard == shard for r in running):
+            return  # one process per shard id on a node
+        add(
+            ev.RunningShard(
+                shard=shard,
+                replica=replica,
+                model=model,
+                profile=profile,
+                generation=self.draw(st.integers(1, 50)),
+                rank=rank,
+                gpus=sorted(shard_gpus),
+                port=port,
+                state=self.draw(sampled_from(RUNNING_STATES)),
+                fingerprint=fingerprint,
+            )
+        )
+
+    def _step_load(self, step: Step) -> None:
+        """A gateway's load on a model (sometimes one not in the catalog)."""
+        at = self.tick()
+        busy = self.draw(sampled_from(((0, 0), (0, 1), (1, 0), (3, 0), (2, 2), (9, 3))), "in flight, queued")
+        self._emit(
+            step,
+            ev.ModelLoad(
+                at=at,
+                gateway=self.draw(sampled_from(GATEWAYS)),
+                model=self.draw(sampled_from(sorted(self.catalog))),
+                in_flight=busy[0],
+                queued=busy[1],
+                last_used=at if any(busy) else self.draw(sampled_from((0.0, at - 5))),
+            ),
+        )
+
+    def _step_restart(self, step: Step) -> None:
+        """An operator asks for replicas to be restarted (`llmgw ctl restart`):
+        mostly ready ones of one model, sometimes any, sometimes none that exists."""
+        ready = sorted(rid for rid, r in self.live.replicas.items() if r.state == "ready")
+        pool = ready if ready and self.draw(st.integers(0, 3)) else [*sorted(self.live.replicas), "m-404"]
+        replicas = self.draw(st.lists(sampled_from(pool), min_size=1, max_size=3, unique=True), "replicas")
+        self._emit(
+            step,
+            ev.ReplicasRestart(
+                at=self.tick(),
+                replicas=replicas,
+                in_place=self.draw(st.integers(0, 3)) == 0,
+                max_surge=self.draw(sampled_from((0, 0, 1, 2))),
+                max_unavailable=self.draw(sampled_from((0, 0, 0, 1, 2))),
+            ),
+        )
+
+    def _step_retry(self, step: Step) -> None:
+        """An operator unparks a model (`llmgw ctl retry`), parked or not."""
+        applied = sorted(self.live.models)
+        if not applied:
+            step.detail = "no model to retry"  # ctl refuses a model not in the catalog
+            return
+        parked = [m for m in applied if self.live.models[m].parked]
+        name = self.draw(sampled_from(parked if parked and self.draw(st.booleans()) else applied))
+        self._emit(step, ev.ModelRetry(at=self.tick(), name=name))
+
+    def _step_up(self, step: Step) -> None:
+        """An agent does what it was told: a shard placed or on its way comes
+        up (ready), one asked to stop exits, a stray asked to stop exits."""
+        todo = []
+        for rep in self.live.replicas.values():
+            for sh in rep.shards:
+                if sh.state in ("placing", "starting", "loading"):
+                    todo.append((rep.id, sh.id, sh.node, sh.generation, "ready"))
+                elif sh.state == "stopping":
+                    todo.append((rep.id, sh.id, sh.node, sh.generation, "stopped"))
+        for name, node in self.live.nodes.items():
+            for shard, stray in node.strays.items():
+                if stray.stopping:
+                    replica = self.stray_replicas.get((name, shard), shard.rpartition(".")[0])
+                    todo.append((replica, shard, name, stray.generation, "stopped"))
+        if not todo:
+            step.detail = "nothing to do"
+            return
+        replica, shard, node, generation, state = self.draw(sampled_from(todo), "comes up or exits")
+        self._emit(
+            step,
+            ev.ShardStatus(at=self.tick(), node=node, replica=replica, shard=shard, generation=generation, state=state),
+        )
+
     def _step_status(self, step: Step) -> None:
         """An agent reports on a shard the state knows of, or a stray exits."""
         shards = [(rep, sh) for rep in self.live.replicas.values() for sh in rep.shards]
@@ -379,11 +563,11 @@ class World:
             step.detail = "nothing to report on"
             return
         stale = self.draw(st.integers(0, 5)) == 0
-        if self.draw(st.sampled_from(choices)) == "shard":
+        if self.draw(sampled_from(choices)) == "shard":
             live = [(rep, sh) for rep, sh in shards if sh.state in LIVE_SHARD_STATES]
             if live and self.draw(st.integers(0, 3)):  # mostly about shards still running
                 shards = live
-            rep, sh = self.draw(st.sampled_from(shards))
+            rep, sh = self.draw(sampled_from(shards))
             generation = sh.generation - self.draw(st.integers(1, 3)) if stale else sh.generation
             event = ev.ShardStatus(
                 at=self.tick(),
@@ -391,12 +575,12 @@ class World:
                 replica=rep.id,
                 shard=sh.id,
                 generation=generation,
-                state=self.draw(st.sampled_from(REPORTED_STATES)),
-                reason=self.draw(st.sampled_from(["", "CUDA error", "exited 0"])),
-                endpoint=self.draw(st.sampled_from(["", f"http://{sh.node}:{sh.port}"])),
+                state=self.draw(sampled_from(REPORTED_STATES)),
+                reason=self.draw(sampled_from(["", "CUDA error", "exited 0"])),
+                endpoint=self.draw(sampled_from(["", f"http://{sh.node}:{sh.port}"])),
             )
         else:
-            name, shard, stray = self.draw(st.sampled_from(strays))
+            name, shard, stray = self.draw(sampled_from(strays))
             generation = stray.generation - self.draw(st.integers(1, 3)) if stale else stray.generation
             event = ev.ShardStatus(
                 at=self.tick(),
@@ -404,7 +588,7 @@ class World:
                 replica=self.stray_replicas.get((name, shard), shard.rpartition(".")[0]),
                 shard=shard,
                 generation=generation,
-                state=self.draw(st.sampled_from(SHARD_STATES)),
+                state=self.draw(sampled_from(SHARD_STATES)),
             )
         self._emit(step, event)
 
@@ -438,24 +622,24 @@ class World:
         actions: list[ev.Action] = []
         nodes = [*sorted(self.fleet), "unknown-node"]
         for _ in range(self.draw(st.integers(1, 3))):
-            what = self.draw(st.sampled_from(["place", "place", "stop", "stop-stray", "wait"]))
+            what = self.draw(sampled_from(["place", "place", "stop", "stop-stray", "wait"]))
             applied = sorted(self.live.models)
             if applied and self.draw(st.integers(0, 3)):  # mostly models in the catalog
-                name = self.draw(st.sampled_from(applied))
+                name = self.draw(sampled_from(applied))
             else:
-                name = self.draw(st.sampled_from(sorted(self.catalog)))
+                name = self.draw(sampled_from(sorted(self.catalog)))
             # Ids the log used before for models still in the catalog, now forgotten.
             forgotten = sorted(
                 r for r, m in self.replicas_seen.items() if m in self.live.models and r not in self.live.replicas
             )
             replica = ""
             if what == "place" and forgotten and self.draw(st.booleans()):
-                replica = self.draw(st.sampled_from(forgotten), "id used before")
+                replica = self.draw(sampled_from(forgotten), "id used before")
                 name = self.replicas_seen[replica]
             model = self.live.models.get(name)
             spec = model.spec if model is not None else self.catalog[name]
             if what == "place":
-                profile = self.draw(st.sampled_from(spec.profiles))
+                profile = self.draw(sampled_from(spec.profiles))
                 fingerprint = model.fingerprints.get(profile.name, "") if model is not None else ""
                 if self.draw(st.integers(0, 5)) == 0:
                     fingerprint = "0" * 12
@@ -484,7 +668,7 @@ class World:
                 ready = sorted(n for n, x in self.live.nodes.items() if x.state == "ready")
                 pool = ready if ready and self.draw(st.integers(0, 3)) else nodes  # mostly ready nodes
                 distinct = self.draw(st.booleans())
-                where = self.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=2, unique=distinct))
+                where = self.draw(st.lists(sampled_from(pool), min_size=1, max_size=2, unique=distinct))
                 shards = []
                 for rank, n in enumerate(where):
                     node = self.live.nodes.get(n)
@@ -492,12 +676,12 @@ class World:
                     least = 0
                     if node is not None and node.used and self.draw(st.booleans()):
                         indices, least = sorted(node.used), 1  # GPUs someone holds
-                    gpus = self.draw(st.lists(st.sampled_from(indices), min_size=least, max_size=3, unique=True))
+                    gpus = self.draw(st.lists(sampled_from(indices), min_size=least, max_size=3, unique=True))
                     taken = set(node.ports) if node is not None else set()
                     if self.draw(st.booleans()):  # a port nobody holds, so that the GPUs decide
-                        port = self.draw(st.sampled_from([p for p in (*PORTS, 20004, 20005) if p not in taken]))
+                        port = self.draw(sampled_from([p for p in (*PORTS, 20004, 20005) if p not in taken]))
                     else:
-                        port = self.draw(st.sampled_from(sorted({*PORTS, *taken})))
+                        port = self.draw(sampled_from(sorted({*PORTS, *taken})))
                     shards.append(ev.ShardPlacement(shard=f"{replica}.{rank}", node=n, rank=rank, gpus=gpus, port=port))
                 actions.append(
                     ev.PlaceReplica(
@@ -510,11 +694,11 @@ class World:
                     )
                 )
             elif what == "stop":
-                replica = self.draw(st.sampled_from([*sorted(self.live.replicas), f"{name}-77"]))
+                replica = self.draw(sampled_from([*sorted(self.live.replicas), f"{name}-77"]))
                 actions.append(ev.StopReplica(replica=replica, reason="rogue"))
             elif what == "stop-stray":
                 strays = [(n, s, x.generation) for n, node in self.live.nodes.items() for s, x in node.strays.items()]
-                n, s, g = self.draw(st.sampled_from([*strays, ("unknown-node", "ghost-1.0", 1)]))
+                n, s, g = self.draw(sampled_from([*strays, ("unknown-node", "ghost-1.0", 1)]))
                 g += self.draw(st.integers(0, 1))
                 actions.append(ev.StopStray(node=n, shard=s, generation=g, reason="rogue"))
             else:
@@ -526,11 +710,11 @@ class World:
         ready = sorted(n for n, x in self.live.nodes.items() if x.state == "ready")
         if not ready:
             return None
-        name = self.draw(st.sampled_from(ready))
+        name = self.draw(sampled_from(ready))
         node = self.live.nodes[name]
         free = [g.index for g in node.gpus if g.index not in node.used]
-        gpus = self.draw(st.lists(st.sampled_from(free), max_size=2, unique=True)) if free else []
-        port = self.draw(st.sampled_from([p for p in PORTS if p not in node.ports]))
+        gpus = self.draw(st.lists(sampled_from(free), max_size=2, unique=True)) if free else []
+        port = self.draw(sampled_from([p for p in PORTS if p not in node.ports]))
         return ev.ShardPlacement(shard=f"{replica}.0", node=name, rank=0, gpus=sorted(gpus), port=port)
 
     # ------------------------------------------------------------------ malformed messages
@@ -539,7 +723,7 @@ class World:
         """A message the fold must quarantine: counted, kept, and nothing else."""
         step.malformed = True
         how = self.draw(
-            st.sampled_from(
+            sampled_from(
                 ["garbage", "not-an-event", "unknown-tag", "bad-fields", "other-node", "wrong-origin", "refused"]
             ),
             "malformed",
@@ -549,9 +733,9 @@ class World:
         step.record = self.append(subject, data)
 
     def _any_subject(self) -> str:
-        node = self.draw(st.sampled_from(sorted(self.fleet)))
+        node = self.draw(sampled_from(sorted(self.fleet)))
         return self.draw(
-            st.sampled_from(
+            sampled_from(
                 [
                     "llmgw.ctl.model.applied",
                     f"llmgw.agent.{node}.shard.status",
@@ -566,7 +750,7 @@ class World:
         return self._any_subject(), data
 
     def _malformed_not_an_event(self) -> tuple[str, bytes]:
-        data = self.draw(st.sampled_from([b"", b"null", b"[]", b"{}", b'{"type": 3}', b'"model.applied"', b"{"]))
+        data = self.draw(sampled_from([b"", b"null", b"[]", b"{}", b'{"type": 3}', b'"model.applied"', b"{"]))
         return self._any_subject(), data
 
     def _malformed_unknown_tag(self) -> tuple[str, bytes]:
@@ -574,10 +758,10 @@ class World:
         return "llmgw.ctl.model.exploded", data
 
     def _malformed_bad_fields(self) -> tuple[str, bytes]:
-        node = self.draw(st.sampled_from(sorted(self.fleet)))
+        node = self.draw(sampled_from(sorted(self.fleet)))
         at = self.tick()
         return self.draw(
-            st.sampled_from(
+            sampled_from(
                 [
                     ("llmgw.control.node.lost", msgspec.json.encode({"type": "node.lost", "v": 1, "at": at})),
                     (
@@ -603,16 +787,16 @@ class World:
 
     def _malformed_other_node(self) -> tuple[str, bytes]:
         """An agent speaking for another node than its own."""
-        speaker = self.draw(st.sampled_from([*sorted(self.fleet), "intruder"]))
-        victim = self.draw(st.sampled_from([n for n in [*sorted(self.fleet), "intruder"] if n != speaker]))
+        speaker = self.draw(sampled_from([*sorted(self.fleet), "intruder"]))
+        victim = self.draw(sampled_from([n for n in [*sorted(self.fleet), "intruder"] if n != speaker]))
         at = self.tick()
         shards = [(rep, sh) for rep in self.live.replicas.values() for sh in rep.shards]
         if shards and self.draw(st.booleans()):
-            rep, sh = self.draw(st.sampled_from(shards))
+            rep, sh = self.draw(sampled_from(shards))
             event: ev.Event = ev.ShardStatus(
                 at=at, node=sh.node, replica=rep.id, shard=sh.id, generation=sh.generation, state="failed"
             )
-            speaker = self.draw(st.sampled_from([n for n in [*sorted(self.fleet), "intruder"] if n != sh.node]))
+            speaker = self.draw(sampled_from([n for n in [*sorted(self.fleet), "intruder"] if n != sh.node]))
         else:
             gpus = self.fleet.get(victim, [ev.Gpu(index=0, memory_gb=80.0)])
             event = ev.NodeRegistered(at=at, node=victim, gpus=list(gpus))
@@ -620,9 +804,9 @@ class World:
 
     def _malformed_wrong_origin(self) -> tuple[str, bytes]:
         """An event on a subject whose speaker may not say it."""
-        node = self.draw(st.sampled_from(sorted(self.fleet)))
+        node = self.draw(sampled_from(sorted(self.fleet)))
         at = self.tick()
-        name = self.draw(st.sampled_from(sorted(self.catalog)))
+        name = self.draw(sampled_from(sorted(self.catalog)))
         options: list[tuple[str, ev.Event]] = [
             (f"llmgw.agent.{node}.model.applied", ev.ModelApplied(at=at, model=self.catalog[name])),
             (f"llmgw.agent.{node}.model.removed", ev.ModelRemoved(at=at, name=name)),
@@ -639,13 +823,13 @@ class World:
             decided = ev.Decided(at=at, basis=self.live.seq, actions=actions)
             options.append(("llmgw.ctl.control.decided", decided))
             options.append((f"llmgw.agent.{node}.control.decided", decided))
-        subject, event = self.draw(st.sampled_from(options))
+        subject, event = self.draw(sampled_from(options))
         return subject, ev.encode(event)
 
     def _malformed_refused(self) -> tuple[str, bytes]:
         """Well-formed, from the right speaker, but against a rule of the fold."""
         at = self.tick()
-        name = self.draw(st.sampled_from(sorted(self.catalog)))
+        name = self.draw(sampled_from(sorted(self.catalog)))
         good = self.catalog[name]
         p = good.profiles[0]
         bad_specs = [
@@ -660,7 +844,7 @@ class World:
             ev.ModelSpec(name="", profiles=[p]),
         ]
         options: list[ev.Event] = [ev.ModelApplied(at=at, model=s) for s in bad_specs]
-        node = self.draw(st.sampled_from(sorted(self.fleet)))
+        node = self.draw(sampled_from(sorted(self.fleet)))
         options.append(ev.NodeRegistered(at=at, node=node, gpus=[ev.Gpu(index=0), ev.Gpu(index=0)]))
         options.append(ev.NodeRegistered(at=at, node="bad node", gpus=[ev.Gpu(index=0)]))
         # A shard reported by the right agent, but the fold placed it on another node.
@@ -672,9 +856,9 @@ class World:
             if n != sh.node
         ]
         if others:
-            rep, sh, n = self.draw(st.sampled_from(others))
+            rep, sh, n = self.draw(sampled_from(others))
             options.append(
                 ev.ShardStatus(at=at, node=n, replica=rep.id, shard=sh.id, generation=sh.generation, state="ready")
             )
-        event = self.draw(st.sampled_from(options))
+        event = self.draw(sampled_from(options))
         return ev.subject_for(event), ev.encode(event)

@@ -100,11 +100,12 @@ class Fleet:
                         self.report(sh.id, st)
 
     def running_on(self, node: str) -> list[ev.RunningShard]:
-        """What an agent on `node` would report running, from the state."""
+        """What an agent on `node` would report running, from the state (a
+        shard being stopped runs until it has exited: its drain)."""
         out = []
         for rep in self.state.replicas.values():
             for sh in rep.shards:
-                if sh.node == node and sh.state in ("starting", "loading", "ready"):
+                if sh.node == node and sh.state in ("starting", "loading", "ready", "stopping"):
                     out.append(
                         ev.RunningShard(
                             shard=sh.id,
@@ -115,13 +116,51 @@ class Fleet:
                             rank=sh.rank,
                             gpus=sh.gpus,
                             port=sh.port,
-                            state=sh.state,
+                            state="ready" if sh.state == "stopping" else sh.state,
+                            endpoint=sh.endpoint,
+                            fingerprint=rep.fingerprint,
                         )
                     )
         return out
 
     def states(self) -> dict[str, str]:
         return {r.id: r.state for r in self.state.replicas.values()}
+
+    # ------------------------------------------------------------------ the reconciler's inputs
+
+    def load(self, model: str, in_flight: int = 0, queued: int = 0, gateway: str = "gw-1") -> None:
+        """A gateway's load on a model (ModelLoad), now; busy means just used."""
+        at = self.tick()
+        last = at if in_flight or queued else 0.0
+        self.publish(
+            ev.ModelLoad(at=at, gateway=gateway, model=model, in_flight=in_flight, queued=queued, last_used=last)
+        )
+
+    def restart(self, *replicas: str, in_place: bool = False, max_surge: int = 0, max_unavailable: int = 0) -> None:
+        """An operator's `llmgw ctl restart`."""
+        self.publish(
+            ev.ReplicasRestart(
+                at=self.tick(),
+                replicas=list(replicas),
+                in_place=in_place,
+                max_surge=max_surge,
+                max_unavailable=max_unavailable,
+            )
+        )
+
+    def retry(self, name: str) -> None:
+        """An operator's `llmgw ctl retry`."""
+        self.publish(ev.ModelRetry(at=self.tick(), name=name))
+
+    def stopped(self, replica: str) -> None:
+        """Every live shard of a replica reports it exited (the agent obeyed a stop)."""
+        for sh in list(self.state.replicas[replica].shards):
+            if sh.state not in ("failed", "stopped"):
+                self.report(sh.id, "stopped")
+
+    def ready(self, model: str) -> list[str]:
+        """The model's replicas that serve: ready, not stopping."""
+        return sorted(r.id for r in self.state.replicas.values() if r.model == model and r.state == "ready")
 
 
 # --------------------------------------------------------------------------- for tests of the shell

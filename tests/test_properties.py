@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 from llmgw.core import events as ev
 from llmgw.core.catalog import profile_named
 from llmgw.core.decide import decide
-from llmgw.core.fold import apply, copy_state, decode_state, encode_state
+from llmgw.core.fold import apply, copy_state, decode_state, encode_state, evolve
 from llmgw.core.history import verify
 from llmgw.core.placement import Inventory, explain, replicas_per_node
+from llmgw.core.scaling import desired
 from llmgw.core.quota import add, shard_amount
 from llmgw.core.state import LIVE_SHARD_STATES, State, gpus_in_use
 
@@ -58,6 +59,15 @@ def assert_no_gpu_given_twice(state: State) -> None:
         assert (node, gpu) not in holders, f"GPU {gpu} on {node} is given to {holders[(node, gpu)]} and {shard}"
         holders[(node, gpu)] = shard
     ports: dict[tuple[str, int], str] = {}
+    # A shard stopped for a replacement placed in its place (a restart in
+    # place) hands over its GPUs and its port: the replacement starts once it
+    # has exited (Shard.after). Old shard (node, id) -> the shards it handed over to.
+    heirs: dict[tuple[str, str], set[str]] = {}
+    for rep in state.replicas.values():
+        for sh in rep.shards:
+            if sh.state in LIVE_SHARD_STATES:
+                for old in sh.after:
+                    heirs.setdefault((sh.node, old), set()).add(sh.id)
     for rep in state.replicas.values():
         for sh in rep.shards:
             if sh.state not in LIVE_SHARD_STATES:
@@ -67,13 +77,14 @@ def assert_no_gpu_given_twice(state: State) -> None:
             assert node.state == "ready", f"live shard {sh.id} ({sh.state}) is on {sh.node}, which is {node.state}"
             have = {g.index for g in node.gpus}
             assert set(sh.gpus) <= have, f"shard {sh.id} holds GPUs {sh.gpus}; {sh.node} has {sorted(have)}"
-            if sh.port:
+            handed = sh.state == "stopping" and node.ports.get(sh.port) in heirs.get((sh.node, sh.id), ())
+            if sh.port and not handed:
                 key = (sh.node, sh.port)
                 assert key not in ports, f"port {sh.port} on {sh.node} is given to {ports[key]} and {sh.id}"
                 ports[key] = sh.id
             for g in sh.gpus:
                 assert node.used.get(g) == sh.id, f"{sh.node}.used[{g}] is {node.used.get(g)!r}, not {sh.id}"
-            if sh.port:
+            if sh.port and not handed:
                 assert node.ports.get(sh.port) == sh.id, f"{sh.node}.ports[{sh.port}] is not {sh.id}"
     for name, node in state.nodes.items():
         if node.state != "ready":
@@ -225,6 +236,7 @@ def assert_voided_not_applied(step: Step, after: State) -> None:
     taken: set[tuple[str, str, int]] = set()  # GPUs and ports taken by earlier actions
     placed: set[str] = set()  # replicas placed by earlier actions
     stopped: set[str] = set()  # replicas stopped by earlier actions
+    strays_stopped: set[tuple[str, str]] = set()  # strays stopped by earlier actions
     waiting: dict[str, str] = {}  # what each model's `waiting` must say afterwards
     numbers = dict(before.replica_numbers)  # each model's next replica number
     held: dict[tuple[str, str], float] = {}  # host memory and cores taken by earlier actions
@@ -235,6 +247,7 @@ def assert_voided_not_applied(step: Step, after: State) -> None:
             ok = (
                 a.replica not in placed
                 and rep is not None
+                and (rep.profile, rep.fingerprint) == (a.profile, a.fingerprint)  # (of two alike, the one applied)
                 and [(s.id, s.node, s.gpus, s.port, s.generation) for s in rep.shards]
                 == [(s.shard, s.node, s.gpus, s.port, seq) for s in a.shards]
             )
@@ -265,8 +278,14 @@ def assert_voided_not_applied(step: Step, after: State) -> None:
         elif isinstance(a, ev.StopStray):
             node = before.nodes.get(a.node)
             stray = node.strays.get(a.shard) if node is not None else None
-            ok = stray is not None and stray.generation == a.generation and not stray.stopping
+            ok = (
+                stray is not None
+                and stray.generation == a.generation
+                and not stray.stopping
+                and (a.node, a.shard) not in strays_stopped  # by an earlier action of the same decision
+            )
             if ok:
+                strays_stopped.add((a.node, a.shard))
                 assert after.nodes[a.node].strays[a.shard].stopping
         elif isinstance(a, ev.ScaleModel):
             ok = a.model in before.models
@@ -299,7 +318,12 @@ def assert_voided_not_applied(step: Step, after: State) -> None:
             raise AssertionError(f"unknown action {a!r}")
         applied += ok
     # Nothing was placed but by an action that was applied.
-    new = {rid for rid, rep in after.replicas.items() if any(s.generation == seq for s in rep.shards)}
+    new = {
+        rid
+        for rid, rep in after.replicas.items()
+        # (not one adopted before, whose agent-given generation happens to be this sequence)
+        if rid not in before.replicas and any(s.generation == seq for s in rep.shards)
+    }
     assert new == placed, f"placed {sorted(new)}, but only {sorted(placed)} by actions applied"
     for model, reason in waiting.items():
         assert after.models[model].waiting == reason
@@ -530,3 +554,77 @@ def test_a_late_decision_does_not_place_a_forgotten_replica_id_again():
     publish(ev.Decided(at=12, basis=old.seq, actions=late))  # published late
     assert "m-1" not in state.replicas, "replica id m-1 was placed a second time"
     assert state.voided_count == 1
+
+
+# --------------------------------------------------------------------------- the reconciler's promises
+
+
+class RestartWorld(World):
+    """Warm worlds where agents do what they are told (shards come up, stop),
+    operators restart replicas often and gateways report load: restarts
+    begin, finish, go in place and are refused."""
+
+    def __init__(self, data, **kw) -> None:
+        super().__init__(data, warm=True, plain=True, min_steps=25, forgetful=False, **kw)
+
+    def kinds(self) -> list[str]:
+        calm = ["decide"] * 8 + ["up"] * 8 + ["restart"] * 4 + ["load"] * 2 + ["retry", "apply", "status", "stale"]
+        return calm + ["register", "register", "lose", "remove"]
+
+
+def ready_serving(state: State, model: str) -> int:
+    """Replicas of a model that serve and stay: ready, not stopping, not being replaced."""
+    return sum(
+        1
+        for r in state.replicas.values()
+        if r.model == model and r.state == "ready" and r.restart not in ("replacing", "in place")
+    )
+
+
+def fits_anywhere(state: State, spec: ev.ModelSpec) -> bool:
+    inv = Inventory(state)
+    return any(inv.place(p, f"{spec.name}-0", {}) is not None for p in spec.profiles)
+
+
+def assert_restarts_keep_models_serving(step: Step, after: State) -> None:
+    """On a decision taken on the live state:
+    - a retiring replica is drained only once its model has its desired count
+      of ready replicas without it (a restart not in place never takes a
+      model below it);
+    - one is stopped for lack of room ("the only thing in its replacement's
+      way") only when no replacement fits anywhere on what the actions before
+      it left: a replacement beside it was not possible;
+    - a refused restart leaves its replica as it was, serving."""
+    before = step.state_before()
+    decided: ev.Decided = step.event  # type: ignore[assignment]
+    stopped = {a.replica for a in decided.actions if isinstance(a, ev.StopReplica)}
+    for i, a in enumerate(decided.actions):
+        if isinstance(a, ev.StopReplica) and a.reason == "restarted: its replacement serves":
+            model = before.replicas[a.replica].model
+            n = desired(before.models[model], decided.at)
+            have = ready_serving(after, model)
+            assert have >= n, f"restarting {a.replica} left {model} with {have} ready of the {n} it wants"
+        elif isinstance(a, ev.StopReplica) and a.reason.endswith("the only thing in its replacement's way"):
+            rep = before.replicas[a.replica]
+            partial = copy_state(before)
+            evolve(partial, ev.Decided(at=decided.at, basis=decided.basis, actions=decided.actions[:i]), step.record[0])
+            assert not fits_anywhere(partial, before.models[rep.model].spec), (
+                f"{a.replica} was stopped in place though a replacement fitted beside it"
+            )
+        elif isinstance(a, ev.RefuseRestart):
+            was, now = before.replicas[a.replica], after.replicas.get(a.replica)
+            assert a.replica not in stopped, f"{a.replica}'s restart was refused, yet it was stopped"
+            assert now is not None and now.state == was.state, f"{a.replica} was {was.state}, now {now}"
+            assert now.restart == f"refused: {a.reason}"
+
+
+@SETTINGS
+@given(st.data())
+def test_restarts_never_take_a_model_below_its_desired_ready_count_and_refusals_keep_serving(data):
+    world = RestartWorld(data)
+    for step in world.run(STEPS):
+        if isinstance(step.event, ev.Decided) and step.fresh:
+            assert_restarts_keep_models_serving(step, world.live)
+        assert_no_gpu_given_twice(world.live)
+        assert_held_memory_cores_and_tallies_are_derived(world.live)
+    assert replay(world.log) == world.live

@@ -40,7 +40,7 @@ from . import preempt
 from .placement import Inventory, replicas_per_node, why_no_fit
 from .quota import add, need, over_limit, replica_amount
 from .scaling import PARK_AFTER, backoff_until, decided, desired, why_desired
-from .state import Model, Replica, State
+from .state import Model, Replica, Shard, State
 
 # Half the server's default payload limit: room for the message's own fields
 # and headers, and for a server configured tighter than the default.
@@ -62,6 +62,9 @@ class _Pass:
         self.numbers: dict[str, int] = {}  # model -> number of its next replica id, after this pass's
         self.usage: dict = {}  # owner -> what this pass's placements add (quota limits)
         self.victims: preempt.VictimIndex | None = None  # built at the first preemption tried
+        self.stopped: set[str] = set()  # replicas this pass stops (not victims again; see preempt.choose)
+        self.placements = 0  # placements so far: what changes the inventory a waiting reason explains
+        self.explained: dict[tuple[bytes, int], str] = {}  # (profiles, placements) -> why_no_fit
 
     def add(self, action: ev.Action) -> bool:
         """Keep an action if the message has room for it; once one does not
@@ -76,6 +79,25 @@ class _Pass:
         self.actions.append(action)
         if type(action) is ev.PlaceReplica:
             self.numbers[action.model] = replica_number(action.replica) + 1
+            self.placements += 1
+        elif type(action) is ev.StopReplica:
+            self.stopped.add(action.replica)
+        return True
+
+    def add_together(self, actions: list[ev.Action]) -> bool:
+        """Keep all of these actions or none: a Preempt that landed without
+        its victims' stops (the pass full after it) marked them preempted
+        and made its model wait for them to stop, for ever."""
+        if self.full:
+            return False
+        size = sum(len(_encode(a)) + 1 for a in actions)
+        if self.size + size > self.budget and self.actions:
+            self.full = True
+            return False
+        # (Past the budget only as the pass's first actions, as `add` allows one.)
+        self.budget = max(self.budget, self.size + size)
+        for a in actions:
+            self.add(a)
         return True
 
     def placed(self, owner: str, profile: ev.ProfileSpec) -> None:
@@ -109,11 +131,20 @@ def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Ac
             by_model.setdefault(rep.model, []).append(rep)
 
     inv = Inventory(state)  # built at its first placement, if any
-    for name in sorted(n for n in look if n in state.models):
+    # Models whose victims have all gone first: the room was freed for them.
+    # Decided in name order only, one found it taken by a model before it
+    # (the victims' own, its hold over) and preempted again, and again.
+    for name in sorted((n for n in look if n in state.models), key=lambda n: (not _room_freed(state, n), n)):
         if out.full:
             break
         _decide_model(state, inv, name, by_model.get(name, []), out, now)
     return out.actions
+
+
+def _room_freed(state: State, name: str) -> bool:
+    """Whether replicas were preempted for this model and have all gone."""
+    preempting = state.models[name].preempting
+    return bool(preempting) and not any(rid in state.replicas for rid in preempting)
 
 
 _RETIRING = ("replacing", "in place")
@@ -145,6 +176,11 @@ def _decide_model(state: State, inv: Inventory, name: str, live: list[Replica], 
     model = state.models[name]
     spec = model.spec
     n = desired(model, now)
+    if out.stopped:
+        # Replicas of this model preempted earlier in this pass are gone
+        # already: counted as serving, the model's own scale-down stopped
+        # another one too and left it below its minimum (a critical one too).
+        live = [r for r in live if r.id not in out.stopped]
     if n != decided(model):
         out.add(ev.ScaleModel(model=name, desired=n, reason=why_desired(model, now)))
 
@@ -184,8 +220,18 @@ def _decide_model(state: State, inv: Inventory, name: str, live: list[Replica], 
                     if limit:
                         outcome, waiting = "over limit", limit
                     else:
-                        outcome, waiting = "no room", why_no_fit(inv, spec.profiles)
-                        waiting = _preempt_for(state, inv, model, spread, out, now, have, n) or waiting
+                        outcome, waiting = "no room", ""
+                        if have + len(retiring) < n:
+                            # Short even counting the replicas being restarted (they
+                            # serve until replaced): only then does it take room from
+                            # others. A restart's replacement goes beside or in place
+                            # (_retire); preempting for it stopped a victim and then
+                            # restarted in place anyway.
+                            waiting = _preempt_for(state, inv, model, spread, out, now, have, n)
+                        # Explained only when it neither preempts nor waits for its
+                        # victims: explaining reads every node (~10 ms on 2,000), and
+                        # a pass with hundreds of preemptors paid that for each.
+                        waiting = waiting or _why_no_fit(inv, spec.profiles, out)
                     break
                 if not out.add(placed):
                     return
@@ -207,6 +253,18 @@ def _decide_model(state: State, inv: Inventory, name: str, live: list[Replica], 
     # place of a restarted replica too, hence no longer `have == len(serving)`).
     if waiting != model.waiting and (waiting or out.numbers.get(name) == numbered):
         out.add(ev.ModelWaiting(model=name, reason=waiting))
+
+
+def _why_no_fit(inv: Inventory, profiles: list[ev.ProfileSpec], out: _Pass) -> str:
+    """why_no_fit, said once per pass for models that ask for the same
+    profiles, until a placement changes what is free: on a full fleet, the
+    models that wait for room mostly ask alike, and each explanation reads
+    every node."""
+    key = (_encode(profiles), out.placements)
+    why = out.explained.get(key)
+    if why is None:
+        why = out.explained[key] = why_no_fit(inv, profiles)
+    return why
 
 
 def _next_number(state: State, model: str, out: _Pass) -> int:
@@ -235,12 +293,12 @@ def _preempt_for(
     if pending:
         return f"waiting for {', '.join(pending)}, preempted for it, to stop"
     if out.victims is None:
-        out.victims = preempt.VictimIndex(state, now)
-    chosen = preempt.choose(out.victims, inv, model, spread)
+        out.victims = preempt.VictimIndex(state, now, taken=out.stopped)
+    chosen = preempt.choose(out.victims, inv, model, spread, have=have, pending=out.usage)
     if not chosen:
         return ""
-    for action in preempt.decision(out.victims, inv, model, chosen, now, have, n):
-        out.add(action)
+    if not out.add_together(preempt.decision(out.victims, inv, model, chosen, now, have, n)):
+        return ""  # no room left in this pass's message: the next pass decides again
     return f"preempting {', '.join(c.rep.id for _, c in chosen)} to make room"
 
 
@@ -339,6 +397,7 @@ def _retire(
             elif outcome == "over limit":
                 why = f"its replacement would take {spec.owner} past a limit even with this replica stopped"
                 out.add(ev.RefuseRestart(replica=rep.id, reason=why))
+                refused += 1
             else:
                 out.add(ev.RefuseRestart(replica=rep.id, reason=_fits_nowhere(spec)))
                 refused += 1
@@ -444,7 +503,30 @@ def _in_place(
     out.add(placed)
     for s in placed.shards:
         spread[s.node] = spread.get(s.node, 0) + 1
+    inv.hold(_kept_till_exit(rep, placed))
     return True
+
+
+def _kept_till_exit(rep: Replica, placed: ev.PlaceReplica) -> list[Shard]:
+    """What a replica stopped for its replacement in place still holds until
+    it exits: the fold hands over (fold._place), on a node where the
+    replacement has a shard, its memory, cores, and the GPUs and port the
+    replacement took; the rest stays its own. Held again in the pass's
+    inventory: counted free, a later placement of the pass took the GPU a
+    2-GPU replica restarted on one left behind, and was voided."""
+    took = {(s.node, g) for s in placed.shards for g in s.gpus}
+    ports = {(s.node, s.port) for s in placed.shards}
+    nodes = {s.node for s in placed.shards}
+    return [
+        Shard(
+            id=sh.id, node=sh.node, rank=sh.rank, generation=sh.generation, state=sh.state,
+            gpus=[g for g in sh.gpus if (sh.node, g) not in took],
+            port=sh.port if (sh.node, sh.port) not in ports else 0,
+            memory_gb=0.0 if sh.node in nodes else sh.memory_gb,
+            cpu_cores=0 if sh.node in nodes else sh.cpu_cores,
+        )
+        for sh in rep.shards
+    ]
 
 
 # --------------------------------------------------------------------------- placing and stopping

@@ -22,7 +22,7 @@ import msgspec
 
 from . import events as ev
 from .catalog import NAME_RE, fingerprint, profile_named, spec_problem
-from .quota import count, need, over_limit, replica_amount, shard_amount
+from .quota import add, count, need, over_limit, replica_amount, shard_amount
 from .scaling import current_load, note_peak, wants
 from .state import (
     KEEP_LAST,
@@ -282,6 +282,16 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
                 if sh.state != "stopping" and r.state in ("starting", "loading", "ready"):
                     sh.state = r.state
                     sh.endpoint = r.endpoint or sh.endpoint
+            elif r is None and sh.state == "placing" and any(a in ours for a in sh.after):
+                # Placed in place of a shard the agent still runs (a restart
+                # in place, its old engine draining): rightly not started yet,
+                # so not failed; it keeps what it took over. (The old one's
+                # replica was placed first, so it was matched above.)
+                _hold(node, sh)
+                if sh.memory_gb:
+                    node.memory_used = add_gb(node.memory_used, sh.memory_gb)
+                node.cpu_used += sh.cpu_cores
+                continue
             else:
                 count(state, rep.owner, shard_amount(sh), -1)
                 sh.state = "failed"
@@ -453,7 +463,9 @@ def _stray_reason(state: State, r: ev.RunningShard, node: str) -> str:
     rep = state.replicas.get(r.replica)
     if rep is not None:
         if any(sh.id == r.shard and sh.node == node for sh in rep.shards):
-            return f"shard {r.shard} of {r.replica} was given up here (failed or lost) and its replica went on without it"
+            return (
+                f"shard {r.shard} of {r.replica} was given up here (failed or lost) and its replica went on without it"
+            )
         # Not "given up here": a second copy of a replica that runs elsewhere
         # (one placed under the same id that had come up when this was reported).
         where = ", ".join(sorted({sh.node for sh in rep.shards})) or "another node"
@@ -487,6 +499,12 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
         else:
             return
     if sh.node != e.node:
+        node = state.nodes.get(e.node)
+        if node is not None and e.shard in node.strays:
+            # About the stray of that id its agent runs (a copy of a replica
+            # that runs elsewhere): nothing to learn until it exits, and no
+            # reason to quarantine what its rightful speaker said.
+            return
         raise Refused(f"shard {sh.id} runs on {sh.node}, not on {e.node}")
     current = sh.state
     if sh.generation != e.generation or current in _TERMINAL:
@@ -510,6 +528,8 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
                 node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
             node.cpu_used -= sh.cpu_cores
         count(state, rep.owner, shard_amount(sh), -1)
+        if sh.after and node is not None:
+            _hand_back(state, node, sh)
     elif current != "stopping":
         sh.state = st
         sh.reason = e.reason
@@ -557,10 +577,6 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         return "a replica needs one shard per distinct node"
     profile = profile_named(model.spec, a.profile)
     memory, cores = (profile.memory_gb, profile.cpu_cores) if profile is not None else (0.0, 0)
-    if state.owners and profile is not None:
-        why = over_limit(state, model.spec.owner, need(profile))
-        if why:
-            return why
     # In place: the shards of the replica it replaces (stopped in the same
     # pass) hand over what they hold on their nodes; the new ones start once
     # they have exited.
@@ -570,6 +586,17 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         if old is None or old.state != "stopping" or old.model != model_name:
             return f"replica {a.replaces} it replaces is not being stopped"
         handed = {sh.id: sh for sh in old.shards if sh.state not in _TERMINAL}
+    if state.owners and profile is not None:
+        # What the replica it replaces holds is the replacement's to take,
+        # limits included, as decide counted it (decide._in_place): without
+        # this credit a restart in place of an owner at its limit was voided
+        # here after its predecessor's stop had been applied.
+        credit: dict[str, ev.Resources] = {}
+        if a.replaces:
+            add(credit, old.owner, replica_amount(old), -1)
+        why = over_limit(state, model.spec.owner, need(profile), credit)
+        if why:
+            return why
     nodes = state.nodes
     for s in placements:
         node = nodes.get(s.node)
@@ -618,6 +645,11 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
             for old_sh in handed.values():
                 if old_sh.node == s.node:
                     shards[-1].after.append(old_sh.id)
+                    # And what it was itself waiting for: replaced in place
+                    # again before it ever started, it hands over what the
+                    # shard it replaced still holds until it exits (its port:
+                    # the newest must not bind while that one drains on it).
+                    shards[-1].after.extend(a for a in old_sh.after if a not in shards[-1].after)
                     # Handed over: its exit must not free them a second time,
                     # nor count them for its owner meanwhile.
                     node.memory_used = add_gb(node.memory_used, -old_sh.memory_gb)
@@ -803,6 +835,36 @@ def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _hand_back(state: State, node: Node, sh: Shard) -> None:
+    """A shard placed in place of another (a restart in place) ended before
+    that one exited (stopped while it waited, failed to start): what it took
+    over goes back to the one still running there, until it exits. Freed
+    instead, the GPUs and port of an engine still draining were handed to the
+    next placement, which then failed to bind or to allocate. What the new
+    one held beyond what it took over goes back too: held a little longer,
+    never given twice."""
+    for old_id in sh.after:
+        old = state.replicas.get(old_id.rpartition(".")[0])
+        old_sh = next((o for o in old.shards if o.id == old_id), None) if old is not None else None
+        if old_sh is None or old_sh.node != sh.node or old_sh.state in _TERMINAL:
+            continue
+        gpus = [g for g in sh.gpus if g not in node.used and g not in old_sh.gpus]
+        for g in gpus:
+            node.used[g] = old_id
+        if old_sh.port and old_sh.port not in node.ports:
+            node.ports[old_sh.port] = old_id
+        back = Shard(id=old_id, node=sh.node, rank=0, gpus=gpus, port=0, generation=0,
+                     memory_gb=sh.memory_gb, cpu_cores=sh.cpu_cores)
+        old_sh.gpus = sorted(old_sh.gpus + gpus)
+        old_sh.memory_gb = add_gb(old_sh.memory_gb, sh.memory_gb)
+        old_sh.cpu_cores += sh.cpu_cores
+        if sh.memory_gb:
+            node.memory_used = add_gb(node.memory_used, sh.memory_gb)
+        node.cpu_used += sh.cpu_cores
+        count(state, old.owner, shard_amount(back), +1)
+        return
 
 
 def _hold(node: Node, sh: Shard) -> None:

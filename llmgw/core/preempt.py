@@ -21,7 +21,9 @@ then size alone decides, never the order of a map.
 
 Not victims: a replica within MIN_LIFETIME_S of becoming ready (stopping
 it throws away a model load only just paid for), a multi-node replica (its
-own decision), one already preempted, restarting or stopping.
+own decision, one being adopted shard by shard included), one already
+preempted, restarting or stopping, one placed in place of a replica still
+draining (stopping it frees nothing until that one exits).
 
 At most MAX_VICTIMS, taken in order until the model fits, tried on the
 pass's inventory with their room released, then pruned to those actually
@@ -35,8 +37,10 @@ from __future__ import annotations
 import msgspec
 
 from . import events as ev
+from .events import Resources
+from .fold import replica_number
 from .placement import Inventory
-from .quota import borrowed, governing, need, within_guarantee
+from .quota import borrowed, governing, need, over_limit, plus, within_guarantee
 from .scaling import current_load, desired
 from .state import Model, Replica, State
 
@@ -69,6 +73,9 @@ class Candidate(msgspec.Struct, kw_only=True):
     owner: str
     gpus: int
     memory_gb: float
+    # Where quotas matter, read once per pass (see VictimIndex.ordered):
+    lent: bool = False  # past its owner's guarantee (quota.borrowed)
+    guarded: bool = False  # not lent, and its owner has a guarantee up its tree
 
 
 class VictimIndex:
@@ -77,14 +84,26 @@ class VictimIndex:
     each kind of preemptor (its class, whether it is below its minimum, its
     owner where quotas matter) and reused by the next one of that kind."""
 
-    def __init__(self, state: State, now: float) -> None:
+    def __init__(self, state: State, now: float, taken: set[str] | None = None) -> None:
         self.state = state
         self.now = now
-        self.taken: set[str] = set()  # victims chosen earlier in this pass
+        # Replicas stopped earlier in this pass, victims or not: decide passes
+        # its own set of every replica the pass stops, so that one stopped by
+        # a scale-down is not chosen as a victim too (its Preempt was voided).
+        self.taken: set[str] = taken if taken is not None else set()
+        # Per model, the ids of its replicas that count (not stopping, not
+        # failed): how many of them are not taken is whether it is above its
+        # minimum *now*, in this pass (see `choose`).
+        self.counted: dict[str, list[str]] = {}
         self._candidates: list[Candidate] | None = None
         self._ordered: dict[tuple, list[tuple[int, Candidate]]] = {}
+        # Per ordered list, how many of its first entries are taken already:
+        # the next preemptor of that kind starts after them (taken only grows
+        # in a pass), rather than stepping over every victim chosen so far.
+        self._skip: dict[int, int] = {}
         self._borrowed: set[str] | None = None
         self._quotas = any(_has_guarantee(o) for o in state.owners.values())
+        self._by_size: list[Candidate] | None = None
 
     def candidates(self) -> list[Candidate]:
         if self._candidates is not None:
@@ -103,8 +122,11 @@ class VictimIndex:
             if model is None:
                 continue
             spec = model.spec
-            # Newest first: the newest are the ones above its minimum.
-            reps.sort(key=lambda r: (-r.placed_at, r.id), reverse=False)
+            self.counted[name] = [r.id for r in reps]
+            # Newest first: the newest are the ones above its minimum. Of
+            # replicas placed in one pass, the higher number is the newer, as
+            # a scale-down takes them (decide); by id, "m-1" came before "m-2".
+            reps.sort(key=lambda r: (-r.placed_at, -replica_number(r.id), r.id))
             above = max(len(reps) - spec.min_replicas, 0)
             idle = now - model.last_used if model.last_used else 0.0
             idle_on_demand = spec.on_demand and current_load(model, now) == 0 and (
@@ -112,7 +134,15 @@ class VictimIndex:
             for i, rep in enumerate(reps):
                 if rep.ready_at and now - rep.ready_at < MIN_LIFETIME_S:
                     continue
-                if len(rep.shards) > 1:
+                # Multi-node: its own decision. One being rebuilt from what
+                # agents report (want_shards) is multi-node before all its
+                # shards are back, not a single-node replica.
+                if len(rep.shards) > 1 or rep.want_shards > 1:
+                    continue
+                if rep.replaced and rep.replaced in state.replicas:
+                    # Placed in place of a replica still draining: stopped,
+                    # what it took over goes back to that one (fold._hand_back),
+                    # so it frees nothing until that one exits.
                     continue
                 gpus = sum(len(s.gpus) for s in rep.shards)
                 memory = sum(s.memory_gb for s in rep.shards)
@@ -123,22 +153,57 @@ class VictimIndex:
         self._candidates = out
         return out
 
+    def _sorted(self) -> list[Candidate]:
+        """The candidates in the order they are tried within a tier: the
+        longest idle first, then the smallest (GPUs, memory), then by id;
+        sorted once, each kind of preemptor then sorts them into tiers alone
+        (a stable split keeps this order within each tier)."""
+        if self._by_size is None:
+            out = sorted(self.candidates(), key=lambda c: (-c.idle, c.gpus, c.memory_gb, c.rep.id))
+            if self._quotas:
+                lent = self.borrowed()
+                guarantees: dict[str, bool] = {}
+                for c in out:
+                    c.lent = c.rep.id in lent
+                    g = guarantees.get(c.owner)
+                    if g is None:
+                        g = guarantees[c.owner] = bool(governing(self.state, c.owner))
+                    c.guarded = not c.lent and g
+            self._by_size = out
+        return self._by_size
+
     def borrowed(self) -> set[str]:
         if self._borrowed is None:
             self._borrowed = borrowed(self.state) if self._quotas else set()
         return self._borrowed
 
-    def ordered(self, model: Model) -> list[tuple[int, Candidate]]:
-        """(tier, candidate) for a preemptor, in the order they are tried."""
+    def ordered(
+        self, model: Model, have: int | None = None, pending: dict[str, Resources] | None = None,
+    ) -> list[tuple[int, Candidate]]:
+        """(tier, candidate) for a preemptor, in the order they are tried.
+        `have`: how many replicas decide counts the preemptor as having (its
+        serving ones); by default, as the tallies say. `pending`: what the
+        pass's placements so far add per owner."""
         spec = model.spec
         my_rank = rank(spec)
-        t = self.state.tallies.get(spec.name)
-        live = (t.live - t.retiring) if t is not None else 0
+        live = serving(self.state, spec.name) if have is None else have
         below_min = live < spec.min_replicas
         reclaim = False
         if self._quotas:
-            p = spec.profiles[0]
-            reclaim = within_guarantee(self.state, spec.owner, need(p))
+            # Within its guarantee whichever of its profiles it is placed
+            # with. Asked of the first alone, a model whose first profile
+            # fitted nowhere took a replica back for its second, larger one,
+            # which took its owner past its guarantee: borrowed, so taken by
+            # a higher class, then taken back again, the two in turns for ever.
+            amount = Resources()
+            for p in spec.profiles:
+                n = need(p)
+                amount = Resources(gpus=max(amount.gpus, n.gpus), cpu_cores=max(amount.cpu_cores, n.cpu_cores),
+                                   memory_gb=max(amount.memory_gb, n.memory_gb))
+            g = governing(self.state, spec.owner) if pending else ""
+            if pending and g in pending:  # placed earlier in this pass: held already, for the guarantee
+                amount = plus(amount, pending[g])
+            reclaim = within_guarantee(self.state, spec.owner, amount)
         key = (my_rank, below_min, spec.owner if self._quotas else "", reclaim)
         out = self._ordered.get(key)
         if out is None:
@@ -146,29 +211,41 @@ class VictimIndex:
         return out
 
     def _order(self, my_rank: int, below_min: bool, owner: str, reclaim: bool) -> list[tuple[int, Candidate]]:
-        lent = self.borrowed() if self._quotas else set()
-        out = []
-        for c in self.candidates():
-            tier = -1
-            if c.rank < my_rank and c.idle_on_demand:
-                tier = 0
-            elif c.rank < my_rank and c.above_min:
-                tier = 2
-            elif c.rank == my_rank and c.above_min and below_min:
+        quotas = self._quotas
+        critical = CLASSES["critical"]
+        tiers: tuple[list, list, list, list, list] = ([], [], [], [], [])
+        for c in self._sorted():
+            r = c.rank
+            if r < my_rank:
+                # (r < my_rank: never critical, whose minimum is never taken.)
+                tier = 0 if c.idle_on_demand else 2 if c.above_min else 4
+            elif r == my_rank and c.above_min and below_min:
                 tier = 3
-            elif c.rank < my_rank and c.rank != CLASSES["critical"]:
-                tier = 4
-            if self._quotas and c.owner != owner:
-                if c.rep.id in lent and reclaim and (c.rank != CLASSES["critical"] or c.above_min):
-                    if tier != 0:
+            else:
+                tier = -1
+            if quotas and c.owner != owner:
+                if c.lent:
+                    # Past its owner's guarantee, wanted by an owner within
+                    # its own: taken back whatever the classes.
+                    if reclaim and tier != 0 and (r != critical or c.above_min):
                         tier = 1
-                elif c.rep.id not in lent and governing(self.state, c.owner):
+                elif c.guarded:
                     continue  # within its owner's guarantee
-            if tier < 0:
-                continue
-            out.append((tier, c))
-        out.sort(key=lambda tc: (tc[0], -tc[1].idle, tc[1].gpus, tc[1].memory_gb, tc[1].rep.id))
-        return out
+            if tier >= 0:
+                tiers[tier].append((tier, c))
+        return [tc for t in tiers for tc in t]
+
+
+def serving(state: State, name: str) -> int:
+    """A model's replicas that count as serving, from its tally: neither
+    stopping, nor restarting (replaced beside themselves), nor failed. (The
+    tally's `live` counts failed replicas too: a failed one is stopped and
+    replaced in the same pass, and counting it made a model with one failed
+    replica below its minimum look as if it were not, for a pass.)"""
+    t = state.tallies.get(name)
+    if t is None:
+        return 0
+    return max(t.live - t.retiring - t.failed, 0)
 
 
 def _has_guarantee(o) -> bool:
@@ -184,50 +261,106 @@ def waiting_for_victims(state: State, model: Model) -> list[str]:
 
 def held(state: State, model: Model, now: float) -> str:
     """Why a model that gave room may not take it back now, or "". The hold
-    ends early once the model it gave room to has what it asked for."""
-    if not model.held_for or now >= model.held_until:
+    ends early once the model it gave room to has what it asked for, and
+    lasts past its end while the replicas stopped for that model drain."""
+    if not model.held_for:
         return ""
     to = state.models.get(model.held_for)
     if to is None:
         return ""
-    t = state.tallies.get(to.spec.name)
-    live = (t.live - t.retiring) if t is not None else 0
-    if live >= desired(to, now):
+    # Held past held_until while what was preempted still drains: a drain
+    # longer than the hold let the model that gave the room take it back the
+    # moment it was free, and be preempted again.
+    if now >= model.held_until and not waiting_for_victims(state, to):
         return ""
-    return f"held: it gave room to {model.held_for}, which is still short, until {model.held_until - now:.0f}s from now"
+    if serving(state, to.spec.name) >= desired(to, now):
+        return ""
+    # Said without a countdown: a waiting reason is published each time it
+    # changes, and one that counted seconds was a new decision every pass
+    # for as long as the hold lasted.
+    return (
+        f"held: it gave room to {model.held_for} (preempted for it), which is still short; "
+        f"until {model.held_for} has what it asked for, {HOLD_S:g}s after the preemption at the latest"
+    )
 
 
-def choose(index: VictimIndex, inv: Inventory, model: Model, spread: dict[str, int]) -> list[tuple[int, Candidate]]:
+def choose(
+    index: VictimIndex, inv: Inventory, model: Model, spread: dict[str, int], *,
+    have: int | None = None, pending: dict[str, Resources] | None = None,
+) -> list[tuple[int, Candidate]]:
     """The victims to stop so that one more replica of `model` fits, or []
-    when no allowed set of at most MAX_VICTIMS would make room."""
+    when no allowed set of at most MAX_VICTIMS would make room. `have`: the
+    preemptor's serving replicas as decide counts them; `pending`: what the
+    pass's placements so far add per owner (quota limits)."""
+    spec = model.spec
+    state = index.state
+    # Only the profiles its owner's limits allow: room made for one it may
+    # not take is room made for nothing (both victims of a 2-GPU profile
+    # past the limit were stopped, and the next pass placed nothing).
+    profiles = [
+        p for p in spec.profiles
+        if not (state.owners and spec.owner and over_limit(state, spec.owner, need(p), pending))
+    ]
+    if not profiles:
+        return []
     chosen: list[tuple[int, Candidate]] = []
-    name = model.spec.name
-    for tier, c in index.ordered(model):
+    name = spec.name
+    ordered = index.ordered(model, have, pending)
+    taken = index.taken
+    skip = index._skip.get(id(ordered), 0)
+    while skip < len(ordered) and ordered[skip][1].rep.id in taken:
+        skip += 1
+    index._skip[id(ordered)] = skip
+    for i in range(skip, len(ordered)):
+        tier, c = ordered[i]
         if len(chosen) == MAX_VICTIMS:
             break
-        if c.model == name or c.rep.id in index.taken:
+        if c.model == name or c.rep.id in taken:
+            continue
+        if _needs_above_min(tier, c) and not _above_min_now(index, c, chosen):
+            # Above its minimum when the index was built, no longer: others
+            # of its model were stopped since in this pass (victims of
+            # another preemptor, a scale-down). Taken now it would leave its
+            # model below its minimum, a critical one included.
             continue
         chosen.append((tier, c))
-        if not _fits_without(inv, model, spread, [c for _, c in chosen]):
+        if not _fits_without(inv, profiles, spread, [c for _, c in chosen]):
             continue
         # Enough: now keep every one whose stopping turns out not to be needed.
         for i in range(len(chosen) - 1, -1, -1):
             if len(chosen) == 1:
                 break
             fewer = chosen[:i] + chosen[i + 1:]
-            if _fits_without(inv, model, spread, [c for _, c in fewer]):
+            if _fits_without(inv, profiles, spread, [c for _, c in fewer]):
                 chosen = fewer
         return chosen
     return []
 
 
-def _fits_without(inv: Inventory, model: Model, spread: dict[str, int], gone: list[Candidate]) -> bool:
-    """Whether a replica of the model would fit with these replicas gone,
-    tried on the pass's inventory and given back after."""
+def _needs_above_min(tier: int, c: Candidate) -> bool:
+    """Whether a victim of this tier may only be taken above its model's
+    minimum: tiers 2 and 3, and a critical replica taken back as borrowed."""
+    return tier in (2, 3) or (tier == 1 and c.rank == CLASSES["critical"])
+
+
+def _above_min_now(index: VictimIndex, c: Candidate, chosen: list[tuple[int, Candidate]]) -> bool:
+    """Whether the candidate's model keeps its minimum without it: counted
+    on its replicas not stopped in this pass nor chosen already."""
+    taken = index.taken
+    left = sum(1 for rid in index.counted.get(c.model, ()) if rid not in taken)
+    left -= sum(1 for _, o in chosen if o.model == c.model)
+    return left > index.state.models[c.model].spec.min_replicas
+
+
+def _fits_without(
+    inv: Inventory, profiles: list[ev.ProfileSpec], spread: dict[str, int], gone: list[Candidate],
+) -> bool:
+    """Whether a replica of one of these profiles would fit with these
+    replicas gone, tried on the pass's inventory and given back after."""
     for c in gone:
         inv.release(c.rep.shards)
     try:
-        return any(inv.fits(p, spread) for p in model.spec.profiles)
+        return any(inv.fits(p, spread) for p in profiles)
     finally:
         for c in gone:
             inv.hold(c.rep.shards)
