@@ -49,7 +49,9 @@ from .state import (
 # 3: host memory and CPU accounted per node and shard, tallies per model.
 # 4: restarts, scaling on load, start failures and parking, api keys.
 # 5: owners, usage per owner, preemption.
-FOLD_VERSION = 5
+# 6: a shard placed in place of another hands back what it took over when it
+#    ends first; the limit check of a restart in place credits its predecessor.
+FOLD_VERSION = 6
 
 
 class Refused(ValueError):
