@@ -258,9 +258,15 @@ def assert_voided_not_applied(step: Step, after: State) -> None:
                 numbers[a.model] = int(a.replica.rpartition("-")[2]) + 1
                 waiting[a.model] = ""
                 profile = profile_named(before.models[a.model].spec, a.profile)
+                # In place of a replica stopped by this decision: what its shards held on
+                # the node is handed over, not held twice.
+                old = before.replicas[a.replaces].shards if a.replaces else []
                 for s in a.shards:
-                    held[(s.node, "memory")] = held.get((s.node, "memory"), 0.0) + profile.memory_gb
-                    held[(s.node, "cpu")] = held.get((s.node, "cpu"), 0) + profile.cpu_cores
+                    handed = [sh for sh in old if sh.node == s.node and sh.state not in ("failed", "stopped")]
+                    memory = profile.memory_gb - sum(sh.memory_gb for sh in handed)
+                    cores = profile.cpu_cores - sum(sh.cpu_cores for sh in handed)
+                    held[(s.node, "memory")] = held.get((s.node, "memory"), 0.0) + memory
+                    held[(s.node, "cpu")] = held.get((s.node, "cpu"), 0) + cores
                     taken.update((s.node, "gpu", g) for g in s.gpus)
                     if s.port:
                         taken.add((s.node, "port", s.port))
