@@ -35,7 +35,7 @@ from __future__ import annotations
 import msgspec
 
 from . import events as ev
-from .fold import replica_number
+from .replicas import replica_number
 from . import preempt
 from .placement import Inventory, replicas_per_node, why_no_fit
 from .quota import add, need, over_limit, replica_amount

@@ -20,9 +20,11 @@ from typing import Callable
 
 import msgspec
 
+from . import adoption
 from . import events as ev
 from .catalog import NAME_RE, fingerprint, profile_named, spec_problem
 from .quota import add, count, need, over_limit, replica_amount, shard_amount
+from .replicas import RETIRING, TERMINAL, derive_replica_state, release_ids, started, unwanted
 from .scaling import current_load, note_peak, wants
 from .state import (
     KEEP_LAST,
@@ -37,7 +39,6 @@ from .state import (
     Replica,
     Shard,
     State,
-    Stray,
     Tally,
     Voided,
     add_gb,
@@ -111,7 +112,6 @@ def quarantine(state: State, seq: int, subject: str, error: str) -> None:
 _decode = ev._decoder.decode
 _PREFIX = ev._PREFIX
 check_origin = ev.check_origin
-_TERMINAL = frozenset(TERMINAL_SHARD_STATES)
 _AGENT = ev._PREFIX[ev.ShardStatus]
 _CONTROL = ev._PREFIX[ev.Decided]
 _GATEWAY = ev._PREFIX[ev.ModelLoad]
@@ -162,7 +162,7 @@ def _model_applied(state: State, e: ev.ModelApplied, seq: int) -> None:
         # Which of its replicas the catalog still asks for changed: count
         # again. Rare (a new definition), so a scan of the replicas is fine.
         tally.unwanted = sum(
-            1 for r in state.replicas.values() if r.model == name and r.state != "stopping" and _unwanted(state, r)
+            1 for r in state.replicas.values() if r.model == name and r.state != "stopping" and unwanted(state, r)
         )
 
 
@@ -246,14 +246,8 @@ def _model_load(state: State, e: ev.ModelLoad, seq: int) -> None:
 
 
 def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
-    """A node (re)joins, and says everything it runs.
-
-    The fleet is authoritative about what runs: a shard we believed ran there
-    and that the agent did not mention has failed (seen for real: an engine
-    died while its agent lived, and the replica stayed "ready" on a dead port
-    for as long as anyone watched). A registration follows a fresh connection,
-    so nothing dispatched before it can be legitimately starting unreported.
-    """
+    """A node (re)joins, and says everything it runs: what the log believed
+    ran there is matched against that (adoption.py)."""
     if not NAME_RE.match(e.node):
         raise Refused(f"node name {e.node!r} must be letters, digits, _ and - (at most 64)")
     if len({g.index for g in e.gpus}) != len(e.gpus):
@@ -268,219 +262,13 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
         registered_at=e.at,
     )
     state.nodes[e.node] = node
-    reported = {r.shard: r for r in e.running}
-    ours: set[str] = set()
-    # Shards we placed there: kept if reported, failed if not.
-    for rep in list(state.replicas.values()):
-        touched = False
-        for sh in rep.shards:
-            if sh.node != e.node or sh.state in TERMINAL_SHARD_STATES:
-                continue
-            r = reported.get(sh.id)
-            if r is not None and r.generation == sh.generation:
-                ours.add(sh.id)
-                _hold(node, sh)
-                if sh.memory_gb:
-                    node.memory_used = add_gb(node.memory_used, sh.memory_gb)
-                node.cpu_used += sh.cpu_cores
-                if sh.state != "stopping" and r.state in ("starting", "loading", "ready"):
-                    sh.state = r.state
-                    sh.endpoint = r.endpoint or sh.endpoint
-            elif r is None and sh.state == "placing" and any(a in ours for a in sh.after):
-                # Placed in place of a shard the agent still runs (a restart
-                # in place, its old engine draining): rightly not started yet,
-                # so not failed; it keeps what it took over. (The old one's
-                # replica was placed first, so it was matched above.)
-                _hold(node, sh)
-                if sh.memory_gb:
-                    node.memory_used = add_gb(node.memory_used, sh.memory_gb)
-                node.cpu_used += sh.cpu_cores
-                continue
-            else:
-                count(state, rep.owner, shard_amount(sh), -1)
-                sh.state = "failed"
-                sh.reason = "the agent reports it is not running"
-            touched = True
-        if touched:
-            _derive_replica_state(state, rep, e.at)
-    # What else runs there is adopted when the catalog still asks for it, or
-    # else a stray: it holds its GPUs and port until it exits.
-    unknown: dict[str, list[ev.RunningShard]] = {}
-    for r in e.running:
-        if r.shard not in ours:
-            unknown.setdefault(r.replica, []).append(r)
-    for rid, group in unknown.items():
-        for r in _adopt(state, node, rid, group, e.at):
-            why = _stray_reason(state, r, node.name)
-            node.strays[r.shard] = Stray(generation=r.generation, gpus=list(r.gpus), port=r.port, reason=why)
-            for g in r.gpus:
-                node.used.setdefault(g, r.shard)
-            if r.port:
-                node.ports.setdefault(r.port, r.shard)
-
-
-def _adopt(state: State, node: Node, rid: str, group: list[ev.RunningShard], at: float) -> list[ev.RunningShard]:
-    """Rebuild a replica from shards an agent runs and the log does not know
-    (adopt.go); returns those that are strays instead.
-
-    This is what lets a fleet outlive its log (a stream made anew while the
-    engines ran on): without it the control plane sees an empty fleet,
-    places duplicates, and the engines already running hold GPUs the state
-    believes free. Rules:
-    - The other shards of a multi-node replica being rebuilt are merged, not
-      treated as rivals: they are simply on a node whose agent registered a
-      moment later (treating them as a competing claim tore multi-node
-      replicas apart on every restart).
-    - A reported replica replaces one we merely placed under the same id; if
-      ours has a shard that came up, two things really run, and the one we
-      did not ask for is the stray.
-    - Ids are never used twice in one log: a replica that this log placed
-      and has forgotten since (stopped, replaced) is not brought back.
-    - No model or profile in the catalog for it: a stray, stopped.
-    """
-    first = group[0]
-    model = state.models.get(first.model)
-    profile = profile_named(model.spec, first.profile) if model is not None else None
-    if model is None or profile is None or rid.rpartition("-")[0] != first.model:
-        return group
-    existing = state.replicas.get(rid)
-    if existing is None and replica_number(rid) < state.replica_numbers.get(first.model, 1):
-        return group  # used before in this log, and gone: left over, not ours
-    if existing is not None:
-        if existing.want_shards and existing.state != "stopping":
-            _merge(state, node, existing, group, profile, at)  # the rest of a replica being rebuilt
-            return []
-        if existing.state == "stopping" or any(sh.state in ("starting", "loading", "ready") for sh in existing.shards):
-            # Two things really run; the one we did not ask for is the stray.
-            # (The shards of ours that the agent reports were matched above:
-            # `group` holds none of them, so ours keeps serving.)
-            return group
-        _forget(state, existing)  # merely placed: what the fleet runs wins
-    rep = Replica(
-        id=rid,
-        model=first.model,
-        profile=first.profile,
-        # From the agent, which was told it at the start; "" from one that
-        # does not say, which reads as unknown: restarted onto what the catalog says.
-        fingerprint=first.fingerprint,
-        shards=[],
-        placed_at=at,
-        reason=f"adopted: running on {node.name} when its agent registered",
-        want_shards=max(profile.nodes, 1),
-        owner=model.spec.owner,
-    )
-    state.replicas[rid] = rep
-    state.replica_numbers[first.model] = max(state.replica_numbers.get(first.model, 1), replica_number(rid) + 1)
-    _merge(state, node, rep, group, profile, at, counted=False)
-    _tally(state, rep, +1)
-    return []
-
-
-def _merge(
-    state: State, node: Node, rep: Replica, group: list[ev.RunningShard], profile: ev.ProfileSpec, at: float,
-    counted: bool = True,
-) -> None:
-    """Add reported shards to a replica being rebuilt, holding what they hold.
-    Shards it has already are skipped: an agent that reconnects repeats what
-    it runs, and counting those again would complete a replica that is not."""
-    have = {sh.id for sh in rep.shards}
-    for r in group:
-        if r.shard in have:
-            continue
-        have.add(r.shard)
-        sh = Shard(
-            id=r.shard,
-            node=node.name,
-            rank=r.rank,
-            gpus=list(r.gpus),
-            port=r.port,
-            generation=r.generation,
-            state=r.state if r.state in ("starting", "loading", "ready") else "starting",
-            endpoint=r.endpoint,
-            # What the profile asks for, as a running process does not say;
-            # no more than the node has free (a profile edited to ask for
-            # more than the node has does not make the node hold more than it has).
-            memory_gb=_at_most(profile.memory_gb, add_gb(node.memory_gb, -node.memory_used), node.memory_gb),
-            cpu_cores=int(_at_most(profile.cpu_cores, node.cpu_cores - node.cpu_used, node.cpu_cores)),
-        )
-        rep.shards.append(sh)
-        count(state, rep.owner, shard_amount(sh), +1)
-        _hold(node, sh)
-        if sh.memory_gb:
-            node.memory_used = add_gb(node.memory_used, sh.memory_gb)
-        node.cpu_used += sh.cpu_cores
-    rep.shards.sort(key=lambda s: s.rank)
-    if len(rep.shards) >= rep.want_shards:
-        if counted:
-            state.tallies[rep.model].assembling -= 1
-        rep.want_shards = 0  # whole again
-        rep.reason = f"adopted: running on {', '.join(s.node for s in rep.shards)} when the agents registered"
-    if counted:
-        _derive_replica_state(state, rep, at)
-    else:
-        _derive_live_state(rep, at)
-
-
-def _at_most(asked: float, free: float, total: float) -> float:
-    """What a shard is counted as holding: what it asks, capped at what is
-    free on a node that says how much it has (total 0: no limit)."""
-    return min(asked, max(free, 0)) if total else asked
-
-
-def _forget(state: State, rep: Replica) -> None:
-    """Drop a replica from the state, freeing what its shards hold."""
-    for sh in rep.shards:
-        node = state.nodes.get(sh.node)
-        if node is None or sh.state in _TERMINAL:
-            continue
-        _release_ids(node, sh.id, sh.gpus, sh.port)
-        if sh.memory_gb:
-            node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
-        node.cpu_used -= sh.cpu_cores
-        count(state, rep.owner, shard_amount(sh), -1)
-    _tally(state, rep, -1)
-    del state.replicas[rep.id]
-
-
-def _tally(state: State, rep: Replica, sign: int) -> None:
-    """Count a replica in (or out of) its model's tally, as it stands."""
-    t = state.tallies.get(rep.model)
-    if t is None:
-        t = state.tallies[rep.model] = Tally()
-    t.live += sign
-    if rep.state == "failed":
-        t.failed += sign
-    if _unwanted(state, rep):
-        t.unwanted += sign
-    if rep.restart in _RETIRING:
-        t.retiring += sign
-    if rep.want_shards:
-        t.assembling += sign
-
-
-def _stray_reason(state: State, r: ev.RunningShard, node: str) -> str:
-    m = state.models.get(r.model)
-    if m is None:
-        return f"no model {r.model} in the catalog claims it"
-    if r.profile not in m.fingerprints:
-        return f"model {r.model} has no profile {r.profile} any more"
-    rep = state.replicas.get(r.replica)
-    if rep is not None:
-        if any(sh.id == r.shard and sh.node == node for sh in rep.shards):
-            return (
-                f"shard {r.shard} of {r.replica} was given up here (failed or lost) and its replica went on without it"
-            )
-        # Not "given up here": a second copy of a replica that runs elsewhere
-        # (one placed under the same id that had come up when this was reported).
-        where = ", ".join(sorted({sh.node for sh in rep.shards})) or "another node"
-        return f"replica {r.replica} runs on {where} already: this copy of it is not the one the control plane placed"
-    return f"replica {r.replica} is not one the control plane knows"
+    adoption.take_reports(state, node, e)
 
 
 def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
     # Nearly every event of a long log is one of these: written for speed.
     st = e.state
-    terminal = st in _TERMINAL
+    terminal = st in TERMINAL
     if terminal:
         node = state.nodes.get(e.node)
         if node is not None and node.strays:
@@ -490,7 +278,7 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
             stray = node.strays.get(e.shard)
             if stray is not None and stray.generation == e.generation:
                 del node.strays[e.shard]
-                _release_ids(node, e.shard, stray.gpus, stray.port)
+                release_ids(node, e.shard, stray.gpus, stray.port)
                 return
     rep = state.replicas.get(e.replica)
     if rep is None:
@@ -511,7 +299,7 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
             return
         raise Refused(f"shard {sh.id} runs on {sh.node}, not on {e.node}")
     current = sh.state
-    if sh.generation != e.generation or current in _TERMINAL:
+    if sh.generation != e.generation or current in TERMINAL:
         return  # a late report about an older incarnation: nothing to learn
     if terminal:
         if st == "failed" and not rep.ready_at and rep.state not in ("stopping", "failed"):
@@ -543,10 +331,10 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
             # One shard, not failed: the replica is where its shard is.
             if st == "ready" and rep.state != "ready":
                 rep.ready_at = e.at
-                _started(state, rep)
+                started(state, rep)
             rep.state = st
             return
-    _derive_replica_state(state, rep, e.at)
+    derive_replica_state(state, rep, e.at)
 
 
 # --------------------------------------------------------------------------- control events
@@ -589,7 +377,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         old = state.replicas.get(a.replaces)
         if old is None or old.state != "stopping" or old.model != model_name:
             return f"replica {a.replaces} it replaces is not being stopped"
-        handed = {sh.id: sh for sh in old.shards if sh.state not in _TERMINAL}
+        handed = {sh.id: sh for sh in old.shards if sh.state not in TERMINAL}
     if state.owners and profile is not None:
         # What the replica it replaces holds is the replacement's to take,
         # limits included, as decide counted it (decide._in_place): without
@@ -703,9 +491,9 @@ def _stop(state: State, a: ev.StopReplica, e: ev.Decided, seq: int) -> str:
     tally.live -= 1
     if rep.state == "failed":
         tally.failed -= 1
-    if _unwanted(state, rep):
+    if unwanted(state, rep):
         tally.unwanted -= 1
-    if rep.restart in _RETIRING:
+    if rep.restart in RETIRING:
         tally.retiring -= 1
     if rep.want_shards:
         tally.assembling -= 1
@@ -714,7 +502,7 @@ def _stop(state: State, a: ev.StopReplica, e: ev.Decided, seq: int) -> str:
         model.restart_queue.remove(rep.id)
     running = False
     for sh in rep.shards:
-        if sh.state not in _TERMINAL:
+        if sh.state not in TERMINAL:
             sh.state = "stopping"
             running = True
     if not running:
@@ -740,7 +528,7 @@ def _restart(state: State, a: ev.RestartReplica, e: ev.Decided, seq: int) -> str
     rep = state.replicas.get(a.replica)
     if rep is None or rep.state == "stopping":
         return f"replica {a.replica} is gone or stopping"
-    if rep.restart in _RETIRING:
+    if rep.restart in RETIRING:
         return f"replica {a.replica} is restarting already"
     model = state.models.get(rep.model)
     if model is None:
@@ -757,7 +545,7 @@ def _refuse_restart(state: State, a: ev.RefuseRestart, e: ev.Decided, seq: int) 
     rep = state.replicas.get(a.replica)
     if rep is None or rep.state == "stopping":
         return f"replica {a.replica} is gone or stopping"
-    if rep.restart in _RETIRING:
+    if rep.restart in RETIRING:
         state.tallies[rep.model].retiring -= 1
     model = state.models.get(rep.model)
     if model is not None and rep.id in model.restart_queue:
@@ -835,7 +623,7 @@ def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
                 sh.reason = f"node {e.node} lost: {e.reason}"
                 touched = True
         if touched:
-            _derive_replica_state(state, rep, e.at)
+            derive_replica_state(state, rep, e.at)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -852,7 +640,7 @@ def _hand_back(state: State, node: Node, sh: Shard) -> None:
     for old_id in sh.after:
         old = state.replicas.get(old_id.rpartition(".")[0])
         old_sh = next((o for o in old.shards if o.id == old_id), None) if old is not None else None
-        if old_sh is None or old_sh.node != sh.node or old_sh.state in _TERMINAL:
+        if old_sh is None or old_sh.node != sh.node or old_sh.state in TERMINAL:
             continue
         gpus = [g for g in sh.gpus if g not in node.used and g not in old_sh.gpus]
         for g in gpus:
@@ -871,48 +659,6 @@ def _hand_back(state: State, node: Node, sh: Shard) -> None:
         return
 
 
-def _hold(node: Node, sh: Shard) -> None:
-    for g in sh.gpus:
-        node.used[g] = sh.id
-    if sh.port:
-        node.ports[sh.port] = sh.id
-
-
-def _release_ids(node: Node, holder: str, gpus: list[int], port: int) -> None:
-    for g in gpus:
-        if node.used.get(g) == holder:
-            del node.used[g]
-    if port and node.ports.get(port) == holder:
-        del node.ports[port]
-
-
-_RETIRING = ("replacing", "in place")
-
-
-def _unwanted(state: State, rep: Replica) -> bool:
-    """The catalog no longer asks for this replica: its model is gone or its profile changed."""
-    model = state.models.get(rep.model)
-    return model is None or model.fingerprints.get(rep.profile) != rep.fingerprint
-
-
-def _derive_replica_state(state: State, rep: Replica, at: float) -> None:
-    """A replica's state follows from its shards'; one that was stopping and
-    whose shards have all exited is forgotten (the log keeps its history)."""
-    shards = rep.shards
-    was = rep.state
-    if was == "stopping":
-        for s in shards:
-            if s.state not in TERMINAL_SHARD_STATES:
-                return
-        del state.replicas[rep.id]
-        return
-    _derive_live_state(rep, at)
-    if (rep.state == "failed") != (was == "failed"):
-        state.tallies[rep.model].failed += 1 if rep.state == "failed" else -1
-    if rep.state == "ready" and was != "ready":
-        _started(state, rep)
-
-
 def _failed_to_start(state: State, rep: Replica, e: ev.ShardStatus) -> None:
     """A replica failed before it was ever ready: one more failure in a row
     for its model, which backs off and, after enough, is parked (decide)."""
@@ -921,57 +667,6 @@ def _failed_to_start(state: State, rep: Replica, e: ev.ShardStatus) -> None:
         model.start_failures += 1
         model.last_failure = f"shard {e.shard} on {e.node}: {e.reason or 'no reason given'}"
         model.failed_at = e.at
-
-
-def _started(state: State, rep: Replica) -> None:
-    model = state.models.get(rep.model)
-    if model is not None and model.start_failures:
-        model.start_failures = 0
-
-
-def _derive_live_state(rep: Replica, at: float) -> None:
-    """The state of a replica that is not stopping, from its shards'."""
-    shards = rep.shards
-    # One pass over the shards (most replicas have one): the first failure
-    # wins, else the least advanced shard says where the replica is.
-    failed = None
-    ready = loading = starting = 0
-    for s in shards:
-        st = s.state
-        if st == "ready":
-            ready += 1
-        elif st == "failed" or st == "stopped":
-            # A shard that ended though its replica was not being stopped
-            # (its agent stopped it: Ctrl-C of `llmgw up`) serves no more.
-            # Read as "placing", as it once was, the replica counted as live
-            # and nothing ever replaced it: a rerun of `llmgw up` never served.
-            failed = s
-            break
-        elif st == "loading":
-            loading += 1
-        elif st == "starting":
-            starting += 1
-    if failed is not None:
-        rep.state = "failed"
-        ended = "failed" if failed.state == "failed" else "stopped unasked"
-        rep.reason = f"shard {failed.id} on {failed.node} {ended}: {failed.reason or 'no reason given'}"
-    elif rep.want_shards:  # being rebuilt from what agents report: not whole yet
-        rep.state = "starting"
-    elif ready == len(shards):
-        if rep.state != "ready":
-            rep.ready_at = at
-        rep.state = "ready"
-    elif loading:
-        rep.state = "loading"
-    elif starting:
-        rep.state = "starting"
-    else:
-        rep.state = "placing"
-
-
-def replica_number(replica_id: str) -> int:
-    _, _, n = replica_id.rpartition("-")
-    return int(n) if n.isdigit() else 0
 
 
 def describe_action(a: ev.Action) -> str:

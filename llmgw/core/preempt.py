@@ -38,7 +38,7 @@ import msgspec
 
 from . import events as ev
 from .events import Resources
-from .fold import replica_number
+from .replicas import replica_number
 from .placement import Inventory
 from .quota import borrowed, governing, need, over_limit, plus, within_guarantee
 from .scaling import current_load, desired

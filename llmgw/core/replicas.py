@@ -1,0 +1,148 @@
+"""How a replica stands and what it holds: the bookkeeping that the fold's
+handlers and adoption share.
+
+A replica's state follows from its shards' (`derive_replica_state`), what a
+live shard holds is counted on its node (`hold`, `release_ids`), and each
+model's `Tally` is kept as its replicas come and go (`tally`). These are the
+derived parts of the state: the property tests count them again from the
+replicas and compare, so every handler must change them through here.
+"""
+
+from __future__ import annotations
+
+from .quota import count, shard_amount
+from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, Tally, add_gb
+
+
+def hold(node: Node, sh: Shard) -> None:
+    """Count what a live shard holds on its node: its GPUs, port, memory and cores."""
+    for g in sh.gpus:
+        node.used[g] = sh.id
+    if sh.port:
+        node.ports[sh.port] = sh.id
+    if sh.memory_gb:
+        node.memory_used = add_gb(node.memory_used, sh.memory_gb)
+    node.cpu_used += sh.cpu_cores
+
+
+def release_ids(node: Node, holder: str, gpus: list[int], port: int) -> None:
+    for g in gpus:
+        if node.used.get(g) == holder:
+            del node.used[g]
+    if port and node.ports.get(port) == holder:
+        del node.ports[port]
+
+
+# A replica restarting: replaced beside itself, or stopped for its replacement.
+RETIRING = ("replacing", "in place")
+TERMINAL = frozenset(TERMINAL_SHARD_STATES)
+
+
+def unwanted(state: State, rep: Replica) -> bool:
+    """The catalog no longer asks for this replica: its model is gone or its profile changed."""
+    model = state.models.get(rep.model)
+    return model is None or model.fingerprints.get(rep.profile) != rep.fingerprint
+
+
+def derive_replica_state(state: State, rep: Replica, at: float) -> None:
+    """A replica's state follows from its shards'; one that was stopping and
+    whose shards have all exited is forgotten (the log keeps its history)."""
+    shards = rep.shards
+    was = rep.state
+    if was == "stopping":
+        for s in shards:
+            if s.state not in TERMINAL_SHARD_STATES:
+                return
+        del state.replicas[rep.id]
+        return
+    derive_live_state(rep, at)
+    if (rep.state == "failed") != (was == "failed"):
+        state.tallies[rep.model].failed += 1 if rep.state == "failed" else -1
+    if rep.state == "ready" and was != "ready":
+        started(state, rep)
+
+
+
+def tally(state: State, rep: Replica, sign: int) -> None:
+    """Count a replica in (or out of) its model's tally, as it stands."""
+    t = state.tallies.get(rep.model)
+    if t is None:
+        t = state.tallies[rep.model] = Tally()
+    t.live += sign
+    if rep.state == "failed":
+        t.failed += sign
+    if unwanted(state, rep):
+        t.unwanted += sign
+    if rep.restart in RETIRING:
+        t.retiring += sign
+    if rep.want_shards:
+        t.assembling += sign
+
+
+
+def started(state: State, rep: Replica) -> None:
+    model = state.models.get(rep.model)
+    if model is not None and model.start_failures:
+        model.start_failures = 0
+
+
+
+def derive_live_state(rep: Replica, at: float) -> None:
+    """The state of a replica that is not stopping, from its shards'."""
+    shards = rep.shards
+    # One pass over the shards (most replicas have one): the first failure
+    # wins, else the least advanced shard says where the replica is.
+    failed = None
+    ready = loading = starting = 0
+    for s in shards:
+        st = s.state
+        if st == "ready":
+            ready += 1
+        elif st == "failed" or st == "stopped":
+            # A shard that ended though its replica was not being stopped
+            # (its agent stopped it: Ctrl-C of `llmgw up`) serves no more.
+            # Read as "placing", as it once was, the replica counted as live
+            # and nothing ever replaced it: a rerun of `llmgw up` never served.
+            failed = s
+            break
+        elif st == "loading":
+            loading += 1
+        elif st == "starting":
+            starting += 1
+    if failed is not None:
+        rep.state = "failed"
+        ended = "failed" if failed.state == "failed" else "stopped unasked"
+        rep.reason = f"shard {failed.id} on {failed.node} {ended}: {failed.reason or 'no reason given'}"
+    elif rep.want_shards:  # being rebuilt from what agents report: not whole yet
+        rep.state = "starting"
+    elif ready == len(shards):
+        if rep.state != "ready":
+            rep.ready_at = at
+        rep.state = "ready"
+    elif loading:
+        rep.state = "loading"
+    elif starting:
+        rep.state = "starting"
+    else:
+        rep.state = "placing"
+
+
+def forget(state: State, rep: Replica) -> None:
+    """Drop a replica from the state, freeing what its shards hold."""
+    for sh in rep.shards:
+        node = state.nodes.get(sh.node)
+        if node is None or sh.state in TERMINAL:
+            continue
+        release_ids(node, sh.id, sh.gpus, sh.port)
+        if sh.memory_gb:
+            node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
+        node.cpu_used -= sh.cpu_cores
+        count(state, rep.owner, shard_amount(sh), -1)
+    tally(state, rep, -1)
+    del state.replicas[rep.id]
+
+
+def replica_number(replica_id: str) -> int:
+    """The number of a replica id ("<model>-<n>"): ids are handed out in order."""
+    _, _, n = replica_id.rpartition("-")
+    return int(n) if n.isdigit() else 0
