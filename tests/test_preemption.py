@@ -419,7 +419,7 @@ def test_a_replica_being_restarted_is_not_a_victim():
 
 def test_a_replica_placed_in_place_of_one_still_draining_is_not_a_victim():
     # Found by the properties: stopping it gives what it took over back to
-    # the one draining (fold._hand_back), so it makes no room until that one
+    # the one draining (replicas.hand_back), so it makes no room until that one
     # exits, and the preemptor fitted nowhere after all.
     f = Fleet()
     f.register("a", gpus=1)

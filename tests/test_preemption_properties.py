@@ -236,7 +236,7 @@ def test_nothing_is_preempted_unless_the_preemptor_then_fits(data):
 def replaced_share(before: State, decided: ev.Decided, owner: str) -> ev.Resources:
     """What replicas of an owner (or its teams) that the decision replaces in
     place hold: their replacements take it over, limits included, while
-    they drain (see fold._place)."""
+    they drain (see decisions._place)."""
     out = ev.Resources()
     for a in decided.actions:
         if isinstance(a, ev.PlaceReplica) and a.replaces and a.replaces in before.replicas:

@@ -14,7 +14,7 @@ import pytest
 from llmgw.core import commands as cmds
 from llmgw.core import events as ev
 from llmgw.core.decide import ADOPT_WAIT_S, restart_state
-from llmgw.core.fold import describe_action
+from llmgw.core.decisions import describe_action
 from llmgw.core.history import verify
 from llmgw.core.liveness import lost_nodes
 from llmgw.core.scaling import PARK_AFTER

@@ -21,7 +21,8 @@ from ..bus import Bus, Fenced
 from ..core import commands as cmds
 from ..core import events as ev
 from ..core.decide import decide
-from ..core.fold import apply, describe_action
+from ..core.decisions import describe_action
+from ..core.fold import apply
 from ..core.history import action_about
 from ..core.liveness import lost_nodes
 from ..core.state import State

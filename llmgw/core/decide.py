@@ -509,7 +509,7 @@ def _in_place(
 
 def _kept_till_exit(rep: Replica, placed: ev.PlaceReplica) -> list[Shard]:
     """What a replica stopped for its replacement in place still holds until
-    it exits: the fold hands over (fold._place), on a node where the
+    it exits: the fold hands over (decisions._place), on a node where the
     replacement has a shard, its memory, cores, and the GPUs and port the
     replacement took; the rest stays its own. Held again in the pass's
     inventory: counted free, a later placement of the pass took the GPU a

@@ -20,29 +20,13 @@ from typing import Callable
 
 import msgspec
 
-from . import adoption
+from . import adoption, decisions
 from . import events as ev
-from .catalog import NAME_RE, fingerprint, profile_named, spec_problem
-from .quota import add, count, need, over_limit, replica_amount, shard_amount
-from .replicas import RETIRING, TERMINAL, derive_replica_state, release_ids, started, unwanted
+from .catalog import NAME_RE, fingerprint, spec_problem
+from .quota import count, replica_amount, shard_amount
+from .replicas import TERMINAL, derive_replica_state, hand_back, release_ids, started, unwanted
 from .scaling import current_load, note_peak, wants
-from .state import (
-    KEEP_LAST,
-    RUNTIME,
-    ApiKey,
-    Load,
-    Owner,
-    TERMINAL_SHARD_STATES,
-    Model,
-    Node,
-    Quarantined,
-    Replica,
-    Shard,
-    State,
-    Tally,
-    Voided,
-    add_gb,
-)
+from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Model, Node, Owner, Quarantined, Replica, State, add_gb
 
 
 # Bump when evolve folds any event differently: snapshots of another version
@@ -321,7 +305,7 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
             node.cpu_used -= sh.cpu_cores
         count(state, rep.owner, shard_amount(sh), -1)
         if sh.after and node is not None:
-            _hand_back(state, node, sh)
+            hand_back(state, node, sh)
     elif current != "stopping":
         sh.state = st
         sh.reason = e.reason
@@ -335,272 +319,6 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
             rep.state = st
             return
     derive_replica_state(state, rep, e.at)
-
-
-# --------------------------------------------------------------------------- control events
-
-
-def _decided(state: State, e: ev.Decided, seq: int) -> None:
-    for action in e.actions:
-        why_not = _ACTIONS[type(action)](state, action, e, seq)
-        if why_not:
-            state.voided_count += 1
-            state.voided.append(Voided(seq=seq, action=describe_action(action), reason=why_not))
-            del state.voided[:-KEEP_LAST]
-
-
-def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
-    """Apply a placement, or say why it no longer holds."""
-    rid, model_name = a.replica, a.model
-    if rid in state.replicas:
-        return f"replica {rid} exists already"
-    number = state.replica_numbers.get(model_name, 1)
-    if rid != f"{model_name}-{number}":
-        # Ids are handed out in order and never twice in one log: a stale
-        # decision could name a replica that was placed and has gone since.
-        return f"replica id {rid} is not the next one for {model_name} ({model_name}-{number})"
-    model = state.models.get(model_name)
-    if model is None:
-        return f"model {model_name} is no longer in the catalog"
-    if model.fingerprints.get(a.profile) != a.fingerprint:
-        return f"profile {a.profile} of {model_name} changed since the decision"
-    placements = a.shards
-    if not placements or (len(placements) > 1 and len({s.node for s in placements}) != len(placements)):
-        return "a replica needs one shard per distinct node"
-    profile = profile_named(model.spec, a.profile)
-    memory, cores = (profile.memory_gb, profile.cpu_cores) if profile is not None else (0.0, 0)
-    # In place: the shards of the replica it replaces (stopped in the same
-    # pass) hand over what they hold on their nodes; the new ones start once
-    # they have exited.
-    handed: dict[str, Shard] = {}
-    if a.replaces:
-        old = state.replicas.get(a.replaces)
-        if old is None or old.state != "stopping" or old.model != model_name:
-            return f"replica {a.replaces} it replaces is not being stopped"
-        handed = {sh.id: sh for sh in old.shards if sh.state not in TERMINAL}
-    if state.owners and profile is not None:
-        # What the replica it replaces holds is the replacement's to take,
-        # limits included, as decide counted it (decide._in_place): without
-        # this credit a restart in place of an owner at its limit was voided
-        # here after its predecessor's stop had been applied.
-        credit: dict[str, ev.Resources] = {}
-        if a.replaces:
-            add(credit, old.owner, replica_amount(old), -1)
-        why = over_limit(state, model.spec.owner, need(profile), credit)
-        if why:
-            return why
-    nodes = state.nodes
-    for s in placements:
-        node = nodes.get(s.node)
-        if node is None or node.state != "ready":
-            return f"node {s.node} is not ready"
-        memory_used, cpu_used = node.memory_used, node.cpu_used
-        if handed:
-            for sh in handed.values():
-                if sh.node == s.node:
-                    memory_used, cpu_used = add_gb(memory_used, -sh.memory_gb), cpu_used - sh.cpu_cores
-        # A node that does not say its memory or cores (0) is not limited by them.
-        if memory and node.memory_gb and add_gb(memory_used, memory) > node.memory_gb:
-            return (
-                f"host memory on {s.node}: {memory:g} GB more would make {add_gb(memory_used, memory):g} "
-                f"of {node.memory_gb:g} GB"
-            )
-        if cores and node.cpu_cores and cpu_used + cores > node.cpu_cores:
-            return f"CPU on {s.node}: {cores} cores more would make {cpu_used + cores} of {node.cpu_cores}"
-        gpus = node.gpus
-        used = node.used
-        for g in s.gpus:
-            # GPUs are usually listed by index; look further only when not.
-            if not (0 <= g < len(gpus) and gpus[g].index == g) and all(x.index != g for x in gpus):
-                return f"node {s.node} has no GPU {g}"
-            if g in used and used[g] not in handed:
-                return f"GPU {g} on {s.node} is held by {used[g]}"
-        if s.port in node.ports and node.ports[s.port] not in handed:
-            return f"port {s.port} on {s.node} is held by {node.ports[s.port]}"
-    shards = []
-    for s in placements:
-        sid, port, gpus_taken = s.shard, s.port, s.gpus
-        shards.append(
-            Shard(
-                id=sid,
-                node=s.node,
-                rank=s.rank,
-                gpus=gpus_taken,
-                port=port,
-                generation=seq,
-                memory_gb=memory,
-                cpu_cores=cores,
-            )
-        )
-        node = nodes[s.node]
-        if handed:
-            for old_sh in handed.values():
-                if old_sh.node == s.node:
-                    shards[-1].after.append(old_sh.id)
-                    # And what it was itself waiting for: replaced in place
-                    # again before it ever started, it hands over what the
-                    # shard it replaced still holds until it exits (its port:
-                    # the newest must not bind while that one drains on it).
-                    shards[-1].after.extend(a for a in old_sh.after if a not in shards[-1].after)
-                    # Handed over: its exit must not free them a second time,
-                    # nor count them for its owner meanwhile.
-                    node.memory_used = add_gb(node.memory_used, -old_sh.memory_gb)
-                    node.cpu_used -= old_sh.cpu_cores
-                    count(state, old.owner, shard_amount(old_sh), -1)
-                    old_sh.memory_gb, old_sh.cpu_cores = 0.0, 0
-                    old_sh.gpus = [g for g in old_sh.gpus if g not in gpus_taken]
-                    count(state, old.owner, shard_amount(old_sh), +1)
-        used = node.used
-        for g in gpus_taken:
-            used[g] = sid
-        if port:
-            node.ports[port] = sid
-        if memory:
-            node.memory_used = add_gb(node.memory_used, memory)
-        node.cpu_used += cores
-    state.replicas[rid] = Replica(
-        id=rid,
-        model=model_name,
-        profile=a.profile,
-        fingerprint=a.fingerprint,
-        shards=shards,
-        reason=a.reason,
-        placed_at=e.at,
-        replaced=a.replaces,
-        owner=model.spec.owner,
-    )
-    if model.spec.owner:
-        for sh in shards:
-            count(state, model.spec.owner, shard_amount(sh), +1)
-    state.replica_numbers[model_name] = number + 1
-    tally = state.tallies.get(model_name)
-    if tally is None:
-        tally = state.tallies[model_name] = Tally()
-    tally.live += 1  # placing, on the profile the catalog has: neither failed nor unwanted
-    model.waiting = ""
-    return ""
-
-
-def _stop(state: State, a: ev.StopReplica, e: ev.Decided, seq: int) -> str:
-    rep = state.replicas.get(a.replica)
-    if rep is None:
-        return f"replica {a.replica} is gone"
-    if rep.state == "stopping":
-        return f"replica {a.replica} is stopping already"
-    tally = state.tallies[rep.model]
-    tally.live -= 1
-    if rep.state == "failed":
-        tally.failed -= 1
-    if unwanted(state, rep):
-        tally.unwanted -= 1
-    if rep.restart in RETIRING:
-        tally.retiring -= 1
-    if rep.want_shards:
-        tally.assembling -= 1
-    model = state.models.get(rep.model)
-    if model is not None and rep.id in model.restart_queue:
-        model.restart_queue.remove(rep.id)
-    running = False
-    for sh in rep.shards:
-        if sh.state not in TERMINAL:
-            sh.state = "stopping"
-            running = True
-    if not running:
-        # Nothing of it runs (a failed replica, the usual case): gone at once.
-        del state.replicas[rep.id]
-        return ""
-    rep.state = "stopping"
-    rep.reason = a.reason
-    rep.stopping_at = e.at
-    rep.drain_s = a.drain_s
-    return ""
-
-
-def _scale(state: State, a: ev.ScaleModel, e: ev.Decided, seq: int) -> str:
-    model = state.models.get(a.model)
-    if model is None:
-        return f"model {a.model} is no longer in the catalog"
-    model.desired = a.desired
-    return ""
-
-
-def _restart(state: State, a: ev.RestartReplica, e: ev.Decided, seq: int) -> str:
-    rep = state.replicas.get(a.replica)
-    if rep is None or rep.state == "stopping":
-        return f"replica {a.replica} is gone or stopping"
-    if rep.restart in RETIRING:
-        return f"replica {a.replica} is restarting already"
-    model = state.models.get(rep.model)
-    if model is None:
-        return f"model {rep.model} is no longer in the catalog"
-    if rep.id in model.restart_queue:
-        model.restart_queue.remove(rep.id)
-    rep.restart = "in place" if a.in_place else "replacing"
-    rep.retiring_at = e.at
-    state.tallies[rep.model].retiring += 1
-    return ""
-
-
-def _refuse_restart(state: State, a: ev.RefuseRestart, e: ev.Decided, seq: int) -> str:
-    rep = state.replicas.get(a.replica)
-    if rep is None or rep.state == "stopping":
-        return f"replica {a.replica} is gone or stopping"
-    if rep.restart in RETIRING:
-        state.tallies[rep.model].retiring -= 1
-    model = state.models.get(rep.model)
-    if model is not None and rep.id in model.restart_queue:
-        model.restart_queue.remove(rep.id)
-    rep.restart = f"refused: {a.reason}"
-    rep.retiring_at = 0.0
-    rep.restart_in_place = False
-    return ""
-
-
-def _preempt(state: State, a: ev.Preempt, e: ev.Decided, seq: int) -> str:
-    """Mark the victims and hold their models back; the victims' StopReplica
-    actions, which follow, stop them."""
-    model = state.models.get(a.model)
-    if model is None:
-        return f"model {a.model} is no longer in the catalog"
-    for v in a.victims:
-        rep = state.replicas.get(v.replica)
-        if rep is None or rep.state == "stopping" or rep.preempted_for:
-            return f"victim {v.replica} is gone, stopping or preempted already"
-    for v in a.victims:
-        state.replicas[v.replica].preempted_for = a.model
-        gave = state.models.get(v.model)
-        if gave is not None:
-            gave.held_until, gave.held_for = a.hold_until, a.model
-    model.preempting = [v.replica for v in a.victims]
-    return ""
-
-
-def _park(state: State, a: ev.ParkModel, e: ev.Decided, seq: int) -> str:
-    model = state.models.get(a.model)
-    if model is None:
-        return f"model {a.model} is no longer in the catalog"
-    model.parked = a.reason
-    return ""
-
-
-def _wait(state: State, a: ev.ModelWaiting, e: ev.Decided, seq: int) -> str:
-    model = state.models.get(a.model)
-    if model is None:
-        return f"model {a.model} is no longer in the catalog"
-    model.waiting = a.reason
-    return ""
-
-
-def _stop_stray(state: State, a: ev.StopStray, e: ev.Decided, seq: int) -> str:
-    node = state.nodes.get(a.node)
-    stray = node.strays.get(a.shard) if node is not None else None
-    if stray is None or stray.generation != a.generation:
-        return f"stray {a.shard} is no longer on {a.node}"
-    if stray.stopping:
-        return f"stray {a.shard} is stopping already"
-    stray.stopping = True
-    stray.reason = a.reason
-    return ""
 
 
 def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
@@ -629,36 +347,6 @@ def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
 # --------------------------------------------------------------------------- helpers
 
 
-def _hand_back(state: State, node: Node, sh: Shard) -> None:
-    """A shard placed in place of another (a restart in place) ended before
-    that one exited (stopped while it waited, failed to start): what it took
-    over goes back to the one still running there, until it exits. Freed
-    instead, the GPUs and port of an engine still draining were handed to the
-    next placement, which then failed to bind or to allocate. What the new
-    one held beyond what it took over goes back too: held a little longer,
-    never given twice."""
-    for old_id in sh.after:
-        old = state.replicas.get(old_id.rpartition(".")[0])
-        old_sh = next((o for o in old.shards if o.id == old_id), None) if old is not None else None
-        if old_sh is None or old_sh.node != sh.node or old_sh.state in TERMINAL:
-            continue
-        gpus = [g for g in sh.gpus if g not in node.used and g not in old_sh.gpus]
-        for g in gpus:
-            node.used[g] = old_id
-        if old_sh.port and old_sh.port not in node.ports:
-            node.ports[old_sh.port] = old_id
-        back = Shard(id=old_id, node=sh.node, rank=0, gpus=gpus, port=0, generation=0,
-                     memory_gb=sh.memory_gb, cpu_cores=sh.cpu_cores)
-        old_sh.gpus = sorted(old_sh.gpus + gpus)
-        old_sh.memory_gb = add_gb(old_sh.memory_gb, sh.memory_gb)
-        old_sh.cpu_cores += sh.cpu_cores
-        if sh.memory_gb:
-            node.memory_used = add_gb(node.memory_used, sh.memory_gb)
-        node.cpu_used += sh.cpu_cores
-        count(state, old.owner, shard_amount(back), +1)
-        return
-
-
 def _failed_to_start(state: State, rep: Replica, e: ev.ShardStatus) -> None:
     """A replica failed before it was ever ready: one more failure in a row
     for its model, which backs off and, after enough, is parked (decide)."""
@@ -669,37 +357,12 @@ def _failed_to_start(state: State, rep: Replica, e: ev.ShardStatus) -> None:
         model.failed_at = e.at
 
 
-def describe_action(a: ev.Action) -> str:
-    if isinstance(a, ev.PlaceReplica):
-        where = ", ".join(f"{s.node}:{s.gpus}" for s in a.shards)
-        instead = f" in place of {a.replaces}" if a.replaces else ""
-        return f"place {a.replica} ({a.model}/{a.profile}) on {where}{instead}"
-    if isinstance(a, ev.StopReplica):
-        return f"stop {a.replica}" + (f" after a drain of up to {a.drain_s:g}s" if a.drain_s else "")
-    if isinstance(a, ev.ModelWaiting):
-        return f"{a.model} waits"
-    if isinstance(a, ev.StopStray):
-        return f"stop stray {a.shard} on {a.node}"
-    if isinstance(a, ev.ScaleModel):
-        return f"scale {a.model} to {a.desired}"
-    if isinstance(a, ev.RestartReplica):
-        return f"restart {a.replica}" + (" in place" if a.in_place else "")
-    if isinstance(a, ev.RefuseRestart):
-        return f"refuse to restart {a.replica}"
-    if isinstance(a, ev.ParkModel):
-        return f"park {a.model}"
-    if isinstance(a, ev.Preempt):
-        victims = ", ".join(f"{v.replica} (tier {v.tier}: {v.why})" for v in a.victims)
-        return f"preempt {victims} for {a.model}"
-    return type(a).__name__
-
-
 _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.ModelApplied: _model_applied,
     ev.ModelRemoved: _model_removed,
     ev.NodeRegistered: _node_registered,
     ev.ShardStatus: _shard_status,
-    ev.Decided: _decided,
+    ev.Decided: decisions.fold_decided,
     ev.NodeLost: _node_lost,
     ev.ReplicasRestart: _replicas_restart,
     ev.ModelRetry: _model_retry,
@@ -708,16 +371,4 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.ModelLoad: _model_load,
     ev.OwnerApplied: _owner_applied,
     ev.OwnerRemoved: _owner_removed,
-}
-
-_ACTIONS: dict[type, Callable[[State, ev.Action, ev.Decided, int], str]] = {
-    ev.PlaceReplica: _place,
-    ev.StopReplica: _stop,
-    ev.ModelWaiting: _wait,
-    ev.StopStray: _stop_stray,
-    ev.ScaleModel: _scale,
-    ev.RestartReplica: _restart,
-    ev.RefuseRestart: _refuse_restart,
-    ev.ParkModel: _park,
-    ev.Preempt: _preempt,
 }

@@ -9,7 +9,8 @@ import msgspec
 
 from . import events as ev
 from .decide import decide
-from .fold import apply, describe_action
+from .decisions import describe_action
+from .fold import apply
 from .state import State
 
 Entity = tuple[str, str]  # ("model" | "replica" | "node", name)

@@ -270,7 +270,7 @@ def _mixed_reasons(p: ProfileSpec, gpus: list[Gpu], free: list[int]) -> tuple[Re
 
 
 def memory_short(p: ProfileSpec, node: Node, used: float) -> bool:
-    """The fold's test too (see fold._place): the same sum, rounded the same way."""
+    """The fold's test too (see decisions._place): the same sum, rounded the same way."""
     return bool(p.memory_gb and node.memory_gb and add_gb(used, p.memory_gb) > node.memory_gb)
 
 

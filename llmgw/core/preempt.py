@@ -141,7 +141,7 @@ class VictimIndex:
                     continue
                 if rep.replaced and rep.replaced in state.replicas:
                     # Placed in place of a replica still draining: stopped,
-                    # what it took over goes back to that one (fold._hand_back),
+                    # what it took over goes back to that one (replicas.hand_back),
                     # so it frees nothing until that one exits.
                     continue
                 gpus = sum(len(s.gpus) for s in rep.shards)

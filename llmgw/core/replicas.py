@@ -146,3 +146,33 @@ def replica_number(replica_id: str) -> int:
     """The number of a replica id ("<model>-<n>"): ids are handed out in order."""
     _, _, n = replica_id.rpartition("-")
     return int(n) if n.isdigit() else 0
+
+
+def hand_back(state: State, node: Node, sh: Shard) -> None:
+    """A shard placed in place of another (a restart in place) ended before
+    that one exited (stopped while it waited, failed to start): what it took
+    over goes back to the one still running there, until it exits. Freed
+    instead, the GPUs and port of an engine still draining were handed to the
+    next placement, which then failed to bind or to allocate. What the new
+    one held beyond what it took over goes back too: held a little longer,
+    never given twice."""
+    for old_id in sh.after:
+        old = state.replicas.get(old_id.rpartition(".")[0])
+        old_sh = next((o for o in old.shards if o.id == old_id), None) if old is not None else None
+        if old_sh is None or old_sh.node != sh.node or old_sh.state in TERMINAL:
+            continue
+        gpus = [g for g in sh.gpus if g not in node.used and g not in old_sh.gpus]
+        for g in gpus:
+            node.used[g] = old_id
+        if old_sh.port and old_sh.port not in node.ports:
+            node.ports[old_sh.port] = old_id
+        back = Shard(id=old_id, node=sh.node, rank=0, gpus=gpus, port=0, generation=0,
+                     memory_gb=sh.memory_gb, cpu_cores=sh.cpu_cores)
+        old_sh.gpus = sorted(old_sh.gpus + gpus)
+        old_sh.memory_gb = add_gb(old_sh.memory_gb, sh.memory_gb)
+        old_sh.cpu_cores += sh.cpu_cores
+        if sh.memory_gb:
+            node.memory_used = add_gb(node.memory_used, sh.memory_gb)
+        node.cpu_used += sh.cpu_cores
+        count(state, old.owner, shard_amount(back), +1)
+        return

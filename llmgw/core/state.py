@@ -13,7 +13,7 @@ import msgspec
 from .events import Gpu, Limit, ModelSpec, Resources
 
 # Shard and replica states. A replica's state follows from its shards'
-# (see fold.derive_replica_state) except "stopping", which is a decision.
+# (see replicas.derive_replica_state) except "stopping", which is a decision.
 LIVE_SHARD_STATES = ("placing", "starting", "loading", "ready", "stopping")
 TERMINAL_SHARD_STATES = ("failed", "stopped")
 

@@ -31,7 +31,8 @@ import msgspec
 
 from ..core import events as ev
 from ..core.catalog import max_replicas
-from ..core.fold import apply, describe_action
+from ..core.decisions import describe_action
+from ..core.fold import apply
 from ..core.history import action_about, mentions, summary
 from ..core.decide import restart_state
 from ..core.quota import report
