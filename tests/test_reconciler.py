@@ -33,8 +33,13 @@ def placed(actions: list[ev.Action]) -> list[ev.PlaceReplica]:
 
 
 def restarts(f: Fleet) -> dict[str, str]:
-    """Where each replica's restart stands, as `llmgw ctl get replicas` shows it."""
-    return {r.id: restart_state(f.state, r) for r in f.state.replicas.values()}
+    """Where each replica's restart stands, as `llmgw ctl describe replica` shows it
+    (a refusal with its reason)."""
+    out = {}
+    for r in f.state.replicas.values():
+        stands = restart_state(f.state, r)
+        out[r.id] = f"{stands}: {r.restart_reason}" if stands == "refused" else stands
+    return out
 
 
 def fail_to_start(f: Fleet, replica: str, reason: str = "no such file: /models/m") -> None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import msgspec
 
 from . import events as ev
-from .replicas import replica_number
+from .replicas import RETIRING, replica_number
 from . import preempt
 from .placement import Inventory, replicas_per_node, why_no_fit
 from .quota import add, need, over_limit, replica_amount
@@ -147,7 +147,6 @@ def _room_freed(state: State, name: str) -> bool:
     return bool(preempting) and not any(rid in state.replicas for rid in preempting)
 
 
-_RETIRING = ("replacing", "in place")
 # How long the shards of a multi-node replica rebuilt from registrations may
 # take to all be reported (their agents register one by one).
 ADOPT_WAIT_S = 120.0
@@ -184,8 +183,8 @@ def _decide_model(state: State, inv: Inventory, name: str, live: list[Replica], 
     if n != decided(model):
         out.add(ev.ScaleModel(model=name, desired=n, reason=why_desired(model, now)))
 
-    retiring = [r for r in live if r.restart in _RETIRING]
-    serving = [r for r in live if r.restart not in _RETIRING]
+    retiring = [r for r in live if r.restart in RETIRING]
+    serving = [r for r in live if r.restart not in RETIRING]
     if len(serving) > n:
         # Scale down: those not yet serving first (nothing to drain), then the newest.
         extra = sorted(serving, key=lambda r: (r.state == "ready", -r.placed_at, -replica_number(r.id)))
@@ -343,7 +342,8 @@ def _blocked(state: State, model: Model, now: float, out: _Pass) -> str:
 
 def restart_state(state: State, rep: Replica) -> str:
     """Where a replica's restart stands, for people: "queued", "replacing",
-    "in place", "refused: why", or "" when none was asked for."""
+    "in place", "refused" (why: Replica.restart_reason), or "" when none was
+    asked for."""
     if rep.restart:
         return rep.restart
     model = state.models.get(rep.model)
@@ -448,7 +448,7 @@ def _begin_restarts(
     instead = sum(1 for r in live if r.replaced and r.state != "ready")
     for rid in queued:
         rep = state.replicas[rid]
-        if rep.state != "ready" or rep.restart in _RETIRING or rep not in serving:
+        if rep.state != "ready" or rep.restart in RETIRING or rep not in serving:
             continue
         if rep.restart_in_place or beside <= 0:
             if instead >= max(unavailable, 1 if rep.restart_in_place else 0):

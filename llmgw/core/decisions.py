@@ -216,6 +216,7 @@ def _restart(state: State, a: ev.RestartReplica, e: ev.Decided, seq: int) -> str
     if rep.id in model.restart_queue:
         model.restart_queue.remove(rep.id)
     rep.restart = "in place" if a.in_place else "replacing"
+    rep.restart_reason = a.reason
     rep.retiring_at = e.at
     state.tallies[rep.model].retiring += 1
     return ""
@@ -230,7 +231,8 @@ def _refuse_restart(state: State, a: ev.RefuseRestart, e: ev.Decided, seq: int) 
     model = state.models.get(rep.model)
     if model is not None and rep.id in model.restart_queue:
         model.restart_queue.remove(rep.id)
-    rep.restart = f"refused: {a.reason}"
+    rep.restart = "refused"
+    rep.restart_reason = a.reason
     rep.retiring_at = 0.0
     rep.restart_in_place = False
     return ""

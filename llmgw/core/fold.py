@@ -24,7 +24,7 @@ from . import adoption, decisions
 from . import events as ev
 from .catalog import NAME_RE, fingerprint, spec_problem
 from .quota import count, replica_amount, shard_amount
-from .replicas import TERMINAL, derive_replica_state, hand_back, release_ids, started, unwanted
+from .replicas import RETIRING, TERMINAL, derive_replica_state, hand_back, release_ids, started, unwanted
 from .scaling import current_load, note_peak, wants
 from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Model, Node, Owner, Quarantined, Replica, State, add_gb
 
@@ -164,10 +164,10 @@ def _replicas_restart(state: State, e: ev.ReplicasRestart, seq: int) -> None:
     for rid in e.replicas:
         rep = state.replicas.get(rid)
         model = state.models.get(rep.model) if rep is not None else None
-        if rep is None or model is None or rep.state != "ready" or rep.restart in ("replacing", "in place"):
+        if rep is None or model is None or rep.state != "ready" or rep.restart in RETIRING:
             continue
-        if rep.restart.startswith("refused"):
-            rep.restart = ""
+        if rep.restart == "refused":
+            rep.restart, rep.restart_reason = "", ""
         rep.restart_in_place = e.in_place
         if rid not in model.restart_queue:
             model.restart_queue.append(rid)

@@ -38,7 +38,7 @@ import msgspec
 
 from . import events as ev
 from .events import Resources
-from .replicas import replica_number
+from .replicas import RETIRING, replica_number
 from .placement import Inventory
 from .quota import borrowed, governing, need, over_limit, plus, within_guarantee
 from .scaling import current_load, desired
@@ -111,7 +111,7 @@ class VictimIndex:
         state, now = self.state, self.now
         by_model: dict[str, list[Replica]] = {}
         for rep in state.replicas.values():
-            if rep.state == "stopping" or rep.restart in ("replacing", "in place") or rep.preempted_for:
+            if rep.state == "stopping" or rep.restart in RETIRING or rep.preempted_for:
                 continue
             if rep.state in ("failed",):
                 continue

@@ -8,12 +8,23 @@ that must not depend on it sort explicitly.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from .events import Gpu, Limit, ModelSpec, Resources
 
-# Shard and replica states. A replica's state follows from its shards'
-# (see replicas.derive_replica_state) except "stopping", which is a decision.
+# Shard and replica states, typed as the events' are (ShardState): msgspec
+# refuses a snapshot with any other. A replica's state follows from its
+# shards' (see replicas.derive_replica_state) except "stopping", which is a
+# decision; "stopped" is a shard's alone (a replica whose shards all stopped
+# is gone, or failed when nobody asked it to stop).
+ShardState = Literal["placing", "starting", "loading", "ready", "stopping", "failed", "stopped"]
+ReplicaState = Literal["placing", "starting", "loading", "ready", "stopping", "failed"]
+NodeState = Literal["ready", "lost"]
+# Where a replica's restart stands: none, replaced beside itself, stopped for
+# its replacement, or given up (it serves on); why is Replica.restart_reason.
+RestartState = Literal["", "replacing", "in place", "refused"]
 LIVE_SHARD_STATES = ("placing", "starting", "loading", "ready", "stopping")
 TERMINAL_SHARD_STATES = ("failed", "stopped")
 
@@ -29,7 +40,7 @@ class Shard(msgspec.Struct, kw_only=True):
     gpus: list[int]
     port: int
     generation: int
-    state: str = "placing"
+    state: ShardState = "placing"
     reason: str = ""
     endpoint: str = ""
     # Host memory and CPU cores it holds on its node, from its profile when
@@ -47,16 +58,16 @@ class Replica(msgspec.Struct, kw_only=True):
     profile: str
     fingerprint: str
     shards: list[Shard]
-    state: str = "placing"
+    state: ReplicaState = "placing"
     reason: str = ""
     placed_at: float = 0.0
     ready_at: float = 0.0
     stopping_at: float = 0.0
     drain_s: float = 0.0  # stopping: how long it may finish the requests it has
-    # Where its restart stands: "" (none), "replacing" (its replacement is
-    # being started beside it), "in place" (stopped for its replacement),
-    # or "refused: why" (given up; it keeps serving).
-    restart: str = ""
+    # Where its restart stands, and why: the reason it was asked for while it
+    # restarts, the reason it was given up once refused.
+    restart: RestartState = ""
+    restart_reason: str = ""
     restart_in_place: bool = False  # asked for in place (ctl restart --in-place)
     retiring_at: float = 0.0  # when its restart began
     replaced: str = ""  # the replica it took the place of (a restart in place)
@@ -87,7 +98,7 @@ class Node(msgspec.Struct, kw_only=True):
     memory_gb: float = 0.0
     cpu_cores: int = 0
     labels: dict[str, str] = {}
-    state: str = "ready"  # ready | lost
+    state: NodeState = "ready"
     reason: str = ""
     agent: str = ""
     registered_at: float = 0.0

@@ -191,7 +191,9 @@ def describe_text(kind: str, page: dict) -> str:
                 ("Replica", now["id"]), ("Model", now["model"]),
                 ("Profile", f"{now['profile']} (fingerprint {now['fingerprint']})"),
                 ("State", now["state"]), ("Reason", now["reason"] or "(none)"),
-                ("Restart", now["restart"] or "(none)"), ("Endpoint", now["endpoint"] or "(none)"),
+                ("Restart", (now["restart"] + (f": {now['restart_reason']}" if now.get("restart_reason") else ""))
+                 or "(none)"),
+                ("Endpoint", now["endpoint"] or "(none)"),
                 ("Placed", _age(now["placed_at"])), ("Ready", _age(now["ready_at"]) or "(not yet)"),
             ])
             out.append("Shards:")

@@ -55,7 +55,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "nodes": ("name", "state", "reason", "gpus_total", "gpus_used", "gpus", "labels", "memory_gb", "cpu_cores",
               "agent", "strays", "registered_at"),
     "replicas": ("id", "model", "profile", "fingerprint", "state", "reason", "placed_at", "ready_at", "stopping_at",
-                 "restart"),
+                 "restart", "restart_reason"),
     "shards": ("id", "replica", "node", "rank", "gpus", "port", "generation", "state", "reason", "endpoint"),
     "quotas": ("owner", "guarantee", "limits", "usage", "borrowed"),
     "preemptions": ("seq", "idx", "at", "model", "victims", "reason", "inventory", "voided"),
@@ -342,7 +342,7 @@ def node_row(n: Node) -> tuple:
 def replica_row(r: Replica, state: State) -> tuple:
     return (
         r.id, r.model, r.profile, r.fingerprint, r.state, r.reason, r.placed_at, r.ready_at, r.stopping_at,
-        restart_state(state, r),
+        restart_state(state, r), r.restart_reason,
     )
 
 
