@@ -18,11 +18,16 @@ Per model, a pass follows the seeds' reconciler (restart.go): scale to the
 desired count (scaling.py: load, on demand, min and max); drain and stop
 what is above it; replace what failed; place what is missing unless the
 model backs off or is parked after replicas that failed to start; then
-finish and begin restarts (`_retire`, `_begin_restarts`). A restart is
+finish and begin restarts (`_retire`, `_begin_restarts`). How the model's
+placements went is an `Outcome`, which is what `_retire` reads. A restart is
 a replacement placed beside the replica, which is drained once the
 replacement serves; or, when asked or when the replica is the only thing in
 its replacement's way, a stop and the replacement's placement in the same
 pass, on what the stop frees, so that no other model takes it meanwhile.
+
+The pass's inputs (state, time, inventory) and what it has decided so far
+are held by a `Pass`, one model's counts by a `ModelPass`, as Nomad's
+reconciler holds its inputs: the helpers take those, not a dozen arguments.
 
 A pass reads only what may need doing: the fold keeps a tally per model
 (`state.tallies`) of its replicas, failed ones and unwanted ones, so a model
@@ -31,6 +36,8 @@ them, and a fleet with nothing to do costs one look at each model and node.
 """
 
 from __future__ import annotations
+
+import enum
 
 import msgspec
 
@@ -41,6 +48,7 @@ from .placement import Inventory, replicas_per_node, why_no_fit
 from .quota import add, need, over_limit, replica_amount
 from .scaling import PARK_AFTER, backoff_until, decided, desired, why_desired
 from .state import Model, Replica, Shard, State
+from .times import utc
 
 # Half the server's default payload limit: room for the message's own fields
 # and headers, and for a server configured tighter than the default.
@@ -51,10 +59,30 @@ _ENVELOPE_BYTES = 256
 _encode = msgspec.json.Encoder().encode
 
 
-class _Pass:
-    """The actions of one pass, and what their message will weigh."""
+class Outcome(enum.Enum):
+    """How a model's placements went in a pass (restart.go's scaleOutcome):
+    what `_retire` decides a restart on. A string said "no room" after the
+    model had just preempted a victim, and its restart went in place,
+    stopping the only serving replica while the room made for it was on its
+    way (issue 11)."""
 
-    def __init__(self, budget: int) -> None:
+    ENOUGH = "enough"  # it had what it wants: nothing to place
+    PLACED = "placed"  # every replica it was short was placed
+    NO_ROOM = "no room"  # one fitted nowhere
+    OVER_LIMIT = "over limit"  # one would take its owner past a limit
+    NOT_TRIED = "not tried"  # parked, held or backing off: nothing was tried
+    PREEMPTING = "preempting"  # replicas are being stopped to make room for it
+
+
+class Pass:
+    """One pass of `decide`: its inputs (the state, the time, the inventory
+    its placements take from) and the actions decided so far, with what
+    their message will weigh."""
+
+    def __init__(self, state: State, now: float, budget: int) -> None:
+        self.state = state
+        self.now = now
+        self.inv = Inventory(state)  # built at its first placement, if any
         self.actions: list[ev.Action] = []
         self.budget = budget
         self.size = _ENVELOPE_BYTES
@@ -100,24 +128,45 @@ class _Pass:
             self.add(a)
         return True
 
-    def placed(self, owner: str, profile: ev.ProfileSpec) -> None:
-        if owner:
-            add(self.usage, owner, need(profile))
+    def next_number(self, model: str) -> int:
+        """The number of the model's next replica id, after those placed earlier in this pass."""
+        return self.numbers.get(model) or self.state.replica_numbers.get(model, 1)
+
+
+class ModelPass:
+    """One model in a pass: what it wants and how its replicas stand, as the
+    pass changes them."""
+
+    def __init__(self, p: Pass, model: Model, live: list[Replica]) -> None:
+        self.model = model
+        self.spec = model.spec
+        self.name = model.spec.name
+        self.n = desired(model, p.now)  # how many replicas it should have
+        self.live = live  # its replicas, neither stopping nor to be stopped
+        self.retiring = [r for r in live if r.restart in RETIRING]  # restarting: serve until replaced
+        self.serving = [r for r in live if r.restart not in RETIRING]
+        self.spread = replicas_per_node(live)  # its replicas per node, for placements to spread
+        self.have = 0  # replicas it counts as having, set once the restarts have begun
+        self.placed = 0  # replicas placed for it in this pass (not in place of another)
+
+    def took(self, placed: ev.PlaceReplica) -> None:
+        for s in placed.shards:
+            self.spread[s.node] = self.spread.get(s.node, 0) + 1
 
 
 def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Action]:
-    out = _Pass(budget)
+    p = Pass(state, now, budget)
 
     # Strays first: they hold GPUs that placements are waiting for.
     with_strays = sorted(n for n, node in state.nodes.items() if node.strays and node.state == "ready")
     for name in with_strays:
         for shard, stray in state.nodes[name].strays.items():
             if not stray.stopping:
-                out.add(ev.StopStray(node=name, shard=shard, generation=stray.generation, reason=stray.reason))
+                p.add(ev.StopStray(node=name, shard=shard, generation=stray.generation, reason=stray.reason))
 
     look = _models_to_look_at(state, now)
     if not look:
-        return out.actions
+        return p.actions
 
     # One read of the replicas, for the models that need a look only.
     by_model: dict[str, list[Replica]] = {}
@@ -126,19 +175,18 @@ def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Ac
             continue
         why = _why_stop(state, rep, now)
         if why:
-            out.add(ev.StopReplica(replica=rep.id, reason=why))
+            p.add(ev.StopReplica(replica=rep.id, reason=why))
         else:
             by_model.setdefault(rep.model, []).append(rep)
 
-    inv = Inventory(state)  # built at its first placement, if any
     # Models whose victims have all gone first: the room was freed for them.
     # Decided in name order only, one found it taken by a model before it
     # (the victims' own, its hold over) and preempted again, and again.
     for name in sorted((n for n in look if n in state.models), key=lambda n: (not _room_freed(state, n), n)):
-        if out.full:
+        if p.full:
             break
-        _decide_model(state, inv, name, by_model.get(name, []), out, now)
-    return out.actions
+        _decide_model(p, state.models[name], by_model.get(name, []))
+    return p.actions
 
 
 def _room_freed(state: State, name: str) -> bool:
@@ -170,78 +218,39 @@ def _models_to_look_at(state: State, now: float) -> set[str]:
     return look
 
 
-def _decide_model(state: State, inv: Inventory, name: str, live: list[Replica], out: _Pass, now: float) -> None:
+def _decide_model(p: Pass, model: Model, live: list[Replica]) -> None:
     """One model: its desired count, what is above and below it, its restarts."""
-    model = state.models[name]
-    spec = model.spec
-    n = desired(model, now)
-    if out.stopped:
+    name = model.spec.name
+    if p.stopped:
         # Replicas of this model preempted earlier in this pass are gone
         # already: counted as serving, the model's own scale-down stopped
         # another one too and left it below its minimum (a critical one too).
-        live = [r for r in live if r.id not in out.stopped]
+        live = [r for r in live if r.id not in p.stopped]
+    m = ModelPass(p, model, live)
+    n = m.n
     if n != decided(model):
-        out.add(ev.ScaleModel(model=name, desired=n, reason=why_desired(model, now)))
+        p.add(ev.ScaleModel(model=name, desired=n, reason=why_desired(model, p.now)))
 
-    retiring = [r for r in live if r.restart in RETIRING]
-    serving = [r for r in live if r.restart not in RETIRING]
-    if len(serving) > n:
+    if len(m.serving) > n:
         # Scale down: those not yet serving first (nothing to drain), then the newest.
-        extra = sorted(serving, key=lambda r: (r.state == "ready", -r.placed_at, -replica_number(r.id)))
-        why = f"{name} scales down to {n}: {why_desired(model, now)}"
-        for rep in extra[: len(serving) - n]:
-            out.add(ev.StopReplica(replica=rep.id, reason=why, drain_s=_drain(spec, rep)))
-            serving.remove(rep)
+        extra = sorted(m.serving, key=lambda r: (r.state == "ready", -r.placed_at, -replica_number(r.id)))
+        why = f"{name} scales down to {n}: {why_desired(model, p.now)}"
+        for rep in extra[: len(m.serving) - n]:
+            p.add(ev.StopReplica(replica=rep.id, reason=why, drain_s=_drain(m.spec, rep)))
+            m.serving.remove(rep)
 
-    spread = replicas_per_node(live)
-    numbered = out.numbers.get(name)  # changes when this pass places one of its replicas
-    began, replaced = _begin_restarts(state, inv, model, live, serving, retiring, spread, out)
-    retiring += began
-    serving = [r for r in serving if r not in began]
+    numbered = p.numbers.get(name)  # changes when this pass places one of its replicas
+    # The replacements placed in place of replicas stopped first count as
+    # had: without them the placing below placed one more replica per
+    # restart in place (max_unavailable), and the next pass scaled it down again.
+    replaced = _begin_restarts(p, m)  # (first: it moves replicas from serving to retiring)
+    m.have = len(m.serving) + replaced
+    placing = _place_missing(p, m)
+    if placing is None:
+        return  # the pass's message is full: the next pass goes on
+    outcome, waiting = placing
 
-    # The replacements placed in place of replicas stopped above count as
-    # had: without them the loop below placed one more replica per restart
-    # in place (max_unavailable), and the next pass scaled it down again.
-    have = len(serving) + replaced
-    outcome, waiting = "enough", ""
-    if have < n:
-        blocked = _blocked(state, model, now, out)
-        if blocked:
-            outcome, waiting = "not tried", blocked
-        else:
-            number = _next_number(state, name, out)
-            restarting = f"; restarting {', '.join(r.id for r in retiring)}" if retiring else ""
-            while have < n and not out.full:
-                why = _why_place(model, have, n) + restarting
-                placed = _place_one(inv, spec, model.fingerprints, f"{name}-{number}", why, spread, state=state, out=out)
-                if placed is None:
-                    limit = _over_limit(state, spec, out)
-                    if limit:
-                        outcome, waiting = "over limit", limit
-                    else:
-                        outcome, waiting = "no room", ""
-                        if have + len(retiring) < n:
-                            # Short even counting the replicas being restarted (they
-                            # serve until replaced): only then does it take room from
-                            # others. A restart's replacement goes beside or in place
-                            # (_retire); preempting for it stopped a victim and then
-                            # restarted in place anyway.
-                            waiting = _preempt_for(state, inv, model, spread, out, now, have, n)
-                        # Explained only when it neither preempts nor waits for its
-                        # victims: explaining reads every node (~10 ms on 2,000), and
-                        # a pass with hundreds of preemptors paid that for each.
-                        waiting = waiting or _why_no_fit(inv, spec.profiles, out)
-                    break
-                if not out.add(placed):
-                    return
-                for s in placed.shards:
-                    spread[s.node] = spread.get(s.node, 0) + 1
-                number += 1
-                have += 1
-            else:
-                outcome = "placed"
-
-    if _retire(state, inv, model, retiring, serving, have, n, outcome, spread, out, now) >= n:
+    if _retire(p, m, outcome) >= n:
         # Its restarts were finished in place or refused, and it has what it
         # wants: not waiting. (The reason was said after the replacement's
         # placement, which had cleared it, so every restart in place read
@@ -250,55 +259,110 @@ def _decide_model(state: State, inv: Inventory, name: str, live: list[Replica], 
 
     # Said only when it changes: a placement clears it at fold time (one in
     # place of a restarted replica too, hence no longer `have == len(serving)`).
-    if waiting != model.waiting and (waiting or out.numbers.get(name) == numbered):
-        out.add(ev.ModelWaiting(model=name, reason=waiting))
+    if waiting != model.waiting and (waiting or p.numbers.get(name) == numbered):
+        p.add(ev.ModelWaiting(model=name, reason=waiting))
 
 
-def _why_no_fit(inv: Inventory, profiles: list[ev.ProfileSpec], out: _Pass) -> str:
+def _place_missing(p: Pass, m: ModelPass) -> tuple[Outcome, str] | None:
+    """Place the replicas the model is short of; how that went, and why it
+    waits ("" when it does not). None: the pass's message filled up on the way."""
+    if m.have >= m.n:
+        return Outcome.ENOUGH, ""
+    model, spec = m.model, m.spec
+    blocked = _blocked(p, model)
+    if blocked:
+        return Outcome.NOT_TRIED, blocked
+    number = p.next_number(m.name)
+    restarting = f"; restarting {', '.join(r.id for r in m.retiring)}" if m.retiring else ""
+    while m.have < m.n and not p.full:
+        placed = _place_one(p, m, f"{m.name}-{number}", _why_place(model, m.have, m.n) + restarting)
+        if placed is None:
+            limit = _over_limit(p, spec)
+            if limit:
+                return Outcome.OVER_LIMIT, limit
+            if m.have + len(m.retiring) < m.n:
+                # Short even counting the replicas being restarted (they
+                # serve until replaced): only then does it take room from
+                # others. A restart's replacement goes beside or in place
+                # (_retire); preempting for it stopped a victim and then
+                # restarted in place anyway.
+                waiting = _preempt_for(p, m)
+                if waiting:
+                    return Outcome.PREEMPTING, waiting
+                # Explained only when it neither preempts nor waits for its
+                # victims: explaining reads every node (~10 ms on 2,000), and
+                # a pass with hundreds of preemptors paid that for each.
+                return Outcome.NO_ROOM, _why_young_victims(p, m) or _why_no_fit(p, spec.profiles)
+            return Outcome.NO_ROOM, _why_no_fit(p, spec.profiles)
+        if not p.add(placed):
+            return None
+        m.took(placed)
+        number += 1
+        m.have += 1
+        m.placed += 1
+    return Outcome.PLACED, ""
+
+
+def _why_no_fit(p: Pass, profiles: list[ev.ProfileSpec]) -> str:
     """why_no_fit, said once per pass for models that ask for the same
     profiles, until a placement changes what is free: on a full fleet, the
     models that wait for room mostly ask alike, and each explanation reads
     every node."""
-    key = (_encode(profiles), out.placements)
-    why = out.explained.get(key)
+    key = (_encode(profiles), p.placements)
+    why = p.explained.get(key)
     if why is None:
-        why = out.explained[key] = why_no_fit(inv, profiles)
+        why = p.explained[key] = why_no_fit(p.inv, profiles)
     return why
 
 
-def _next_number(state: State, model: str, out: _Pass) -> int:
-    """The number of the model's next replica id, after those placed earlier in this pass."""
-    return out.numbers.get(model) or state.replica_numbers.get(model, 1)
-
-
-def _over_limit(state: State, spec: ev.ModelSpec, out: _Pass) -> str:
+def _over_limit(p: Pass, spec: ev.ModelSpec) -> str:
     """Why no profile of the model may be placed for its owner's limits ("" when one may)."""
+    state = p.state
     if not state.owners or not spec.owner:
         return ""
     why = ""
-    for p in spec.profiles:
-        why = over_limit(state, spec.owner, need(p), out.usage)
+    for prof in spec.profiles:
+        why = over_limit(state, spec.owner, need(prof), p.usage)
         if not why:
             return ""
     return why
 
 
-def _preempt_for(
-    state: State, inv: Inventory, model: Model, spread: dict[str, int], out: _Pass, now: float, have: int, n: int,
-) -> str:
+def _victim_index(p: Pass) -> preempt.VictimIndex:
+    if p.victims is None:
+        p.victims = preempt.VictimIndex(p.state, p.now, taken=p.stopped)
+    return p.victims
+
+
+def _preempt_for(p: Pass, m: ModelPass) -> str:
     """Make room for a model that fits nowhere by stopping replicas that may
     give way (preempt.py); returns what it waits for ("" when nothing)."""
-    pending = preempt.waiting_for_victims(state, model)
+    pending = preempt.waiting_for_victims(p.state, m.model)
     if pending:
         return f"waiting for {', '.join(pending)}, preempted for it, to stop"
-    if out.victims is None:
-        out.victims = preempt.VictimIndex(state, now, taken=out.stopped)
-    chosen = preempt.choose(out.victims, inv, model, spread, have=have, pending=out.usage)
+    index = _victim_index(p)
+    chosen = preempt.choose(index, p.inv, m.model, m.spread, have=m.have, pending=p.usage)
     if not chosen:
         return ""
-    if not out.add_together(preempt.decision(out.victims, inv, model, chosen, now, have, n)):
+    if not p.add_together(preempt.decision(index, p.inv, m.model, chosen, p.now, m.have, m.n)):
         return ""  # no room left in this pass's message: the next pass decides again
     return f"preempting {', '.join(c.rep.id for _, c in chosen)} to make room"
+
+
+def _why_young_victims(p: Pass, m: ModelPass) -> str:
+    """Why a model that could preempt does not yet: the replicas that would
+    make room for it are within their minimum lifetime. Said with the moment
+    they become victims, where "no room" alone left a critical model
+    waiting two minutes with nothing to say why."""
+    later = preempt.choose(_victim_index(p), p.inv, m.model, m.spread, have=m.have, pending=p.usage, young=True)
+    if not later:
+        return ""
+    ids = ", ".join(c.rep.id for _, c in later)
+    when = max(c.rep.ready_at for _, c in later) + preempt.MIN_LIFETIME_S
+    return (
+        f"no room; {ids} would make room but became ready less than {preempt.MIN_LIFETIME_S:g}s ago "
+        f"(a replica is not preempted before it has served that long): they may give way from {utc(when)}"
+    )
 
 
 def _why_place(model: Model, have: int, n: int) -> str:
@@ -312,12 +376,12 @@ def _drain(spec: ev.ModelSpec, rep: Replica) -> float:
     return spec.drain_grace_s if rep.state == "ready" else 0.0
 
 
-def _blocked(state: State, model: Model, now: float, out: _Pass) -> str:
+def _blocked(p: Pass, model: Model) -> str:
     """Why the model may not place now (parked, or backing off after replicas
     that failed to start), or "". Parks it when it has failed often enough."""
     if model.parked:
         return model.parked
-    hold = preempt.held(state, model, now)
+    hold = preempt.held(p.state, model, p.now)
     if hold:
         return hold
     k = model.start_failures
@@ -326,10 +390,10 @@ def _blocked(state: State, model: Model, now: float, out: _Pass) -> str:
             f"parked: {k} replicas in a row failed to start (the last: {model.last_failure}); "
             f"`llmgw ctl retry {model.spec.name}` tries again"
         )
-        out.add(ev.ParkModel(model=model.spec.name, reason=why))
+        p.add(ev.ParkModel(model=model.spec.name, reason=why))
         return why
     until = backoff_until(model)
-    if now < until:
+    if p.now < until:
         return (
             f"backing off: {k} replica(s) in a row failed to start (the last: {model.last_failure}); "
             f"the next try {until - model.failed_at:g}s after that failure"
@@ -352,11 +416,7 @@ def restart_state(state: State, rep: Replica) -> str:
     return ""
 
 
-
-def _retire(
-    state: State, inv: Inventory, model: Model, retiring: list[Replica], serving: list[Replica],
-    have: int, n: int, outcome: str, spread: dict[str, int], out: _Pass, now: float,
-) -> int:
+def _retire(p: Pass, m: ModelPass, outcome: Outcome) -> int:
     """Finish the restarts under way (restart.go's retire); returns how many
     replicas the model has after them (`have`, with the replacements placed
     in place and the replicas whose restart was refused, which serve on).
@@ -364,6 +424,10 @@ def _retire(
     A retiring replica serves until its replacement does, and is then
     drained. When its replacement could not be placed beside it, what
     happens depends on what is in the way:
+    - something being moved out of the way: replicas preempted for the
+      model, or others of its replicas still coming up. Waited for: stopped
+      meanwhile, it left the model with no replica ready while the room made
+      for it was on its way (issue 11);
     - the replica itself (its node, or every card that fits, is what it
       holds): it is stopped now and its replacement placed in what it frees.
       Waiting would change nothing, and a restart shown as "replacing" for
@@ -375,50 +439,50 @@ def _retire(
       replacement in sight, as if in place;
     - the model is parked: refused, its replacements fail to start.
     """
-    spec = model.spec
-    ready = sum(1 for r in serving if r.state == "ready")
+    model, spec, n = m.model, m.spec, m.n
+    ready = sum(1 for r in m.serving if r.state == "ready")
+    coming_up = m.placed or len(m.serving) > ready
     refused = 0
-    for rep in retiring:
+    for rep in m.retiring:
         if ready >= n:
-            out.add(ev.StopReplica(replica=rep.id, reason="restarted: its replacement serves", drain_s=_drain(spec, rep)))
-        elif have >= n:
+            p.add(ev.StopReplica(replica=rep.id, reason="restarted: its replacement serves", drain_s=_drain(spec, rep)))
+        elif m.have >= n:
             continue  # its replacement is placed and starting: wait for it
         elif model.parked or model.start_failures >= PARK_AFTER:
             # (Parked in this very pass too: refused at once rather than the
             # next pass, so the model never reads "waits: parked" while the
             # replica it could not replace serves on.)
             why = f"its replacements fail to start; the model is parked (llmgw ctl retry {spec.name})"
-            out.add(ev.RefuseRestart(replica=rep.id, reason=why))
+            p.add(ev.RefuseRestart(replica=rep.id, reason=why))
             refused += 1
-        elif outcome in ("no room", "over limit"):
+        elif outcome is Outcome.PREEMPTING or (outcome is Outcome.NO_ROOM and coming_up):
+            continue  # something is being moved out of the way: waited for
+        elif outcome in (Outcome.NO_ROOM, Outcome.OVER_LIMIT):
             why = "restarted in place: it was the only thing in its replacement's way"
-            if _in_place(state, inv, model, rep, why, spread, out):
-                have += 1
-            elif outcome == "over limit":
+            if _in_place(p, m, rep, why):
+                m.have += 1
+            elif outcome is Outcome.OVER_LIMIT:
                 why = f"its replacement would take {spec.owner} past a limit even with this replica stopped"
-                out.add(ev.RefuseRestart(replica=rep.id, reason=why))
+                p.add(ev.RefuseRestart(replica=rep.id, reason=why))
                 refused += 1
             else:
-                out.add(ev.RefuseRestart(replica=rep.id, reason=_fits_nowhere(spec)))
+                p.add(ev.RefuseRestart(replica=rep.id, reason=_fits_nowhere(spec)))
                 refused += 1
-        elif outcome == "not tried" and now - rep.retiring_at > spec.drain_grace_s:
+        elif outcome is Outcome.NOT_TRIED and p.now - rep.retiring_at > spec.drain_grace_s:
             why = f"restarted in place: no replacement beside it within {spec.drain_grace_s:g}s"
-            if _in_place(state, inv, model, rep, why, spread, out):
-                have += 1
-    return have + refused
+            if _in_place(p, m, rep, why):
+                m.have += 1
+    return m.have + refused
 
 
 def _fits_nowhere(spec: ev.ModelSpec) -> str:
     return f"its replacement fits on no node even with this replica stopped (llmgw ctl explain-placement {spec.name})"
 
 
-def _begin_restarts(
-    state: State, inv: Inventory, model: Model, live: list[Replica], serving: list[Replica],
-    retiring: list[Replica], spread: dict[str, int], out: _Pass,
-) -> tuple[list[Replica], int]:
+def _begin_restarts(p: Pass, m: ModelPass) -> int:
     """Begin queued restarts, as many at once as the model's pace allows;
-    returns those now replaced beside themselves, and how many replacements
-    were placed in place of replicas stopped first.
+    those replaced beside themselves join `m.retiring`. Returns how many
+    replacements were placed in place of replicas stopped first.
 
     The queue: what operators asked for (`llmgw ctl restart`), in order, then
     replicas whose profile changed since they were placed, which must be
@@ -428,81 +492,76 @@ def _begin_restarts(
     outage each while it loads; needs no room). A restart asked for in place
     takes one of the latter, at least one.
     """
-    spec = model.spec
+    state, model, spec = p.state, m.model, m.spec
     queued = [rid for rid in model.restart_queue if rid in state.replicas]
     asked = set(queued)
     queued += [
         r.id
-        for r in sorted(serving, key=lambda r: replica_number(r.id))
+        for r in sorted(m.serving, key=lambda r: replica_number(r.id))
         if r.restart == "" and r.id not in asked and model.fingerprints.get(r.profile) != r.fingerprint
     ]
-    began: list[Replica] = []
     replaced = 0
     if not queued:
-        return began, replaced
+        return replaced
     surge, unavailable = model.restart_surge, model.restart_unavailable
     if surge <= 0 and unavailable <= 0:
         surge = 1
-    beside = surge - len(retiring)
+    beside = surge - len(m.retiring)
     # Stopped for a replacement that does not serve yet: still unavailable.
-    instead = sum(1 for r in live if r.replaced and r.state != "ready")
+    instead = sum(1 for r in m.live if r.replaced and r.state != "ready")
     for rid in queued:
         rep = state.replicas[rid]
-        if rep.state != "ready" or rep.restart in RETIRING or rep not in serving:
+        if rep.state != "ready" or rep.restart in RETIRING or rep not in m.serving:
             continue
         if rep.restart_in_place or beside <= 0:
             if instead >= max(unavailable, 1 if rep.restart_in_place else 0):
                 break
             why = "restarted in place, as asked" if rep.restart_in_place else "restarted in place (max_unavailable)"
-            if _in_place(state, inv, model, rep, why, spread, out, begin=True):
+            if _in_place(p, m, rep, why, begin=True):
                 replaced += 1
             elif rep.restart_in_place:
                 # Asked for in place: stopped first, always, even if its
                 # replacement must wait for room like any missing replica.
-                out.add(ev.RestartReplica(replica=rid, reason=why, in_place=True))
-                out.add(ev.StopReplica(replica=rid, reason=why, drain_s=_drain(spec, rep)))
+                p.add(ev.RestartReplica(replica=rid, reason=why, in_place=True))
+                p.add(ev.StopReplica(replica=rid, reason=why, drain_s=_drain(spec, rep)))
             else:
                 # Paced by max_unavailable, its replacement fits nowhere even
                 # with it stopped: refused, as `_retire` refuses a surge
                 # restart. (It was left queued for ever, still serving but
                 # counted as stopped, so the model read "waits: no room".)
-                out.add(ev.RefuseRestart(replica=rid, reason=_fits_nowhere(spec)))
+                p.add(ev.RefuseRestart(replica=rid, reason=_fits_nowhere(spec)))
                 continue
-            serving.remove(rep)
+            m.serving.remove(rep)
             instead += 1
             continue
         why = "asked by an operator" if rid in asked else f"profile {rep.profile} of {spec.name} changed"
-        out.add(ev.RestartReplica(replica=rid, reason=why))
-        began.append(rep)
+        p.add(ev.RestartReplica(replica=rid, reason=why))
+        m.retiring.append(rep)
+        m.serving.remove(rep)
         beside -= 1
-    return began, replaced
+    return replaced
 
 
-def _in_place(
-    state: State, inv: Inventory, model: Model, rep: Replica, why: str, spread: dict[str, int], out: _Pass,
-    begin: bool = False,
-) -> bool:
+def _in_place(p: Pass, m: ModelPass, rep: Replica, why: str, begin: bool = False) -> bool:
     """Stop a replica and place its replacement in what it frees, in one
     pass: placed on the next pass instead, the freed cards went to a model
     waiting for room (seen for real: a judge waiting for the only GPU took
     the card of the model restarted there). Nothing is stopped when the
     replacement would not fit even so."""
+    inv = p.inv
     inv.release(rep.shards)
     freed = replica_amount(rep)
-    add(out.usage, rep.owner, freed, -1)  # what it holds is its replacement's to take, limits included
-    name = model.spec.name
-    placed = _place_one(inv, model.spec, model.fingerprints, f"{name}-{_next_number(state, name, out)}", why, spread,
-                        replaces=rep.id, state=state, out=out)
+    add(p.usage, rep.owner, freed, -1)  # what it holds is its replacement's to take, limits included
+    placed = _place_one(p, m, f"{m.name}-{p.next_number(m.name)}", why, replaces=rep.id)
     if placed is None:
         inv.hold(rep.shards)
-        add(out.usage, rep.owner, freed, +1)
+        add(p.usage, rep.owner, freed, +1)
         return False
     if begin:
-        out.add(ev.RestartReplica(replica=rep.id, reason=why, in_place=True))
-    out.add(ev.StopReplica(replica=rep.id, reason=why, drain_s=_drain(model.spec, rep)))
-    out.add(placed)
-    for s in placed.shards:
-        spread[s.node] = spread.get(s.node, 0) + 1
+        p.add(ev.RestartReplica(replica=rep.id, reason=why, in_place=True))
+    p.add(ev.StopReplica(replica=rep.id, reason=why, drain_s=_drain(m.spec, rep)))
+    p.add(placed)
+    m.took(placed)
     inv.hold(_kept_till_exit(rep, placed))
     return True
 
@@ -532,23 +591,22 @@ def _kept_till_exit(rep: Replica, placed: ev.PlaceReplica) -> list[Shard]:
 # --------------------------------------------------------------------------- placing and stopping
 
 
-def _place_one(
-    inv: Inventory, spec: ev.ModelSpec, fingerprints: dict[str, str], replica: str, reason: str,
-    spread: dict[str, int], replaces: str = "", *, state: State, out: _Pass,
-) -> ev.PlaceReplica | None:
+def _place_one(p: Pass, m: ModelPass, replica: str, reason: str, replaces: str = "") -> ev.PlaceReplica | None:
     """The first profile, in the catalog's order of preference, that fits,
     within the owner's limits."""
+    state, spec = p.state, m.spec
     for profile in spec.profiles:
-        if state.owners and spec.owner and over_limit(state, spec.owner, need(profile), out.usage):
+        if state.owners and spec.owner and over_limit(state, spec.owner, need(profile), p.usage):
             continue
-        shards = inv.place(profile, replica, spread)
+        shards = p.inv.place(profile, replica, m.spread)
         if shards is not None:
-            out.placed(spec.owner, profile)
+            if spec.owner:
+                add(p.usage, spec.owner, need(profile))
             return ev.PlaceReplica(
                 replica=replica,
                 model=spec.name,
                 profile=profile.name,
-                fingerprint=fingerprints[profile.name],
+                fingerprint=m.model.fingerprints[profile.name],
                 shards=shards,
                 reason=reason,
                 replaces=replaces,

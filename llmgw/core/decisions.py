@@ -226,10 +226,14 @@ def _refuse_restart(state: State, a: ev.RefuseRestart, e: ev.Decided, seq: int) 
     rep = state.replicas.get(a.replica)
     if rep is None or rep.state == "stopping":
         return f"replica {a.replica} is gone or stopping"
+    model = state.models.get(rep.model)
+    if model is None:
+        # As a restart is (`_restart`): a replica of a removed model is being
+        # stopped, not restarted, and a refusal would say it serves on.
+        return f"model {rep.model} is no longer in the catalog"
     if rep.restart in RETIRING:
         state.tallies[rep.model].retiring -= 1
-    model = state.models.get(rep.model)
-    if model is not None and rep.id in model.restart_queue:
+    if rep.id in model.restart_queue:
         model.restart_queue.remove(rep.id)
     rep.restart = "refused"
     rep.restart_reason = a.reason

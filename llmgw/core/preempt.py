@@ -13,14 +13,17 @@ Victims only ever come from a lower class, or from above a minimum for a
 model below one, so two models cannot take turns stopping each other.
 
 Victims come in tiers, tried in order (`TIERS`); within a tier the longest
-idle first, then the smallest (GPUs, then memory), then by id. The smaller
-first: when it is enough the least capacity is lost, and pruning keeps a
-larger one only when it is needed. Idle times are unknown (0) when no
+idle first, then the smallest (GPUs, then CPU cores, then host memory), then
+by id. The smaller first: when it is enough the least capacity is lost, and
+pruning keeps a larger one only when it is needed. (CPU cores before memory:
+of a 1-core and a 4-core replica the 1-core one goes, and on a CPU-only
+fleet, where every victim has 0 GPUs, cores are what tells them apart.) Idle times are unknown (0) when no
 gateway has reported a model, after a restart of everything for instance:
 then size alone decides, never the order of a map.
 
 Not victims: a replica within MIN_LIFETIME_S of becoming ready (stopping
-it throws away a model load only just paid for), a multi-node replica (its
+it throws away a model load only just paid for; `choose(young=True)` says
+which would be, so that a model waiting for them says so), a multi-node replica (its
 own decision, one being adopted shard by shard included), one already
 preempted, restarting or stopping, one placed in place of a replica still
 draining (stopping it frees nothing until that one exits).
@@ -72,7 +75,9 @@ class Candidate(msgspec.Struct, kw_only=True):
     idle_on_demand: bool  # on demand and idle past the eviction grace
     owner: str
     gpus: int
+    cpu_cores: int
     memory_gb: float
+    young: bool = False  # within MIN_LIFETIME_S of becoming ready: a victim only with `young`
     # Where quotas matter, read once per pass (see VictimIndex.ordered):
     lent: bool = False  # past its owner's guarantee (quota.borrowed)
     guarded: bool = False  # not lent, and its owner has a guarantee up its tree
@@ -132,8 +137,7 @@ class VictimIndex:
             idle_on_demand = spec.on_demand and current_load(model, now) == 0 and (
                 not model.last_used or idle >= EVICTION_GRACE_S)
             for i, rep in enumerate(reps):
-                if rep.ready_at and now - rep.ready_at < MIN_LIFETIME_S:
-                    continue
+                young = bool(rep.ready_at) and now - rep.ready_at < MIN_LIFETIME_S
                 # Multi-node: its own decision. One being rebuilt from what
                 # agents report (want_shards) is multi-node before all its
                 # shards are back, not a single-node replica.
@@ -146,20 +150,23 @@ class VictimIndex:
                     continue
                 gpus = sum(len(s.gpus) for s in rep.shards)
                 memory = sum(s.memory_gb for s in rep.shards)
+                cores = sum(s.cpu_cores for s in rep.shards)
                 out.append(Candidate(
                     rep=rep, model=name, rank=rank(spec), above_min=i < above, idle=idle,
-                    idle_on_demand=idle_on_demand, owner=rep.owner, gpus=gpus, memory_gb=memory,
+                    idle_on_demand=idle_on_demand, owner=rep.owner, gpus=gpus, cpu_cores=cores, memory_gb=memory,
+                    young=young,
                 ))
         self._candidates = out
         return out
 
     def _sorted(self) -> list[Candidate]:
         """The candidates in the order they are tried within a tier: the
-        longest idle first, then the smallest (GPUs, memory), then by id;
+        longest idle first, then the smallest (GPUs, CPU cores, host
+        memory), then by id;
         sorted once, each kind of preemptor then sorts them into tiers alone
         (a stable split keeps this order within each tier)."""
         if self._by_size is None:
-            out = sorted(self.candidates(), key=lambda c: (-c.idle, c.gpus, c.memory_gb, c.rep.id))
+            out = sorted(self.candidates(), key=lambda c: (-c.idle, c.gpus, c.cpu_cores, c.memory_gb, c.rep.id))
             if self._quotas:
                 lent = self.borrowed()
                 guarantees: dict[str, bool] = {}
@@ -179,11 +186,13 @@ class VictimIndex:
 
     def ordered(
         self, model: Model, have: int | None = None, pending: dict[str, Resources] | None = None,
+        young: bool = False,
     ) -> list[tuple[int, Candidate]]:
         """(tier, candidate) for a preemptor, in the order they are tried.
         `have`: how many replicas decide counts the preemptor as having (its
         serving ones); by default, as the tallies say. `pending`: what the
-        pass's placements so far add per owner."""
+        pass's placements so far add per owner. `young`: replicas within
+        their minimum lifetime too."""
         spec = model.spec
         my_rank = rank(spec)
         live = serving(self.state, spec.name) if have is None else have
@@ -204,17 +213,21 @@ class VictimIndex:
             if pending and g in pending:  # placed earlier in this pass: held already, for the guarantee
                 amount = plus(amount, pending[g])
             reclaim = within_guarantee(self.state, spec.owner, amount)
-        key = (my_rank, below_min, spec.owner if self._quotas else "", reclaim)
+        key = (my_rank, below_min, spec.owner if self._quotas else "", reclaim, young)
         out = self._ordered.get(key)
         if out is None:
-            out = self._ordered[key] = self._order(my_rank, below_min, spec.owner, reclaim)
+            out = self._ordered[key] = self._order(my_rank, below_min, spec.owner, reclaim, young)
         return out
 
-    def _order(self, my_rank: int, below_min: bool, owner: str, reclaim: bool) -> list[tuple[int, Candidate]]:
+    def _order(
+        self, my_rank: int, below_min: bool, owner: str, reclaim: bool, young: bool,
+    ) -> list[tuple[int, Candidate]]:
         quotas = self._quotas
         critical = CLASSES["critical"]
         tiers: tuple[list, list, list, list, list] = ([], [], [], [], [])
         for c in self._sorted():
+            if c.young and not young:
+                continue
             r = c.rank
             if r < my_rank:
                 # (r < my_rank: never critical, whose minimum is never taken.)
@@ -286,12 +299,14 @@ def held(state: State, model: Model, now: float) -> str:
 
 def choose(
     index: VictimIndex, inv: Inventory, model: Model, spread: dict[str, int], *,
-    have: int | None = None, pending: dict[str, Resources] | None = None,
+    have: int | None = None, pending: dict[str, Resources] | None = None, young: bool = False,
 ) -> list[tuple[int, Candidate]]:
     """The victims to stop so that one more replica of `model` fits, or []
     when no allowed set of at most MAX_VICTIMS would make room. `have`: the
     preemptor's serving replicas as decide counts them; `pending`: what the
-    pass's placements so far add per owner (quota limits)."""
+    pass's placements so far add per owner (quota limits); `young`: replicas
+    within their minimum lifetime may be chosen too (to say what a model
+    waits for, never to stop them)."""
     spec = model.spec
     state = index.state
     # Only the profiles its owner's limits allow: room made for one it may
@@ -305,7 +320,7 @@ def choose(
         return []
     chosen: list[tuple[int, Candidate]] = []
     name = spec.name
-    ordered = index.ordered(model, have, pending)
+    ordered = index.ordered(model, have, pending, young)
     taken = index.taken
     skip = index._skip.get(id(ordered), 0)
     while skip < len(ordered) and ordered[skip][1].rep.id in taken:
