@@ -16,6 +16,10 @@ decisions are made up outright (GPUs and ports someone holds, ids used
 before, nodes lost or unknown), to press the fold's voiding rules harder than
 any honest `decide` would.
 
+Models are of every class and owner, and owners with guarantees and limits
+are applied at a warm start and now and then after: preemption and quotas
+read them (PRIORITIES, OWNERS).
+
 The fleet is mixed on purpose: GPUs of several models and sizes, nodes that
 say their host memory and cores or do not (0), some in a pool, some on one of
 two fabrics and some on none; profiles ask for GPU models, GPU memory, host
@@ -76,6 +80,14 @@ SCALINGS = (
     (3.0, True, 60.0, 30.0, 0.0),
 )
 GATEWAYS = ("gw-1", "gw-2")
+# Classes and owners: what preemption and quotas read. Without them every
+# model was "standard" with no owner, so only tier-3 preemption ever happened
+# and a restart that stopped its model's only replica while another model's
+# was preempted for it went unseen (issue 11).
+PRIORITIES = ("critical", "standard", "opportunistic")
+# Owners as paths: an organisation, two of its teams, another one, and none.
+OWNERS = ("lab", "lab/vision", "lab/nlp", "shop", "")
+OWNER_NAMES = ("lab", "lab/vision", "lab/nlp", "shop")
 
 Record = tuple[int, str, bytes]
 
@@ -183,6 +195,20 @@ def model_specs(draw, name: str, plain: bool = False) -> ev.ModelSpec:
         scale_down_delay_s=delay,
         idle_s=idle,
         drain_grace_s=drain,
+        owner=draw(sampled_from(OWNERS)),
+        priority=draw(sampled_from(PRIORITIES)),
+    )
+
+
+@st.composite
+def owner_events(draw, name: str, at: float) -> ev.OwnerApplied:
+    """An owner with a guarantee (sometimes none) and a limit (sometimes none)."""
+    limit_gpus = draw(sampled_from([None, None, 2, 3, 5, 8]))
+    return ev.OwnerApplied(
+        at=at,
+        name=name,
+        guarantee=ev.Resources(gpus=draw(sampled_from([0, 1, 2, 3]))),
+        limit=ev.Limit(gpus=limit_gpus, cpu_cores=draw(sampled_from([None, None, None, 8]))),
     )
 
 
@@ -237,8 +263,14 @@ class World:
     halves: dict[str, list[ev.RunningShard]] = field(default_factory=dict)
     # Every replica id the live state ever had, with its model.
     replicas_seen: dict[str, str] = field(default_factory=dict)
+    # The owners applied at a warm start (models name others too: no quota).
+    owner_names: list[str] | None = None
 
     def __post_init__(self) -> None:
+        if self.owner_names is None:
+            self.owner_names = self.draw(
+                st.lists(sampled_from(OWNER_NAMES), max_size=len(OWNER_NAMES), unique=True), "owners"
+            )
         self.fleet = self.fleet or self.draw(fleets(), "fleet")
         self.facts = self.facts or {name: self.draw(node_facts(), f"facts of {name}") for name in sorted(self.fleet)}
         self.catalog = self.catalog or self.draw(catalogs(self.plain), "catalog")
@@ -270,7 +302,7 @@ class World:
 
     def kinds(self) -> list[str]:
         kinds = ["decide", "status", "apply", "register", "decide", "status", "apply", "status", "register"]
-        kinds += ["status", "decide", "remove", "lose", "load", "restart", "retry"]
+        kinds += ["status", "decide", "remove", "lose", "load", "restart", "retry", "owner"]
         if self.stale:
             kinds += ["stale", "stale"]
         if self.rogue:
@@ -292,6 +324,10 @@ class World:
         registered and every model applied first, so that the random steps
         find something to act on."""
         if self.warm or self.draw(st.booleans(), "warm start"):
+            for name in sorted(self.owner_names or ()):
+                step = Step(kind="owner", before=self.states[-1])
+                self._emit(step, self.draw(owner_events(name, self.tick()), f"owner {name}"))
+                yield step
             for name in sorted(self.fleet):
                 step = Step(kind="register", before=self.states[-1])
                 self._step_register(step, name)
@@ -313,6 +349,11 @@ class World:
         if self.draw(st.booleans()):
             spec = self.draw(model_specs(name, self.plain))  # a changed spec
         self._emit(step, ev.ModelApplied(at=self.tick(), model=spec))
+
+    def _step_owner(self, step: Step) -> None:
+        """An owner applied (again), with another guarantee or limit."""
+        name = self.draw(sampled_from(OWNER_NAMES))
+        self._emit(step, self.draw(owner_events(name, self.tick())))
 
     def _step_remove(self, step: Step) -> None:
         name = self.draw(sampled_from(sorted(self.catalog)))

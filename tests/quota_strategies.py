@@ -30,12 +30,7 @@ import msgspec
 from hypothesis import strategies as st
 
 from llmgw.core import events as ev
-from .fleet_strategies import NodeFacts, Step, World
-
-PRIORITIES = ("critical", "standard", "opportunistic")
-# Owners as paths: an organisation, two of its teams, another one, and none.
-OWNERS = ("lab", "lab/vision", "lab/nlp", "shop", "")
-OWNER_NAMES = ("lab", "lab/vision", "lab/nlp", "shop")
+from .fleet_strategies import OWNER_NAMES, OWNERS, PRIORITIES, NodeFacts, Step, World, owner_events
 QUOTA_MODEL_NAMES = ("m", "chat", "batch", "org/llama-3.1:8b", "embed", "judge")
 QUOTA_NODE_NAMES = ("n0", "n1", "gpu-2", "node_3")
 GPU_KINDS = ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
@@ -103,18 +98,6 @@ def quota_model_specs(draw, name: str, tiny: bool = False) -> ev.ModelSpec:
 def quota_catalogs(draw, tiny: bool = False) -> dict[str, ev.ModelSpec]:
     names = draw(st.lists(st.sampled_from(QUOTA_MODEL_NAMES), min_size=2, max_size=2 if tiny else 5, unique=True))
     return {name: draw(quota_model_specs(name, tiny)) for name in names}
-
-
-@st.composite
-def owner_events(draw, name: str, at: float) -> ev.OwnerApplied:
-    """An owner with a guarantee (sometimes none) and a limit (sometimes none)."""
-    limit_gpus = draw(st.sampled_from([None, None, 2, 3, 5, 8]))
-    return ev.OwnerApplied(
-        at=at,
-        name=name,
-        guarantee=ev.Resources(gpus=draw(st.sampled_from([0, 1, 2, 3]))),
-        limit=ev.Limit(gpus=limit_gpus, cpu_cores=draw(st.sampled_from([None, None, None, 8]))),
-    )
 
 
 @dataclass
@@ -269,9 +252,3 @@ class QuotaWorld(World):
         busy = in_flight + queued
         self._emit(step, ev.ModelLoad(at=at, gateway=self.draw(st.sampled_from(["gw-1", "gw-2"])), model=name,
                                       in_flight=in_flight, queued=queued, last_used=at if busy else 0.0))
-
-    def _step_owner(self, step: Step) -> None:
-        """An owner applied again, with another guarantee or limit."""
-        name = self.draw(st.sampled_from(OWNER_NAMES))
-        self._emit(step, self.draw(owner_events(name, self.tick())))
-

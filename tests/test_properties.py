@@ -587,8 +587,12 @@ def ready_serving(state: State, model: str) -> int:
     )
 
 
-def fits_anywhere(state: State, spec: ev.ModelSpec) -> bool:
+def fits_anywhere(state: State, spec: ev.ModelSpec, freed: list = ()) -> bool:
+    """Whether a replica of the model fits on some node, with what `freed`
+    (replicas) hold counted as free."""
     inv = Inventory(state)
+    for rep in freed:
+        inv.release(rep.shards)
     return any(inv.place(p, f"{spec.name}-0", {}) is not None for p in spec.profiles)
 
 
@@ -599,11 +603,14 @@ def assert_restarts_keep_models_serving(step: Step, after: State) -> None:
       model below it);
     - one is stopped for lack of room ("the only thing in its replacement's
       way") only when no replacement fits anywhere on what the actions before
-      it left: a replacement beside it was not possible;
+      it left, counting the room of replicas preempted for its model as
+      free (they are on their way out: it must wait for them, as restart.go
+      does), and never in a decision that preempts for its model;
     - a refused restart leaves its replica as it was, serving."""
     before = step.state_before()
     decided: ev.Decided = step.event  # type: ignore[assignment]
     stopped = {a.replica for a in decided.actions if isinstance(a, ev.StopReplica)}
+    preempted_for = {a.model for a in decided.actions if isinstance(a, ev.Preempt)}
     for i, a in enumerate(decided.actions):
         if isinstance(a, ev.StopReplica) and a.reason == "restarted: its replacement serves":
             model = before.replicas[a.replica].model
@@ -612,10 +619,15 @@ def assert_restarts_keep_models_serving(step: Step, after: State) -> None:
             assert have >= n, f"restarting {a.replica} left {model} with {have} ready of the {n} it wants"
         elif isinstance(a, ev.StopReplica) and a.reason.endswith("the only thing in its replacement's way"):
             rep = before.replicas[a.replica]
+            assert rep.model not in preempted_for, (
+                f"{a.replica} was stopped in place in the pass that preempted for {rep.model}"
+            )
             partial = copy_state(before)
             evolve(partial, ev.Decided(at=decided.at, basis=decided.basis, actions=decided.actions[:i]), step.record[0])
-            assert not fits_anywhere(partial, before.models[rep.model].spec), (
+            victims = [r for r in partial.replicas.values() if r.preempted_for == rep.model]
+            assert not fits_anywhere(partial, before.models[rep.model].spec, victims), (
                 f"{a.replica} was stopped in place though a replacement fitted beside it"
+                + (f" once {', '.join(r.id for r in victims)}, preempted for it, had gone" if victims else "")
             )
         elif isinstance(a, ev.RefuseRestart):
             was, now = before.replicas[a.replica], after.replicas.get(a.replica)
@@ -634,3 +646,87 @@ def test_restarts_never_take_a_model_below_its_desired_ready_count_and_refusals_
         assert_no_gpu_given_twice(world.live)
         assert_held_memory_cores_and_tallies_are_derived(world.live)
     assert replay(world.log) == world.live
+
+
+# --------------------------------------------------------------------------- liveness
+
+# Rounds of an obedient fleet after a random history, and the time each one
+# lets pass: past every back-off (300 s at most), hold (HOLD_S) and wait for
+# an adopted replica's other shards (ADOPT_WAIT_S), so that nothing waits on
+# the clock alone. A restart paced one at a time takes two rounds a replica.
+SETTLE_ROUNDS = 60
+SETTLE_S = 400.0
+
+
+def settle(world: World, rounds: int = SETTLE_ROUNDS) -> None:
+    """Decide, then let every agent do what it was told, round after round:
+    every shard placed or coming up on a ready node reports ready (one placed
+    in place of others once they have exited), every shard told to stop
+    exits, every stray told to stop exits; then time passes."""
+    for _ in range(rounds):
+        world.now += SETTLE_S
+        actions = decide(world.live, world.now)
+        if actions:
+            world.publish(ev.Decided(at=world.now, basis=world.live.seq, actions=actions, leader="cp-1"))
+        for rep in list(world.live.replicas.values()):
+            for sh in list(rep.shards):
+                node = world.live.nodes.get(sh.node)
+                if node is None or node.state != "ready":
+                    continue
+                if sh.state == "stopping":
+                    state = "stopped"
+                elif sh.state in ("placing", "starting", "loading") and not _waits_for(world.live, sh.after):
+                    state = "ready"
+                else:
+                    continue
+                world.publish(ev.ShardStatus(at=world.now, node=sh.node, replica=rep.id, shard=sh.id,
+                                             generation=sh.generation, state=state,
+                                             endpoint=f"http://{sh.node}:{sh.port}"))
+        for name, node in list(world.live.nodes.items()):
+            for shard, stray in list(node.strays.items()):
+                if stray.stopping and node.state == "ready":
+                    replica = world.stray_replicas.get((name, shard), shard.rpartition(".")[0])
+                    world.publish(ev.ShardStatus(at=world.now, node=name, replica=replica, shard=shard,
+                                                 generation=stray.generation, state="stopped"))
+
+
+def _waits_for(state: State, after: list[str]) -> bool:
+    """Whether any of these shards (of replicas replaced in place) still runs."""
+    for sid in after:
+        rep = state.replicas.get(sid.rpartition(".")[0])
+        if rep is not None and any(s.id == sid and s.state in LIVE_SHARD_STATES for s in rep.shards):
+            return True
+    return False
+
+
+def assert_nothing_is_stuck(state: State, now: float) -> None:
+    """After the fleet settled: every replica serves (none placing, starting,
+    loading, failed or stopping for ever), no stray is left stopping, and
+    every model has what it wants or says why it waits."""
+    for rep in state.replicas.values():
+        assert rep.state == "ready", f"{rep.id} is stuck {rep.state}: {rep.reason}"
+    for name, node in state.nodes.items():
+        stuck = [s for s, stray in node.strays.items() if stray.stopping and node.state == "ready"]
+        assert not stuck, f"strays {stuck} on {name} never stopped"
+    for name, model in state.models.items():
+        have = sum(1 for r in state.replicas.values() if r.model == name)
+        n = desired(model, now)
+        assert have == n or model.waiting or model.parked, (
+            f"{name} has {have} of {n} replicas and says nothing of why"
+        )
+
+
+@SETTINGS
+@given(st.data())
+def test_every_replica_not_ready_progresses_or_is_replaced(data):
+    """Liveness: whatever happened before (registrations with and without
+    running shards, engines stopping and failing unasked, nodes lost, stale
+    and made-up decisions), once agents do what they are told nothing stays
+    in a state that no rule moves it out of."""
+    world = World(data, rogue=True)
+    for _ in world.run(STEPS):
+        pass
+    settle(world)
+    assert_nothing_is_stuck(world.live, world.now)
+    assert_no_gpu_given_twice(world.live)
+    assert_held_memory_cores_and_tallies_are_derived(world.live)
