@@ -95,7 +95,8 @@ def lock_state_dir(state: Path) -> int:
             time.sleep(0.05)
         os.close(fd)
         raise StateDirInUse(
-            f"{state.resolve()} is in use by another llmgw up (pid {holder or 'unknown'}): stop it first, or give another --state-dir"
+            f"{state.resolve()} is in use by another llmgw up (pid {holder or 'unknown'}): "
+            "stop it first, or give another --state-dir"
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
