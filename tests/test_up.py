@@ -143,3 +143,152 @@ def test_up_says_clearly_when_its_port_is_taken(tmp_path):
                         str(tmp_path / "s2"), "--no-agent", timeout=30)
         assert out.returncode == 2
         assert f"the gateway's port {port} is taken: give another with --gateway-port" in out.stderr
+
+
+# ------------------------------------------------- a rerun serves, one up per folder
+
+
+def wait_for_log(processes, name: str, text: str, proc: subprocess.Popen, timeout: float) -> str:
+    """The process's log once it holds `text` (a generous deadline: it came at all)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = processes.log(name)
+        if text in log:
+            return log
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"{name} never said {text!r} (exit {proc.poll()}):\n{processes.log(name)[-4000:]}")
+
+
+def stop_up(proc: subprocess.Popen) -> int:
+    """Ctrl-C, as in a terminal, then wait for it: it stops its engines, then NATS."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    return proc.wait(60)
+
+
+def ask(client: openai.OpenAI, timeout: float) -> str:
+    """The demo model's answer through the gateway, asked until it comes (or the deadline)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r = client.chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": "Say hi."}], max_tokens=8
+            )
+            return r.choices[0].message.content or ""
+        except (openai.APIConnectionError, openai.APITimeoutError, openai.APIStatusError) as e:
+            assert time.monotonic() < deadline, f"the model never answered through the gateway: {e}"
+            time.sleep(0.5)
+
+
+def whole_log(nats: str) -> list[tuple[int, str, bytes]]:
+    import asyncio
+
+    from llmgw.bus import read_log
+    from llmgw.bus.nats import NatsBus
+
+    async def fetch():
+        bus = await NatsBus.connect(nats, name="test-up")
+        try:
+            return await read_log(bus)
+        finally:
+            await bus.close()
+
+    return asyncio.run(fetch())
+
+
+@pytest.mark.timeout(600)  # the sum of its generous deadlines; it takes well under a minute
+def test_a_rerun_of_up_right_after_ctrl_c_serves_again_and_places_nothing_twice(tmp_path, processes):
+    # Issue 11: the rerun's replica stayed "placing" for ever (fold 7), and a
+    # rerun at once was refused "port taken" by the gateway's own connections
+    # in TIME_WAIT. The real engine, the openai SDK, the same ports both times.
+    from llmgw.core.fold import apply
+    from llmgw.core.state import State
+
+    from .conftest import demo_gguf
+    from .test_agent_e2e import placements
+    from .test_properties import assert_no_gpu_given_twice
+
+    demo_gguf()  # in the cache before `up` looks for it
+    nats_port, gateway_port = free_port(), free_port()
+    nats = f"nats://127.0.0.1:{nats_port}"
+    argv = ("up", "--state-dir", str(tmp_path / "state"), "--nats-port", str(nats_port),
+            "--gateway-port", str(gateway_port), "--name", "node-a")  # fmt: skip
+    first = processes.start("up-1", *argv)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway_port}/v1", api_key="unused", timeout=30, max_retries=0)
+    try:
+        wait_for_log(processes, "up-1", "smollm2 is ready", first, 180)
+        assert ask(client, 60)
+        seq_before = json.loads(run_llmgw("replay", "--nats", nats, "--json").stdout)["seq"]
+    finally:
+        # The client's connection still open: the gateway closes it, so the
+        # TIME_WAIT is on the gateway's own port, which the rerun must take.
+        assert stop_up(first) == 0, processes.log("up-1")[-4000:]
+    assert (tmp_path / "state" / "up.lock").read_text().strip() == str(first.pid)  # left behind, blocks nothing
+
+    second = processes.start("up-2", *argv)
+    try:
+        wait_for_log(processes, "up-2", "Ctrl-C stops everything", second, 60)
+        assert "is taken" not in processes.log("up-2")
+        assert ask(client, 120)
+        records = whole_log(nats)
+    finally:
+        client.close()
+        assert stop_up(second) == 0, processes.log("up-2")[-4000:]
+    assert records[-1][0] > seq_before, "the rerun's log did not go on from the first's"
+    placed = placements(records)
+    assert len(placed) == len(set(placed)), f"a replica id placed twice: {placed}"
+    state = State()
+    for seq, subject, data in records:
+        apply(state, seq, subject, data)
+        assert_no_gpu_given_twice(state)  # nor a port
+    assert len([r for r in state.replicas.values() if r.model == "smollm2" and r.state == "ready"]) <= 1
+
+
+def test_a_second_up_on_the_same_folder_refuses_naming_the_first(tmp_path):
+    # Issue 11: a second `up` on one folder started a second NATS, projector
+    # and agent on the same files; the first died on an IntegrityError and the
+    # second deleted up.json on exit.
+    port = free_port()
+    proc, lines = start_up(tmp_path, port)
+    try:
+        up_file = tmp_path / "state" / "up.json"
+        before = up_file.read_text()
+        assert json.loads(before)["pid"] == proc.pid
+        other_nats, other_gateway = free_port(), free_port()
+        second = subprocess.Popen(
+            [sys.executable, "-m", "llmgw", "up", "--nats-port", str(other_nats), "--gateway-port", str(other_gateway),
+             "--state-dir", str(tmp_path / "state"), "--no-agent"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path,
+        )  # fmt: skip
+        try:
+            stdout, stderr = second.communicate(timeout=30)
+        finally:
+            stop_up(second)  # had it started anything, it stops it all
+        assert second.returncode == 3, stderr
+        assert f"is in use by another llmgw up (pid {proc.pid})" in stderr
+        assert "Traceback" not in stderr and stderr.count("\n") == 1
+        assert "pid" not in stdout  # it started nothing
+        # The first is untouched and still serves: its file, its NATS, its gateway.
+        assert up_file.read_text() == before
+        assert proc.poll() is None
+        out = run_llmgw("replay", "--nats", f"nats://127.0.0.1:{port}", "--json")
+        assert out.returncode == 0, out.stderr
+        url = re.search(r"gateway \(OpenAI API\): (http://\S+)", "".join(lines)).group(1)
+        client = openai.OpenAI(base_url=url, api_key="unused", timeout=5, max_retries=0)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.models.list()
+                break
+            except openai.APIConnectionError:
+                assert time.monotonic() < deadline, "the first's gateway stopped answering"
+                time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+    # Gone with its holder: the same folder starts again.
+    proc, _ = start_up(tmp_path, port)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(30)

@@ -13,6 +13,10 @@ engines when `up` stops, but an agent that dies is started again and adopts
 them. Unless told `--no-demo`, an empty catalog gets the demo model
 (SmolLM2-135M-Instruct on llama.cpp, on the CPU; `demo.py`), and `up` says
 where it answers once it is ready.
+
+One `llmgw up` per state dir: it holds `<state dir>/up.lock` (flock, with
+its pid in it) for its life; another on the same folder exits with 3 at once,
+naming that pid. A port taken (NATS's, the gateway's) exits with 2.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..bus.server import NatsServer, PortTaken
+from ..bus.server import NatsServer, PortTaken, port_is_taken
 from ..ctl.locate import DB_FILE, remove_up_file, write_up_file
 
 RESTART_PAUSE_S = 1.0  # doubled for each quick death in a row, up to a minute
@@ -58,16 +62,45 @@ class Child:
             self.proc.wait()
 
 
-def port_free(port: int) -> bool:
-    """Whether a port on 127.0.0.1 can be listened on now."""
-    import socket
+LOCK_FILE = "up.lock"  # in the state dir
 
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+
+class StateDirInUse(RuntimeError):
+    pass
+
+
+def lock_state_dir(state: Path) -> int:
+    """Hold the state dir for the life of this process: the open lock file.
+
+    A second `llmgw up` on one folder once started a second NATS, projector
+    and agent on the same files: the first then died on a raw
+    sqlite3.IntegrityError and the second deleted up.json on its way out.
+    flock, not a pid file alone: the kernel lets go when the holder dies,
+    however it dies, so a lock file left by a dead `up` blocks nothing. The
+    file is never deleted: one unlinked under a waiting opener would let two
+    hold "the" lock at once.
+    """
+    import fcntl
+
+    path = state / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = ""
+        for _ in range(20):  # the holder writes its pid just after it takes the lock
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            if holder:
+                break
+            time.sleep(0.05)
+        os.close(fd)
+        raise StateDirInUse(
+            f"{state.resolve()} is in use by another llmgw up (pid {holder or 'unknown'}): "
+            "stop it first, or give another --state-dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def up(
@@ -87,6 +120,12 @@ def up(
 
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
+    try:
+        # Before anything is started or written (up.json above all).
+        lock_state_dir(state)  # its descriptor stays open: held until this process ends
+    except StateDirInUse as e:
+        print(f"llmgw up: {e}", file=sys.stderr)
+        return 3
     demo = demo and agent
     if demo:
         # Before anything runs: a download interrupted leaves nothing to stop.
@@ -94,7 +133,10 @@ def up(
         if problem:
             print(f"llmgw up: no demo model ({problem}); run with --no-demo to stop trying", file=sys.stderr, flush=True)
             demo = False
-    if gateway_port is not None and not port_free(gateway_port):
+    # With SO_REUSEADDR (port_is_taken), as the gateway listens: a rerun right
+    # after Ctrl-C found the port "taken" by the last run's connections in
+    # TIME_WAIT, though the gateway would have listened there fine.
+    if gateway_port is not None and port_is_taken(gateway_port):
         print(f"llmgw up: the gateway's port {gateway_port} is taken: give another with --gateway-port", file=sys.stderr)
         return 2
     server = None
