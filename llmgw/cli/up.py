@@ -34,6 +34,7 @@ from ..ctl.locate import DB_FILE, remove_up_file, write_up_file
 RESTART_PAUSE_S = 1.0  # doubled for each quick death in a row, up to a minute
 HEALTHY_AFTER_S = 30.0
 STOP_TIMEOUT_S = 20.0  # the agent stops its engines first
+STOP_ORDER = ("gateway", "control", "agent", "projector")  # by the first word of a child's name
 
 
 class Child:
@@ -229,7 +230,12 @@ def up(
         if watcher is not None:
             watcher.halt.set()
         remove_up_file(state)
-        for c in reversed(children):
+        # The gateway first (no new requests), then the control plane, then
+        # the agent, the projector last (it records all of it). The control
+        # plane before the agent: running on, it read the agent's engines
+        # stopping as replicas failing and placed their replacements on the
+        # agent that was exiting, a placement that never ran.
+        for c in sorted(children, key=lambda c: STOP_ORDER.index(c.name.split()[0])):
             c.stop()
         if server is not None:
             server.stop()
