@@ -7,27 +7,15 @@ A pass returns everything it decided as one list; the shell publishes it as
 one `Decided` message, so what must happen together (a failed replica stopped
 and its replacement placed) cannot be split by a crash.
 
-A pass is bounded by the size of that message, not by a count of actions:
-the limit that matters is the server's payload limit (1 MB by default), and
-an action weighs anything from 60 bytes (a stop) to a few kilobytes (a
-multi-node placement). Counting bytes lets a cold start place ~2,000
-replicas a pass instead of 500, so it takes a few passes, not dozens, each of
-which reads the state again. What is left is decided by the next pass.
+A pass is bounded by the size of that message (passes.py says why).
 
 Per model, a pass follows the seeds' reconciler (restart.go): scale to the
 desired count (scaling.py: load, on demand, min and max); drain and stop
 what is above it; replace what failed; place what is missing unless the
 model backs off or is parked after replicas that failed to start; then
-finish and begin restarts (`_retire`, `_begin_restarts`). How the model's
-placements went is an `Outcome`, which is what `_retire` reads. A restart is
-a replacement placed beside the replica, which is drained once the
-replacement serves; or, when asked or when the replica is the only thing in
-its replacement's way, a stop and the replacement's placement in the same
-pass, on what the stop frees, so that no other model takes it meanwhile.
-
-The pass's inputs (state, time, inventory) and what it has decided so far
-are held by a `Pass`, one model's counts by a `ModelPass`, as Nomad's
-reconciler holds its inputs: the helpers take those, not a dozen arguments.
+finish and begin restarts (restarts.py). How the model's placements went
+is an `Outcome`, which is what a restart is decided on. The pass's inputs
+and what it decided so far are a `Pass` and a `ModelPass` (passes.py).
 
 A pass reads only what may need doing: the fold keeps a tally per model
 (`state.tallies`) of its replicas, failed ones and unwanted ones, so a model
@@ -37,121 +25,17 @@ them, and a fleet with nothing to do costs one look at each model and node.
 
 from __future__ import annotations
 
-import enum
-
-import msgspec
-
 from . import events as ev
-from .replicas import RETIRING, replica_number
 from . import preempt
-from .placement import Inventory, replicas_per_node, why_no_fit
-from .quota import add, need, over_limit, replica_amount
+from .passes import MAX_PASS_BYTES, ModelPass, Outcome, Pass, drain_s, place_one, why_no_fit
+from .quota import need, over_limit
+from .replicas import replica_number
+from .restarts import begin_restarts, restart_state, retire
 from .scaling import PARK_AFTER, backoff_until, decided, desired, why_desired
-from .state import Model, Replica, Shard, State
+from .state import Model, Replica, State
 from .times import utc
 
-# Half the server's default payload limit: room for the message's own fields
-# and headers, and for a server configured tighter than the default.
-MAX_PASS_BYTES = 512 * 1024
-# What a Decided message weighs besides its actions (type, times, basis, leader).
-_ENVELOPE_BYTES = 256
-
-_encode = msgspec.json.Encoder().encode
-
-
-class Outcome(enum.Enum):
-    """How a model's placements went in a pass (restart.go's scaleOutcome):
-    what `_retire` decides a restart on. A string said "no room" after the
-    model had just preempted a victim, and its restart went in place,
-    stopping the only serving replica while the room made for it was on its
-    way (issue 11)."""
-
-    ENOUGH = "enough"  # it had what it wants: nothing to place
-    PLACED = "placed"  # every replica it was short was placed
-    NO_ROOM = "no room"  # one fitted nowhere
-    OVER_LIMIT = "over limit"  # one would take its owner past a limit
-    NOT_TRIED = "not tried"  # parked, held or backing off: nothing was tried
-    PREEMPTING = "preempting"  # replicas are being stopped to make room for it
-
-
-class Pass:
-    """One pass of `decide`: its inputs (the state, the time, the inventory
-    its placements take from) and the actions decided so far, with what
-    their message will weigh."""
-
-    def __init__(self, state: State, now: float, budget: int) -> None:
-        self.state = state
-        self.now = now
-        self.inv = Inventory(state)  # built at its first placement, if any
-        self.actions: list[ev.Action] = []
-        self.budget = budget
-        self.size = _ENVELOPE_BYTES
-        self.full = False
-        self.numbers: dict[str, int] = {}  # model -> number of its next replica id, after this pass's
-        self.usage: dict = {}  # owner -> what this pass's placements add (quota limits)
-        self.victims: preempt.VictimIndex | None = None  # built at the first preemption tried
-        self.stopped: set[str] = set()  # replicas this pass stops (not victims again; see preempt.choose)
-        self.placements = 0  # placements so far: what changes the inventory a waiting reason explains
-        self.explained: dict[tuple[bytes, int], str] = {}  # (profiles, placements) -> why_no_fit
-
-    def add(self, action: ev.Action) -> bool:
-        """Keep an action if the message has room for it; once one does not
-        fit, the pass is over (later actions must not overtake it)."""
-        if self.full:
-            return False
-        size = len(_encode(action)) + 1
-        if self.size + size > self.budget and self.actions:
-            self.full = True
-            return False
-        self.size += size
-        self.actions.append(action)
-        if type(action) is ev.PlaceReplica:
-            self.numbers[action.model] = replica_number(action.replica) + 1
-            self.placements += 1
-        elif type(action) is ev.StopReplica:
-            self.stopped.add(action.replica)
-        return True
-
-    def add_together(self, actions: list[ev.Action]) -> bool:
-        """Keep all of these actions or none: a Preempt that landed without
-        its victims' stops (the pass full after it) marked them preempted
-        and made its model wait for them to stop, for ever."""
-        if self.full:
-            return False
-        size = sum(len(_encode(a)) + 1 for a in actions)
-        if self.size + size > self.budget and self.actions:
-            self.full = True
-            return False
-        # (Past the budget only as the pass's first actions, as `add` allows one.)
-        self.budget = max(self.budget, self.size + size)
-        for a in actions:
-            self.add(a)
-        return True
-
-    def next_number(self, model: str) -> int:
-        """The number of the model's next replica id, after those placed earlier in this pass."""
-        return self.numbers.get(model) or self.state.replica_numbers.get(model, 1)
-
-
-class ModelPass:
-    """One model in a pass: what it wants and how its replicas stand, as the
-    pass changes them."""
-
-    def __init__(self, p: Pass, model: Model, live: list[Replica]) -> None:
-        self.model = model
-        self.spec = model.spec
-        self.name = model.spec.name
-        self.n = desired(model, p.now)  # how many replicas it should have
-        self.live = live  # its replicas, neither stopping nor to be stopped
-        self.retiring = [r for r in live if r.restart in RETIRING]  # restarting: serve until replaced
-        self.serving = [r for r in live if r.restart not in RETIRING]
-        self.spread = replicas_per_node(live)  # its replicas per node, for placements to spread
-        self.have = 0  # replicas it counts as having, set once the restarts have begun
-        self.placed = 0  # replicas placed for it in this pass (not in place of another)
-
-    def took(self, placed: ev.PlaceReplica) -> None:
-        for s in placed.shards:
-            self.spread[s.node] = self.spread.get(s.node, 0) + 1
+__all__ = ["decide", "restart_state", "Outcome", "MAX_PASS_BYTES", "ADOPT_WAIT_S"]
 
 
 def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Action]:
@@ -236,21 +120,21 @@ def _decide_model(p: Pass, model: Model, live: list[Replica]) -> None:
         extra = sorted(m.serving, key=lambda r: (r.state == "ready", -r.placed_at, -replica_number(r.id)))
         why = f"{name} scales down to {n}: {why_desired(model, p.now)}"
         for rep in extra[: len(m.serving) - n]:
-            p.add(ev.StopReplica(replica=rep.id, reason=why, drain_s=_drain(m.spec, rep)))
+            p.add(ev.StopReplica(replica=rep.id, reason=why, drain_s=drain_s(m.spec, rep)))
             m.serving.remove(rep)
 
     numbered = p.numbers.get(name)  # changes when this pass places one of its replicas
     # The replacements placed in place of replicas stopped first count as
     # had: without them the placing below placed one more replica per
     # restart in place (max_unavailable), and the next pass scaled it down again.
-    replaced = _begin_restarts(p, m)  # (first: it moves replicas from serving to retiring)
+    replaced = begin_restarts(p, m)  # (first: it moves replicas from serving to retiring)
     m.have = len(m.serving) + replaced
     placing = _place_missing(p, m)
     if placing is None:
         return  # the pass's message is full: the next pass goes on
     outcome, waiting = placing
 
-    if _retire(p, m, outcome) >= n:
+    if retire(p, m, outcome) >= n:
         # Its restarts were finished in place or refused, and it has what it
         # wants: not waiting. (The reason was said after the replacement's
         # placement, which had cleared it, so every restart in place read
@@ -275,7 +159,7 @@ def _place_missing(p: Pass, m: ModelPass) -> tuple[Outcome, str] | None:
     number = p.next_number(m.name)
     restarting = f"; restarting {', '.join(r.id for r in m.retiring)}" if m.retiring else ""
     while m.have < m.n and not p.full:
-        placed = _place_one(p, m, f"{m.name}-{number}", _why_place(model, m.have, m.n) + restarting)
+        placed = place_one(p, m, f"{m.name}-{number}", _why_place(model, m.have, m.n) + restarting)
         if placed is None:
             limit = _over_limit(p, spec)
             if limit:
@@ -292,8 +176,8 @@ def _place_missing(p: Pass, m: ModelPass) -> tuple[Outcome, str] | None:
                 # Explained only when it neither preempts nor waits for its
                 # victims: explaining reads every node (~10 ms on 2,000), and
                 # a pass with hundreds of preemptors paid that for each.
-                return Outcome.NO_ROOM, _why_young_victims(p, m) or _why_no_fit(p, spec.profiles)
-            return Outcome.NO_ROOM, _why_no_fit(p, spec.profiles)
+                return Outcome.NO_ROOM, _why_young_victims(p, m) or why_no_fit(p, spec.profiles)
+            return Outcome.NO_ROOM, why_no_fit(p, spec.profiles)
         if not p.add(placed):
             return None
         m.took(placed)
@@ -301,18 +185,6 @@ def _place_missing(p: Pass, m: ModelPass) -> tuple[Outcome, str] | None:
         m.have += 1
         m.placed += 1
     return Outcome.PLACED, ""
-
-
-def _why_no_fit(p: Pass, profiles: list[ev.ProfileSpec]) -> str:
-    """why_no_fit, said once per pass for models that ask for the same
-    profiles, until a placement changes what is free: on a full fleet, the
-    models that wait for room mostly ask alike, and each explanation reads
-    every node."""
-    key = (_encode(profiles), p.placements)
-    why = p.explained.get(key)
-    if why is None:
-        why = p.explained[key] = why_no_fit(p.inv, profiles)
-    return why
 
 
 def _over_limit(p: Pass, spec: ev.ModelSpec) -> str:
@@ -371,11 +243,6 @@ def _why_place(model: Model, have: int, n: int) -> str:
     return f"{model.spec.name} has {have} of {n} replicas"
 
 
-def _drain(spec: ev.ModelSpec, rep: Replica) -> float:
-    """A replica that serves is drained before it stops; one that does not, not."""
-    return spec.drain_grace_s if rep.state == "ready" else 0.0
-
-
 def _blocked(p: Pass, model: Model) -> str:
     """Why the model may not place now (parked, or backing off after replicas
     that failed to start), or "". Parks it when it has failed often enough."""
@@ -401,217 +268,7 @@ def _blocked(p: Pass, model: Model) -> str:
     return ""
 
 
-# --------------------------------------------------------------------------- restarts
-
-
-def restart_state(state: State, rep: Replica) -> str:
-    """Where a replica's restart stands, for people: "queued", "replacing",
-    "in place", "refused" (why: Replica.restart_reason), or "" when none was
-    asked for."""
-    if rep.restart:
-        return rep.restart
-    model = state.models.get(rep.model)
-    if model is not None and rep.id in model.restart_queue:
-        return "queued"
-    return ""
-
-
-def _retire(p: Pass, m: ModelPass, outcome: Outcome) -> int:
-    """Finish the restarts under way (restart.go's retire); returns how many
-    replicas the model has after them (`have`, with the replacements placed
-    in place and the replicas whose restart was refused, which serve on).
-
-    A retiring replica serves until its replacement does, and is then
-    drained. When its replacement could not be placed beside it, what
-    happens depends on what is in the way:
-    - something being moved out of the way: replicas preempted for the
-      model, or others of its replicas still coming up. Waited for: stopped
-      meanwhile, it left the model with no replica ready while the room made
-      for it was on its way (issue 11);
-    - the replica itself (its node, or every card that fits, is what it
-      holds): it is stopped now and its replacement placed in what it frees.
-      Waiting would change nothing, and a restart shown as "replacing" for
-      ever reads as one that never will;
-    - more than it (its profile now needs more than any node has, even with
-      it stopped): stopping it would leave the model short for nothing, so
-      the restart is refused and the reason kept on the replica;
-    - nothing was tried (a back-off): stopped after the drain grace with no
-      replacement in sight, as if in place;
-    - the model is parked: refused, its replacements fail to start.
-    """
-    model, spec, n = m.model, m.spec, m.n
-    ready = sum(1 for r in m.serving if r.state == "ready")
-    coming_up = m.placed or len(m.serving) > ready
-    refused = 0
-    for rep in m.retiring:
-        if ready >= n:
-            p.add(ev.StopReplica(replica=rep.id, reason="restarted: its replacement serves", drain_s=_drain(spec, rep)))
-        elif m.have >= n:
-            continue  # its replacement is placed and starting: wait for it
-        elif model.parked or model.start_failures >= PARK_AFTER:
-            # (Parked in this very pass too: refused at once rather than the
-            # next pass, so the model never reads "waits: parked" while the
-            # replica it could not replace serves on.)
-            why = f"its replacements fail to start; the model is parked (llmgw ctl retry {spec.name})"
-            p.add(ev.RefuseRestart(replica=rep.id, reason=why))
-            refused += 1
-        elif outcome is Outcome.PREEMPTING or (outcome is Outcome.NO_ROOM and coming_up):
-            continue  # something is being moved out of the way: waited for
-        elif outcome in (Outcome.NO_ROOM, Outcome.OVER_LIMIT):
-            why = "restarted in place: it was the only thing in its replacement's way"
-            if _in_place(p, m, rep, why):
-                m.have += 1
-            elif outcome is Outcome.OVER_LIMIT:
-                why = f"its replacement would take {spec.owner} past a limit even with this replica stopped"
-                p.add(ev.RefuseRestart(replica=rep.id, reason=why))
-                refused += 1
-            else:
-                p.add(ev.RefuseRestart(replica=rep.id, reason=_fits_nowhere(spec)))
-                refused += 1
-        elif outcome is Outcome.NOT_TRIED and p.now - rep.retiring_at > spec.drain_grace_s:
-            why = f"restarted in place: no replacement beside it within {spec.drain_grace_s:g}s"
-            if _in_place(p, m, rep, why):
-                m.have += 1
-    return m.have + refused
-
-
-def _fits_nowhere(spec: ev.ModelSpec) -> str:
-    return f"its replacement fits on no node even with this replica stopped (llmgw ctl explain-placement {spec.name})"
-
-
-def _begin_restarts(p: Pass, m: ModelPass) -> int:
-    """Begin queued restarts, as many at once as the model's pace allows;
-    those replaced beside themselves join `m.retiring`. Returns how many
-    replacements were placed in place of replicas stopped first.
-
-    The queue: what operators asked for (`llmgw ctl restart`), in order, then
-    replicas whose profile changed since they were placed, which must be
-    restarted to run what the catalog says. At once, `max_surge` are
-    replaced beside themselves (no outage; needs room) and `max_unavailable`
-    are stopped first, their replacements placed in what they free (an
-    outage each while it loads; needs no room). A restart asked for in place
-    takes one of the latter, at least one.
-    """
-    state, model, spec = p.state, m.model, m.spec
-    queued = [rid for rid in model.restart_queue if rid in state.replicas]
-    asked = set(queued)
-    queued += [
-        r.id
-        for r in sorted(m.serving, key=lambda r: replica_number(r.id))
-        if r.restart == "" and r.id not in asked and model.fingerprints.get(r.profile) != r.fingerprint
-    ]
-    replaced = 0
-    if not queued:
-        return replaced
-    surge, unavailable = model.restart_surge, model.restart_unavailable
-    if surge <= 0 and unavailable <= 0:
-        surge = 1
-    beside = surge - len(m.retiring)
-    # Stopped for a replacement that does not serve yet: still unavailable.
-    instead = sum(1 for r in m.live if r.replaced and r.state != "ready")
-    for rid in queued:
-        rep = state.replicas[rid]
-        if rep.state != "ready" or rep.restart in RETIRING or rep not in m.serving:
-            continue
-        if rep.restart_in_place or beside <= 0:
-            if instead >= max(unavailable, 1 if rep.restart_in_place else 0):
-                break
-            why = "restarted in place, as asked" if rep.restart_in_place else "restarted in place (max_unavailable)"
-            if _in_place(p, m, rep, why, begin=True):
-                replaced += 1
-            elif rep.restart_in_place:
-                # Asked for in place: stopped first, always, even if its
-                # replacement must wait for room like any missing replica.
-                p.add(ev.RestartReplica(replica=rid, reason=why, in_place=True))
-                p.add(ev.StopReplica(replica=rid, reason=why, drain_s=_drain(spec, rep)))
-            else:
-                # Paced by max_unavailable, its replacement fits nowhere even
-                # with it stopped: refused, as `_retire` refuses a surge
-                # restart. (It was left queued for ever, still serving but
-                # counted as stopped, so the model read "waits: no room".)
-                p.add(ev.RefuseRestart(replica=rid, reason=_fits_nowhere(spec)))
-                continue
-            m.serving.remove(rep)
-            instead += 1
-            continue
-        why = "asked by an operator" if rid in asked else f"profile {rep.profile} of {spec.name} changed"
-        p.add(ev.RestartReplica(replica=rid, reason=why))
-        m.retiring.append(rep)
-        m.serving.remove(rep)
-        beside -= 1
-    return replaced
-
-
-def _in_place(p: Pass, m: ModelPass, rep: Replica, why: str, begin: bool = False) -> bool:
-    """Stop a replica and place its replacement in what it frees, in one
-    pass: placed on the next pass instead, the freed cards went to a model
-    waiting for room (seen for real: a judge waiting for the only GPU took
-    the card of the model restarted there). Nothing is stopped when the
-    replacement would not fit even so."""
-    inv = p.inv
-    inv.release(rep.shards)
-    freed = replica_amount(rep)
-    add(p.usage, rep.owner, freed, -1)  # what it holds is its replacement's to take, limits included
-    placed = _place_one(p, m, f"{m.name}-{p.next_number(m.name)}", why, replaces=rep.id)
-    if placed is None:
-        inv.hold(rep.shards)
-        add(p.usage, rep.owner, freed, +1)
-        return False
-    if begin:
-        p.add(ev.RestartReplica(replica=rep.id, reason=why, in_place=True))
-    p.add(ev.StopReplica(replica=rep.id, reason=why, drain_s=_drain(m.spec, rep)))
-    p.add(placed)
-    m.took(placed)
-    inv.hold(_kept_till_exit(rep, placed))
-    return True
-
-
-def _kept_till_exit(rep: Replica, placed: ev.PlaceReplica) -> list[Shard]:
-    """What a replica stopped for its replacement in place still holds until
-    it exits: the fold hands over (decisions._place), on a node where the
-    replacement has a shard, its memory, cores, and the GPUs and port the
-    replacement took; the rest stays its own. Held again in the pass's
-    inventory: counted free, a later placement of the pass took the GPU a
-    2-GPU replica restarted on one left behind, and was voided."""
-    took = {(s.node, g) for s in placed.shards for g in s.gpus}
-    ports = {(s.node, s.port) for s in placed.shards}
-    nodes = {s.node for s in placed.shards}
-    return [
-        Shard(
-            id=sh.id, node=sh.node, rank=sh.rank, generation=sh.generation, state=sh.state,
-            gpus=[g for g in sh.gpus if (sh.node, g) not in took],
-            port=sh.port if (sh.node, sh.port) not in ports else 0,
-            memory_gb=0.0 if sh.node in nodes else sh.memory_gb,
-            cpu_cores=0 if sh.node in nodes else sh.cpu_cores,
-        )
-        for sh in rep.shards
-    ]
-
-
-# --------------------------------------------------------------------------- placing and stopping
-
-
-def _place_one(p: Pass, m: ModelPass, replica: str, reason: str, replaces: str = "") -> ev.PlaceReplica | None:
-    """The first profile, in the catalog's order of preference, that fits,
-    within the owner's limits."""
-    state, spec = p.state, m.spec
-    for profile in spec.profiles:
-        if state.owners and spec.owner and over_limit(state, spec.owner, need(profile), p.usage):
-            continue
-        shards = p.inv.place(profile, replica, m.spread)
-        if shards is not None:
-            if spec.owner:
-                add(p.usage, spec.owner, need(profile))
-            return ev.PlaceReplica(
-                replica=replica,
-                model=spec.name,
-                profile=profile.name,
-                fingerprint=m.model.fingerprints[profile.name],
-                shards=shards,
-                reason=reason,
-                replaces=replaces,
-            )
-    return None
+# --------------------------------------------------------------------------- stopping
 
 
 def _why_stop(state: State, rep: Replica, now: float) -> str:

@@ -60,7 +60,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         handed = {sh.id: sh for sh in old.shards if sh.state not in TERMINAL}
     if state.owners and profile is not None:
         # What the replica it replaces holds is the replacement's to take,
-        # limits included, as decide counted it (decide._in_place): without
+        # limits included, as decide counted it (restarts.in_place): without
         # this credit a restart in place of an owner at its limit was voided
         # here after its predecessor's stop had been applied.
         credit: dict[str, ev.Resources] = {}
