@@ -51,7 +51,9 @@ from .state import (
 # 5: owners, usage per owner, preemption.
 # 6: a shard placed in place of another hands back what it took over when it
 #    ends first; the limit check of a restart in place credits its predecessor.
-FOLD_VERSION = 6
+# 7: a shard that stopped while its replica was not being stopped fails the
+#    replica, which is replaced (it was "placing" for ever).
+FOLD_VERSION = 7
 
 
 class Refused(ValueError):
@@ -938,7 +940,11 @@ def _derive_live_state(rep: Replica, at: float) -> None:
         st = s.state
         if st == "ready":
             ready += 1
-        elif st == "failed":
+        elif st == "failed" or st == "stopped":
+            # A shard that ended though its replica was not being stopped
+            # (its agent stopped it: Ctrl-C of `llmgw up`) serves no more.
+            # Read as "placing", as it once was, the replica counted as live
+            # and nothing ever replaced it: a rerun of `llmgw up` never served.
             failed = s
             break
         elif st == "loading":
@@ -947,7 +953,8 @@ def _derive_live_state(rep: Replica, at: float) -> None:
             starting += 1
     if failed is not None:
         rep.state = "failed"
-        rep.reason = f"shard {failed.id} on {failed.node} failed: {failed.reason or 'no reason given'}"
+        ended = "failed" if failed.state == "failed" else "stopped unasked"
+        rep.reason = f"shard {failed.id} on {failed.node} {ended}: {failed.reason or 'no reason given'}"
     elif rep.want_shards:  # being rebuilt from what agents report: not whole yet
         rep.state = "starting"
     elif ready == len(shards):
