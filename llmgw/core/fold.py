@@ -53,7 +53,8 @@ from .state import (
 #    ends first; the limit check of a restart in place credits its predecessor.
 # 7: a shard that stopped while its replica was not being stopped fails the
 #    replica, which is replaced (it was "placing" for ever).
-FOLD_VERSION = 7
+# 8: a shard keeps the identity its engine was given (ShardStatus.identity).
+FOLD_VERSION = 8
 
 
 class Refused(ValueError):
@@ -286,6 +287,7 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
                 if sh.state != "stopping" and r.state in ("starting", "loading", "ready"):
                     sh.state = r.state
                     sh.endpoint = r.endpoint or sh.endpoint
+                    sh.identity = r.identity or sh.identity
             elif r is None and sh.state == "placing" and any(a in ours for a in sh.after):
                 # Placed in place of a shard the agent still runs (a restart
                 # in place, its old engine draining): rightly not started yet,
@@ -397,6 +399,7 @@ def _merge(
             generation=r.generation,
             state=r.state if r.state in ("starting", "loading", "ready") else "starting",
             endpoint=r.endpoint,
+            identity=r.identity,
             # What the profile asks for, as a running process does not say;
             # no more than the node has free (a profile edited to ask for
             # more than the node has does not make the node hold more than it has).
@@ -539,6 +542,7 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
         sh.reason = e.reason
         if e.endpoint:
             sh.endpoint = e.endpoint
+            sh.identity = e.identity
         if len(rep.shards) == 1 and rep.state != "stopping" and not rep.want_shards:
             # One shard, not failed: the replica is where its shard is.
             if st == "ready" and rep.state != "ready":
