@@ -126,7 +126,7 @@ def coming(state: State) -> dict[str, int]:
     for r in state.replicas.values():
         if r.state == "stopping" or r.state == "stopped":
             continue
-        live[r.model] = live.get(r.model, 0) + (r.state != "failed")
+        live[r.model] = live.get(r.model, 0) + 1
         if r.state in COMING_STATES:
             on_way[r.model] = on_way.get(r.model, 0) + 1
     out = {}
