@@ -97,11 +97,20 @@ class Background:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
+        self.cleanup: list = []  # tasks to await, then coroutine functions to call, in order
 
     def run(self, coro, timeout: float = 30):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def close(self) -> None:
+        async def clean() -> None:
+            for c in self.cleanup:
+                try:
+                    await asyncio.wait_for(c if isinstance(c, asyncio.Task) else c(), 10)
+                except Exception:
+                    pass
+
+        self.run(clean(), 60)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
 
@@ -212,15 +221,17 @@ def test_each_model_is_answered_by_its_own_replica_or_waits_for_one_never_by_ano
     smollm2 = state.replicas[ready_of(state, "smollm2")[0]].shards[0].endpoint
     stranger = background.run(FakeEngine("stranger").start())
 
-    async def rogue_node() -> tuple[Rogue, asyncio.Event]:
+    stop = asyncio.Event()
+
+    async def rogue_node() -> None:
         bus = await NatsBus.connect(url)
         rogue = Rogue(bus, {"mistral-7b": smollm2, "gemma-2b": stranger.endpoint})
-        stop = asyncio.Event()
-        asyncio.get_running_loop().create_task(rogue.run(stop))
+        running = asyncio.get_running_loop().create_task(rogue.run(stop))
         await rogue.registered.wait()
-        return rogue, stop
+        background.cleanup.append(running)
+        background.cleanup.append(bus.close)
 
-    _, stop_rogue = background.run(rogue_node())
+    background.run(rogue_node())
     apply(url, catalog, SMOLLM2 + SIMULATED + ROGUE)
     wait_for(url, lambda s: ready_of(s, "mistral-7b") and ready_of(s, "gemma-2b"))
     time.sleep(0.5)  # the gateway folds the same log
@@ -234,11 +245,8 @@ def test_each_model_is_answered_by_its_own_replica_or_waits_for_one_never_by_ano
         client.completions.create(model="gemma-2b", prompt="x")
     assert e.value.status_code == 502 and "lists stranger, not gemma-2b@gemma-2b-1.0/" in e.value.message
     assert set(stranger.paths) == {"/v1/models"}  # asked who it is, never sent a request
-    background.run(_stop(stop_rogue, stranger))
+    background.loop.call_soon_threadsafe(stop.set)
+    background.cleanup.append(stranger.stop)
     # The real engine still serves its own model.
     assert client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=4).choices[0].message.content
 
-
-async def _stop(stop: asyncio.Event, engine: FakeEngine) -> None:
-    stop.set()
-    await engine.stop()
