@@ -11,7 +11,9 @@ each written on its own.
 
 The gateway is the real one, a process of its own (`llmgw gateway`) on a real
 nats-server, its routing table folded from a log that says one replica of
-model `bench` is ready at the upstream (no control plane or agent needed).
+model `bench` is ready at the upstream (no control plane or agent needed),
+with the identity an agent gives its engine: the upstreams list it in
+GET /v1/models, and the gateway verifies each new connection with it.
 
 Measured, each straight to the upstream and then through the gateway:
 
@@ -63,6 +65,16 @@ ANSWER = json.dumps(
 ).encode()  # fmt: skip
 
 
+def identity(model: str) -> str:
+    return f"{model}@{model}-1.0/bench"
+
+
+# What the upstreams answer to GET /v1/models (both models: one list for either server).
+MODELS = json.dumps(
+    {"object": "list", "data": [{"id": m, "object": "model", "aliases": [m, identity(m)]} for m in (MODEL, STREAM_MODEL)]}
+).encode()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -84,6 +96,7 @@ def wait_port(port: int, timeout: float = 20.0) -> None:
 
 def start_nginx(port: int, work: Path) -> subprocess.Popen:
     body = ANSWER.decode().replace("\\", "\\\\").replace("'", "\\'")
+    models = MODELS.decode().replace("\\", "\\\\").replace("'", "\\'")
     conf = work / "nginx.conf"
     conf.write_text(
         f"""worker_processes 1;
@@ -103,6 +116,7 @@ http {{
   server {{
     listen 127.0.0.1:{port};
     location / {{ default_type application/json; return 200 '{body}'; }}
+    location = /v1/models {{ default_type application/json; return 200 '{models}'; }}
   }}
 }}
 """
@@ -117,6 +131,10 @@ class UpstreamProtocol(asyncio.Protocol):
         self.chunks = chunks
         self.parser = httptools.HttpRequestParser(self)
         self.body = b""
+        self.url = b""
+
+    def on_url(self, url: bytes) -> None:
+        self.url = url
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -129,7 +147,9 @@ class UpstreamProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         body, self.body = self.body, b""
-        if b'"stream":true' in body.replace(b" ", b""):
+        if self.url == b"/v1/models":
+            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(MODELS), MODELS))
+        elif b'"stream":true' in body.replace(b" ", b""):
             asyncio.get_running_loop().create_task(self.stream())
         else:
             self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(ANSWER), ANSWER))
@@ -189,7 +209,8 @@ async def write_log(url: str, endpoints: dict[str, str]) -> None:
         )  # fmt: skip
         for st in ("starting", "loading", "ready"):
             await publish(ev.ShardStatus(at=now, node="bench", replica=rid, shard=f"{rid}.0", generation=seq, state=st,
-                                         endpoint=endpoint if st == "ready" else ""))  # fmt: skip
+                                         endpoint=endpoint if st == "ready" else "",
+                                         identity=identity(model) if st == "ready" else ""))  # fmt: skip
     await bus.close()
 
 

@@ -39,8 +39,8 @@ class Log:
     async def remove(self, name: str) -> None:
         await self.publish(ev.ModelRemoved(at=time.time(), name=name))
 
-    async def replica(self, s: ev.ModelSpec, endpoint: str, state: str = "ready") -> str:
-        """Place a replica of `s` on node n1 and have it report `state` at `endpoint`."""
+    async def replica(self, s: ev.ModelSpec, endpoint: str, state: str = "ready", identity: str = "") -> str:
+        """Place a replica of `s` on node n1 and have it report `state` at `endpoint` (its engine given `identity`)."""
         if not self.registered:
             await self.publish(ev.NodeRegistered(at=time.time(), node="n1", gpus=[]))
             self.registered = True
@@ -54,14 +54,14 @@ class Log:
         seq = await self.publish(ev.Decided(at=time.time(), basis=0, actions=[place]))
         self.generations[rid] = seq
         for st in ("starting", "loading", state):
-            await self.status(rid, st, endpoint if st == "ready" else "")
+            await self.status(rid, st, endpoint if st == "ready" else "", identity if st == "ready" else "")
         return rid
 
-    async def status(self, rid: str, state: str, endpoint: str = "") -> None:
+    async def status(self, rid: str, state: str, endpoint: str = "", identity: str = "") -> None:
         await self.publish(
             ev.ShardStatus(
                 at=time.time(), node="n1", replica=rid, shard=f"{rid}.0", generation=self.generations[rid],
-                state=state, endpoint=endpoint,
+                state=state, endpoint=endpoint, identity=identity,
             )
         )  # fmt: skip
 

@@ -59,8 +59,9 @@ def test_llama_cpp_runs_the_xllamacpp_server_on_the_cpu_with_its_alias(tmp_path)
     launch = engines.build(cmd, host="127.0.0.1", model=str(gguf), python="/py")
     assert launch.argv == [
         "/py", "-m", "llmgw.agent.llamacpp_server", "--model", str(gguf), "--host", "127.0.0.1", "--port", "20001",
-        "--alias", "smol", "--threads", "2", "--ctx-size", "1024",
+        "--alias", "smol", "--alias", "smol@m-1.0/1", "--threads", "2", "--ctx-size", "1024",
     ]  # fmt: skip
+    assert launch.identity == "smol@m-1.0/1" == engines.identity("smol", "m-1.0", 1)
     assert launch.env == {"CUDA_VISIBLE_DEVICES": ""}  # a CPU shard sees no GPU
     assert launch.health == "/health" and "llamacpp:requests_processing" in launch.inflight
 
@@ -78,8 +79,11 @@ def test_vllm_gets_its_gpus_tensor_parallel_and_for_a_multi_node_replica_rank_an
     assert one.argv[:3] == ["/opt/bin/vllm", "serve", "org/m"]
     assert one.env == {"CUDA_VISIBLE_DEVICES": "2,3"}
     words = " ".join(one.argv)
-    assert "--tensor-parallel-size 2" in words and "--served-model-name org/m" in words and "--port 20000" in words
-    assert "--nnodes" not in words
+    assert "--tensor-parallel-size 2" in words and "--served-model-name org/m org/m@m-1.0/1" in words and "--port 20000" in words
+    assert one.identity == "org/m@m-1.0/1" and "--nnodes" not in words
+    # Names of the profile's own replace ours: it carries no identity, and is taken on its endpoint.
+    named = engines.build(start_cmd(1, engine="vllm", args=["--served-model-name", "x"]), host="h", model="", which=which)
+    assert named.identity == ""
     cmd = start_cmd(20000, engine="vllm", gpus=[0], nodes=("a", "b"), rank=1, args=["--max-model-len", "4096"])
     two = engines.build(cmd, host="10.0.0.3", model="/w/m", which=which)
     words = " ".join(two.argv)
@@ -89,6 +93,7 @@ def test_vllm_gets_its_gpus_tensor_parallel_and_for_a_multi_node_replica_rank_an
 def test_sglang_and_a_missing_program_say_where_they_looked():
     launch = engines.build(start_cmd(1, engine="sglang", gpus=[0, 1]), host="h", model="m", python=PY)
     assert launch.argv[:3] == [PY, "-m", "sglang.launch_server"] and " --tp-size 2" in " ".join(launch.argv)
+    assert launch.identity == ""  # it serves one name only
     with pytest.raises(EngineError, match="engine program vllm not found on PATH"):
         engines.build(start_cmd(1, engine="vllm"), host="h", model="m", which=lambda p: None)
     with pytest.raises(EngineError, match="engine program /nope/vllm does not exist"):
@@ -99,7 +104,9 @@ def test_a_command_template_fills_its_placeholders_and_names_an_unknown_one():
     cmd = start_cmd(20005, engine="my-server --port {port} --gpus {gpus} --tp {tp}", args=["--name={name}", "{{x}}"], gpus=[1, 4])
     launch = engines.build(cmd, host="h", model="/w", which=lambda p: f"/bin/{p}")
     assert launch.argv == ["/bin/my-server", "--port", "20005", "--gpus", "1,4", "--tp", "2", "--name=m", "{x}"]
-    assert launch.health == "/v1/models"
+    assert launch.health == "/v1/models" and launch.identity == ""  # it was given none
+    given = engines.build(start_cmd(7, engine="srv --port {port} --served-name {identity}"), host="h", model="", which=lambda p: p)
+    assert given.argv[-1] == "m@m-1.0/1" == given.identity
     with pytest.raises(EngineError, match=r"unknown placeholder \{prot\}"):
         engines.build(start_cmd(1, engine="srv --port {prot}"), host="h", model="", which=lambda p: p)
     with pytest.raises(EngineError, match="engine sim is for simulated agents"):

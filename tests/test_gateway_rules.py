@@ -17,15 +17,20 @@ from llmgw.gateway import api
 from llmgw.gateway.limits import KeyLimits, retry_after
 from llmgw.gateway.load import MIN_INTERVAL_S, REPEAT_S, Loads
 from llmgw.gateway.metrics import Metrics
+from llmgw.agent.engines import identity
 from llmgw.gateway.routing import (
     BREAKER_COOLDOWN_S,
     BREAKER_FAILURES,
     Backend,
     Breaker,
+    NoneReady,
+    Route,
     Target,
     build,
     choose,
+    identity_mismatch,
     split_endpoint,
+    when_none_ready,
 )
 
 from .scenario import Fleet, model
@@ -84,6 +89,69 @@ def test_the_table_is_a_fold_of_ready_replicas_endpoints_weights_and_names():
     assert build(f.state).routes["chat"].targets == ()
     f.remove("chat")
     assert build(f.state).resolve("c") is None
+
+
+def test_a_target_carries_the_identity_its_engine_was_given():
+    f = ready_fleet()
+    sh = f.state.replicas["chat-1"].shards[0]
+    me = identity("chat", sh.id, sh.generation)
+    f.publish(ev.ShardStatus(at=f.tick(), node="n1", replica="chat-1", shard=sh.id, generation=sh.generation,
+                             state="ready", endpoint="http://10.0.0.1:1", identity=me))  # fmt: skip
+    targets = {t.replica: t for t in build(f.state).routes["chat"].targets}
+    assert targets["chat-1"].identity == me and targets["chat-1"].endpoint == "http://10.0.0.1:1"
+    assert targets["chat-2"].identity == ""  # reported none: not checked
+    assert me.startswith("chat@") and me > "chat"  # sorts after the model's name (llama.cpp answers with the first)
+
+
+def test_an_engine_is_the_replicas_only_if_its_model_list_names_its_identity():
+    me = "chat@chat-1.0/7"
+    llama = b'{"object":"list","data":[{"id":"chat","aliases":["chat","chat@chat-1.0/7"]}]}'
+    vllm = b'{"object":"list","data":[{"id":"chat"},{"id":"chat@chat-1.0/7"}]}'
+    assert identity_mismatch(200, llama, me) == "" and identity_mismatch(200, vllm, me) == ""
+    # Another replica of the same model, an older generation of this one, another model, a stranger.
+    assert "not chat@chat-1.0/7" in identity_mismatch(200, llama.replace(b"-1.0/7", b"-2.0/9"), me)
+    assert "lists chat, chat@chat-1.0/6" in identity_mismatch(200, llama.replace(b"/7", b"/6"), me)
+    assert "lists smollm2, smollm2@" in identity_mismatch(200, b'{"data":[{"id":"smollm2","aliases":["smollm2@smollm2-1.0/3"]}]}', me)
+    assert "answered 404" in identity_mismatch(404, b"Not Found", me)
+    assert "not an OpenAI list of models" in identity_mismatch(200, b'{"id":"c","object":"text_completion"}', me)
+    assert "not an OpenAI list of models" in identity_mismatch(200, b"hello", me)
+    assert "lists no model" in identity_mismatch(200, b'{"data":[]}', me)
+
+
+def test_a_request_waits_while_a_replica_is_coming_and_fails_only_when_none_is():
+    grace = 5.0
+    on_demand = Route("od")
+    assert when_none_ready(on_demand, 0, 0.0, grace) is NoneReady.WAIT  # nothing tried: load brings one
+    assert when_none_ready(Route("off", no_wait="parked"), 0, 0.0, grace) is NoneReady.REFUSE
+    assert when_none_ready(None, 0, 0.0, grace) is NoneReady.REFUSE  # removed meanwhile
+    # Its replicas failed the request: it waits for one coming, or for the log to say one is.
+    assert when_none_ready(Route("m", coming=1), 1, 60.0, grace) is NoneReady.WAIT
+    assert when_none_ready(Route("m"), 1, 1.0, grace) is NoneReady.WAIT
+    assert when_none_ready(Route("m"), 1, grace, grace) is NoneReady.FAIL
+    assert when_none_ready(Route("m", no_wait="parked"), 1, 0.0, grace) is NoneReady.FAIL
+
+
+def test_replicas_coming_are_placing_starting_loading_failed_or_lacking():
+    f = Fleet()
+    f.register("n1", gpus=2)
+    f.apply(model("m", min_replicas=1))
+    f.apply(model("od", min_replicas=0, on_demand=True))
+    assert build(f.state).routes["m"].coming == 1  # decided 1, none placed yet
+    f.decide()
+    assert build(f.state).routes["od"].coming == 0  # at zero: until load asks
+    (rid,) = f.state.replicas
+    sh = f.state.replicas[rid].shards[0].id
+    for st in ("starting", "loading"):
+        f.report(sh, st)
+        assert build(f.state).routes["m"].coming == 1, st
+    f.report(sh, "ready")
+    assert build(f.state).routes["m"].coming == 0
+    f.report(sh, "failed", "exit 9")
+    assert build(f.state).routes["m"].coming == 1  # its replacement follows
+    f.decide()
+    assert [r.state for r in f.state.replicas.values()] == ["placing"] and build(f.state).routes["m"].coming == 1
+    f.state.models["m"].parked = "parked: failed"
+    assert build(f.state).routes["m"].coming == 0
 
 
 def test_keys_are_indexed_by_their_hash():

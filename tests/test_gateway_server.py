@@ -222,10 +222,82 @@ async def test_all_replicas_failing_is_a_clean_502(setup):
     a.mode = "hang-up"
     await setup.log.model(spec("m"))
     await setup.log.replica(spec("m"), a.endpoint)
-    await setup.gateway()
+    await setup.gateway(failover_s=0.2)  # nothing is coming: no longer than this for the log to say otherwise
     with pytest.raises(openai.APIStatusError) as e:
         await setup.client().completions.create(model="m", prompt="x")
     assert e.value.status_code == 502 and "m-1" in e.value.body["message"]
+
+
+async def test_an_engine_that_is_not_the_replicas_is_refused_with_the_reason_never_a_200(setup):
+    m = spec("m")
+    await setup.log.model(m)
+    mine = await setup.engine("mine", identity="m@m-1.0/1")
+    # What answers on the port the second replica advertises: another replica's engine, then a stranger.
+    other = await setup.engine("other", identity="m@m-9.0/4")
+    mine.model = other.model = "m"
+    r_mine = await setup.log.replica(m, mine.endpoint, identity="m@m-1.0/1")
+    r_2 = await setup.log.replica(m, other.endpoint, identity=f"m@m-2.0/{9}")
+    await setup.gateway(failover_s=0.2)
+    client = setup.client()
+    for _ in range(6):
+        raw = await client.completions.with_raw_response.create(model="m", prompt="x")
+        assert raw.headers["llmgw-replica"] == r_mine and raw.parse().choices[0].text == "hello from mine"
+    assert not [p for p in other.paths if p != "/v1/models"]  # never sent a request
+    # Verified once per new connection: the reused ones are not asked again.
+    assert mine.paths.count("/v1/models") == 1 and len(mine.paths) == 7
+
+    # The only replica left is the impostor's: a failed attempt with the reason, never its 200.
+    await setup.log.drain(r_mine)
+    await setup.settle()
+    with pytest.raises(openai.APIStatusError) as e:
+        await client.completions.create(model="m", prompt="x")
+    message = e.value.body["message"]
+    assert e.value.status_code == 502 and r_2 in message, message
+    assert f"{other.endpoint.split('//')[1]} is not the engine started for this replica" in message
+    assert "lists m, m@m-9.0/4, not m@m-2.0/9" in message
+    stranger = await setup.engine("stranger")  # an OpenAI server of no identity at all
+    stranger.identity, stranger.model = "", "llama-70b"
+    await setup.log.status(r_2, "ready", stranger.endpoint, "m@m-2.0/9")
+    await setup.settle()
+    with pytest.raises(openai.APIStatusError) as e:
+        await client.completions.create(model="m", prompt="x")
+    assert e.value.status_code == 502 and "lists llama-70b, not m@m-2.0/9" in e.value.body["message"]
+    assert stranger.paths == ["/v1/models"]
+
+
+async def test_a_request_whose_only_replica_fails_waits_for_its_replacement(setup):
+    m = spec("m")
+    await setup.log.model(m)
+    a = await setup.engine("a", identity="m@m-1.0/1")
+    r_a = await setup.log.replica(m, a.endpoint, identity="m@m-1.0/1")
+    await setup.gateway(wait_s=10.0)
+    client = setup.client()
+    assert (await client.completions.create(model="m", prompt="x")).choices[0].text == "hello from a"
+    await a.stop()  # crashed: its port closed, and the log does not know yet
+    asked = asyncio.get_running_loop().create_task(client.completions.with_raw_response.create(model="m", prompt="x"))
+    deadline = time.monotonic() + 5
+    while not any(e.queued for e in setup.loads("m")):  # it failed on m-1, and waits
+        assert time.monotonic() < deadline and not asked.done(), "the request did not wait"
+        await asyncio.sleep(0.02)
+    await setup.log.status(r_a, "failed")
+    b = await setup.engine("b", identity="m@m-2.0/1")
+    r_b = await setup.log.replica(m, b.endpoint, identity="m@m-2.0/1")
+    raw = await asked
+    assert raw.headers["llmgw-replica"] == r_b and raw.parse().choices[0].text == "hello from b"
+
+
+async def test_a_request_waiting_for_a_replica_that_never_comes_is_503_with_retry_after(setup):
+    m = spec("m")
+    await setup.log.model(m)
+    a = await setup.engine("a")
+    r_a = await setup.log.replica(m, a.endpoint)
+    await setup.gateway(wait_s=0.5, failover_s=0.1)
+    await a.stop()
+    await setup.log.status(r_a, "failed")  # after the gateway's own failure: its replacement is due
+    status, headers, body = await setup.post("/v1/completions", {"model": "m", "prompt": "x"})
+    error = json.loads(body)["error"]
+    assert status == 503 and int(headers["retry-after"]) >= 1 and error["code"] == "model_unavailable", body
+    assert "no replica of m became ready within 0.5s" in error["message"]
 
 
 async def test_a_replica_dying_mid_stream_is_a_clean_error_and_the_next_request_goes_to_another(setup):

@@ -19,14 +19,26 @@ last, so they override what the agent chose (argparse keeps the last).
 
 Template placeholders: {port} {host} {model} (the weights, resolved) {name}
 (the catalog model) {gpus} (comma list) {tp} (GPU count) {rank} {nodes}
-(node count) {leader} {dist_port} {replica} {shard} {python} (the agent's
-interpreter); `{{` and `}}` for braces. An unknown placeholder is an error
+(node count) {leader} {dist_port} {replica} {shard} {identity} (see below)
+{python} (the agent's interpreter); `{{` and `}}` for braces. An unknown placeholder is an error
 that names it. Args of the known kinds are passed as written.
 
 Each kind says how to tell it is healthy (`health`, a path that answers 200
 once the model is loaded; the OpenAI `/v1/models` for templates) and where its
 requests in flight show (`metrics` and `inflight`, Prometheus gauges summed),
 which a drain waits on.
+
+Each engine is given an identity at start (`identity`: the catalog model,
+the shard and its generation), a second model name it serves: llama.cpp an
+`--alias`, vLLM a `--served-model-name`, a template that uses `{identity}`.
+The agent reports it with the shard; a gateway sends the replica's requests
+only to an engine whose GET /v1/models lists it. Simulated replicas once
+advertised the ports real engines had, and a request for `llama-70b` was
+answered, 200, by SmolLM2: whatever answered on a port was trusted. An
+engine that cannot carry one (SGLang serves one name; a template without
+`{identity}`) reports none and is taken on its endpoint. The model's own
+name is a prefix of the identity, so it sorts first and stays the name
+llama.cpp answers with.
 """
 
 from __future__ import annotations
@@ -47,8 +59,14 @@ SGLANG = "sglang"
 KINDS = (LLAMA_CPP, VLLM, SGLANG)
 DIST_PORT = 29500
 PLACEHOLDERS = (
-    "port", "host", "model", "name", "gpus", "tp", "rank", "nodes", "leader", "dist_port", "replica", "shard", "python",
+    "port", "host", "model", "name", "gpus", "tp", "rank", "nodes", "leader", "dist_port", "replica", "shard", "identity",
+    "python",
 )
+
+
+def identity(model: str, shard: str, generation: int) -> str:
+    """The name an engine of this shard and generation answers to, beside the model's."""
+    return f"{model}@{shard}/{generation}"
 
 
 class EngineError(ValueError):
@@ -64,6 +82,7 @@ class Launch:
     inflight: tuple[str, ...] = ()  # gauges whose sum is the requests in flight
     kind: str = ""
     model: str = ""  # the weights, resolved
+    identity: str = ""  # the name it answers to beside the model's ("" : none)
 
 
 def _leader(cmd: StartShard, host: str) -> str:
@@ -97,6 +116,7 @@ def build(
     tp = max(len(cmd.gpus), 1)
     nodes = max(p.nodes, len(cmd.nodes), 1)
     kind = p.engine
+    me = identity(cmd.model, cmd.shard, cmd.generation)
     if kind == "sim":
         raise EngineError("engine sim is for simulated agents: a real agent runs llama.cpp, vllm, sglang or a command")
     if kind == LLAMA_CPP:
@@ -107,27 +127,29 @@ def build(
         if not Path(model).is_file():
             raise EngineError(f"model file {model} not found on this node (profile {p.name} of {cmd.model})")
         argv = [python, "-m", "llmgw.agent.llamacpp_server", "--model", model, "--host", host, "--port", str(cmd.port)]
-        argv += ["--alias", cmd.model]
+        argv += ["--alias", cmd.model, "--alias", me]
         if p.cpu_cores:
             argv += ["--threads", str(p.cpu_cores)]
         if cmd.gpus:
             argv += ["--n-gpu-layers", "999"]
         return Launch(
             argv + list(p.args), env, "/health", "/metrics", ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
-            kind, model,
+            kind, model, me,
         )
     if kind == VLLM:
         program = _check_program(engines.get(VLLM, "vllm"), which, "agent file engines.vllm, else PATH")
         argv = [program, "serve", model or cmd.model, "--host", host, "--port", str(cmd.port)]
-        argv += ["--served-model-name", cmd.model, "--tensor-parallel-size", str(tp)]
+        argv += ["--served-model-name", cmd.model, me, "--tensor-parallel-size", str(tp)]
         if nodes > 1:
             argv += ["--pipeline-parallel-size", str(nodes), "--nnodes", str(nodes), "--node-rank", str(cmd.rank)]
             argv += ["--master-addr", _leader(cmd, host), "--master-port", str(DIST_PORT)]
             if cmd.rank:
                 argv.append("--headless")
+        # Names of the profile's own replace ours (argparse keeps the last): then it carries none.
+        named = "--served-model-name" not in p.args
         return Launch(
             argv + list(p.args), env, "/health", "/metrics", ("vllm:num_requests_running", "vllm:num_requests_waiting"),
-            kind, model or cmd.model,
+            kind, model or cmd.model, me if named else "",
         )
     if kind == SGLANG:
         program = _check_program(engines.get(SGLANG, python), which, "agent file engines.sglang, else this python")
@@ -145,7 +167,7 @@ def build(
         "port": cmd.port, "host": host, "model": model or cmd.model, "name": cmd.model,
         "gpus": ",".join(str(g) for g in cmd.gpus), "tp": tp, "rank": cmd.rank, "nodes": nodes,
         "leader": _leader(cmd, host), "dist_port": DIST_PORT, "replica": cmd.replica, "shard": cmd.shard,
-        "python": python,
+        "identity": me, "python": python,
     }  # fmt: skip
     try:
         words = shlex.split(kind)
@@ -155,7 +177,8 @@ def build(
         raise EngineError(f"profile {p.name} of {cmd.model} names no engine")
     argv = [_fill(w, values, p.name) for w in [*words, *p.args]]
     argv[0] = _check_program(argv[0], which, f"the command of profile {p.name}")
-    return Launch(argv, env, "/v1/models", kind=kind, model=values["model"])
+    carries = any("{identity}" in w for w in [*words, *p.args])
+    return Launch(argv, env, "/v1/models", kind=kind, model=values["model"], identity=me if carries else "")
 
 
 def _fill(word: str, values: dict, profile: str) -> str:

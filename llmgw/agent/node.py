@@ -313,6 +313,7 @@ class NodeAgent:
             rec.log = str(engine_logs.log_path(self.state_dir, cmd.shard))
             rec.status = str(run_dir / f"{engine_logs.file_name(cmd.shard)[:-4]}.g{cmd.generation}.json")
             rec.health, rec.metrics, rec.inflight = launch.health, launch.metrics, list(launch.inflight)
+            rec.identity = launch.identity
             rec.started_at = self.clock()
             # Recorded before it exists: a crash now leaves a record without a
             # pid, reported as never started when the agent comes back.
@@ -464,6 +465,7 @@ class NodeAgent:
             ev.ShardStatus(
                 at=self.clock(), node=self.name, replica=rec.replica, shard=rec.shard, generation=rec.generation,
                 state=state, reason=reason, endpoint=rec.endpoint if state == "ready" else "",
+                identity=rec.identity if state == "ready" else "",
             )
         )  # fmt: skip
 
@@ -474,6 +476,7 @@ class NodeAgent:
                 shard=r.shard, replica=r.replica, model=r.model, profile=r.profile, generation=r.generation,
                 rank=r.rank, gpus=list(r.gpus), port=r.port, state=r.state,
                 endpoint=r.endpoint if r.state == "ready" else "", fingerprint=r.fingerprint,
+                identity=r.identity if r.state == "ready" else "",
             )
             for r in self.state.shards.values()
             if r.pid

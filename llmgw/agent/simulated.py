@@ -2,9 +2,15 @@
 
 It speaks the real protocol (registers its node with the shards it runs,
 heartbeats, obeys start and stop commands once each by shard id and
-generation, reports shard states) but runs nothing: a shard is "loading"
+generation, reports shard states) but runs no model: a shard is "loading"
 after `loading_after` seconds and "ready" `ready_after` seconds later, or
 "failed" when its model is in `fail_models` or a test asks (`fail`).
+
+A ready shard of rank 0 serves a real HTTP engine (`sim_engine.SimEngine`)
+on a port it bound itself, the endpoint it reports; its answers name the
+replica, the model and the node. It is given an identity as a real engine
+is (`engines.identity`), reported with the shard. A shard that fails or
+stops closes its port, as a crashed engine's would be.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import msgspec
 from ..bus import Bus, publish_fact
 from ..core import commands as cmds
 from ..core import events as ev
+from .engines import identity
+from .sim_engine import SimEngine
 
 log = logging.getLogger("llmgw.agent")
 
@@ -60,6 +68,7 @@ class SimulatedAgent:
         self.running: dict[str, ev.RunningShard] = {}
         self._acted: set[tuple[str, int, str]] = set()
         self._tasks: dict[str, asyncio.Task] = {}
+        self.engines: dict[str, SimEngine] = {}  # by shard: those serving
         self._numbers = itertools.count(1)
         self.registered = asyncio.Event()
 
@@ -91,6 +100,9 @@ class SimulatedAgent:
             await follower.stop()
             for t in self._tasks.values():
                 t.cancel()
+            for engine in self.engines.values():
+                await engine.stop()
+            self.engines.clear()
 
     async def _register(self) -> None:
         await self._emit(
@@ -134,7 +146,6 @@ class SimulatedAgent:
         # In place of another shard: its GPUs and port are ours once it has exited.
         while any(s in self.running for s in cmd.after):
             await asyncio.sleep(0.02)
-        endpoint = f"http://127.0.0.1:{cmd.port}"
         shard = ev.RunningShard(
             shard=cmd.shard,
             replica=cmd.replica,
@@ -157,14 +168,27 @@ class SimulatedAgent:
             self.running.pop(cmd.shard, None)
             await self._status(cmd.replica, cmd.shard, cmd.generation, "failed", reason="simulated failure")
             return
-        shard.state, shard.endpoint = "ready", endpoint
-        await self._status(cmd.replica, cmd.shard, cmd.generation, "ready", endpoint=endpoint)
+        endpoint = me = ""
+        if cmd.rank == 0:  # the replica's endpoint; the other ranks answer no one, as real ones
+            me = identity(cmd.model, cmd.shard, cmd.generation)
+            says = f"simulated replica {cmd.replica} of {cmd.model} on node {self.name}"
+            engine = await SimEngine(cmd.model, identity=me, says=says).start()
+            self.engines[cmd.shard] = engine
+            endpoint = engine.endpoint
+        shard.state, shard.endpoint, shard.identity = "ready", endpoint, me
+        await self._status(cmd.replica, cmd.shard, cmd.generation, "ready", endpoint=endpoint, identity=me)
+
+    async def _close(self, shard_id: str) -> None:
+        engine = self.engines.pop(shard_id, None)
+        if engine is not None:
+            await engine.stop()
 
     async def _stop(self, cmd: cmds.StopShard) -> None:
         if cmd.grace_s and cmd.shard in self.running:
             # Draining: a simulated engine finishes what it has at once, nearly.
             await asyncio.sleep(min(cmd.grace_s, 0.05))
         shard = self.running.pop(cmd.shard, None)
+        await self._close(cmd.shard)
         replica = shard.replica if shard else cmd.shard.rpartition(".")[0]
         await self._status(replica, cmd.shard, cmd.generation, "stopped", reason=cmd.reason)
 
@@ -176,6 +200,7 @@ class SimulatedAgent:
         task = self._tasks.pop(shard_id, None)
         if task is not None:
             task.cancel()
+        await self._close(shard_id)
         await self._status(shard.replica, shard.shard, shard.generation, "failed", reason=reason)
         return True
 

@@ -52,6 +52,7 @@ class ShardRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     stop_reason: str = ""
     failure: str = ""  # set when the agent stops it as failed (not healthy in time, stopped answering)
     fingerprint: str = ""  # of the profile it was started with: reported at registration (adoption)
+    identity: str = ""  # the name its engine was given to answer to (engines.identity)
 
 
 class AgentState(msgspec.Struct, kw_only=True, omit_defaults=True):

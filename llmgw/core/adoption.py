@@ -41,6 +41,7 @@ def take_reports(state: State, node: Node, e: ev.NodeRegistered) -> None:
                 if sh.state != "stopping" and r.state in ("starting", "loading", "ready"):
                     sh.state = r.state
                     sh.endpoint = r.endpoint or sh.endpoint
+                    sh.identity = r.identity or sh.identity
             elif r is None and sh.state == "placing" and any(a in ours for a in sh.after):
                 # Placed in place of a shard the agent still runs (a restart
                 # in place, its old engine draining): rightly not started yet,
@@ -149,6 +150,7 @@ def _merge(
             generation=r.generation,
             state=r.state if r.state in ("starting", "loading", "ready") else "starting",
             endpoint=r.endpoint,
+            identity=r.identity,
             # What the profile asks for, as a running process does not say;
             # no more than the node has free (a profile edited to ask for
             # more than the node has does not make the node hold more than it has).

@@ -136,6 +136,7 @@ class RunningShard(Struct):
     state: str = "ready"
     endpoint: str = ""
     fingerprint: str = ""  # of the profile it was started with ("" : not said)
+    identity: str = ""  # what its engine answers to (see ShardStatus.identity)
 
 
 ShardState = Literal["starting", "loading", "ready", "failed", "stopped"]
@@ -232,6 +233,10 @@ class ShardStatus(Event, tag="shard.status"):
     state: ShardState
     reason: str = ""
     endpoint: str = ""
+    # The name the agent gave the engine at start, which it lists in its
+    # GET /v1/models: a gateway serves the replica only from an engine that
+    # lists it ("" : the engine carries none, and is taken on its endpoint).
+    identity: str = ""
 
 
 # --------------------------------------------------------------------------- gateways (llmgw.gw.<gateway>.>)

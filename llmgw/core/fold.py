@@ -38,7 +38,8 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 #    ends first; the limit check of a restart in place credits its predecessor.
 # 7: a shard that stopped while its replica was not being stopped fails the
 #    replica, which is replaced (it was "placing" for ever).
-FOLD_VERSION = 7
+# 8: a shard keeps the identity its engine was given (ShardStatus.identity).
+FOLD_VERSION = 8
 
 
 class Refused(ValueError):
@@ -311,6 +312,7 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
         sh.reason = e.reason
         if e.endpoint:
             sh.endpoint = e.endpoint
+            sh.identity = e.identity
         if len(rep.shards) == 1 and rep.state != "stopping" and not rep.want_shards:
             # One shard, not failed: the replica is where its shard is.
             if st == "ready" and rep.state != "ready":

@@ -43,6 +43,7 @@ class Shard(msgspec.Struct, kw_only=True):
     state: ShardState = "placing"
     reason: str = ""
     endpoint: str = ""
+    identity: str = ""  # what its engine answers to (ShardStatus.identity)
     # Host memory and CPU cores it holds on its node, from its profile when
     # placed: kept here so that its exit frees them whatever the catalog says by then.
     memory_gb: float = 0.0

@@ -11,6 +11,20 @@ The choice is least outstanding requests per unit of weight: the replica with
 the fewest requests in flight from this gateway, relative to its weight, among
 those whose breaker lets a request through; ties go round in turn.
 
+A replica's engine must be the one its agent started: an engine given an
+identity at start (ShardStatus.identity) is sent requests only on a
+connection where its GET /v1/models listed it (`identity_mismatch`; the shell
+asks once per new connection). A simulated replica once advertised a port a
+real engine held, and a request for `llama-70b` came back 200 from SmolLM2.
+
+When no replica can take a request, `when_none_ready` says whether it waits:
+for a model that runs replicas it does, up to the gateway's wait timeout;
+once replicas were tried and failed, while another is coming (placing,
+starting, loading, or a failed one about to be replaced), or for a grace
+after the failure (the log says a crashed engine failed, and its replacement
+placed, a moment after a request found its port closed). A model whose single
+replica crashed once answered its users 502 while the replacement started.
+
 A breaker opens after BREAKER_FAILURES failures in a row (no connection, the
 connection lost before an answer, a 502/503/504); while open the endpoint gets
 nothing; after its cool-down one request is let through (half-open) and its
@@ -19,6 +33,8 @@ outcome closes the breaker or opens it again for twice as long.
 
 from __future__ import annotations
 
+import enum
+import json
 from dataclasses import dataclass, field
 
 from ..core.catalog import profile_named
@@ -43,6 +59,7 @@ class Target:
     model: str
     endpoint: str
     weight: float = 1.0
+    identity: str = ""  # what its engine must list in GET /v1/models ("" : not checked)
 
 
 @dataclass(slots=True)
@@ -56,6 +73,9 @@ class Route:
     # Why a request for it must not wait for a replica ("" : it may: one is
     # coming, or load will bring one).
     no_wait: str = ""
+    # Replicas on their way: placing, starting, loading, failed (to be
+    # replaced), and those its decided count lacks. 0 when parked.
+    coming: int = 0
 
 
 @dataclass(slots=True)
@@ -87,13 +107,42 @@ def routable(state: State) -> list[Target]:
             continue
         profile = profile_named(model.spec, r.profile)
         weight = profile.weight if profile is not None else 1.0
-        out.append(Target(replica=rid, model=r.model, endpoint=lead.endpoint.rstrip("/"), weight=max(weight, MIN_WEIGHT)))
+        out.append(
+            Target(
+                replica=rid, model=r.model, endpoint=lead.endpoint.rstrip("/"), weight=max(weight, MIN_WEIGHT),
+                identity=lead.identity,
+            )
+        )  # fmt: skip
+    return out
+
+
+COMING_STATES = ("placing", "starting", "loading", "failed")
+
+
+def coming(state: State) -> dict[str, int]:
+    """Per model, the replicas on their way to ready (see Route.coming)."""
+    on_way: dict[str, int] = {}
+    live: dict[str, int] = {}
+    for r in state.replicas.values():
+        if r.state == "stopping" or r.state == "stopped":
+            continue
+        live[r.model] = live.get(r.model, 0) + 1
+        if r.state in COMING_STATES:
+            on_way[r.model] = on_way.get(r.model, 0) + 1
+    out = {}
+    for name, model in state.models.items():
+        if model.parked:
+            continue
+        n = on_way.get(name, 0) + max(decided(model) - live.get(name, 0), 0)
+        if n:
+            out[name] = n
     return out
 
 
 def build(state: State) -> Table:
     """The routing table the state implies."""
     table = Table(keys=keys_by_hash(state))
+    on_way = coming(state)
     for name in sorted(state.models):
         model = state.models[name]
         spec = model.spec
@@ -103,7 +152,9 @@ def build(state: State) -> Table:
             no_wait = f"model {name} runs no replica (min_replicas 0, no target_load, not on demand)"
         else:
             no_wait = ""
-        table.routes[name] = Route(name=name, owner=spec.owner, created=int(model.applied_at), no_wait=no_wait)
+        table.routes[name] = Route(
+            name=name, owner=spec.owner, created=int(model.applied_at), no_wait=no_wait, coming=on_way.get(name, 0)
+        )
         table.names[name] = name
     for name in sorted(state.models):  # aliases never shadow a model's own name
         for alias in state.models[name].spec.aliases:
@@ -114,6 +165,54 @@ def build(state: State) -> Table:
     for model, targets in by_model.items():
         table.routes[model].targets = tuple(targets)
     return table
+
+
+# --------------------------------------------------------------------------- waiting
+
+
+class NoneReady(enum.Enum):
+    """What becomes of a request no replica can take now."""
+
+    WAIT = "wait"  # one is coming, or may: wait for it (up to the wait timeout)
+    REFUSE = "refuse"  # none will come (parked, runs none, removed): 503 at once
+    FAIL = "fail"  # those tried failed and no other is coming: the failure is the answer
+
+
+def when_none_ready(route: Route | None, tried: int, failed_for: float, grace_s: float) -> NoneReady:
+    """Whether a request for `route` that no ready replica can take waits:
+    `tried` replicas have failed it, the last `failed_for` seconds ago."""
+    if route is None:
+        return NoneReady.REFUSE
+    if tried:
+        if route.no_wait:
+            return NoneReady.FAIL
+        if route.coming or failed_for < grace_s:
+            return NoneReady.WAIT
+        return NoneReady.FAIL
+    return NoneReady.REFUSE if route.no_wait else NoneReady.WAIT
+
+
+# --------------------------------------------------------------------------- identity
+
+
+def identity_mismatch(status: int, body: bytes, identity: str) -> str:
+    """Why an engine that answered GET /v1/models with `status` and `body`
+    is not the one given `identity`, or "" when it lists it (a model's `id`
+    or one of its `aliases`, as llama.cpp lists its aliases)."""
+    if status != 200:
+        return f"GET /v1/models answered {status}, not a list naming {identity}"
+    try:
+        data = json.loads(body)["data"]
+        names = []
+        for m in data:
+            names.append(m["id"])
+            names.extend(a for a in m.get("aliases") or () if isinstance(a, str))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return f"GET /v1/models answered {body[:80]!r}, not an OpenAI list of models"
+    if identity in names:
+        return ""
+    shown = ", ".join(sorted(set(map(str, names)))[:4]) or "no model"
+    return f"its GET /v1/models lists {shown}, not {identity}"
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
@@ -184,7 +283,9 @@ class Backend:
     """What this gateway keeps per replica: requests outstanding, its breaker.
     Kept across rebuilds of the table for as long as the replica is in it."""
 
-    __slots__ = ("target", "replica", "model", "endpoint", "host", "port", "weight", "outstanding", "breaker", "pool")
+    __slots__ = (
+        "target", "replica", "model", "endpoint", "host", "port", "weight", "outstanding", "breaker", "pool", "identity",
+    )  # fmt: skip
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -193,6 +294,7 @@ class Backend:
         self.endpoint = target.endpoint
         self.host, self.port = split_endpoint(target.endpoint)
         self.weight = target.weight
+        self.identity = target.identity
         self.outstanding = 0
         self.breaker = Breaker()
         self.pool = None  # the shell's connections to it

@@ -8,9 +8,12 @@ replica (routing.choose), send, and pass the answer back as it comes. A
 failure before the first byte reaches the client (no connection, connection
 lost, a 502/503/504) counts against the replica's breaker and is tried on
 another replica; after it, a streamed answer ends with an error event (what
-the openai SDK raises), any other is cut off. A model with no ready replica
-makes its request wait (counted as queued: that wakes an on-demand model) up
-to `wait_s`, then 503 with Retry-After.
+the openai SDK raises), any other is cut off. An engine given an identity
+that does not list it on a new connection is not the replica's (a failed
+attempt, with the reason). A model with no ready replica makes its request
+wait (counted as queued: that wakes an on-demand model) up to `wait_s`,
+then 503 with Retry-After; so does one whose replicas failed the request
+while another is coming (routing.when_none_ready).
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from . import api
 from .limits import KeyLimits, retry_after
 from .load import Loads
 from .metrics import Metrics
-from .routing import Backend, Table, build, choose
-from .upstream import Lost, Pool
+from .routing import Backend, NoneReady, Table, build, choose, when_none_ready
+from .upstream import Lost, NotTheEngine, Pool
 
 log = logging.getLogger("llmgw.gateway")
 _tracer = tracer("llmgw.gateway")
@@ -44,6 +47,11 @@ MAX_BODY = 32 * 1024 * 1024
 LOOPBACK = "127.0.0.1"
 REPORT_TICK_S = 0.25
 WAKE_RETRY_AFTER_S = 5
+# After the replicas tried failed, how long to wait for the log to say that
+# another is coming (a crashed engine is reported failed, and replaced, a
+# moment after a request found its port closed).
+FAILOVER_WAIT_S = 5.0
+WAIT_TICK_S = 0.5  # a waiting request looks again at least this often
 MAX_ATTEMPTS = 3
 USAGE_KEEP = 1 << 20  # an unstreamed answer longer than this is not read for its usage
 STREAM_TAIL = 4096
@@ -355,6 +363,7 @@ class Gateway:
         wait_s: float = 300.0,
         upstream_timeout: float = 600.0,
         connect_timeout: float = 3.0,
+        failover_s: float = FAILOVER_WAIT_S,
     ) -> None:
         self.bus = bus
         self.name = name
@@ -363,9 +372,10 @@ class Gateway:
         self.wait_s = wait_s
         self.upstream_timeout = upstream_timeout
         self.connect_timeout = connect_timeout
+        self.failover_s = failover_s
         self.state = State()
         self.table = Table()
-        self.backends: dict[tuple[str, str], Backend] = {}
+        self.backends: dict[tuple[str, str, str], Backend] = {}
         self.by_model: dict[str, list[Backend]] = {}
         self.limits: dict[str, KeyLimits] = {}
         self.loads = Loads()
@@ -395,16 +405,16 @@ class Gateway:
         """The routing table again, from the state as folded so far."""
         self._dirty = False
         table = build(self.state)
-        backends: dict[tuple[str, str], Backend] = {}
+        backends: dict[tuple[str, str, str], Backend] = {}
         by_model: dict[str, list[Backend]] = {}
         for route in table.routes.values():
             found = []
             for t in route.targets:
-                key = (t.replica, t.endpoint)
+                key = (t.replica, t.endpoint, t.identity)
                 b = self.backends.get(key)
                 if b is None:
                     b = Backend(t)
-                    b.pool = Pool(b.host, b.port, self.connect_timeout)
+                    b.pool = Pool(b.host, b.port, self.connect_timeout, t.identity)
                 else:
                     b.weight = t.weight
                 backends[key] = b
@@ -547,9 +557,9 @@ class Gateway:
         body = req.body
         if head.model != route.name:
             body = api.with_model(body, route.name)
-        asyncio.get_running_loop().create_task(self.proxy(client, req, path, route.name, route.no_wait, head.stream, body, owner is not None))
+        asyncio.get_running_loop().create_task(self.proxy(client, req, path, route.name, head.stream, body, owner is not None))
 
-    async def proxy(self, client: Client, req: Request, path: bytes, model: str, no_wait: str, stream: bool, body: bytes, keyed: bool) -> None:
+    async def proxy(self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, keyed: bool) -> None:
         now = time.time()
         meter = self.loads.meter(model, now)
         meter.last_used = now
@@ -559,27 +569,33 @@ class Gateway:
         status, replica, why = 0, "", ""
         ex: Exchange | None = None
         answered = False  # the client has had its answer (or is gone)
+        deadline = failed_at = 0.0  # of the wait, once begun; of the last failure
         try:
             while True:
                 backends = self.by_model.get(model)
                 self.turn += 1
                 b = choose(backends, time.monotonic(), self.turn, tried) if backends else None
                 if b is None:
-                    if tried:
-                        status = ex.status if ex is not None and ex.status in (503, 504) else 502
-                        why = f"no replica of {model} could take the request; the last, {tried[-1]}: {ex.error if ex else 'failed'}"
-                        break
-                    if no_wait:
-                        status, why = 503, no_wait
-                        break
-                    b = await self.wait_for_replica(client, model, meter)
+                    if not deadline:
+                        deadline = time.monotonic() + self.wait_s
+                    b, verdict = await self.wait_for_replica(client, model, meter, tried, failed_at, deadline)
                     if b is None:
-                        status = 499 if client.closed else 503
-                        why = f"no replica of {model} became ready within {self.wait_s:g}s"
+                        last = f"; the last tried, {tried[-1]}: {ex.error if ex else 'failed'}" if tried else ""
+                        if client.closed:
+                            status = 499
+                        elif verdict is NoneReady.FAIL:
+                            status = ex.status if ex is not None and ex.status in (503, 504) else 502
+                            why = f"no replica of {model} could take the request{last}"
+                        elif verdict is NoneReady.REFUSE:
+                            route = self.table.routes.get(model)
+                            status, why = 503, (route.no_wait if route else f"model {model} was removed") + last
+                        else:
+                            status, why = 503, f"no replica of {model} became ready within {self.wait_s:g}s{last}"
                         break
                 ex = await self.attempt(client, req, b, stream, upstream_req, body, meter)
                 outcome = ex.fut.result()
                 if outcome == RETRY:
+                    failed_at = time.monotonic()
                     tried.append(b.replica)
                     log.info("%s: %s failed before answering (%s)", model, b.replica, ex.error)
                     if len(tried) >= MAX_ATTEMPTS:
@@ -667,6 +683,12 @@ class Gateway:
                         ex.error = Lost(f"cannot connect to {b.endpoint}: {e or type(e).__name__}")
                         ex._resolve(RETRY)
                         break
+                    except NotTheEngine as e:
+                        # Never a 200 from an engine that is not the replica's.
+                        log.warning("%s: %s", b.replica, e)
+                        ex.error = Lost(str(e))
+                        ex._resolve(RETRY)
+                        break
                 if client.closed or ex.fut.done():  # gone, or timed out, while connecting
                     conn.pool.release(conn)
                     ex._resolve(GONE)
@@ -712,33 +734,45 @@ class Gateway:
             client.closed = True
             client.finished(False)
 
-    async def wait_for_replica(self, client: Client, model: str, meter) -> Backend | None:
-        """Wait (queued) until the model has a replica to take the request, or time runs out."""
+    async def wait_for_replica(
+        self, client: Client, model: str, meter, tried: list[str], failed_at: float, deadline: float
+    ) -> tuple[Backend | None, NoneReady]:
+        """Wait (queued) for a replica not yet tried to take the request, as
+        long as `when_none_ready` says one may come and `deadline` allows.
+        (None, why not) when none did; WAIT then means time ran out."""
         loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + self.wait_s
-        was_busy = meter.busy()
-        meter.change(time.time(), queued=1)
-        if not was_busy:
-            self.kick()  # the wake-up: report at once
+        queued = False
         try:
             while not client.closed:
+                now = time.monotonic()
                 backends = self.by_model.get(model)
                 if backends:
                     self.turn += 1
-                    b = choose(backends, time.monotonic(), self.turn)
+                    b = choose(backends, now, self.turn, tried)
                     if b is not None:
-                        return b
-                remaining = deadline - time.monotonic()
+                        return b, NoneReady.WAIT
+                verdict = when_none_ready(self.table.routes.get(model), len(tried), now - failed_at, self.failover_s)
+                if verdict is not NoneReady.WAIT:
+                    return None, verdict
+                remaining = deadline - now
                 if remaining <= 0:
-                    return None
+                    # Out of time in the grace after a failure, nothing coming: the failure is the answer.
+                    route = self.table.routes.get(model)
+                    return None, when_none_ready(route, len(tried), float("inf"), self.failover_s)
+                if not queued:
+                    queued, was_busy = True, meter.busy()
+                    meter.change(time.time(), queued=1)
+                    if not was_busy:
+                        self.kick()  # the wake-up: report at once
                 fut = loop.create_future()
                 self.waiters.append(fut)
-                timer = loop.call_later(min(remaining, 0.5), lambda f=fut: f.done() or f.set_result(None))
+                timer = loop.call_later(min(remaining, WAIT_TICK_S), lambda f=fut: f.done() or f.set_result(None))
                 await fut
                 timer.cancel()
-            return None
+            return None, NoneReady.WAIT
         finally:
-            meter.change(time.time(), queued=-1)
+            if queued:
+                meter.change(time.time(), queued=-1)
 
     # ----------------------------------------------------------------- load, metrics
 

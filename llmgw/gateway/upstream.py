@@ -9,6 +9,13 @@ A pooled connection the engine has closed meanwhile (llama.cpp drops idle
 ones after 5 s, and after 100 requests) fails before any answer; that is
 the connection's fault, not the engine's, and the request is sent again on
 a fresh one (`Lost.stale`).
+
+A pool for an engine given an identity verifies each new connection before
+it carries a request: GET /v1/models must list the identity
+(routing.identity_mismatch), else `NotTheEngine` and the connection is
+dropped. Only verified connections are pooled, so a reused one costs
+nothing more; a stranger that took the port after the engine died is met on
+the new connection it takes to reach it.
 """
 
 from __future__ import annotations
@@ -19,8 +26,16 @@ import time
 
 import httptools
 
+from .routing import identity_mismatch
+
 IDLE_S = 4.0  # a pooled connection idle longer is closed rather than reused
 MAX_IDLE = 64  # idle connections kept per replica
+VERIFY_TIMEOUT_S = 5.0  # for an engine's answer to GET /v1/models on a new connection
+VERIFY_MAX_BODY = 1 << 20  # more than any list of models: a stranger streaming something else is cut
+
+
+class NotTheEngine(Exception):
+    """A new connection's engine is not the one the replica's agent started."""
 
 
 class Lost(Exception):
@@ -46,7 +61,7 @@ class Sink:
 class Connection(asyncio.Protocol):
     __slots__ = (
         "pool", "transport", "parser", "sink", "reused", "idle_since", "closed", "got_any",
-        "content_type", "length", "_answered", "_until_close",
+        "content_type", "length", "_answered", "_until_close", "verified",
     )  # fmt: skip
 
     def __init__(self, pool: "Pool") -> None:
@@ -62,6 +77,7 @@ class Connection(asyncio.Protocol):
         self.length: int | None = None
         self._answered = False
         self._until_close = False
+        self.verified = not pool.identity  # pooled only once verified
 
     # ----------------------------------------------------------------- asyncio
 
@@ -127,10 +143,10 @@ class Connection(asyncio.Protocol):
         self.sink = None
         self._answered = False
         self.content_type, self.length, self._until_close = b"", None, False
-        if keep and not self.closed:
-            self.pool.release(self)
-        else:
+        if not keep or self.closed:
             self.abort()
+        elif self.verified:
+            self.pool.release(self)
         if sink is not None:
             sink.end()
 
@@ -163,18 +179,53 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
 
+class _Probe(Sink):
+    """The answer to the GET /v1/models that verifies a connection: (status, body)."""
+
+    __slots__ = ("done", "status", "parts", "size")
+
+    def __init__(self, done: asyncio.Future) -> None:
+        self.done = done
+        self.status = 0
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def head(self, status: int, content_type: bytes, length: int | None, keep_alive: bool) -> None:
+        self.status = status
+
+    def body(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size <= VERIFY_MAX_BODY:
+            self.parts.append(data)
+
+    def end(self) -> None:
+        if not self.done.done():
+            self.done.set_result((self.status, b"".join(self.parts)))
+
+    def lost(self, error: Lost) -> None:
+        if not self.done.done():
+            self.done.set_exception(error)
+
+    def flush(self) -> None:
+        pass
+
+
 class Pool:
     """Idle keep-alive connections to one endpoint."""
 
-    __slots__ = ("host", "port", "idle", "open", "host_header", "connect_timeout", "closed")
+    __slots__ = ("host", "port", "idle", "open", "host_header", "connect_timeout", "closed", "identity", "verify_timeout")
 
-    def __init__(self, host: str, port: int, connect_timeout: float = 3.0) -> None:
+    def __init__(
+        self, host: str, port: int, connect_timeout: float = 3.0, identity: str = "", verify_timeout: float = VERIFY_TIMEOUT_S
+    ) -> None:
         self.host, self.port = host, port
         self.idle: list[Connection] = []
         self.open = 0
         self.host_header = f"{host}:{port}".encode() if ":" not in host else f"[{host}]:{port}".encode()
         self.connect_timeout = connect_timeout
         self.closed = False  # the replica left the table: connections are not kept
+        self.identity = identity  # what a new connection's engine must list ("" : not checked)
+        self.verify_timeout = verify_timeout
 
     def take_idle(self) -> Connection | None:
         idle = self.idle
@@ -202,7 +253,30 @@ class Pool:
             except OSError:
                 pass
         self.open += 1
+        if not conn.verified:
+            await self._verify(conn)
         return conn
+
+    async def _verify(self, conn: Connection) -> None:
+        """Ask the engine on `conn` its models; NotTheEngine unless it lists the identity."""
+        where = f"the engine at {self.host}:{self.port}"
+        probe = _Probe(asyncio.get_running_loop().create_future())
+        conn.send(b"GET /v1/models HTTP/1.1\r\nHost: %s\r\nAccept: application/json\r\n\r\n" % self.host_header, probe)
+        try:
+            status, body = await asyncio.wait_for(probe.done, self.verify_timeout)
+        except asyncio.TimeoutError:
+            conn.abort()
+            raise NotTheEngine(f"{where} did not answer GET /v1/models within {self.verify_timeout:g}s: cannot tell it is {self.identity}") from None
+        except Lost as e:
+            conn.abort()
+            raise NotTheEngine(f"{where} was asked GET /v1/models and {e}: cannot tell it is {self.identity}") from None
+        why = identity_mismatch(status, body, self.identity)
+        if why:
+            conn.abort()
+            raise NotTheEngine(f"{where} is not the engine started for this replica: {why}")
+        if conn.closed:
+            raise NotTheEngine(f"{where} closed the connection after GET /v1/models (an engine must keep connections alive)")
+        conn.verified = True
 
     def release(self, conn: Connection) -> None:
         if self.closed or len(self.idle) >= MAX_IDLE:
