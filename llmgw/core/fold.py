@@ -22,6 +22,7 @@ import msgspec
 
 from . import events as ev
 from .catalog import NAME_RE, fingerprint, profile_named, spec_problem
+from .ports import held_by_another_program, in_range, node_ports, placement_problem, range_problem
 from .quota import add, count, need, over_limit, replica_amount, shard_amount
 from .scaling import current_load, note_peak, wants
 from .state import (
@@ -53,7 +54,9 @@ from .state import (
 #    ends first; the limit check of a restart in place credits its predecessor.
 # 7: a shard that stopped while its replica was not being stopped fails the
 #    replica, which is replaced (it was "placing" for ever).
-FOLD_VERSION = 7
+# 8: a node's engine port range and the ports other programs hold (NodePorts);
+#    a shard failed on one of those is not a start failure of its model.
+FOLD_VERSION = 8
 
 
 class Refused(ValueError):
@@ -258,6 +261,9 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
         raise Refused(f"node name {e.node!r} must be letters, digits, _ and - (at most 64)")
     if len({g.index for g in e.gpus}) != len(e.gpus):
         raise Refused(f"node {e.node} reports two GPUs with the same index")
+    problem = range_problem(e.port_first, e.port_last)
+    if problem:
+        raise Refused(f"node {e.node}: {problem}")
     node = Node(
         name=e.node,
         gpus=list(e.gpus),
@@ -266,7 +272,10 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
         labels=dict(e.labels),
         agent=e.agent,
         registered_at=e.at,
+        port_first=e.port_first,
+        port_last=e.port_last,
     )
+    node.taken = in_range(node, e.ports_taken)
     state.nodes[e.node] = node
     reported = {r.shard: r for r in e.running}
     ours: set[str] = set()
@@ -515,7 +524,8 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
         return  # a late report about an older incarnation: nothing to learn
     if terminal:
         if st == "failed" and not rep.ready_at and rep.state not in ("stopping", "failed"):
-            _failed_to_start(state, rep, e)
+            if not held_by_another_program(state.nodes.get(e.node), sh.port):
+                _failed_to_start(state, rep, e)
         sh.state = st
         sh.reason = e.reason
         node = state.nodes.get(e.node)
@@ -629,6 +639,9 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
                 return f"GPU {g} on {s.node} is held by {used[g]}"
         if s.port in node.ports and node.ports[s.port] not in handed:
             return f"port {s.port} on {s.node} is held by {node.ports[s.port]}"
+        why = placement_problem(node, s.port)
+        if why:
+            return why
     shards = []
     for s in placements:
         sid, port, gpus_taken = s.shard, s.port, s.gpus
@@ -824,6 +837,7 @@ def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
     node.used.clear()
     node.ports.clear()
     node.strays.clear()
+    node.taken = []
     node.memory_used = 0.0
     node.cpu_used = 0
     for rep in list(state.replicas.values()):
@@ -1013,6 +1027,7 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.ModelLoad: _model_load,
     ev.OwnerApplied: _owner_applied,
     ev.OwnerRemoved: _owner_removed,
+    ev.NodePorts: node_ports,
 }
 
 _ACTIONS: dict[type, Callable[[State, ev.Action, ev.Decided, int], str]] = {
