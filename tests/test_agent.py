@@ -422,14 +422,31 @@ async def test_a_bad_engine_fails_its_shard_with_a_clear_reason(node, tmp_path, 
 async def test_a_taken_port_fails_the_shard_and_a_start_never_kills_what_holds_it(node):
     import socket
 
-    await node.start()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        await node.send(start_cmd(port))
+    first = socket.socket()  # another program's, held before the agent starts
+    first.bind(("127.0.0.1", 0))
+    first.listen()
+    port = first.getsockname()[1]
+    later = socket.socket()  # and one it opens afterwards
+    try:
+        ports = agentfile.PortRange(first=port, last=port + 2)
+        await node.start(agent_file=AgentFile(engine_ports=ports, stop_timeout_s=5, start_timeout_s=20))
+        # Its range, and what another program holds of it, said at registration.
+        (reg,) = node.events(ev.NodeRegistered)
+        assert (reg.port_first, reg.port_last, reg.ports_taken) == (port, port + 2, [port])
+        later.bind(("127.0.0.1", port + 1))
+        later.listen()
+        await node.send(start_cmd(port + 1))
         await until(lambda: "failed" in node.states("m-1.0"), 15)
-    assert node.reason("m-1.0") == f"port {port} on 127.0.0.1 is taken by another process"
+        assert node.reason("m-1.0") == f"port {port + 1} on 127.0.0.1 is taken by another process"
+        # Said before the failure, which the control plane then reads as the node's.
+        kinds = [type(ev.decode(d)).__name__ for _, d in node.bus.log]
+        assert kinds[-2:] == ["NodePorts", "ShardStatus"]
+        assert node.events(ev.NodePorts)[-1].taken == [port, port + 1]
+    finally:
+        first.close()
+        later.close()
+    # The other program goes: a heartbeat later its ports are said free.
+    await until(lambda: node.events(ev.NodePorts)[-1].taken == [], 10)
 
 
 async def test_an_engine_not_healthy_in_time_is_stopped_and_failed(node):
