@@ -152,6 +152,9 @@ def test_the_example_agent_file_and_cpu_catalog_load():
         ("engines:\n  vlm: /x\n", ":2: engines.vlm: vlm is not an engine kind"),
         ("address: 'a b'\n", ":1: address"),
         ("gpus: [\n", "not valid YAML"),
+        ("address: 127.0.0.1\nengine_ports: 30000-20000\n", ":2: engine_ports: Value error, the first port (30000) is after the last (20000)"),
+        ("engine_ports: 20000\n", ":1: engine_ports: Value error, a range of ports, first-last (such as 20000-29999), not 20000"),
+        ("engine_ports: {first: 0, last: 9}\n", ":1: engine_ports.first: Input should be greater than or equal to 1"),
     ],
 )
 def test_agent_file_errors_name_the_file_the_line_and_the_field(tmp_path, text, expected):

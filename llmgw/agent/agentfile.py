@@ -78,8 +78,8 @@ class PortRange(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _from_text(cls, v):
-        if isinstance(v, str):
-            first, dash, last = v.strip().partition("-")
+        if isinstance(v, (str, int)):  # YAML reads a lone port as a number
+            first, dash, last = str(v).strip().partition("-")
             if not dash or not first.strip().isdigit() or not last.strip().isdigit():
                 raise ValueError(f"a range of ports, first-last (such as {DEFAULT_ENGINE_PORTS_TEXT}), not {v!r}")
             return {"first": int(first), "last": int(last)}
