@@ -28,6 +28,7 @@ from llmgw.bus.server import free_port
 from llmgw.core import commands as cmds
 from llmgw.core import events as ev
 
+from .conftest import engine_ports
 from .scenario import until
 
 FAKE = Path(__file__).resolve().parent / "fake_engine.py"
@@ -298,6 +299,10 @@ class Node:
     async def start(self, **kw) -> NodeAgent:
         self._stop = asyncio.Event()
         kw.setdefault("agent_file", AgentFile(stop_timeout_s=5, start_timeout_s=20))
+        if kw["agent_file"].engine_ports == agentfile.DEFAULT_ENGINE_PORTS:
+            # Ports of the test's own, never the default range another `llmgw up` may hold.
+            ports = agentfile.PortRange.parse(engine_ports())
+            kw["agent_file"] = kw["agent_file"].model_copy(update={"engine_ports": ports})
         self.agent = NodeAgent(
             self.bus, self.name, state_dir=self.tmp / "agent", inventory=Inventory(gpus=[], cpu_cores=2, memory_gb=4),
             heartbeat=0.2, check_interval=0.05, ready_interval=0.2, **kw,
