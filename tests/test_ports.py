@@ -113,14 +113,6 @@ def test_the_agent_sets_the_port_range_and_a_full_range_is_explained():
     waiting = f.state.models["m"].waiting
     assert "ports: needs a free one in 31000-31002, has none (1 held by other programs)" in waiting, waiting
     assert any("ports: needs a free one in 31000-31002" in line for line in render_explanation(explain(f.state, "m")))
-    # A decision outside the node's range (taken before it said its range) is voided.
-    other = Fleet()
-    register(other)
-    other.apply(cpu_model())
-    stale = decide(other.state, other.tick())
-    register(other, first=31000, last=31009)
-    other.publish(ev.Decided(at=other.tick(), basis=other.state.seq, actions=stale))
-    assert other.state.voided[-1].reason == f"port {PORT_BASE} is outside a's engine ports (31000-31009)"
 
 
 def test_a_registration_with_a_range_that_is_not_one_is_quarantined():

@@ -230,9 +230,6 @@ def why_place_is_unsafe(
             return f"port {s.port} on {s.node} is held"
         if s.port and s.port in node.taken:
             return f"port {s.port} on {s.node} is held by another program"
-        first, last = node.port_first or 20000, node.port_last or 29999
-        if s.port and not first <= s.port <= last:
-            return f"port {s.port} is outside {s.node}'s range {first}-{last}"
     return ""
 
 

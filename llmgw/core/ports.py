@@ -15,8 +15,7 @@ sees one free again), and the fold:
 
 - keeps them in `Node.taken`, apart from `Node.ports` (what our shards and
   strays hold), and placement skips both;
-- voids a placement on one of them, or outside the node's range (a decision
-  taken before the node said so);
+- voids a placement on one of them (a decision taken before the node said so);
 - does not count the failure of a shard whose port another program holds
   towards parking its model: it is the node's fact, not the model's, and the
   replacement gets another port.
@@ -59,12 +58,14 @@ def node_ports(state: State, e: ev.NodePorts, seq: int) -> None:
 
 
 def placement_problem(node: Node, port: int) -> str:
-    """Why a decided port may not be used on this node, or ""."""
+    """Why a decided port may not be used on this node, or "".
+
+    Only a port another program holds makes a decision wrong. One outside
+    the node's range (decided before it said another) is not voided: the
+    range steers where placement looks, and an engine there binds all the
+    same."""
     if node.taken and port in node.taken:
         return f"port {port} on {node.name} is held by another program"
-    first, last = port_range(node)
-    if port and not first <= port <= last:
-        return f"port {port} is outside {node.name}'s engine ports ({first}-{last})"
     return ""
 
 
