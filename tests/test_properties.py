@@ -406,7 +406,6 @@ def test_a_shard_failed_on_a_port_another_program_holds_never_counts_towards_par
     # It is the node's fact, not the model's: the replacement gets another
     # port. Counted, five such failures parked a model whose every other port was free.
     world = World(data)
-    seen = 0
     for step in world.run(STEPS):
         e = step.event
         if not (isinstance(e, ev.ShardStatus) and e.state == "failed"):
@@ -416,7 +415,6 @@ def test_a_shard_failed_on_a_port_another_program_holds_never_counts_towards_par
         sh = next((s for s in rep.shards if s.id == e.shard), None) if rep is not None else None
         if sh is None or node is None or sh.port not in node.taken or rep.model not in world.live.models:
             continue
-        seen += 1
         was, now = before.models[rep.model], world.live.models[rep.model]
         assert (now.start_failures, now.failed_at) == (was.start_failures, was.failed_at), (
             f"{e.shard} failed on port {sh.port}, which another program holds on {e.node}, and counted"
