@@ -11,6 +11,10 @@ and the model was parked (see llmgw/core/ports.py). The agent finds them:
 - and it looks again at those it said, once a heartbeat, to say when one is
   free again. (Only those: one taken later is found when a start meets it.)
 
+A try is a bind without listen, held for microseconds: a program binding the
+same port at that instant without SO_REUSEADDR could be refused, which is why
+only the agent's own range is tried, and its own engines' ports are not.
+
 A port one of this agent's own engines holds is never another program's,
 whatever a bind says: it is left out, so that it is not kept from placement
 once that engine exits.
