@@ -97,3 +97,55 @@ def run_llmgw(*args: str, cwd: Path | None = None, timeout: float = 60) -> subpr
         cwd=cwd,
         stdin=subprocess.DEVNULL,
     )
+
+
+# --------------------------------------------------------------------------- ports and processes of a test's own
+
+
+def engine_ports(count: int = 16) -> str:
+    """A range of engine ports for an agent of a test ("first-last"), free
+    when chosen. Never the default range: another `llmgw up` on the machine
+    may hold it. A port taken meanwhile is no failure: the agent says so and
+    it is skipped (issue 11)."""
+    from llmgw.bus.server import port_is_taken
+
+    for _ in range(50):
+        first = free_port()
+        if first + count - 1 <= 65535 and not any(port_is_taken(p) for p in range(first, first + count)):
+            return f"{first}-{first + count - 1}"
+    raise RuntimeError(f"no {count} free ports in a row on 127.0.0.1")
+
+
+def agent_runners(state_dir: Path) -> list[int]:
+    """The engine runners an agent of this test runs, as its state file
+    records them, each checked to be that process still (a pid is reused).
+    Only what the test's own agent started: no scan of the machine's processes."""
+    import json
+
+    from llmgw.agent import supervisor as sv
+
+    path = Path(state_dir) / "agent.json"
+    if not path.exists():
+        return []
+    saved = json.loads(path.read_text())
+    return sorted(
+        rec["pid"] for rec in saved.get("shards", {}).values() if rec.get("pid") and sv.is_ours(rec["pid"], rec["argv"])
+    )
+
+
+def engine_starts(state_dir: Path) -> int:
+    """How many engines an agent ever started under this state dir: each
+    start heads its shard's log with a line (supervisor.spawn)."""
+    logs = Path(state_dir) / "logs"
+    return sum(
+        f.read_text(errors="replace").count("--- llmgw: ") for f in logs.glob("*.log*")
+    ) if logs.is_dir() else 0
+
+
+def kill_engines(state_dir: Path) -> None:
+    """SIGKILL the process group of every runner the agent recorded (a test that failed midway)."""
+    for pid in agent_runners(state_dir):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

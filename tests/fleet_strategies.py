@@ -8,8 +8,10 @@ spec) and removed, agents registering (reporting some of what the fold
 believes runs there, sometimes with a stale generation, and sometimes shards
 this log never placed: strays, or replicas to adopt, the shards of a
 multi-node one reported by their agents one by one), nodes lost, shard status
-reports (sometimes stale), gateways' load, operators' restarts (beside, in
-place, paced) and retries, malformed messages, and control-plane passes, some
+reports (sometimes stale), agents saying which ports of their range other
+programs hold (often one a shard was just placed on), gateways' load,
+operators' restarts (beside, in place, paced) and retries, malformed
+messages, and control-plane passes, some
 of them deliberately decided on an older state, as a deposed leader would
 publish them. With `rogue=True` some
 decisions are made up outright (GPUs and ports someone holds, ids used
@@ -44,6 +46,7 @@ from llmgw.core import events as ev
 from llmgw.core.catalog import profile_named
 from llmgw.core.decide import decide
 from llmgw.core.fold import apply, decode_state, encode_state
+from llmgw.core.placement import port_range
 from llmgw.core.state import LIVE_SHARD_STATES, State
 
 GPU_MEMORY_GB = (16.0, 24.0, 40.0, 80.0)
@@ -67,6 +70,12 @@ SHARD_STATES = ("starting", "loading", "ready", "failed", "stopped")
 REPORTED_STATES = ("ready", "loading", "starting", "ready", "failed", "stopped", "ready")
 RUNNING_STATES = ("starting", "loading", "ready")
 PORTS = (0, 20000, 20001, 20002, 20003)
+# Ports other programs hold on a node, as its agent says (NodeRegistered.ports_taken,
+# NodePorts): among those placement hands out first, and one past PORTS.
+OTHERS_PORTS = (20000, 20001, 20002, 20004)
+# A node's engine port range: mostly the default; sometimes four ports, so
+# that other programs' ports can fill it.
+PORT_RANGES = ((0, 0), (0, 0), (0, 0), (20001, 20004))
 # How a model scales: (target_load, on_demand, scale_down_delay_s, idle_s,
 # drain_grace_s), with times of the order of a few steps (0-30 s each).
 # Mostly the catalog's minimum only, as most models are.
@@ -133,6 +142,7 @@ class NodeFacts:
     memory_gb: float
     cpu_cores: int
     labels: dict[str, str]
+    ports: tuple[int, int] = (0, 0)  # first and last engine port (0, 0: the default)
 
 
 @st.composite
@@ -144,7 +154,8 @@ def node_facts(draw) -> NodeFacts:
     if fabric:
         labels["llmgw.io/fabric"] = fabric
     return NodeFacts(
-        memory_gb=draw(sampled_from(HOST_MEMORY_GB)), cpu_cores=draw(sampled_from(CPU_CORES)), labels=labels
+        memory_gb=draw(sampled_from(HOST_MEMORY_GB)), cpu_cores=draw(sampled_from(CPU_CORES)), labels=labels,
+        ports=draw(sampled_from(PORT_RANGES)),
     )
 
 
@@ -302,7 +313,7 @@ class World:
 
     def kinds(self) -> list[str]:
         kinds = ["decide", "status", "apply", "register", "decide", "status", "apply", "status", "register"]
-        kinds += ["status", "decide", "remove", "lose", "load", "restart", "retry", "owner"]
+        kinds += ["status", "decide", "remove", "lose", "load", "restart", "retry", "owner", "ports", "ports"]
         if self.stale:
             kinds += ["stale", "stale"]
         if self.rogue:
@@ -464,6 +475,8 @@ class World:
         if self.draw(st.integers(0, 2)) == 0:  # something running that this log did not place
             self._ghost(name, gpus, running, taken_gpus, taken_ports, add)
         facts = self.facts[name]
+        # Ports other programs hold: never one of the agent's own engines'.
+        others = [p for p in OTHERS_PORTS if p not in taken_ports]
         return ev.NodeRegistered(
             at=self.tick(),
             node=name,
@@ -473,7 +486,39 @@ class World:
             labels=dict(facts.labels),
             running=running,
             agent=f"agent-{name}",
+            port_first=facts.ports[0],
+            port_last=facts.ports[1],
+            ports_taken=self.draw(st.lists(sampled_from(others), max_size=2, unique=True)) if others else [],
         )
+
+    def _step_ports(self, step: Step) -> None:
+        """An agent says which ports other programs hold on its node now: some
+        of OTHERS_PORTS, and often the port of a shard it was told to start
+        there and refused for that reason (whose failure is a later status
+        step); never the port of an engine it runs."""
+        placing = sorted({sh.node for r in self.live.replicas.values() for sh in r.shards if sh.state == "placing"})
+        if placing and self.draw(st.booleans(), "about a node with a start pending"):
+            name = self.draw(sampled_from(placing))
+        else:
+            name = self.draw(sampled_from(sorted(self.fleet)))
+        node = self.live.nodes.get(name)
+        running: set[int] = set()
+        refusable: list[int] = []
+        for rep in self.live.replicas.values():
+            for sh in rep.shards:
+                if sh.node == name and sh.port:
+                    if sh.state == "placing":
+                        refusable.append(sh.port)
+                    elif sh.state in LIVE_SHARD_STATES:
+                        running.add(sh.port)
+        if node is not None:
+            running.update(s.port for s in node.strays.values() if s.port)
+        candidates = sorted({*OTHERS_PORTS, *refusable} - running)
+        taken = self.draw(st.lists(sampled_from(candidates), max_size=3, unique=True)) if candidates else []
+        if refusable and self.draw(st.integers(0, 3), "a start refused"):
+            port = self.draw(sampled_from(sorted(set(refusable) - running) or [0]))
+            taken = sorted({*(node.taken if node is not None else ()), *taken, port} - {0})
+        self._emit(step, ev.NodePorts(at=self.tick(), node=name, taken=taken))
 
     def _ghost(self, name, gpus, running, taken_gpus, taken_ports, add) -> None:
         """A shard the agent on `name` runs that this log did not place there,
@@ -604,6 +649,17 @@ class World:
             step.detail = "nothing to report on"
             return
         stale = self.draw(st.integers(0, 5)) == 0
+        refused = [
+            (rep, sh) for rep, sh in shards
+            if sh.state == "placing" and sh.port and sh.port in self.live.nodes[sh.node].taken
+        ]
+        if refused and self.draw(st.integers(0, 3), "a refused start fails"):
+            # The agent refused it, its port held by another program (see _step_ports).
+            rep, sh = self.draw(sampled_from(refused))
+            reason = f"port {sh.port} on {sh.node} is taken by another process"
+            self._emit(step, ev.ShardStatus(at=self.tick(), node=sh.node, replica=rep.id, shard=sh.id,
+                                            generation=sh.generation, state="failed", reason=reason))
+            return
         if self.draw(sampled_from(choices)) == "shard":
             live = [(rep, sh) for rep, sh in shards if sh.state in LIVE_SHARD_STATES]
             if live and self.draw(st.integers(0, 3)):  # mostly about shards still running
@@ -718,10 +774,10 @@ class World:
                     if node is not None and node.used and self.draw(st.booleans()):
                         indices, least = sorted(node.used), 1  # GPUs someone holds
                     gpus = self.draw(st.lists(sampled_from(indices), min_size=least, max_size=3, unique=True))
-                    taken = set(node.ports) if node is not None else set()
+                    taken = {*node.ports, *node.taken} if node is not None else set()
                     if self.draw(st.booleans()):  # a port nobody holds, so that the GPUs decide
                         port = self.draw(sampled_from([p for p in (*PORTS, 20004, 20005) if p not in taken]))
-                    else:
+                    else:  # sometimes one a shard, a stray or another program holds
                         port = self.draw(sampled_from(sorted({*PORTS, *taken})))
                     shards.append(ev.ShardPlacement(shard=f"{replica}.{rank}", node=n, rank=rank, gpus=gpus, port=port))
                 actions.append(
@@ -755,7 +811,9 @@ class World:
         node = self.live.nodes[name]
         free = [g.index for g in node.gpus if g.index not in node.used]
         gpus = self.draw(st.lists(sampled_from(free), max_size=2, unique=True)) if free else []
-        port = self.draw(sampled_from([p for p in PORTS if p not in node.ports]))
+        first, last = port_range(node)
+        ports = [p for p in PORTS if p not in node.ports and p not in node.taken and (not p or first <= p <= last)]
+        port = self.draw(sampled_from(ports))
         return ev.ShardPlacement(shard=f"{replica}.0", node=name, rank=0, gpus=sorted(gpus), port=port)
 
     # ------------------------------------------------------------------ malformed messages

@@ -28,6 +28,7 @@ from llmgw.bus.server import free_port
 from llmgw.core import commands as cmds
 from llmgw.core import events as ev
 
+from .conftest import engine_ports
 from .scenario import until
 
 FAKE = Path(__file__).resolve().parent / "fake_engine.py"
@@ -159,6 +160,9 @@ def test_the_example_agent_file_and_cpu_catalog_load():
         ("engines:\n  vlm: /x\n", ":2: engines.vlm: vlm is not an engine kind"),
         ("address: 'a b'\n", ":1: address"),
         ("gpus: [\n", "not valid YAML"),
+        ("address: 127.0.0.1\nengine_ports: 30000-20000\n", ":2: engine_ports: Value error, the first port (30000) is after the last (20000)"),
+        ("engine_ports: 20000\n", ":1: engine_ports: Value error, a range of ports, first-last (such as 20000-29999), not 20000"),
+        ("engine_ports: {first: 0, last: 9}\n", ":1: engine_ports.first: Input should be greater than or equal to 1"),
     ],
 )
 def test_agent_file_errors_name_the_file_the_line_and_the_field(tmp_path, text, expected):
@@ -302,6 +306,10 @@ class Node:
     async def start(self, **kw) -> NodeAgent:
         self._stop = asyncio.Event()
         kw.setdefault("agent_file", AgentFile(stop_timeout_s=5, start_timeout_s=20))
+        if kw["agent_file"].engine_ports == agentfile.DEFAULT_ENGINE_PORTS:
+            # Ports of the test's own, never the default range another `llmgw up` may hold.
+            ports = agentfile.PortRange.parse(engine_ports())
+            kw["agent_file"] = kw["agent_file"].model_copy(update={"engine_ports": ports})
         self.agent = NodeAgent(
             self.bus, self.name, state_dir=self.tmp / "agent", inventory=Inventory(gpus=[], cpu_cores=2, memory_gb=4),
             heartbeat=0.2, check_interval=0.05, ready_interval=0.2, **kw,
@@ -429,14 +437,31 @@ async def test_a_bad_engine_fails_its_shard_with_a_clear_reason(node, tmp_path, 
 async def test_a_taken_port_fails_the_shard_and_a_start_never_kills_what_holds_it(node):
     import socket
 
-    await node.start()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        await node.send(start_cmd(port))
+    first = socket.socket()  # another program's, held before the agent starts
+    first.bind(("127.0.0.1", 0))
+    first.listen()
+    port = first.getsockname()[1]
+    later = socket.socket()  # and one it opens afterwards
+    try:
+        ports = agentfile.PortRange(first=port, last=port + 2)
+        await node.start(agent_file=AgentFile(engine_ports=ports, stop_timeout_s=5, start_timeout_s=20))
+        # Its range, and what another program holds of it, said at registration.
+        (reg,) = node.events(ev.NodeRegistered)
+        assert (reg.port_first, reg.port_last, reg.ports_taken) == (port, port + 2, [port])
+        later.bind(("127.0.0.1", port + 1))
+        later.listen()
+        await node.send(start_cmd(port + 1))
         await until(lambda: "failed" in node.states("m-1.0"), 15)
-    assert node.reason("m-1.0") == f"port {port} on 127.0.0.1 is taken by another process"
+        assert node.reason("m-1.0") == f"port {port + 1} on 127.0.0.1 is taken by another process"
+        # Said before the failure, which the control plane then reads as the node's.
+        kinds = [type(ev.decode(d)).__name__ for _, d in node.bus.log]
+        assert kinds[-2:] == ["NodePorts", "ShardStatus"]
+        assert node.events(ev.NodePorts)[-1].taken == [port, port + 1]
+    finally:
+        first.close()
+        later.close()
+    # The other program goes: a heartbeat later its ports are said free.
+    await until(lambda: node.events(ev.NodePorts)[-1].taken == [], 10)
 
 
 async def test_an_engine_not_healthy_in_time_is_stopped_and_failed(node):

@@ -6,7 +6,9 @@ Kept small for a 2-core machine: two engines of one thread each, a few
 tokens per answer at temperature 0, generous timeouts. Every process is
 stopped by its pid at the end; engines are stopped by the agent
 (--stop-engines-on-exit), and any left by a test that failed midway are
-killed by their process group from the agent's state file."""
+killed by their process group from the agent's state file. Engines listen on
+ports of a range the test chose (--engine-ports), never the default one,
+and only processes the test started are looked at."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from llmgw.agent import logs
 from llmgw.bus.server import free_port
 from llmgw.core import events as ev
 
-from .conftest import demo_gguf, run_llmgw
+from .conftest import agent_runners, demo_gguf, engine_ports, engine_starts, kill_engines, run_llmgw
 from .test_e2e_nats import live, wait_for
 
 GGUF = demo_gguf()
@@ -84,21 +86,6 @@ def engines_of(state_dir: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def runners_on(state_dir: Path) -> list[int]:
-    """Every engine runner process of this agent on the machine (to see nothing runs twice)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if b"llmgw.agent.runner" in cmd and any(str(state_dir).encode() in c for c in cmd):
-            found.append(int(pid))
-    return sorted(found)
-
-
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -111,22 +98,13 @@ def alive(pid: int) -> bool:
         return False
 
 
-def kill_groups(pids) -> None:
-    for pid in pids:
-        if pid > 0:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
 @pytest.fixture
 def state_dirs(tmp_path):
-    """Agent state dirs of a test; their engines are killed at its end, whatever happened."""
+    """Agent state dirs of a test; the engines their agents recorded are killed at its end, whatever happened."""
     dirs: list[Path] = []
     yield dirs
     for d in dirs:
-        kill_groups(runners_on(d))
+        kill_engines(d)
 
 
 def registrations(records) -> list[ev.NodeRegistered]:
@@ -153,7 +131,10 @@ def test_real_engines_serve_fail_are_replaced_and_are_adopted_across_agent_and_c
     state_dirs.append(agent_dir)
     agent_file = tmp_path / "agent.yaml"
     agent_file.write_text("address: 127.0.0.1\ncpu_cores: 4\nlabels: {llmgw.io/site: test}\n")
-    agent_args = ("agent", "--name", "n1", "--agent-file", str(agent_file), "--state-dir", str(agent_dir), "--nats", url)
+    agent_args = (
+        "agent", "--name", "n1", "--agent-file", str(agent_file), "--state-dir", str(agent_dir), "--nats", url,
+        "--engine-ports", engine_ports(),
+    )  # fmt: skip
     control_args = ("control", "--nats", url, "--state-dir", str(tmp_path / "control"))
 
     control = processes.start("control", *control_args)
@@ -198,7 +179,9 @@ def test_real_engines_serve_fail_are_replaced_and_are_adopted_across_agent_and_c
     # kill -9 of the agent: its engines keep answering; the agent started
     # again adopts them, and no engine is started again.
     engines = engines_of(agent_dir)
-    assert len(engines) == 2 and runners_on(agent_dir) == sorted(r for r, _ in engines.values())
+    assert len(engines) == 2 and agent_runners(agent_dir) == sorted(r for r, _ in engines.values())
+    starts = engine_starts(agent_dir)  # 3: both, and the replacement of the one killed
+    assert starts == 3
     processes.kill9(agent)
     for model, (_, endpoint) in ready.items():
         ask(endpoint, model)
@@ -217,7 +200,8 @@ def test_real_engines_serve_fail_are_replaced_and_are_adopted_across_agent_and_c
     time.sleep(2)  # room for a wrong start to show
     _, records = live(url)
     assert [e for e in events_after(records, seq_before, ev.ShardStatus) if e.state == "starting"] == []
-    assert engines_of(agent_dir) == engines and runners_on(agent_dir) == sorted(r for r, _ in engines.values())
+    assert engines_of(agent_dir) == engines and agent_runners(agent_dir) == sorted(r for r, _ in engines.values())
+    assert engine_starts(agent_dir) == starts  # no engine started again
     assert "adopted 2 running engine(s)" in processes.log("agent-2")
     for model, (_, endpoint) in ready.items():
         ask(endpoint, model)
@@ -243,7 +227,8 @@ def test_real_engines_serve_fail_are_replaced_and_are_adopted_across_agent_and_c
     assert both_ready(state) and ready_replicas(state) == ready
     assert placements(records) == placed_before and len(set(placed_before)) == len(placed_before) == 3
     assert [e for e in events_after(records, seq_before, ev.ShardStatus) if e.state in ("starting", "failed", "stopped")] == []
-    assert engines_of(agent_dir) == engines and runners_on(agent_dir) == sorted(r for r, _ in engines.values())
+    assert engines_of(agent_dir) == engines and agent_runners(agent_dir) == sorted(r for r, _ in engines.values())
+    assert engine_starts(agent_dir) == starts
     for model, (_, endpoint) in ready.items():
         ask(endpoint, model)
 
@@ -254,7 +239,7 @@ def test_up_on_a_fresh_folder_answers_a_chat_completion_from_the_real_model_thro
     state_dirs.append(state / "agent")
     proc = subprocess.Popen(
         [sys.executable, "-m", "llmgw", "up", "--nats-port", str(port), "--state-dir", str(state),
-         "--gateway-port", str(gateway_port)],
+         "--gateway-port", str(gateway_port), "--engine-ports", engine_ports()],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=tmp_path,
         stdin=subprocess.DEVNULL,
     )  # fmt: skip
@@ -282,7 +267,8 @@ def test_up_on_a_fresh_folder_answers_a_chat_completion_from_the_real_model_thro
             model="smollm2", messages=[{"role": "user", "content": "Hello! Who are you?"}], max_tokens=12, temperature=0
         )
         assert chat.choices[0].message.content.strip()
-        (runner,) = runners_on(state / "agent")
+        (runner,) = agent_runners(state / "agent")
+        ((_, engine),) = engines_of(state / "agent").values()
         # Its engine's log, as the operator reads it, from the agent of its node.
         where = ("--nats", f"nats://127.0.0.1:{port}", "--db", str(state / "readmodels.db"))
         listing = run_llmgw("ctl", *where, "get", "replicas", "-o", "json", cwd=tmp_path)
@@ -293,7 +279,7 @@ def test_up_on_a_fresh_folder_answers_a_chat_completion_from_the_real_model_thro
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
     # Ctrl-C stops everything, the engine with it.
-    assert not alive(runner) and runners_on(state / "agent") == []
+    assert not alive(runner) and not alive(engine) and agent_runners(state / "agent") == []
 
 
 def test_the_agent_waits_for_nats_and_reconnects_forever_registering_each_time(processes, tmp_path, state_dirs):
@@ -303,7 +289,10 @@ def test_the_agent_waits_for_nats_and_reconnects_forever_registering_each_time(p
     url = f"nats://127.0.0.1:{port}"
     state_dirs.append(tmp_path / "agent")
     # The agent first, with nothing listening yet: it waits.
-    processes.start("agent", "agent", "--name", "n1", "--state-dir", str(tmp_path / "agent"), "--nats", url)
+    processes.start(
+        "agent", "agent", "--name", "n1", "--state-dir", str(tmp_path / "agent"), "--nats", url,
+        "--engine-ports", engine_ports(),
+    )  # fmt: skip
     time.sleep(1.5)
     server = NatsServer(tmp_path / "nats", port).start()
     try:

@@ -24,7 +24,7 @@ import pytest
 from llmgw.bus.server import free_port
 from llmgw.core import events as ev
 
-from .conftest import demo_gguf, run_llmgw
+from .conftest import demo_gguf, engine_ports, kill_engines, run_llmgw
 from .test_e2e_nats import live, wait_for
 
 GGUF = demo_gguf()
@@ -52,27 +52,14 @@ CATALOG = (
 ASK = [{"role": "user", "content": "Say hello."}]
 
 
-def processes_with(*words: bytes) -> list[int]:
-    """Pids of the processes whose command line has all these words."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if all(any(w in c for c in cmd) for w in words):
-                found.append(int(pid))
-    return found
-
-
-def engine_pid(port: int) -> int:
-    """The llama.cpp engine listening on `port` (its command line says it)."""
-    for pid in processes_with(b"llmgw.agent.llamacpp_server"):
-        cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-        if b"--port" in cmd and cmd[cmd.index(b"--port") + 1] == str(port).encode():
-            return pid
-    raise AssertionError(f"no engine listens on port {port}")
+def engine_pid(agent_dir, port: int) -> int:
+    """The engine listening on `port`, as the agent's state file and its runner's status say."""
+    saved = json.loads((agent_dir / "agent.json").read_text())
+    for rec in saved.get("shards", {}).values():
+        if rec["port"] == port:
+            with open(rec["status"]) as f:
+                return json.load(f)["engine"]
+    raise AssertionError(f"no engine of the agent listens on port {port}")
 
 
 @pytest.fixture
@@ -80,11 +67,7 @@ def agent_dir(tmp_path):
     """The agent's state dir; engine runners of it still alive at the end are killed by process group."""
     d = tmp_path / "agent"
     yield d
-    for pid in processes_with(b"llmgw.agent.runner", str(d).encode()):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    kill_engines(d)
 
 
 def ready_of(state, model: str) -> list[str]:
@@ -118,7 +101,7 @@ def test_the_openai_sdk_through_the_gateway_to_real_engines(nats_server, process
     processes.start("control", "control", "--nats", url, "--state-dir", str(tmp_path / "control"))
     processes.start(
         "agent", "agent", "--name", "n1", "--agent-file", str(agent_file), "--state-dir", str(agent_dir), "--nats", url,
-        "--stop-engines-on-exit",
+        "--stop-engines-on-exit", "--engine-ports", engine_ports(),
     )  # fmt: skip
     processes.start(
         "gateway", "gateway", "--nats", url, "--port", str(port), "--name", "gw1", "--wait-timeout", "120",
@@ -170,7 +153,7 @@ def test_the_openai_sdk_through_the_gateway_to_real_engines(nats_server, process
             if chunk.choices and chunk.choices[0].delta.content:
                 got.append(chunk.choices[0].delta.content)
             if len(got) == 3:
-                os.kill(engine_pid(state.replicas[victim].shards[0].port), signal.SIGKILL)
+                os.kill(engine_pid(agent_dir, state.replicas[victim].shards[0].port), signal.SIGKILL)
     assert len(got) >= 3 and f"replica {victim} failed mid-answer" in failed.value.message
     other = next(r for r in ready_of(state, "smol") if r != victim)
     after = client.chat.completions.with_raw_response.create(model="smol", messages=ASK, max_tokens=4, temperature=0)

@@ -87,6 +87,11 @@ def assert_no_gpu_given_twice(state: State) -> None:
             if sh.port and not handed:
                 assert node.ports.get(sh.port) == sh.id, f"{sh.node}.ports[{sh.port}] is not {sh.id}"
     for name, node in state.nodes.items():
+        # Ports other programs hold: as the agent said them, each once, only of the node's range.
+        first, last = node.port_first or 20000, node.port_last or 29999
+        assert node.taken == sorted(set(node.taken)) and all(first <= p <= last for p in node.taken), (
+            f"{name}.taken = {node.taken} (range {first}-{last})"
+        )
         if node.state != "ready":
             assert not node.used and not node.ports and not node.strays, f"lost node {name} still holds something"
             continue
@@ -223,6 +228,8 @@ def why_place_is_unsafe(
             (s.port in node.ports and node.ports[s.port] not in old_ids) or (s.node, "port", s.port) in taken
         ):
             return f"port {s.port} on {s.node} is held"
+        if s.port and s.port in node.taken:
+            return f"port {s.port} on {s.node} is held by another program"
     return ""
 
 
@@ -393,6 +400,27 @@ def test_no_gpu_or_port_is_ever_given_twice(data):
         assert_held_memory_cores_and_tallies_are_derived(world.live)
 
 
+@SETTINGS
+@given(st.data())
+def test_a_shard_failed_on_a_port_another_program_holds_never_counts_towards_parking(data):
+    # It is the node's fact, not the model's: the replacement gets another
+    # port. Counted, five such failures parked a model whose every other port was free.
+    world = World(data)
+    for step in world.run(STEPS):
+        e = step.event
+        if not (isinstance(e, ev.ShardStatus) and e.state == "failed"):
+            continue
+        before = step.state_before()
+        rep, node = before.replicas.get(e.replica), before.nodes.get(e.node)
+        sh = next((s for s in rep.shards if s.id == e.shard), None) if rep is not None else None
+        if sh is None or node is None or sh.port not in node.taken or rep.model not in world.live.models:
+            continue
+        was, now = before.models[rep.model], world.live.models[rep.model]
+        assert (now.start_failures, now.failed_at) == (was.start_failures, was.failed_at), (
+            f"{e.shard} failed on port {sh.port}, which another program holds on {e.node}, and counted"
+        )
+
+
 def why_shard_breaks_a_rule(before: State, profile: ev.ProfileSpec, a: ev.PlaceReplica) -> str:
     """Which placement rule a decided replica breaks, said independently of
     placement.py (the GPU model by substring, enough for the names the
@@ -413,6 +441,9 @@ def why_shard_breaks_a_rule(before: State, profile: ev.ProfileSpec, a: ev.PlaceR
                 return f"GPU {i} on {s.node} has {g.memory_gb} GB, not {profile.gpu_memory_gb}"
         if profile.pool and node.labels.get("llmgw.io/pool") != profile.pool:
             return f"{s.node} is not in pool {profile.pool}"
+        first, last = node.port_first or 20000, node.port_last or 29999
+        if not first <= s.port <= last or s.port in node.taken:
+            return f"port {s.port} on {s.node}: outside {first}-{last} or held by another program {node.taken}"
         fabrics.add(node.labels.get("llmgw.io/fabric", ""))
     if profile.nodes > 1 and (len(fabrics) != 1 or "" in fabrics):
         return f"a multi-node replica over fabrics {sorted(fabrics)}"

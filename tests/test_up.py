@@ -17,7 +17,7 @@ import pytest
 
 from llmgw.bus.server import free_port
 
-from .conftest import run_llmgw
+from .conftest import engine_ports, run_llmgw
 
 pytestmark = pytest.mark.nats
 
@@ -39,7 +39,7 @@ def start_up(tmp_path, port: int, gateway_port: int = 0, extra: tuple = ("--no-a
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "llmgw", "up", "--nats-port", str(port), "--state-dir", str(tmp_path / "state"),
-            "--gateway-port", str(gateway_port or free_port()), *extra,
+            "--gateway-port", str(gateway_port or free_port()), "--engine-ports", engine_ports(), *extra,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -60,18 +60,9 @@ def start_up(tmp_path, port: int, gateway_port: int = 0, extra: tuple = ("--no-a
     raise AssertionError("llmgw up did not come up:\n" + "".join(lines))
 
 
-def nats_pid_on(port: int) -> int:
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if cmd and cmd[0].endswith(b"nats-server") and any(str(port).encode() in c or b".conf" in c for c in cmd):
-                conf = [c for c in cmd if c.endswith(b".conf")]
-                if conf and f":{port}".encode() in open(conf[0], "rb").read():
-                    return int(pid)
-    raise AssertionError(f"no nats-server on port {port}")
+def nats_pid_of(tmp_path) -> int:
+    """The nats-server that this test's `llmgw up` started, from the pid file in its state dir."""
+    return int((tmp_path / "state" / "nats" / "nats-server.pid").read_text())
 
 
 def test_up_serves_nats_runs_the_control_plane_and_ctrl_c_stops_everything(tmp_path):
@@ -81,7 +72,7 @@ def test_up_serves_nats_runs_the_control_plane_and_ctrl_c_stops_everything(tmp_p
         text = "".join(lines)
         assert f"NATS (JetStream) at nats://127.0.0.1:{port}" in text
         control_pid = int(re.search(r"control plane: pid (\d+)", text).group(1))
-        nats_pid = nats_pid_on(port)
+        nats_pid = nats_pid_of(tmp_path)
         catalog = tmp_path / "c.yaml"
         catalog.write_text("models:\n  - name: m\n    profiles: [{name: p, gpus: 1}]\n")
         out = run_llmgw("ctl", "--nats", f"nats://127.0.0.1:{port}", "apply", "-f", str(catalog))
@@ -135,7 +126,8 @@ def test_up_says_clearly_when_its_port_is_taken(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        out = run_llmgw("up", "--nats-port", str(port), "--state-dir", str(tmp_path / "s"), "--no-agent", timeout=30)
+        out = run_llmgw("up", "--nats-port", str(port), "--gateway-port", str(free_port()), "--state-dir",
+                        str(tmp_path / "s"), "--no-agent", timeout=30)
         assert out.returncode == 2
         assert f"port {port} on 127.0.0.1 is taken" in out.stderr
         # The gateway's too, before anything is started.

@@ -28,9 +28,15 @@ field (as a catalog's does) and the agent does not start.
       sglang: /opt/sglang/bin/python
     start_timeout_s: 900   # not healthy by then: the shard failed
     stop_timeout_s: 10     # after SIGTERM, SIGKILL
+    engine_ports: 20000-29999  # the ports its engines may listen on (first-last); `llmgw agent --engine-ports`
 
 Labels under `llmgw.io/` are the ones llmgw reads; a typo there is an error
 rather than a label nobody reads. Other labels pass through as they are.
+
+`engine_ports` is told to the control plane, which numbers engine ports
+within it; the agent says which of them another program holds (at
+registration, when it refuses a start on one, and when one is free again),
+so that they are not handed out.
 """
 
 from __future__ import annotations
@@ -39,9 +45,10 @@ import ipaddress
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .. import yamlfile
+from ..core.placement import PORT_BASE, PORT_LIMIT
 
 KNOWN_LABELS = frozenset(
     f"llmgw.io/{k}" for k in ("site", "room", "row", "rack", "pdu", "pool", "fabric", "simulated")
@@ -61,6 +68,51 @@ class GpuDecl(BaseModel):
     memory_gb: float = Field(0.0, ge=0)
 
 
+class PortRange(BaseModel):
+    """Ports first to last, both included; written "20000-29999"."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    first: int = Field(ge=1, le=65535)
+    last: int = Field(ge=1, le=65535)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_text(cls, v):
+        if isinstance(v, (str, int)):  # YAML reads a lone port as a number
+            first, dash, last = str(v).strip().partition("-")
+            if not dash or not first.strip().isdigit() or not last.strip().isdigit():
+                raise ValueError(f"a range of ports, first-last (such as {DEFAULT_ENGINE_PORTS_TEXT}), not {v!r}")
+            return {"first": int(first), "last": int(last)}
+        return v
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "PortRange":
+        if self.first > self.last:
+            raise ValueError(f"the first port ({self.first}) is after the last ({self.last})")
+        return self
+
+    @classmethod
+    def parse(cls, text: str) -> "PortRange":
+        """From "first-last" (a flag's value); raises ValueError saying what is wrong."""
+        from pydantic import ValidationError
+
+        try:
+            return cls.model_validate(text)
+        except ValidationError as e:
+            raise ValueError("; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors())) from None
+
+    def __str__(self) -> str:
+        return f"{self.first}-{self.last}"
+
+    def __contains__(self, port: int) -> bool:
+        return self.first <= port <= self.last
+
+
+# The control plane's default range (placement.py), which an agent that says none gets.
+DEFAULT_ENGINE_PORTS_TEXT = f"{PORT_BASE}-{PORT_LIMIT}"
+DEFAULT_ENGINE_PORTS = PortRange(first=PORT_BASE, last=PORT_LIMIT)
+
+
 class AgentFile(BaseModel):
     """An agent file, as loaded (every field has a default: no file is an empty one)."""
 
@@ -75,6 +127,7 @@ class AgentFile(BaseModel):
     engines: dict[str, str] = {}
     start_timeout_s: float = Field(900.0, gt=0)
     stop_timeout_s: float = Field(10.0, gt=0)
+    engine_ports: PortRange = DEFAULT_ENGINE_PORTS
 
     @field_validator("address")
     @classmethod
@@ -135,4 +188,6 @@ def load(path: str | Path | None) -> AgentFile:
 def dump(agent_file: AgentFile) -> str:
     """YAML for an agent file (what `llmgw up` writes for its machine)."""
     data = agent_file.model_dump(exclude_defaults=True)
+    if "engine_ports" in data:
+        data["engine_ports"] = str(agent_file.engine_ports)  # as people write it
     return yaml.safe_dump(data, sort_keys=False)

@@ -29,6 +29,11 @@ It speaks the protocol the simulated agent does (`simulated.py`), for real:
   in-flight gauges reach 0, or the grace runs out; the whole grace for an
   engine without metrics), then SIGTERM, then SIGKILL after the agent file's
   `stop_timeout_s`. The gateway stops routing to a draining replica.
+- Ports. It tells the control plane its engine port range (the agent
+  file's `engine_ports`) and which ports of it another program holds (in the
+  registration, in a `NodePorts` before the failure of a start refused for
+  it, and again once a heartbeat finds one of them free; `ports.py`), so
+  that they are not handed out again.
 - Liveness goes to the heartbeat bucket (latest only), never to the log; the
   log gets state changes only.
 - Events are published in the order they happened, each retried with its own
@@ -53,6 +58,7 @@ from ..bus import Bus, publish_fact
 from ..core import commands as cmds
 from ..core import events as ev
 from . import logs as engine_logs
+from . import ports as engine_ports
 from . import supervisor as sv
 from .agentfile import AgentFile
 from .engines import EngineError, build
@@ -120,6 +126,7 @@ class NodeAgent:
         self._tasks: set[asyncio.Task] = set()
         self._outbox: asyncio.Queue = asyncio.Queue()
         self._numbers = itertools.count(1)
+        self.taken: list[int] = []  # ports of its range another program holds, as last said
 
     # ----------------------------------------------------------------- the service
 
@@ -154,6 +161,7 @@ class NodeAgent:
                     await self.bus.beat(self.name, msgspec.json.encode(beat))
                 except Exception as e:
                     log.warning("heartbeat failed: %s", e)
+                self._ports_freed()
                 try:
                     await asyncio.wait_for(stop.wait(), self.heartbeat)
                 except asyncio.TimeoutError:
@@ -307,6 +315,7 @@ class NodeAgent:
                 self._fail_at_start(rec, str(e))
                 return
             if sv.port_taken(rec.host, cmd.port):
+                self._port_taken(cmd.port)
                 self._fail_at_start(rec, f"port {cmd.port} on {rec.host} is taken by another process")
                 return
             run_dir = self.state_dir / "run"
@@ -338,6 +347,38 @@ class NodeAgent:
             )
             self._status(rec, "starting")
             self._watch(cmd.shard)
+
+    # ----------------------------------------------------------------- ports other programs hold
+
+    def _own_ports(self) -> set[int]:
+        return {r.port for r in self.state.shards.values() if r.port}
+
+    def _port_taken(self, port: int) -> None:
+        """A start refused for its port: said before the failure, so that the
+        control plane keeps the port out and reads the failure as this node's.
+        (One of our own engines on it, still draining, is not another program.)"""
+        if port in self.agent_file.engine_ports and port not in self.taken and port not in self._own_ports():
+            self.taken = sorted({*self.taken, port})
+            self._outbox.put_nowait(ev.NodePorts(at=self.clock(), node=self.name, taken=list(self.taken)))
+
+    def _ports_freed(self) -> None:
+        """Once a heartbeat: those of the ports said taken that are free again are said free."""
+        if not self.taken:
+            return
+        now = engine_ports.still_taken(self.agent_file.address, self.taken, self._own_ports())
+        if now != self.taken:
+            log.info("ports free again: %s", ", ".join(str(p) for p in self.taken if p not in now))
+            self.taken = now
+            self._outbox.put_nowait(ev.NodePorts(at=self.clock(), node=self.name, taken=list(now)))
+
+    async def _scan_ports(self) -> None:
+        """Before a registration: every port of the range, off the event loop."""
+        rng = self.agent_file.engine_ports
+        found = await asyncio.to_thread(engine_ports.scan, self.agent_file.address, rng, self._own_ports())
+        # An engine of ours started during the scan is not another program.
+        self.taken = sorted(set(found) - self._own_ports())
+        if self.taken:
+            log.info("ports of %s held by other programs: %s", rng, ", ".join(map(str, self.taken)))
 
     def _fail_at_start(self, rec: ShardRecord, reason: str) -> None:
         log.warning("%s (generation %d) cannot start: %s", rec.shard, rec.generation, reason)
@@ -484,6 +525,8 @@ class NodeAgent:
         return ev.NodeRegistered(
             at=self.clock(), node=self.name, gpus=list(inv.gpus), memory_gb=inv.memory_gb, cpu_cores=inv.cpu_cores,
             labels=dict(inv.labels), running=running, agent=f"llmgw-agent/{self.instance}",
+            port_first=self.agent_file.engine_ports.first, port_last=self.agent_file.engine_ports.last,
+            ports_taken=list(self.taken),
         )  # fmt: skip
 
     async def _publish_loop(self) -> None:
@@ -491,6 +534,8 @@ class NodeAgent:
             item = await self._outbox.get()
             try:
                 try:
+                    if item is _REGISTER:
+                        await self._scan_ports()
                     event = self.registration() if item is _REGISTER else item
                 except Exception:  # never the end of the publisher: the next registration may do
                     log.exception("could not build the registration")

@@ -57,6 +57,10 @@ class NatsServer:
         self.proc: subprocess.Popen | None = None
 
     @property
+    def pid_file(self) -> Path:
+        return self.store_dir / "nats-server.pid"
+
+    @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
@@ -71,6 +75,8 @@ class NatsServer:
         conf.write_text(
             f"listen: 127.0.0.1:{self.port}\n"
             f"server_name: llmgw-{self.port}\n"
+            # Which process it is, for whoever started it (the tests, an operator).
+            f"pid_file: {str(self.pid_file.resolve())!r}\n"
             "jetstream {\n"
             f"  store_dir: {str(self.store_dir.resolve() / 'jetstream')!r}\n"
             "  sync_interval: always\n"

@@ -72,6 +72,7 @@ def cmd_up(args) -> None:
             agent_file=args.agent_file,
             node_name=args.name,
             gateway_port=None if args.no_gateway else args.gateway_port,
+            engine_ports=args.engine_ports,
         )
     )
 
@@ -195,6 +196,8 @@ def cmd_real_agent(args) -> None:
     except agentfile.AgentFileError as e:
         print(f"llmgw agent: {e}", file=sys.stderr)
         sys.exit(2)
+    if args.engine_ports:
+        agent_file.engine_ports = args.engine_ports  # the flag wins over the file
     state_dir = Path(args.state_dir or os.path.join(".llmgw", f"agent-{name}"))
     _setup_logging(args.verbose)
     log = logging.getLogger("llmgw.agent")
@@ -302,6 +305,27 @@ def cmd_events(args) -> None:
 # ----------------------------------------------------------------- parser
 
 
+def _engine_ports_help() -> str:
+    from ..core.placement import PORT_BASE, PORT_LIMIT
+
+    return (
+        f"the ports the agent's engines may listen on (default: the agent file's engine_ports, else "
+        f"{PORT_BASE}-{PORT_LIMIT}); those another program holds are found and not handed out"
+    )
+
+
+ENGINE_PORTS_HELP = _engine_ports_help()
+
+
+def _port_range(text: str):
+    from ..agent.agentfile import PortRange
+
+    try:
+        return PortRange.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llmgw", description="A GPU fleet as one LLM service, folded from an event log.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -316,6 +340,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--name", help="the local node's name (default: the host name)")
     up.add_argument("--gateway-port", type=int, default=8080, help="the port of the gateway's OpenAI API (default 8080)")
     up.add_argument("--no-gateway", action="store_true", help="run no gateway")
+    up.add_argument("--engine-ports", type=_port_range, metavar="FIRST-LAST", help=ENGINE_PORTS_HELP)
     up.set_defaults(func=cmd_up)
 
     control = sub.add_parser("control", help="run the control plane")
@@ -339,6 +364,7 @@ def parser() -> argparse.ArgumentParser:
         "--stop-engines-on-exit", action="store_true",
         help="stop the engines when the agent stops (llmgw up); by default they outlive it and are adopted again",
     )  # fmt: skip
+    agent.add_argument("--engine-ports", type=_port_range, metavar="FIRST-LAST", help=ENGINE_PORTS_HELP)
     agent.add_argument("--gpus", type=int, default=8, help="GPUs of a simulated node")
     agent.add_argument("--gpu-memory", type=float, default=80.0, help="GB per simulated GPU")
     agent.add_argument("--loading-after", type=float, default=0.1, help="seconds from starting to loading")

@@ -114,6 +114,7 @@ def up(
     agent_file: str | None = None,
     node_name: str | None = None,
     gateway_port: int | None = 8080,
+    engine_ports=None,  # agentfile.PortRange for the local agent; None: its agent file's
 ) -> int:
     import asyncio
 
@@ -168,6 +169,7 @@ def up(
                 [
                     py, "-m", "llmgw", "agent", "--name", node, "--agent-file", str(af),
                     "--state-dir", str(state / "agent"), "--nats", nats_url, "--stop-engines-on-exit",
+                    *(("--engine-ports", str(engine_ports)) if engine_ports else ()),
                 ],
             )  # fmt: skip
         )

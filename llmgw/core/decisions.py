@@ -14,6 +14,7 @@ from typing import Callable
 
 from . import events as ev
 from .catalog import profile_named
+from .ports import placement_problem
 from .quota import add, count, need, over_limit, replica_amount, shard_amount
 from .replicas import RETIRING, TERMINAL, unwanted
 from .state import KEEP_LAST, Replica, Shard, State, Tally, Voided, add_gb
@@ -97,6 +98,9 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
                 return f"GPU {g} on {s.node} is held by {used[g]}"
         if s.port in node.ports and node.ports[s.port] not in handed:
             return f"port {s.port} on {s.node} is held by {node.ports[s.port]}"
+        why = placement_problem(node, s.port)
+        if why:
+            return why
     shards = []
     for s in placements:
         sid, port, gpus_taken = s.shard, s.port, s.gpus

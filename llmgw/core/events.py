@@ -221,6 +221,14 @@ class NodeRegistered(Event, tag="node.registered"):
     labels: dict[str, str] = {}
     running: list[RunningShard] = []
     agent: str = ""  # which agent instance spoke, for the history
+    # The ports its engines may be given, first to last (its agent file's
+    # `engine_ports`); 0 and 0: the default range (placement.PORT_BASE..PORT_LIMIT),
+    # which is what an agent written before this field meant.
+    port_first: int = 0
+    port_last: int = 0
+    # The ports of that range another program holds now: kept out of
+    # placement until a NodePorts says otherwise (see NodePorts).
+    ports_taken: list[int] = []
 
 
 class ShardStatus(Event, tag="shard.status"):
@@ -237,6 +245,34 @@ class ShardStatus(Event, tag="shard.status"):
     # GET /v1/models: a gateway serves the replica only from an engine that
     # lists it ("" : the engine carries none, and is taken on its endpoint).
     identity: str = ""
+
+
+class NodePorts(Event, tag="node.ports"):
+    """Which ports of its engine range another program holds now, complete:
+    the control plane keeps them out of placement on that node until a
+    later NodePorts (or registration) no longer lists them.
+
+    The control plane numbers engine ports itself and cannot see the node's
+    sockets. Seen for real: with anything listening on the first port of a
+    node, every placement there got that port, the agent refused it, and five
+    refusals later the model was parked though every other port was free.
+
+    An event of its own, not a field of ShardStatus: it is a fact about the
+    node, not about a shard, and it must also be said when no shard changes
+    (the other program exits and its port is free again). The whole set each
+    time, not a change: one lost to a bug or a quarantine cannot keep a port
+    out for ever, and the next one says it all again. A registration says the
+    same for the moment it is made (NodeRegistered.ports_taken): it replaces
+    everything known of the node, and a pass between it and a NodePorts
+    would hand out those ports again.
+
+    The agent says it when it refuses a start because the port is taken,
+    before the shard's failure, so that the fold reads that failure as the
+    node's (not counted towards parking the model), and when one of those
+    ports is free again."""
+
+    node: str
+    taken: list[int] = []
 
 
 # --------------------------------------------------------------------------- gateways (llmgw.gw.<gateway>.>)
@@ -404,6 +440,7 @@ AnyEvent = Union[
     ModelLoad,
     OwnerApplied,
     OwnerRemoved,
+    NodePorts,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
@@ -423,6 +460,7 @@ ORIGIN: dict[type[Event], str] = {
     ModelLoad: "gw",
     OwnerApplied: "ctl",
     OwnerRemoved: "ctl",
+    NodePorts: "agent",
 }
 
 

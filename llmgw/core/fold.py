@@ -23,6 +23,7 @@ import msgspec
 from . import adoption, decisions
 from . import events as ev
 from .catalog import NAME_RE, fingerprint, spec_problem
+from .ports import held_by_another_program, in_range, node_ports, range_problem
 from .quota import count, replica_amount, shard_amount
 from .replicas import RETIRING, TERMINAL, derive_replica_state, hand_back, release_ids, started, unwanted
 from .scaling import current_load, note_peak, wants
@@ -39,7 +40,9 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 7: a shard that stopped while its replica was not being stopped fails the
 #    replica, which is replaced (it was "placing" for ever).
 # 8: a shard keeps the identity its engine was given (ShardStatus.identity).
-FOLD_VERSION = 8
+# 9: a node's engine port range and the ports other programs hold (NodePorts);
+#    a shard failed on one of those is not a start failure of its model.
+FOLD_VERSION = 9
 
 
 class Refused(ValueError):
@@ -237,6 +240,9 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
         raise Refused(f"node name {e.node!r} must be letters, digits, _ and - (at most 64)")
     if len({g.index for g in e.gpus}) != len(e.gpus):
         raise Refused(f"node {e.node} reports two GPUs with the same index")
+    problem = range_problem(e.port_first, e.port_last)
+    if problem:
+        raise Refused(f"node {e.node}: {problem}")
     node = Node(
         name=e.node,
         gpus=list(e.gpus),
@@ -245,7 +251,10 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
         labels=dict(e.labels),
         agent=e.agent,
         registered_at=e.at,
+        port_first=e.port_first,
+        port_last=e.port_last,
     )
+    node.taken = in_range(node, e.ports_taken)
     state.nodes[e.node] = node
     adoption.take_reports(state, node, e)
 
@@ -288,7 +297,8 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
         return  # a late report about an older incarnation: nothing to learn
     if terminal:
         if st == "failed" and not rep.ready_at and rep.state not in ("stopping", "failed"):
-            _failed_to_start(state, rep, e)
+            if not held_by_another_program(state.nodes.get(e.node), sh.port):
+                _failed_to_start(state, rep, e)
         sh.state = st
         sh.reason = e.reason
         node = state.nodes.get(e.node)
@@ -332,6 +342,7 @@ def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
     node.used.clear()
     node.ports.clear()
     node.strays.clear()
+    node.taken = []
     node.memory_used = 0.0
     node.cpu_used = 0
     for rep in list(state.replicas.values()):
@@ -373,4 +384,5 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.ModelLoad: _model_load,
     ev.OwnerApplied: _owner_applied,
     ev.OwnerRemoved: _owner_removed,
+    ev.NodePorts: node_ports,
 }

@@ -29,7 +29,7 @@ def mentions(event: ev.Event) -> set[Entity]:
     elif isinstance(event, ev.ShardStatus):
         out.update({("node", event.node), ("replica", event.replica)})
         out.add(("model", event.replica.rpartition("-")[0]))
-    elif isinstance(event, ev.NodeLost):
+    elif isinstance(event, (ev.NodeLost, ev.NodePorts)):
         out.add(("node", event.node))
     elif isinstance(event, ev.ReplicasRestart):
         for r in event.replicas:
@@ -100,6 +100,9 @@ def summary(event: ev.Event, about: Entity | None = None) -> str:
         return f"shard {event.shard} on {event.node} {event.state}{why}"
     if isinstance(event, ev.NodeLost):
         return f"node {event.node} lost: {event.reason}"
+    if isinstance(event, ev.NodePorts):
+        held = ", ".join(map(str, event.taken)) or "none"
+        return f"node {event.node}: ports held by other programs: {held}"
     if isinstance(event, ev.ReplicasRestart):
         how = " in place" if event.in_place else ""
         pace = f" (max surge {event.max_surge}, max unavailable {event.max_unavailable})" if (

@@ -14,7 +14,9 @@ not is a `Reason` (data: the rule, what was needed, what the node has), and
     gpus        enough of those are free
     memory      its host memory not yet held covers one shard's (0 on the node: not said, no limit)
     cpu         likewise its CPU cores
-    ports       it has a port free in PORT_BASE..PORT_LIMIT
+    ports       it has a port free in its range (PORT_BASE..PORT_LIMIT unless
+                its agent says another), held neither by a shard or stray
+                nor by another program (Node.taken)
 
 A multi-node profile (`nodes > 1`) takes one shard on each of that many
 distinct nodes of one fabric, rank 0 being the endpoint. A node without the
@@ -63,6 +65,8 @@ import msgspec
 from .events import Gpu, ProfileSpec, ShardPlacement
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
 
+# The engine ports of a node whose agent names no range (NodeRegistered's
+# port_first and port_last 0); the agent file's `engine_ports` defaults to it.
 PORT_BASE = 20000
 PORT_LIMIT = 29999
 POOL_LABEL = "llmgw.io/pool"
@@ -311,18 +315,30 @@ class _View:
         self.mem_used = node.memory_used
         self.cpu_used = node.cpu_used
         self.ports: set[int] | None = None  # built when first asked
-        self.next_port = PORT_BASE
+        self.next_port = node.port_first or PORT_BASE
         self.groups: tuple[_Group, ...] = ()  # the index's groups it is filed in
 
     def free_port(self) -> int:
-        """The lowest port not held by a shard or a stray (0: none left)."""
+        """The lowest port of the node's range not held by a shard, a stray
+        or another program (0: none left)."""
         if self.ports is None:
-            self.ports = set(self.node.ports)
+            self._build_ports()
         port = self.next_port
-        while port in self.ports:
+        while port in self.ports:  # type: ignore[operator]
             port += 1
         self.next_port = port  # ports are only taken within a pass, never freed
-        return port if port <= PORT_LIMIT else 0
+        return port if port <= (self.node.port_last or PORT_LIMIT) else 0
+
+    def _build_ports(self) -> None:
+        node = self.node
+        self.ports = set(node.ports)
+        if node.taken:
+            self.ports.update(node.taken)
+
+
+def port_range(node: Node) -> tuple[int, int]:
+    """The first and last port engines may be given on a node."""
+    return (node.port_first or PORT_BASE, node.port_last or PORT_LIMIT)
 
 
 def _kind(gpus: list[Gpu]) -> tuple[str, float, int] | None:
@@ -447,7 +463,9 @@ class Inventory:
             have = f"{node.cpu_cores - v.cpu_used} free of {node.cpu_cores}"
             out += (Reason(rule=CPU, need=f"{p.cpu_cores} cores", have=have),)
         if not v.free_port():
-            out += (Reason(rule=PORTS, need=f"a free one in {PORT_BASE}-{PORT_LIMIT}", have="none"),)
+            first, last = port_range(node)
+            have = f"none ({len(node.taken)} held by other programs)" if node.taken else "none"
+            out += (Reason(rule=PORTS, need=f"a free one in {first}-{last}", have=have),)
         return out
 
     # ------------------------------------------------------------------ placing
@@ -599,9 +617,11 @@ class Inventory:
             sign = -1 if give else 1
             v.mem_used = add_gb(v.mem_used, sign * sh.memory_gb)
             v.cpu_used += sign * sh.cpu_cores
-            if sh.port and v.node.ports.get(sh.port) == sh.id:
+            # (A port another program holds stays out, whoever held it here:
+            # the shard placed on it before the agent said so frees nothing.)
+            if sh.port and v.node.ports.get(sh.port) == sh.id and sh.port not in v.node.taken:
                 if v.ports is None:
-                    v.ports = set(v.node.ports)
+                    v._build_ports()
                 if give:
                     v.ports.discard(sh.port)
                     v.next_port = min(v.next_port, sh.port)

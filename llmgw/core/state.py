@@ -114,6 +114,14 @@ class Node(msgspec.Struct, kw_only=True):
     cpu_used: int = 0
     # Shards the agent runs that no model claims, until they exit.
     strays: dict[str, "Stray"] = {}
+    # The ports its engines may be given, first to last (0 and 0: the
+    # default range, see placement.port_range).
+    port_first: int = 0
+    port_last: int = 0
+    # Ports of that range another program holds, sorted, as its agent last
+    # said (NodeRegistered.ports_taken, NodePorts): never handed out while
+    # listed. Apart from `ports`, which is what shards and strays hold.
+    taken: list[int] = []
 
 
 class Tally(msgspec.Struct, kw_only=True):
