@@ -206,7 +206,7 @@ def test_a_rerun_of_up_right_after_ctrl_c_serves_again_and_places_nothing_twice(
     nats_port, gateway_port = free_port(), free_port()
     nats = f"nats://127.0.0.1:{nats_port}"
     argv = ("up", "--state-dir", str(tmp_path / "state"), "--nats-port", str(nats_port),
-            "--gateway-port", str(gateway_port), "--name", "node-a")  # fmt: skip
+            "--gateway-port", str(gateway_port), "--name", "node-a", "--engine-ports", engine_ports())  # fmt: skip
     first = processes.start("up-1", *argv)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway_port}/v1", api_key="unused", timeout=30, max_retries=0)
     try:
