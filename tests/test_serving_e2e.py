@@ -19,8 +19,6 @@ Small for 2 cores: one engine of one thread, a few tokens, generous timeouts.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import threading
 import time
 
@@ -33,10 +31,10 @@ from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import free_port
 from llmgw.core import commands as cmds
 
-from .conftest import demo_gguf, run_llmgw
+from .conftest import demo_gguf, engine_ports, kill_engines, run_llmgw
 from .fake_openai import FakeEngine
 from .test_e2e_nats import wait_for
-from .test_gateway_e2e import processes_with, ready_of, wait_http
+from .test_gateway_e2e import ready_of, wait_http
 
 GGUF = demo_gguf()
 
@@ -126,13 +124,10 @@ def background():
 
 @pytest.fixture
 def agent_dir(tmp_path):
+    """The agent's state dir; engine runners of it still alive at the end are killed by process group."""
     d = tmp_path / "agent"
     yield d
-    for pid in processes_with(b"llmgw.agent.runner", str(d).encode()):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    kill_engines(d)
 
 
 def apply(url: str, path, text: str) -> None:
@@ -162,7 +157,7 @@ def test_each_model_is_answered_by_its_own_replica_or_waits_for_one_never_by_ano
     processes.start("control", "control", "--nats", url, "--state-dir", str(tmp_path / "control"))
     processes.start(
         "agent", "agent", "--name", "n1", "--agent-file", str(agent_file), "--state-dir", str(agent_dir), "--nats", url,
-        "--stop-engines-on-exit",
+        "--stop-engines-on-exit", "--engine-ports", engine_ports(),
     )  # fmt: skip
     processes.start("gateway", "gateway", "--nats", url, "--port", str(port), "--name", "gw1", "--wait-timeout", "120")
     processes.start("gateway-1s", "gateway", "--nats", url, "--port", str(impatient), "--name", "gw2", "--wait-timeout", "1")
