@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from ..cli.exits import Exit
 from ..core import events as ev
 from ..core.fold import apply
 from ..core.history import Entity, Record, history, summary, verify
@@ -35,7 +36,8 @@ def parse_at(text: str) -> tuple[str, float]:
     try:
         when = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise SystemExit(f"--at {text!r}: give a sequence number, Unix seconds or an ISO 8601 time") from None
+        print(f"llmgw replay: --at {text!r}: give a sequence number, Unix seconds or an ISO 8601 time", file=sys.stderr)
+        raise SystemExit(Exit.BAD_INPUT) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
     return "time", when.timestamp()
@@ -130,7 +132,7 @@ def run(records: Sequence[Record], args) -> int:
                 out.write(f"  recorded:      {'; '.join(d.recorded) or '(nothing)'}\n")
                 out.write(f"  decided again: {'; '.join(d.decided_again) or '(nothing)'}\n")
             out.write(f"{checked} decision(s) checked, {len(diffs)} differ\n")
-        return 1 if diffs else 0
+        return Exit.NOT_AS_WANTED if diffs else Exit.OK
     if about is not None:
         limit = at[1] if at and at[0] == "seq" else None
         items = [(s, e) for s, e in history(records, about) if limit is None or s <= limit]
