@@ -137,7 +137,7 @@ ABOUT = {
 def add_parser(sub) -> None:
     ctl = sub.add_parser("ctl", help="operate the fleet: apply a catalog, get and describe what runs")
     _where_flags(ctl, None)
-    verbs = ctl.add_subparsers(dest="verb", required=True, metavar="VERB")
+    verbs = ctl.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of these (llmgw ctl VERB --help says more)")
 
     def verb(name: str, help: str) -> argparse.ArgumentParser:
         p = verbs.add_parser(name, help=help)
@@ -355,7 +355,9 @@ class Effect(NamedTuple):
     where: str  # how it stands, for the progress lines
 
 
-async def wait_effect(where: Where, check: Callable[[ReadModels], Effect], timeout: float, *, what: str) -> None:
+async def wait_effect(
+    where: Where, check: Callable[[ReadModels], Effect], timeout: float, *, what: str, started: float | None = None
+) -> None:
     """--wait: until `check` says the change took effect in the fleet (as the
     read models show it), saying how it stands whenever that changes (and
     about once a second while it waits); CtlError NOT_AS_WANTED if it cannot
@@ -364,6 +366,8 @@ async def wait_effect(where: Where, check: Callable[[ReadModels], Effect], timeo
         raise CtlError("--wait needs the read models: give --db (or run llmgw up)", UNREACHABLE)
     models = ReadModels(where.db)
     progress = Progress()
+    if started is not None:  # the command's wait began earlier (for the read models)
+        progress.started = started
     said = ""
     while True:
         try:
@@ -432,7 +436,7 @@ async def _took_effect(args, where: Where, seq: int, what: str, check: Callable[
     if seq:
         await wait_projected(where.db, seq, timeout, what=what)
     if args.wait and check is not None:
-        await wait_effect(where, check, max(0.0, timeout - (time.monotonic() - started)), what=what)
+        await wait_effect(where, check, timeout, what=what, started=started)
 
 
 # --------------------------------------------------------------------------- verbs

@@ -423,7 +423,7 @@ def parser() -> argparse.ArgumentParser:
         "  llmgw COMMAND --help\n\n" + table_text(),
     )  # fmt: skip
     p.add_argument("--version", action="version", version=f"llmgw {version()}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of these (llmgw COMMAND --help says more)")
 
     up = sub.add_parser("up", help="run NATS (embedded), the control plane, the projector, an agent and a gateway here")
     up.add_argument(
@@ -504,7 +504,7 @@ def parser() -> argparse.ArgumentParser:
     ctl.add_parser(sub)
 
     projections = sub.add_parser("projections", help="the SQLite read models: rebuild them from the log")
-    projections_sub = projections.add_subparsers(dest="what", required=True, metavar="ACTION")
+    projections_sub = projections.add_subparsers(dest="what", required=True, metavar="ACTION", help="what to do")
     rebuild = projections_sub.add_parser(
         "rebuild", help="make the read models afresh from the whole log (a running projector moves to the new file)"
     )
@@ -530,7 +530,7 @@ def parser() -> argparse.ArgumentParser:
     replay.set_defaults(func=cmd_replay)
 
     events = sub.add_parser("events", help="the event contract: check or write events/schema/")
-    events_sub = events.add_subparsers(dest="what", required=True, metavar="ACTION")
+    events_sub = events.add_subparsers(dest="what", required=True, metavar="ACTION", help="what to do")
     schema = events_sub.add_parser("schema", help="check (default) or write events/schema/")
     schema.add_argument(
         "--write", action="store_true", help="write events/schema/ from the code instead of checking it"
