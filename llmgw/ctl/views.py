@@ -212,7 +212,7 @@ def with_iso_times(data):
         out = {}
         for k, v in data.items():
             out[k] = with_iso_times(v)
-            if (k == "at" or k.endswith("_at")) and (v is None or isinstance(v, (int, float))) and not isinstance(v, bool):
+            if isinstance(k, str) and (k == "at" or k.endswith("_at")) and (v is None or isinstance(v, (int, float))) and not isinstance(v, bool):
                 out[f"{k}_iso"] = iso(v)
         return out
     return data

@@ -110,6 +110,13 @@ def render_state(state: State) -> str:
     return "\n".join(out)
 
 
+def _json(data) -> str:
+    """--json: times as the log has them (Unix seconds) and, beside each, in ISO 8601 UTC (`*_iso`), as `llmgw ctl` prints them."""
+    from ..ctl.views import with_iso_times
+
+    return msgspec.json.encode(with_iso_times(msgspec.to_builtins(data))).decode() + "\n"
+
+
 def run(records: Sequence[Record], args) -> int:
     """Carry out one `llmgw replay` invocation on the records; returns the exit code."""
     out = sys.stdout
@@ -125,7 +132,7 @@ def run(records: Sequence[Record], args) -> int:
     if args.verify:
         checked, diffs = verify(records)
         if args.json:
-            out.write(msgspec.json.encode({"checked": checked, "differences": diffs}).decode() + "\n")
+            out.write(_json({"checked": checked, "differences": diffs}))
         else:
             for d in diffs:
                 out.write(f"seq {d.seq} (decided on {d.basis} at {when(d.at)}):\n")
@@ -138,7 +145,7 @@ def run(records: Sequence[Record], args) -> int:
         items = [(s, e) for s, e in history(records, about) if limit is None or s <= limit]
         if args.json:
             rows = [{"seq": s, "event": msgspec.to_builtins(e), "summary": summary(e, about)} for s, e in items]
-            out.write(msgspec.json.encode(rows).decode() + "\n")
+            out.write(_json(rows))
         else:
             out.write(
                 table(
@@ -152,13 +159,13 @@ def run(records: Sequence[Record], args) -> int:
     if args.quarantined:
         rows = [msgspec.to_builtins(q) for q in state.quarantined]
         if args.json:
-            out.write(msgspec.json.encode({"count": state.quarantine_count, "last": rows}).decode() + "\n")
+            out.write(_json({"count": state.quarantine_count, "last": rows}))
         else:
             out.write(f"{state.quarantine_count} quarantined event(s)\n")
             out.write(table([[str(q.seq), q.subject, q.error] for q in state.quarantined], ["SEQ", "SUBJECT", "ERROR"]) + "\n")
         return 0
     if args.json:
-        out.write(msgspec.json.encode(state_json(state)).decode() + "\n")
+        out.write(_json(state_json(state)))
     else:
         out.write(render_state(state) + "\n")
     return 0
