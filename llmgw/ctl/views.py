@@ -142,12 +142,14 @@ MIN_FLEX = 12  # a column of free text is cut to no fewer characters
 
 
 def terminal_width() -> int | None:
-    """The width tables fit: $COLUMNS, else the terminal's; None (no limit) when the output is not a terminal."""
+    """The width tables fit on a terminal: $COLUMNS, else the terminal's. None
+    (no limit) when the output is not a terminal: a pipe or a file gets every
+    character, as kubectl gives them."""
+    if not sys.stdout.isatty():
+        return None
     if os.environ.get("COLUMNS", "").isdigit():
         return int(os.environ["COLUMNS"])
-    if sys.stdout.isatty():
-        return shutil.get_terminal_size().columns
-    return None
+    return shutil.get_terminal_size().columns
 
 
 def header_of(kind: str, output: str) -> list[str]:
