@@ -19,7 +19,7 @@ class Exit(enum.IntEnum):
 
 MEANING = {
     Exit.OK: "done",
-    Exit.NOT_FOUND: "no such model, replica, node or file",
+    Exit.NOT_FOUND: "no such model, replica, node or file (and a service's unexpected failure, in one line; -v: its traceback)",
     Exit.BAD_INPUT: "bad input (a flag, an argument, a catalog or log file): nothing was done",
     Exit.UNREACHABLE: "NATS or the read models unreachable (a get or describe still prints the read models as they are)",
     Exit.BEHIND: "the read models did not catch up with the log in time (likewise printed as they are)",

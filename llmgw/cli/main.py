@@ -28,6 +28,12 @@ def _nats_url(args) -> str:
     return locate(args.nats).nats
 
 
+def _fail(message: str, status: int) -> None:
+    """One line on stderr, and the exit status of the table (llmgw/cli/exits.py)."""
+    print(message, file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
 def _setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -50,7 +56,7 @@ def _run_until_signalled(main_coro_factory) -> None:
     try:
         asyncio.run(runner())
     except (ConnectionError, LookupError, TimeoutError) as e:
-        sys.exit(f"llmgw: {e}")
+        _fail(f"llmgw: {e}", 3)  # NATS or its streams unreachable (llmgw/cli/exits.py)
     except Exception as e:  # one line for people; the traceback with -v
         logging.getLogger("llmgw").debug("fatal", exc_info=True)
         sys.exit(f"llmgw: {type(e).__name__}: {e}")
@@ -108,7 +114,7 @@ def cmd_gateway(args) -> None:
 
     name = args.name or re.sub(r"[^A-Za-z0-9_-]", "-", f"{socket.gethostname().split('.')[0]}-{args.port}")[:64]
     if not re.match(r"^[A-Za-z0-9_-]{1,64}$", name):
-        sys.exit(f"llmgw gateway: a gateway name is letters, digits, _ and - (at most 64), not {name!r}")
+        _fail(f"llmgw gateway: a gateway name is letters, digits, _ and - (at most 64), not {name!r}", 2)
     _setup_logging(args.verbose)
     setup("llmgw-gateway")
     try:
@@ -145,7 +151,7 @@ def cmd_agent(args) -> None:
     if not args.simulate:
         return cmd_real_agent(args)
     if not args.name:
-        sys.exit("llmgw agent: a simulated node needs --name")
+        _fail("llmgw agent: a simulated node needs --name", 2)
     from ..agent.simulated import SimulatedAgent
     from ..bus.nats import NatsBus
 
@@ -189,7 +195,7 @@ def cmd_real_agent(args) -> None:
 
     name = args.name or default_node_name()
     if not NAME_RE.match(name):
-        sys.exit(f"llmgw agent: a node name is letters, digits, _ and - (at most 64), not {name!r}")
+        _fail(f"llmgw agent: a node name is letters, digits, _ and - (at most 64), not {name!r}", 2)
     try:
         agent_file = agentfile.load(args.agent_file)
     except agentfile.AgentFileError as e:
