@@ -289,7 +289,7 @@ def test_a_cpu_only_model_does_not_fit_nodes_that_report_no_cores(fleet):
     assert "cpu-only: 0/1 ready" in out.stderr and "not done in 3s" in out.stderr
     explained = fleet.ctl("explain-placement", "cpu-only").stdout
     assert "none reported" in explained and "fits nowhere" in explained
-    assert fleet.ctl("delete", "model", "cpu-only", "--wait").returncode == 0
+    assert fleet.ctl("delete", "models", "cpu-only", "--wait").returncode == 0  # a kind by any name here too
 
 
 # --------------------------------------------------------------------------- --wait and watching

@@ -73,6 +73,20 @@ def kind_type(allowed: tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
+CATALOG_KINDS = {
+    "model": ("models", "mo"), "owner": ("owners",), "apikey": ("apikeys", "api-key", "api-keys", "key", "keys"),
+}  # fmt: skip
+
+
+def _catalog_kind(text: str) -> str:
+    """What `delete` removes, by any of its names."""
+    for kind, names in CATALOG_KINDS.items():
+        if text.lower() in (kind, *names):
+            return kind
+    every = [n for kind, names in CATALOG_KINDS.items() for n in (kind, *names)]
+    raise argparse.ArgumentTypeError(f"{text!r} is not model, owner or apikey{did_you_mean(text.lower(), every)}")
+
+
 def _examples(*lines: str) -> list[str]:
     return [f"llmgw ctl {line}" for line in lines]
 
@@ -149,7 +163,9 @@ def add_parser(sub) -> None:
     _wait_flags(apply_, "every model of the file is placed and ready")
 
     delete = verb("delete", "remove a model, an owner or an API key from the catalog")
-    delete.add_argument("kind", choices=["model", "owner", "apikey"], metavar="KIND", help="model, owner or apikey")
+    delete.add_argument(
+        "kind", type=_catalog_kind, metavar="KIND", help="model, owner or apikey (or models, mo, owners, apikeys, api-key)"
+    )
     delete.add_argument("name", metavar="NAME", help="the model's, owner's or key's name")
     _wait_flags(delete, "a model's replicas are gone")
 
