@@ -4,6 +4,8 @@ reading the code, and nothing is acted on from a file with an error."""
 
 from __future__ import annotations
 
+import difflib
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,47 @@ def load(path: str | Path, schema: type[BaseModel]) -> tuple[Any, yaml.Node | No
     try:
         return schema.model_validate(data or {}), root
     except ValidationError as e:
-        raise YamlFileError(problems(path, root, [(tuple(err["loc"]), err["msg"]) for err in e.errors()])) from None
+        found = [(tuple(err["loc"]), _message(schema, err)) for err in e.errors()]
+        raise YamlFileError(problems(path, root, found)) from None
+
+
+def _message(schema: type[BaseModel], err: dict) -> str:
+    """pydantic's message; for a field no schema has, with the field it may have meant."""
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden" and err["loc"]:
+        known = _fields_at(schema, tuple(err["loc"][:-1]))
+        close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1, cutoff=0.6)
+        if close:
+            msg = f"{msg} (did you mean {close[0]}?)"
+        elif known:
+            msg = f"{msg} (the fields here: {', '.join(known)})"
+    return msg
+
+
+def _fields_at(schema: Any, loc: tuple) -> list[str]:
+    """The field names of the model at a location of the document (through lists and dicts)."""
+    for key in loc:
+        schema = _model_in(schema)
+        if schema is None:
+            return []
+        if isinstance(key, int) or key not in getattr(schema, "model_fields", {}):
+            args = typing.get_args(schema)  # list[X] / dict[str, X] reached by the key
+            schema = args[-1] if args else None
+            continue
+        schema = schema.model_fields[key].annotation
+    schema = _model_in(schema)
+    return list(schema.model_fields) if schema is not None and hasattr(schema, "model_fields") else []
+
+
+def _model_in(t: Any) -> Any:
+    """The pydantic model in a type (itself, or inside Optional, list, dict), else the type."""
+    if isinstance(t, type) and issubclass(t, BaseModel):
+        return t
+    for arg in typing.get_args(t):
+        found = _model_in(arg)
+        if isinstance(found, type) and issubclass(found, BaseModel):
+            return t if typing.get_origin(t) in (list, dict) else found
+    return t
 
 
 def problems(path: str | Path, root: yaml.Node | None, found: list[tuple[tuple, str]]) -> str:

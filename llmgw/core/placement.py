@@ -279,7 +279,14 @@ def memory_short(p: ProfileSpec, node: Node, used: float) -> bool:
 
 
 def cpu_short(p: ProfileSpec, node: Node, used: int) -> bool:
-    return bool(p.cpu_cores and node.cpu_cores and used + p.cpu_cores > node.cpu_cores)
+    """Too few free cores. A node that reports none has no limit said, except
+    for a CPU-only profile (no GPU, cores asked): it runs on cores, so it
+    needs a node that says it has them."""
+    if not p.cpu_cores:
+        return False
+    if not node.cpu_cores:
+        return p.gpus == 0
+    return used + p.cpu_cores > node.cpu_cores
 
 
 # --------------------------------------------------------------------------- the inventory
@@ -460,7 +467,7 @@ class Inventory:
             have = f"{add_gb(node.memory_gb, -v.mem_used):g} GB free of {node.memory_gb:g}"
             out += (Reason(rule=MEMORY, need=f"{p.memory_gb:g} GB", have=have),)
         if cpu_short(p, node, v.cpu_used):
-            have = f"{node.cpu_cores - v.cpu_used} free of {node.cpu_cores}"
+            have = f"{node.cpu_cores - v.cpu_used} free of {node.cpu_cores}" if node.cpu_cores else "none reported"
             out += (Reason(rule=CPU, need=f"{p.cpu_cores} cores", have=have),)
         if not v.free_port():
             first, last = port_range(node)

@@ -26,6 +26,20 @@ class Where:
     nats: str
     db: Path | None  # None: no read models known
     found: str  # how they were found, for error messages
+    nats_from: str = "the default"  # where the NATS URL came from: "--nats", "$LLMGW_NATS", an up file, "the default"
+
+    @property
+    def nats_given(self) -> bool:
+        return self.nats_from in ("--nats", "$LLMGW_NATS")
+
+    @property
+    def how_nats(self) -> str:
+        """Where the URL came from, and what to do about it, for an error message."""
+        if self.nats_given:
+            return f"the URL given by {self.nats_from}"
+        if self.nats_from == "the default":
+            return f"{DEFAULT_NATS}, the default: no running llmgw up found here; run llmgw up, or give --nats URL"
+        return f"found from {self.nats_from}; is llmgw up running? or give --nats URL"
 
 
 def write_up_file(state_dir: Path, *, nats: str, db: Path) -> Path:
@@ -63,6 +77,7 @@ def find_state_dir(start: Path | None = None) -> Path | None:
 
 def locate(nats: str | None = None, db: str | None = None) -> Where:
     """The NATS URL and database to use, from flags, environment or the local `llmgw up`."""
+    nats_from = "--nats" if nats else "$LLMGW_NATS" if os.environ.get("LLMGW_NATS") else ""
     nats = nats or os.environ.get("LLMGW_NATS")
     db = db or os.environ.get("LLMGW_DB")
     found = "flags and environment"
@@ -73,11 +88,12 @@ def locate(nats: str | None = None, db: str | None = None) -> Where:
         except (OSError, ValueError):
             up = {}
         if up and _pid_alive(int(up.get("pid", 0))):
-            nats = nats or up.get("nats")
+            if nats is None and up.get("nats"):
+                nats, nats_from = up["nats"], f"the llmgw up of {state_dir} (pid {up['pid']})"
             db = db or up.get("db")
             found = f"the llmgw up of {state_dir} (pid {up['pid']})"
         elif db is None and (state_dir / DB_FILE).exists():
             # up is not running, but its read models are still there to read.
             db = str(state_dir / DB_FILE)
             found = f"{state_dir} (llmgw up is not running there)"
-    return Where(nats=nats or DEFAULT_NATS, db=Path(db) if db else None, found=found)
+    return Where(nats=nats or DEFAULT_NATS, db=Path(db) if db else None, found=found, nats_from=nats_from or "the default")

@@ -105,9 +105,18 @@ class ReadModels:
             r["endpoint"] = r["shards"][0]["endpoint"] if r["shards"] else ""
         return replicas
 
-    def decisions(self, *, model: str | None = None, limit: int = 50) -> list[dict]:
-        """The latest `limit` decisions (0: all), oldest first."""
+    @staticmethod
+    def _after(where: str, args: tuple, after: tuple[int, int] | None) -> tuple[str, tuple]:
+        if after is None:
+            return where, args
+        clause = "(seq > ? OR (seq = ? AND idx > ?))"
+        where = f"{where} AND {clause}" if where else f"WHERE {clause}"
+        return where, (*args, after[0], after[0], after[1])
+
+    def decisions(self, *, model: str | None = None, limit: int = 50, after: tuple[int, int] | None = None) -> list[dict]:
+        """The latest `limit` decisions (0: all), oldest first; `after`: only those after (seq, idx)."""
         where, args = ("WHERE model = ?", (model,)) if model else ("", ())
+        where, args = self._after(where, args, after)
         limit_sql = "LIMIT ?" if limit else ""
         if limit:
             args = (*args, limit)
@@ -119,17 +128,23 @@ class ReadModels:
     def quotas(self) -> list[dict]:
         return self._rows("quotas", "SELECT * FROM quotas ORDER BY owner")
 
-    def preemptions(self, *, model: str | None = None, limit: int = 50) -> list[dict]:
-        """The latest `limit` preemptions (0: all), oldest first; `model`: for it or taking from it."""
+    def preemptions(self, *, model: str | None = None, limit: int = 50, after: tuple[int, int] | None = None) -> list[dict]:
+        """The latest `limit` preemptions (0: all), oldest first; `model`: for it or taking from it;
+        `after`: only those after (seq, idx)."""
         where, args = "", ()
         if model:
-            where = "WHERE model = ? OR EXISTS (SELECT 1 FROM json_each(victims) v WHERE json_extract(v.value, '$.model') = ?)"
+            where = "WHERE (model = ? OR EXISTS (SELECT 1 FROM json_each(victims) v WHERE json_extract(v.value, '$.model') = ?))"
             args = (model, model)
+        where, args = self._after(where, args, after)
         limit_sql = "LIMIT ?" if limit else ""
         if limit:
             args = (*args, limit)
         rows = self._rows("preemptions", f"SELECT * FROM preemptions {where} ORDER BY seq DESC, idx DESC {limit_sql}", args)
         return rows[::-1]
+
+    def names(self, kind: str) -> list[str]:
+        """Every name of a kind (model, replica, node) the log ever mentioned: for "did you mean"."""
+        return [r[0] for r in self._query("SELECT name FROM entities WHERE kind = ?", (kind,))]
 
     def quarantined(self) -> list[dict]:
         return self._rows("quarantined", "SELECT * FROM quarantined ORDER BY seq")

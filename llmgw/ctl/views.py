@@ -6,7 +6,11 @@ as the log has them.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
+import shutil
+import sys
 from collections.abc import Callable
 
 import yaml
@@ -14,6 +18,18 @@ import yaml
 from ..text import table, when
 
 KINDS = ("models", "nodes", "replicas", "decisions", "quotas", "preemptions")
+# Every name a kind goes by, as kubectl takes them: plural, singular, short.
+KIND_NAMES = {
+    "models": ("model", "mo"),
+    "nodes": ("node", "no"),
+    "replicas": ("replica", "rs"),
+    "decisions": ("decision", "dec"),
+    "quotas": ("quota", "q"),
+    "preemptions": ("preemption", "pre"),
+}
+SINGULAR = {kind: names[0] for kind, names in KIND_NAMES.items()}
+ALIASES = {name: kind for kind, names in KIND_NAMES.items() for name in (kind, *names)}
+OUTPUTS = ("table", "wide", "name", "json", "yaml")
 
 
 def _age(at: float) -> str:
@@ -48,7 +64,15 @@ def decision_words(d: dict) -> str:
     return kind
 
 
-# Per kind: the key that names a row, the header, and a row's cells.
+def _replica_reason(r: dict) -> str:
+    """Why a replica is as it is, when that is worth a look: a ready replica's
+    reason is why it was placed, history now (describe shows it)."""
+    return "" if r["state"] == "ready" else r["reason"]
+
+
+# Per kind: the key that names a row, the header, a row's cells, and the
+# columns of -o wide after them. Columns of free text (FLEX) give way to fit
+# the terminal; -o wide prints them whole.
 COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
     "models": (
         "name",
@@ -70,7 +94,8 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
         "id",
         ["ID", "MODEL", "PROFILE", "STATE", "RESTART", "NODES", "ENDPOINT", "REASON"],
         lambda r: [
-            r["id"], r["model"], r["profile"], r["state"], r["restart"], ",".join(r["nodes"]), r["endpoint"], r["reason"],
+            r["id"], r["model"], r["profile"], r["state"], r["restart"], ",".join(r["nodes"]), r["endpoint"],
+            _replica_reason(r),
         ],
     ),
     "quotas": (
@@ -97,6 +122,24 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
     ),
 }
 
+WIDE: dict[str, tuple[list[str], Callable[[dict], list[str]]]] = {
+    "models": (
+        ["ALIASES", "PARKED", "APPLIED"],
+        lambda m: [",".join(m["aliases"]), m["parked"], _age(m["applied_at"])],
+    ),
+    "nodes": (["AGENT", "REGISTERED"], lambda n: [n["agent"], _age(n["registered_at"])]),
+    "replicas": (
+        ["FINGERPRINT", "PLACED", "READY AT", "WHY PLACED"],
+        lambda r: [r["fingerprint"], _age(r["placed_at"]), _age(r["ready_at"]), r["reason"] if r["state"] == "ready" else ""],
+    ),
+    "quotas": ([], lambda q: []),
+    "preemptions": (["VICTIM MODELS"], lambda p: [",".join(sorted({v.get("model", "") for v in p["victims"]}))]),
+    "decisions": (["KIND", "MODEL", "REPLICA", "NODE"], lambda d: [d["kind"], d["model"], d["replica"], d["node"]]),
+}
+
+FLEX = {"REASON", "WAITING", "LABELS", "VICTIMS (TIER)", "BEFORE", "VOIDED", "DECISION", "PROFILES", "WHY PLACED"}
+MIN_FLEX = 12  # a column of free text is cut to no fewer characters
+
 
 def _amount(a: dict, limit: bool = False) -> str:
     """An amount of GPUs, cores and memory (what is not said is 0); of a
@@ -108,34 +151,136 @@ def _amount(a: dict, limit: bool = False) -> str:
     return ", ".join(parts)
 
 
+def terminal_width() -> int | None:
+    """The width tables fit on a terminal: $COLUMNS, else the terminal's. None
+    (no limit) when the output is not a terminal: a pipe or a file gets every
+    character, as kubectl gives them."""
+    if not sys.stdout.isatty():
+        return None
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    return shutil.get_terminal_size().columns
+
+
+def header_of(kind: str, output: str) -> list[str]:
+    _, header, _ = COLUMNS[kind]
+    return header + (WIDE[kind][0] if output == "wide" else [])
+
+
+def cells_of(kind: str, row: dict, output: str) -> list[str]:
+    _, _, cells = COLUMNS[kind]
+    return cells(row) + (WIDE[kind][1](row) if output == "wide" else [])
+
+
+def widths_of(lines: list[list[str]], header: list[str], width: int | None) -> list[int]:
+    """Each column's width: its widest cell; then, if the whole is wider than
+    `width`, the widest columns of free text cut down (never below MIN_FLEX)."""
+    widths = [max(len(str(line[i])) for line in [header, *lines]) for i in range(len(header))]
+    if width is None:
+        return widths
+    while sum(widths) + 2 * (len(widths) - 1) > width:
+        flexible = [i for i, h in enumerate(header) if h in FLEX and widths[i] > MIN_FLEX]
+        if not flexible:
+            break
+        i = max(flexible, key=lambda i: widths[i])
+        over = sum(widths) + 2 * (len(widths) - 1) - width
+        widths[i] = max(MIN_FLEX, widths[i] - over)
+    return widths
+
+
+def line_of(cells: list[str], widths: list[int]) -> str:
+    out = []
+    for c, w in zip(cells, widths):
+        c = str(c)
+        out.append(c if len(c) <= w else c[: w - 1] + "…")
+        out[-1] = out[-1].ljust(w)
+    return "  ".join(out).rstrip()
+
+
 def key_of(kind: str, row: dict) -> str:
     if kind in ("decisions", "preemptions"):
         return f"{row['seq']}.{row['idx']}"
     return row[COLUMNS[kind][0]]
 
 
-def render(kind: str, rows: list[dict], output: str) -> str:
-    """A listing: a table, or the rows as one JSON or YAML document."""
+def name_of(kind: str, row: dict) -> str:
+    """A row as `-o name` prints it: kind/name, as kubectl does."""
+    return f"{SINGULAR[kind]}/{key_of(kind, row)}"
+
+
+def iso(at: float | int | None) -> str | None:
+    """A time of the log in ISO 8601, UTC; None for none (0)."""
+    if not at:
+        return None
+    return dt.datetime.fromtimestamp(at, dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def with_iso_times(data):
+    """Beside every time (`at`, `*_at`: Unix seconds), the same in ISO 8601
+    UTC (`at_iso`, `*_at_iso`): what -o json and yaml print, in every kind."""
+    if isinstance(data, list):
+        return [with_iso_times(d) for d in data]
+    if isinstance(data, dict):
+        out = {}
+        for k, v in data.items():
+            out[k] = with_iso_times(v)
+            if isinstance(k, str) and (k == "at" or k.endswith("_at")) and (v is None or isinstance(v, (int, float))) and not isinstance(v, bool):
+                out[f"{k}_iso"] = iso(v)
+        return out
+    return data
+
+
+def for_tools(data, output: str) -> str:
+    data = with_iso_times(data)
     if output == "json":
-        return json.dumps(rows, indent=2)
-    if output == "yaml":
-        return yaml.safe_dump(rows, sort_keys=False).rstrip()
-    _, header, cells = COLUMNS[kind]
+        return json.dumps(data, indent=2)
+    return yaml.safe_dump(data, sort_keys=False).rstrip()
+
+
+def render(kind: str, rows: list[dict], output: str, *, headers: bool = True, width: int | None = None) -> str:
+    """A listing: a table (fitted to `width`; -o wide: whole, with more
+    columns), names, or the rows as one JSON or YAML document."""
+    if output in ("json", "yaml"):
+        return for_tools(rows, output)
+    if output == "name":
+        return "\n".join(name_of(kind, r) for r in rows)
     if not rows:
-        return f"no {kind}"
-    return table([cells(r) for r in rows], header)
+        return f"no {kind}" if headers else ""
+    header = header_of(kind, output)
+    lines = [cells_of(kind, r, output) for r in rows]
+    widths = widths_of(lines, header, None if output == "wide" else width)
+    return "\n".join(line_of(line, widths) for line in ([header] if headers else []) + lines)
 
 
-def render_change(kind: str, change: str, row: dict, output: str) -> str:
-    """One change while watching: for tools, a JSON line (or YAML document)
-    {"type": ADDED|MODIFIED|DELETED, "object": row}, as Kubernetes watches
-    print them; for people, the row, with DELETED in front of a row that went."""
-    if output == "json":
-        return json.dumps({"type": change, "object": row})
-    if output == "yaml":
-        return "---\n" + yaml.safe_dump({"type": change, "object": row}, sort_keys=False).rstrip()
-    _, header, cells = COLUMNS[kind]
-    return table([[change, *cells(row)]], ["", *header]).splitlines()[1]
+class Watch:
+    """What `get --watch` prints: the listing, then a line per change. For
+    people, a table with an EVENT column, every line in the columns of the
+    first (so a change stays under its header); for tools, a JSON line (or YAML
+    document) {"type": ADDED|MODIFIED|DELETED, "object": row} per change, as
+    Kubernetes watches print them."""
+
+    def __init__(self, kind: str, output: str, *, headers: bool = True, width: int | None = None) -> None:
+        self.kind, self.output, self.headers, self.width = kind, output, headers, width
+        self.widths: list[int] = []
+
+    def first(self, rows: list[dict]) -> str:
+        if self.output not in ("table", "wide"):
+            return render(self.kind, rows, self.output, headers=self.headers)
+        header = ["EVENT", *header_of(self.kind, self.output)]
+        lines = [["", *cells_of(self.kind, r, self.output)] for r in rows]
+        # Room for the longest event word, and for rows to come a little wider than these.
+        lines.append(["MODIFIED", *header[1:]])
+        self.widths = widths_of(lines, header, None if self.output == "wide" else self.width)
+        return "\n".join(line_of(line, self.widths) for line in ([header] if self.headers else []) + lines[:-1])
+
+    def change(self, change: str, row: dict) -> str:
+        if self.output == "json":
+            return json.dumps({"type": change, "object": with_iso_times(row)})
+        if self.output == "yaml":
+            return "---\n" + yaml.safe_dump({"type": change, "object": with_iso_times(row)}, sort_keys=False).rstrip()
+        if self.output == "name":
+            return f"{change} {name_of(self.kind, row)}"
+        return line_of([change, *cells_of(self.kind, row, self.output)], self.widths)
 
 
 # --------------------------------------------------------------------------- describe
@@ -190,11 +335,13 @@ def describe_text(kind: str, page: dict) -> str:
             out += _fields([
                 ("Replica", now["id"]), ("Model", now["model"]),
                 ("Profile", f"{now['profile']} (fingerprint {now['fingerprint']})"),
-                ("State", now["state"]), ("Reason", now["reason"] or "(none)"),
+                ("State", now["state"]), ("Reason", _replica_reason(now) or "(none)"),
                 ("Restart", (now["restart"] + (f": {now['restart_reason']}" if now.get("restart_reason") else ""))
                  or "(none)"),
                 ("Endpoint", now["endpoint"] or "(none)"),
-                ("Placed", _age(now["placed_at"])), ("Ready", _age(now["ready_at"]) or "(not yet)"),
+                ("Placed", f"{_age(now['placed_at'])}, because {now['reason']}" if now["state"] == "ready" and now["reason"]
+                 else _age(now["placed_at"])),
+                ("Ready", _age(now["ready_at"]) or "(not yet)"),
             ])
             out.append("Shards:")
             rows = [[s["id"], s["node"], str(s["rank"]), ",".join(map(str, s["gpus"])), str(s["port"]),
@@ -223,8 +370,6 @@ def describe_text(kind: str, page: dict) -> str:
 
 
 def describe(kind: str, page: dict, output: str) -> str:
-    if output == "json":
-        return json.dumps(page, indent=2)
-    if output == "yaml":
-        return yaml.safe_dump(page, sort_keys=False).rstrip()
+    if output in ("json", "yaml"):
+        return for_tools(page, output)
     return describe_text(kind, page)

@@ -34,6 +34,7 @@ from ..core.state import State
 from ..core.tenancy import may_use
 from ..telemetry import tracer
 from . import api
+from .engine_errors import openai_error
 from .limits import KeyLimits, retry_after
 from .load import Loads
 from .metrics import Metrics
@@ -55,6 +56,7 @@ WAIT_TICK_S = 0.5  # a waiting request looks again at least this often
 MAX_ATTEMPTS = 3
 USAGE_KEEP = 1 << 20  # an unstreamed answer longer than this is not read for its usage
 STREAM_TAIL = 4096
+ERROR_KEEP = 16384  # of an engine's error answer, what is kept to answer it in the OpenAI shape
 
 # Outcomes of one attempt.
 DONE, RETRY, STALE, GONE, BROKEN, TIMEOUT = range(6)
@@ -259,7 +261,7 @@ class Exchange:
 
     def head(self, status: int, content_type: bytes, length: int | None, keep_alive: bool) -> None:
         self.status = status
-        if status in (502, 503, 504):  # not answering: another replica may
+        if status >= 400:  # 502-504: not answering, another replica may; else an error, answered in the OpenAI shape at end()
             self.retry_body = b""
             return
         self.chunked = length is None
@@ -276,8 +278,8 @@ class Exchange:
         )
 
     def body(self, data: bytes) -> None:
-        if self.status in (502, 503, 504):
-            if len(self.retry_body) < 2048:
+        if self.status >= 400:
+            if len(self.retry_body) < ERROR_KEEP:
                 self.retry_body += data
             return
         if self.chunked:
@@ -298,8 +300,22 @@ class Exchange:
             self.error = Lost(f"answered {self.status}: {self.retry_body[:300].decode(errors='replace')}")
             self._resolve(RETRY)
             return
+        if self.status >= 400:
+            self._engine_error()
+            return
         if self.chunked:
             self.out.append(b"0\r\n\r\n")
+        self.flush(final=True)
+        self._resolve(DONE)
+
+    def _engine_error(self) -> None:
+        """The engine's error answer, whole, in the OpenAI error shape (engine_errors.py)."""
+        body = openai_error(self.status, self.retry_body, self.backend.model)
+        self.out = [
+            b"%sContent-Type: application/json\r\nContent-Length: %d\r\nllmgw-replica: %s\r\n%s\r\n%s"
+            % (_status_line(self.status), len(body), self.backend.replica.encode(),
+               b"" if self.keep_alive else b"Connection: close\r\n", body)
+        ]  # fmt: skip
         self.flush(final=True)
         self._resolve(DONE)
 

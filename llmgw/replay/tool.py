@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from ..cli.exits import Exit
 from ..core import events as ev
 from ..core.fold import apply
 from ..core.history import Entity, Record, history, summary, verify
@@ -35,7 +36,8 @@ def parse_at(text: str) -> tuple[str, float]:
     try:
         when = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise SystemExit(f"--at {text!r}: give a sequence number, Unix seconds or an ISO 8601 time") from None
+        print(f"llmgw replay: --at {text!r}: give a sequence number, Unix seconds or an ISO 8601 time", file=sys.stderr)
+        raise SystemExit(Exit.BAD_INPUT) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
     return "time", when.timestamp()
@@ -108,6 +110,13 @@ def render_state(state: State) -> str:
     return "\n".join(out)
 
 
+def _json(data) -> str:
+    """--json: times as the log has them (Unix seconds) and, beside each, in ISO 8601 UTC (`*_iso`), as `llmgw ctl` prints them."""
+    from ..ctl.views import with_iso_times
+
+    return msgspec.json.encode(with_iso_times(msgspec.to_builtins(data))).decode() + "\n"
+
+
 def run(records: Sequence[Record], args) -> int:
     """Carry out one `llmgw replay` invocation on the records; returns the exit code."""
     out = sys.stdout
@@ -123,20 +132,20 @@ def run(records: Sequence[Record], args) -> int:
     if args.verify:
         checked, diffs = verify(records)
         if args.json:
-            out.write(msgspec.json.encode({"checked": checked, "differences": diffs}).decode() + "\n")
+            out.write(_json({"checked": checked, "differences": diffs}))
         else:
             for d in diffs:
                 out.write(f"seq {d.seq} (decided on {d.basis} at {when(d.at)}):\n")
                 out.write(f"  recorded:      {'; '.join(d.recorded) or '(nothing)'}\n")
                 out.write(f"  decided again: {'; '.join(d.decided_again) or '(nothing)'}\n")
             out.write(f"{checked} decision(s) checked, {len(diffs)} differ\n")
-        return 1 if diffs else 0
+        return Exit.NOT_AS_WANTED if diffs else Exit.OK
     if about is not None:
         limit = at[1] if at and at[0] == "seq" else None
         items = [(s, e) for s, e in history(records, about) if limit is None or s <= limit]
         if args.json:
             rows = [{"seq": s, "event": msgspec.to_builtins(e), "summary": summary(e, about)} for s, e in items]
-            out.write(msgspec.json.encode(rows).decode() + "\n")
+            out.write(_json(rows))
         else:
             out.write(
                 table(
@@ -150,13 +159,13 @@ def run(records: Sequence[Record], args) -> int:
     if args.quarantined:
         rows = [msgspec.to_builtins(q) for q in state.quarantined]
         if args.json:
-            out.write(msgspec.json.encode({"count": state.quarantine_count, "last": rows}).decode() + "\n")
+            out.write(_json({"count": state.quarantine_count, "last": rows}))
         else:
             out.write(f"{state.quarantine_count} quarantined event(s)\n")
             out.write(table([[str(q.seq), q.subject, q.error] for q in state.quarantined], ["SEQ", "SUBJECT", "ERROR"]) + "\n")
         return 0
     if args.json:
-        out.write(msgspec.json.encode(state_json(state)).decode() + "\n")
+        out.write(_json(state_json(state)))
     else:
         out.write(render_state(state) + "\n")
     return 0

@@ -1,0 +1,33 @@
+"""The operator CLI's limits and defaults, in one place, each named."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CliConfig:
+    # A read (get, describe, logs) first waits this long for the read models to reach the log's end.
+    catch_up_timeout_s: float = 5.0
+    # A change (apply, delete, restart, retry) waits this long for the read models to include it
+    # (read-your-writes, what every change does) ...
+    projected_timeout_s: float = 30.0
+    # ... and with --wait, this long for it to take effect (placed and ready; gone; replaced).
+    effect_timeout_s: float = 300.0
+    # How often long work (a --wait, a rebuild, reading a long log, fetching weights) says where it stands.
+    # $LLMGW_PROGRESS_S sets it (0: at every step, as the tests do).
+    progress_every_s: float = 1.0
+    # How often `get --watch` looks at the read models again.
+    watch_interval_s: float = 0.2
+    # "did you mean": how alike a name must be to be suggested (difflib's ratio), and how many.
+    suggest_cutoff: float = 0.6
+    suggest_count: int = 3
+
+
+def config() -> CliConfig:
+    every = os.environ.get("LLMGW_PROGRESS_S")
+    return CliConfig(progress_every_s=float(every)) if every else CliConfig()
+
+
+CONFIG = config()

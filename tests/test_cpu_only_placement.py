@@ -1,0 +1,31 @@
+"""A CPU-only profile (no GPU, cores asked) runs on cores: it needs a node
+that says it has them. A node that reports no cores (a simulated one, an agent
+file without them) limits a GPU profile's cores by nothing, as before."""
+
+from __future__ import annotations
+
+from llmgw.core import events as ev
+from llmgw.core.placement import CPU, explain, render_explanation
+
+from .scenario import Fleet, model
+
+
+def test_a_cpu_only_profile_needs_a_node_that_reports_cores():
+    f = Fleet()
+    f.register("sim", gpus=4)  # cpu_cores 0: not said
+    f.register("cpu", gpus=0, cpu_cores=8)
+    f.apply(model("m", min_replicas=2, profiles=[ev.ProfileSpec(name="cores", gpus=0, cpu_cores=4)]))
+    placed = [a for a in f.decide() if isinstance(a, ev.PlaceReplica)]
+    assert [s.node for a in placed for s in a.shards] == ["cpu", "cpu"]
+    e = explain(f.state, "m")
+    (pf,) = e.profiles
+    said = {nf.node: nf.reasons for nf in pf.nodes}
+    assert [r.rule for r in said["sim"]] == [CPU] and said["sim"][0].have == "none reported"
+    assert any("sim: " in line and "none reported" in line for line in render_explanation(e))
+
+
+def test_a_gpu_profiles_cores_are_not_limited_on_a_node_that_reports_none():
+    f = Fleet()
+    f.register("sim", gpus=4)
+    f.apply(model("g", min_replicas=1, profiles=[ev.ProfileSpec(name="gpu", gpus=1, cpu_cores=4)]))
+    assert [a for a in f.decide() if isinstance(a, ev.PlaceReplica)]
