@@ -310,7 +310,10 @@ class NodeAgent:
             )  # fmt: skip
             try:
                 weights = resolve(cmd.profile.model or cmd.model, self.agent_file.models, self.model_dirs)
-                launch = build(cmd, host=rec.host, model=weights, engines=self.agent_file.engines, python=self.python)
+                launch = build(
+                    cmd, host=rec.host, model=weights, engines=self.agent_file.engines,
+                    templates=self.agent_file.templates, python=self.python,
+                )
             except EngineError as e:
                 self._fail_at_start(rec, str(e))
                 return
