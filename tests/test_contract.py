@@ -89,6 +89,7 @@ def test_unknown_fields_from_a_newer_publisher_are_ignored(cls):
         ev.ModelLoad: ev.ModelLoad(at=1.0, gateway="g", model="m"),
         ev.OwnerApplied: ev.OwnerApplied(at=1.0, name="org"),
         ev.OwnerRemoved: ev.OwnerRemoved(at=1.0, name="org"),
+        ev.LeaderElected: ev.LeaderElected(at=1.0, term=1, leader="a"),
     }[cls]
     data = msgspec.json.decode(ev.encode(sample))
     data["from_the_future"] = 42

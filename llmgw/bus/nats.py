@@ -21,6 +21,7 @@ import uuid
 from typing import Callable
 
 import nats
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import (
     ConsumerConfig,
@@ -31,7 +32,15 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoKeysError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
 
 from . import catchup
 from . import (
@@ -39,9 +48,12 @@ from . import (
     COMMAND_STREAM,
     CONTROL_SUBJECTS,
     HEARTBEAT_BUCKET,
+    LEADER_BUCKET,
     STREAM,
     SUBJECTS,
+    BusUnavailable,
     Fenced,
+    LeaseTaken,
     OnCommand,
     OnMessage,
 )
@@ -58,6 +70,26 @@ DUPLICATE_WINDOW_S = 120.0
 PUBLISH_TRIES = 5
 # Below this many messages, the fast reader's consumer set-up is not worth it.
 CATCHUP_MIN = 1000
+# Trying NATS again at start (and the streams, for a process that runs
+# forever): from the first pause, doubled up to the longest, without end.
+RETRY_FIRST_S = 0.5
+RETRY_LONGEST_S = 5.0
+STREAM_NOT_FOUND = 10059
+# What a bus in trouble answers (no stream leader during an election, a
+# server gone): worth trying again, and never a sign that a stream is missing.
+TROUBLE = (NatsTimeout, asyncio.TimeoutError, NoRespondersError, NoStreamResponseError, ServiceUnavailableError)
+
+
+def is_trouble(e: BaseException) -> bool:
+    """Whether an error is the bus in trouble (try again) rather than an answer."""
+    if isinstance(e, TROUBLE):
+        return True
+    # 503 and "JetStream system temporarily unavailable" (10008) mid-election.
+    return isinstance(e, APIError) and (e.code == 503 or e.err_code == 10008)
+
+
+def stream_missing(e: BaseException) -> bool:
+    return isinstance(e, NotFoundError) and (e.err_code in (STREAM_NOT_FOUND, None) or "not found" in str(e.description))
 
 
 def log_stream_config(max_bytes: int = DEFAULT_MAX_BYTES, replicas: int = 1) -> StreamConfig:
@@ -122,6 +154,50 @@ class _Task:
                 pass
 
 
+class _NatsLease:
+    """The NATS docs' pattern: `create` to campaign (refused while the key
+    lives), `update` with the last revision to renew (refused once another
+    holds it, or it expired), the bucket's TTL to let a dead holder go."""
+
+    def __init__(self, kv, ttl: float) -> None:
+        self.kv = kv
+        self.ttl = ttl  # the bucket's, whoever made it
+
+    async def create(self, key: str, value: bytes) -> int:
+        try:
+            return await self.kv.create(key, value)
+        except KeyWrongLastSequenceError as e:
+            raise LeaseTaken(str(e)) from None
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        try:
+            return await self.kv.update(key, value, last=last)
+        except KeyWrongLastSequenceError as e:
+            raise LeaseTaken(str(e)) from None
+
+    async def put(self, key: str, value: bytes) -> int:
+        return await self.kv.put(key, value)
+
+    async def delete(self, key: str, last: int) -> None:
+        try:
+            await self.kv.delete(key, last=last)
+        except KeyWrongLastSequenceError:
+            pass  # not ours any more: nothing to let go of
+
+    async def entries(self) -> dict[str, bytes]:
+        out = {}
+        try:
+            keys = await self.kv.keys()
+        except NoKeysError:
+            return out
+        for key in keys:
+            try:
+                out[key] = (await self.kv.get(key)).value
+            except KeyNotFoundError:  # expired meanwhile
+                pass
+        return out
+
+
 class NatsBus:
     def __init__(self, nc: nats.NATS, replicas: int = 1) -> None:
         self.nc = nc
@@ -132,11 +208,41 @@ class NatsBus:
         self.reconnected_at = 0.0  # wall clock of the last reconnect
         self.on_reconnect: list = []  # async callables run after a reconnect
         self._commands_sent = 0
+        self.forever = False
+        self.beat_revision = 0  # the heartbeat bucket's last revision the watcher delivered
+        self._beat_probe = (0, 0)  # (bucket's last revision, watcher's) at the last probe
 
     @classmethod
-    async def connect(cls, url: str, *, name: str = "llmgw", forever: bool = False, replicas: int = 1) -> "NatsBus":
-        """Connect; `forever` keeps reconnecting (agents and control planes),
-        otherwise a clear error when nothing answers (the CLI)."""
+    async def connect(
+        cls, url: str, *, name: str = "llmgw", forever: bool = False, replicas: int = 1, stop: asyncio.Event | None = None
+    ) -> "NatsBus":
+        """Connect; `forever` (every component: agents, control planes,
+        gateways, the projector) tries at start until NATS answers, with a
+        growing pause, saying so each time, and keeps reconnecting after;
+        otherwise a clear error when nothing answers (the CLI). With `stop`
+        set while it waits, ConnectionError."""
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                bus = await cls._connect_once(url, name=name, forever=forever, replicas=replicas)
+                bus.forever = forever
+                return bus
+            except ConnectionError as e:
+                if not forever:
+                    raise
+                log.warning("%s; trying again in %gs", e, delay)
+                if stop is None:
+                    await asyncio.sleep(delay)
+                else:
+                    try:
+                        await asyncio.wait_for(stop.wait(), delay)
+                        raise
+                    except asyncio.TimeoutError:
+                        pass
+                delay = min(delay * 2, RETRY_LONGEST_S)
+
+    @classmethod
+    async def _connect_once(cls, url: str, *, name: str, forever: bool, replicas: int) -> "NatsBus":
         opts: dict = dict(servers=url.split(","), name=name)
         if forever:
             opts.update(max_reconnect_attempts=-1, reconnect_time_wait=0.5, allow_reconnect=True)
@@ -165,6 +271,31 @@ class NatsBus:
     # ----------------------------------------------------------------- streams
 
     async def ensure_streams(self) -> None:
+        """Create the streams and buckets, or leave them as they are. A
+        process that runs forever tries again, without end, while the bus is
+        in trouble (an election, a server away): it says so, never exits."""
+        await self._retrying("about the streams", self._ensure_streams_once)
+
+    async def _retrying(self, what: str, call):
+        """`call()`; in a process that runs forever, tried again while the bus
+        is in trouble, with a growing pause, saying so. Otherwise the trouble
+        is a BusUnavailable that says what it is."""
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                return await call()
+            except Exception as e:
+                if not is_trouble(e):
+                    raise
+                if not self.forever:
+                    raise BusUnavailable(
+                        f"NATS did not answer {what} ({_why(e)}): the bus is electing a stream leader, or is unreachable"
+                    ) from None
+                log.warning("NATS did not answer %s (%s); trying again in %gs", what, _why(e), delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_LONGEST_S)
+
+    async def _ensure_streams_once(self) -> None:
         await self._ensure(log_stream_config(replicas=self.replicas))
         await self._ensure(command_stream_config(self.replicas))
         try:
@@ -187,7 +318,12 @@ class NatsBus:
                 raise
 
     async def wait_for_streams(self, timeout: float = 30.0) -> None:
-        """For processes that do not own the streams: wait until they exist."""
+        """For processes that do not own the streams: wait until they exist.
+
+        Tried again until `timeout` whatever the answer; then the error says
+        what the last answer was: the streams missing (no control plane has
+        made them), or the bus in trouble (electing a stream leader, or
+        unreachable), which says nothing about whether they exist."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             try:
@@ -195,9 +331,18 @@ class NatsBus:
                 await self.js.stream_info(COMMAND_STREAM)
                 self._kv = await self.js.key_value(HEARTBEAT_BUCKET)
                 return
-            except Exception:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise TimeoutError("the llmgw streams do not exist: is the control plane running?")
+            except Exception as e:
+                if asyncio.get_running_loop().time() > deadline and self.forever:
+                    # A component waits for the control plane as long as it takes.
+                    log.warning("still waiting for the llmgw streams (%s)", _why(e))
+                    deadline += timeout
+                elif asyncio.get_running_loop().time() > deadline:
+                    if stream_missing(e):
+                        raise TimeoutError("the llmgw streams do not exist: is the control plane running?") from None
+                    raise BusUnavailable(
+                        f"NATS did not answer about the llmgw streams in {timeout:g}s ({_why(e)}): "
+                        "the bus is electing a stream leader, or is unreachable"
+                    ) from None
                 await asyncio.sleep(0.2)
 
     # ----------------------------------------------------------------- the log
@@ -208,22 +353,27 @@ class NatsBus:
             headers["Nats-Expected-Last-Subject-Sequence"] = str(expect_control_seq)
             headers["Nats-Expected-Last-Subject-Sequence-Subject"] = CONTROL_SUBJECTS
         timed_out = False
+        last: BaseException | None = None
         for attempt in range(PUBLISH_TRIES):
             try:
                 ack = await self.js.publish(subject, data, stream=STREAM, headers=headers)
                 return ack.seq
-            except APIError as e:
-                if e.err_code != WRONG_LAST_SEQUENCE:
+            except Exception as e:
+                if isinstance(e, APIError) and e.err_code == WRONG_LAST_SEQUENCE:
+                    if timed_out:
+                        seq = await self._landed(msg_id)
+                        if seq:
+                            return seq
+                    raise Fenced(e.description or "wrong last sequence") from None
+                if not is_trouble(e):
                     raise
-                if timed_out:
-                    seq = await self._landed(msg_id)
-                    if seq:
-                        return seq
-                raise Fenced(e.description or "wrong last sequence") from None
-            except (NatsTimeout, asyncio.TimeoutError):
                 timed_out = True
+                last = e
                 await asyncio.sleep(0.2 * (attempt + 1))
-        raise TimeoutError(f"publish to {subject} timed out {PUBLISH_TRIES} times")
+        raise BusUnavailable(
+            f"NATS did not take a publish to {subject} in {PUBLISH_TRIES} tries ({_why(last)}): "
+            "the bus is electing a stream leader, or is unreachable"
+        )
 
     async def _landed(self, msg_id: str) -> int:
         """The sequence of the last control message if it carries `msg_id`."""
@@ -235,7 +385,7 @@ class NatsBus:
 
     async def last_seq(self) -> int:
         try:
-            info = await self.js.stream_info(STREAM)
+            info = await self._retrying("about the log", lambda: self.js.stream_info(STREAM))
         except NotFoundError:
             raise LookupError(f"there is no {STREAM} stream on this NATS: has a control plane run against it?") from None
         return info.state.last_seq
@@ -346,9 +496,45 @@ class NatsBus:
         async def run() -> None:
             async for entry in watcher:
                 if entry is not None and entry.key:
+                    self.beat_revision = max(self.beat_revision, entry.revision or 0)
                     on_beat(entry.key)
 
         return _Task(asyncio.create_task(run()), watcher)
+
+    async def heartbeats_readable(self, timeout: float = 2.0) -> str:
+        """"" when the heartbeats can be read now; else why not: our
+        connection down, the bucket not answering (no stream leader), or the
+        watcher delivering nothing while the bucket moved on."""
+        if not self.nc.is_connected:
+            return "our connection to NATS is down"
+        try:
+            info = await asyncio.wait_for(self.js.stream_info(f"KV_{HEARTBEAT_BUCKET}"), timeout)
+        except Exception as e:
+            return f"the heartbeat bucket does not answer ({_why(e)})"
+        last, (probed_last, probed_seen) = info.state.last_seq, self._beat_probe
+        self._beat_probe = (last, self.beat_revision)
+        if last > probed_last and probed_last > 0 and self.beat_revision == probed_seen and self.beat_revision < last:
+            return f"the heartbeat watcher delivered nothing while the bucket moved from {probed_last} to {last}"
+        return ""
+
+    async def lease(self, ttl: float) -> "_NatsLease":
+        """The control planes' lease bucket (LEADER_BUCKET), made if missing:
+        every key in it lives `ttl` seconds after its last write."""
+        try:
+            kv = await self.js.key_value(LEADER_BUCKET)
+            return _NatsLease(kv, (await kv.status()).ttl or ttl)
+        except Exception as e:
+            if not isinstance(e, NotFoundError):
+                raise
+        try:
+            kv = await self.js.create_key_value(
+                KeyValueConfig(bucket=LEADER_BUCKET, history=1, ttl=ttl, storage=StorageType.FILE, replicas=self.replicas)
+            )
+        except APIError as e:
+            if e.err_code != 10058:  # made meanwhile by another control plane
+                raise
+            kv = await self.js.key_value(LEADER_BUCKET)
+        return _NatsLease(kv, (await kv.status()).ttl or ttl)
 
     async def close(self) -> None:
         """Drain what is pending; with the server gone, just let go."""
@@ -359,3 +545,10 @@ class NatsBus:
                 await self.nc.close()
             except Exception:
                 pass
+
+
+def _why(e: BaseException | None) -> str:
+    if e is None:
+        return "no answer"
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text}" if text and text != type(e).__name__ else type(e).__name__

@@ -390,6 +390,20 @@ class NodeLost(Event, tag="node.lost"):
     basis: int = 0
 
 
+class LeaderElected(Event, tag="leader.elected"):
+    """A control plane took the lease (a key with a TTL in the NATS KV bucket
+    LLMGW_LEADER) and leads from this event on. Terms only grow: the fold
+    refuses a term that is not after the last one. Commands carry the term
+    they were sent in, and an agent never acts on one of an older term than
+    it has seen; decisions are fenced by the control subjects' sequence,
+    which this event moves, so a deposed leader's next decision is refused."""
+
+    term: int
+    leader: str
+    previous: str = ""  # who led before ("": nobody since the log began)
+    basis: int = 0
+
+
 AnyEvent = Union[
     ModelApplied,
     ModelRemoved,
@@ -404,6 +418,7 @@ AnyEvent = Union[
     ModelLoad,
     OwnerApplied,
     OwnerRemoved,
+    LeaderElected,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
@@ -423,6 +438,7 @@ ORIGIN: dict[type[Event], str] = {
     ModelLoad: "gw",
     OwnerApplied: "ctl",
     OwnerRemoved: "ctl",
+    LeaderElected: "control",
 }
 
 

@@ -39,7 +39,8 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 7: a shard that stopped while its replica was not being stopped fails the
 #    replica, which is replaced (it was "placing" for ever).
 # 8: a shard keeps the identity its engine was given (ShardStatus.identity).
-FOLD_VERSION = 8
+# 9: who leads (LeaderElected: state.term, leader, leader_since).
+FOLD_VERSION = 9
 
 
 class Refused(ValueError):
@@ -346,6 +347,12 @@ def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
             derive_replica_state(state, rep, e.at)
 
 
+def _leader_elected(state: State, e: ev.LeaderElected, seq: int) -> None:
+    if e.term <= state.term:
+        raise Refused(f"term {e.term} of {e.leader} is not after term {state.term} of {state.leader}")
+    state.term, state.leader, state.leader_since = e.term, e.leader, e.at
+
+
 # --------------------------------------------------------------------------- helpers
 
 
@@ -373,4 +380,5 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.ModelLoad: _model_load,
     ev.OwnerApplied: _owner_applied,
     ev.OwnerRemoved: _owner_removed,
+    ev.LeaderElected: _leader_elected,
 }
