@@ -536,6 +536,15 @@ class NatsBus:
             kv = await self.js.key_value(LEADER_BUCKET)
         return _NatsLease(kv, (await kv.status()).ttl or ttl)
 
+    async def read_lease(self) -> dict[str, bytes]:
+        """The lease bucket's keys as they are, without making it: LookupError
+        when no control plane ever campaigned on this NATS."""
+        try:
+            kv = await self._retrying("about the lease", lambda: self.js.key_value(LEADER_BUCKET))
+        except NotFoundError:
+            raise LookupError(f"there is no {LEADER_BUCKET} bucket: no control plane has run against this NATS") from None
+        return await self._retrying("about the lease", _NatsLease(kv, 0.0).entries)
+
     async def close(self) -> None:
         """Drain what is pending; with the server gone, just let go."""
         try:

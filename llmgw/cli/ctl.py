@@ -59,7 +59,7 @@ def add_parser(sub) -> None:
     delete.add_argument("name")
     _wait_flags(delete)
 
-    get = verb("get", "list models, nodes, replicas or decisions from the read models")
+    get = verb("get", "list models, nodes, replicas or decisions from the read models; who leads (leader, live)")
     get.add_argument("kind", choices=views.KINDS)
     get.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     get.add_argument("-w", "--watch", action="store_true", help="then print each change as it is projected")
@@ -412,7 +412,39 @@ def _listing(models: ReadModels, args) -> list[dict]:
     return models.decisions(model=args.model, limit=args.limit)
 
 
+async def cmd_get_leader(args, where: Where) -> int:
+    """Who leads, in which term and since when, and how far behind each
+    standby follows: live, from the lease bucket and the log's end."""
+    import json
+
+    from ..bus import LEASE_KEY
+
+    bus = await _connect(where)
+    try:
+        entries = await bus.read_lease()
+        last = await bus.last_seq()
+    finally:
+        await bus.close()
+    rows = []
+    holder = json.loads(entries[LEASE_KEY]) if LEASE_KEY in entries else None
+    if holder is not None:
+        rows.append({"role": "leader", "id": holder["id"], "term": holder["term"], "since": holder.get("since", 0.0),
+                     "seq": holder["seq"], "behind": max(0, last - holder["seq"])})
+    for key, value in sorted(entries.items()):
+        if key.startswith("standby."):
+            s = json.loads(value)
+            if holder is None or s["id"] != holder["id"]:
+                rows.append({"role": "standby", "id": s["id"], "term": 0, "since": 0.0, "seq": s["seq"],
+                             "behind": max(0, last - s["seq"])})
+    print(views.render("leader", rows, args.output), flush=True)
+    if holder is None:
+        raise CtlError("no control plane holds the lease now: nothing is decided until one does", NOT_FOUND)
+    return OK
+
+
 async def cmd_get(args, where: Where) -> int:
+    if args.kind == "leader":
+        return await cmd_get_leader(args, where)
     models = await _fresh(where, args.timeout)
     rows = _listing(models, args)
     print(views.render(args.kind, rows, args.output), flush=True)
