@@ -72,6 +72,7 @@ PUBLISH_TRIES = 5
 CATCHUP_MIN = 1000
 # Trying NATS again at start (and the streams, for a process that runs
 # forever): from the first pause, doubled up to the longest, without end.
+FOLLOW_CHECK_S = 2.0  # how often a follower looks whether its consumer stalled (_Kept)
 RETRY_FIRST_S = 0.5
 RETRY_LONGEST_S = 5.0
 STREAM_NOT_FOUND = 10059
@@ -126,32 +127,86 @@ def command_stream_config(replicas: int = 1) -> StreamConfig:
     )
 
 
-class _Sub:
-    def __init__(self, sub) -> None:
-        self._sub = sub
+class _Kept:
+    """An ordered consumer kept alive by us as well as by nats-py.
 
-    async def stop(self) -> None:
-        try:
-            await self._sub.unsubscribe()
-        except Exception:  # the connection may be gone already
-            pass
+    nats-py resets an ordered consumer after two missed idle heartbeats
+    (10 s), once: when its stream had no leader then (the stream leader's
+    server killed, an election under way) the new consumer is not made, and
+    the follower stays silent for good while the stream moves on. So every
+    FOLLOW_CHECK_S this asks where the stream stands; when it is past what
+    was delivered and nothing came since the last look, the consumer is made
+    again from the next sequence. Messages are handed on once each, in
+    order: a sequence at or below the last delivered is dropped (the two
+    resets may overlap).
+    """
 
+    def __init__(self, bus: "NatsBus", what: str, subscribe, last_seq, on_msg, start_seq: int) -> None:
+        self.bus, self.what = bus, what
+        self._subscribe, self._last_seq, self._on_msg = subscribe, last_seq, on_msg
+        self.delivered = start_seq - 1  # the last sequence handed on
+        self._sub = None
+        self._task: asyncio.Task | None = None
+        self.restarts = 0
 
-class _Task:
-    def __init__(self, task: asyncio.Task, watcher=None) -> None:
-        self._task, self._watcher = task, watcher
+    async def start(self) -> "_Kept":
+        self._sub = await self._subscribe(self.delivered + 1, self._deliver)
+        self._task = asyncio.create_task(self._watch())
+        return self
 
-    async def stop(self) -> None:
-        self._task.cancel()
-        try:
-            await self._task
-        except (asyncio.CancelledError, Exception):
-            pass
-        if self._watcher is not None:
+    def _deliver(self, seq: int, msg) -> None:
+        if seq <= self.delivered:
+            return
+        self.delivered = seq
+        self._on_msg(seq, msg)
+
+    async def _watch(self) -> None:
+        seen = self.delivered
+        while True:
+            await asyncio.sleep(FOLLOW_CHECK_S)
+            if self.delivered != seen:
+                seen = self.delivered
+                continue
             try:
-                await self._watcher.stop()
+                last = await asyncio.wait_for(self._last_seq(), FOLLOW_CHECK_S)
+            except Exception:
+                continue  # the bus in trouble: look again later
+            if last <= self.delivered:
+                continue
+            log.warning(
+                "%s: nothing delivered past %d while the stream is at %d; following again from %d",
+                self.what, self.delivered, last, self.delivered + 1,
+            )  # fmt: skip
+            old, self._sub = self._sub, None
+            try:
+                await old.unsubscribe()
             except Exception:
                 pass
+            try:
+                self._sub = await self._subscribe(self.delivered + 1, self._deliver)
+                self.restarts += 1
+            except Exception as e:
+                log.warning("%s: could not follow again yet (%s)", self.what, _why(e))
+                self._sub = old  # try again at the next look
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:
+                pass
+
+
+def _from(start_seq: int) -> ConsumerConfig:
+    if start_seq <= 1:
+        return ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+    return ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start_seq)
 
 
 class _NatsLease:
@@ -300,10 +355,15 @@ class NatsBus:
         await self._ensure(command_stream_config(self.replicas))
         try:
             self._kv = await self.js.key_value(HEARTBEAT_BUCKET)
-        except Exception:
-            self._kv = await self.js.create_key_value(
-                KeyValueConfig(bucket=HEARTBEAT_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas)
-            )
+        except NotFoundError:
+            try:
+                self._kv = await self.js.create_key_value(
+                    KeyValueConfig(bucket=HEARTBEAT_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas)
+                )
+            except APIError as e:
+                if e.err_code != 10058:  # made meanwhile by another process
+                    raise
+                self._kv = await self.js.key_value(HEARTBEAT_BUCKET)
 
     async def _ensure(self, config: StreamConfig) -> None:
         try:
@@ -394,7 +454,7 @@ class NatsBus:
         info = await self.js.stream_info(STREAM)
         return f"{STREAM}@{info.created}"
 
-    async def follow(self, start_seq: int, on_message: OnMessage) -> _Sub:
+    async def follow(self, start_seq: int, on_message: OnMessage) -> _Kept:
         # A long stretch is read by the fast reader first; nats-py's ordered
         # consumer then follows from where it stopped.
         last = await self.last_seq()
@@ -411,24 +471,26 @@ class NatsBus:
                 log.warning("fast catch-up not possible (%s); the client reads it all", e)
         return await self._follow_with_client(start_seq, on_message)
 
-    async def _follow_with_client(self, start_seq: int, on_message: OnMessage) -> _Sub:
-        if start_seq <= 1:
-            config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
-        else:
-            config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start_seq)
+    async def _follow_with_client(self, start_seq: int, on_message: OnMessage) -> _Kept:
+        async def subscribe(start: int, deliver):
+            async def cb(msg) -> None:
+                # The stream sequence is the 6th token of a v1 ack subject
+                # ($JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...) and the 8th
+                # of a v2 one; parsing it here is cheaper than msg.metadata.
+                tokens = msg.reply.split(".")
+                deliver(int(tokens[5] if len(tokens) == 9 else tokens[7]), msg)
 
-        async def cb(msg) -> None:
-            # The stream sequence is the 6th token of a v1 ack subject
-            # ($JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...) and the 8th
-            # of a v2 one; parsing it here is cheaper than msg.metadata.
-            tokens = msg.reply.split(".")
-            seq = int(tokens[5] if len(tokens) == 9 else tokens[7])
+            return await self.js.subscribe(
+                "llmgw.>", stream=STREAM, ordered_consumer=True, config=_from(start), cb=cb, pending_msgs_limit=-1
+            )
+
+        async def last() -> int:
+            return (await self.js.stream_info(STREAM)).state.last_seq
+
+        def on_msg(seq: int, msg) -> None:
             on_message(seq, msg.subject, msg.data)
 
-        sub = await self.js.subscribe(
-            "llmgw.>", stream=STREAM, ordered_consumer=True, config=config, cb=cb, pending_msgs_limit=-1
-        )
-        return _Sub(sub)
+        return await _Kept(self, "the log", subscribe, last, on_msg, start_seq).start()
 
     async def read_matching(self, subjects: str) -> list[tuple[int, str, bytes]]:
         # The server counts the matching messages, so the read knows where it
@@ -468,18 +530,29 @@ class NatsBus:
         msg_id = f"cmd-{self._instance}-{self._commands_sent}"
         await self.js.publish(f"{COMMAND_PREFIX}.{node}", data, stream=COMMAND_STREAM, headers={"Nats-Msg-Id": msg_id})
 
-    async def follow_commands(self, node: str, on_command: OnCommand) -> _Sub:
-        async def cb(msg) -> None:
-            on_command(msg.data)
+    async def follow_commands(self, node: str, on_command: OnCommand) -> _Kept:
+        subject = f"{COMMAND_PREFIX}.{node}"
 
-        sub = await self.js.subscribe(
-            f"{COMMAND_PREFIX}.{node}",
-            stream=COMMAND_STREAM,
-            ordered_consumer=True,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW),
-            cb=cb,
-        )
-        return _Sub(sub)
+        async def last() -> int:
+            try:
+                return (await self.js.get_last_msg(COMMAND_STREAM, subject)).seq
+            except NotFoundError:
+                return 0
+
+        async def subscribe(start: int, deliver):
+            async def cb(msg) -> None:
+                deliver(msg.metadata.sequence.stream, msg)
+
+            # New commands only: what was outstanding before is sent again.
+            config = ConsumerConfig(deliver_policy=DeliverPolicy.NEW) if first else _from(start)
+            return await self.js.subscribe(subject, stream=COMMAND_STREAM, ordered_consumer=True, config=config, cb=cb)
+
+        first = True
+        kept = _Kept(self, f"the commands for {node}", subscribe, last, lambda seq, msg: on_command(msg.data), 1)
+        kept.delivered = await last()
+        await kept.start()
+        first = False
+        return kept
 
     # ----------------------------------------------------------------- heartbeats
 
@@ -488,18 +561,32 @@ class NatsBus:
             self._kv = await self.js.key_value(HEARTBEAT_BUCKET)
         await self._kv.put(node, data)
 
-    async def follow_heartbeats(self, on_beat: Callable[[str], None]) -> _Task:
+    async def follow_heartbeats(self, on_beat: Callable[[str], None]) -> _Kept:
         if self._kv is None:
             self._kv = await self.js.key_value(HEARTBEAT_BUCKET)
-        watcher = await self._kv.watchall()
+        stream = f"KV_{HEARTBEAT_BUCKET}"
+        prefix = len(f"$KV.{HEARTBEAT_BUCKET}.")
 
-        async def run() -> None:
-            async for entry in watcher:
-                if entry is not None and entry.key:
-                    self.beat_revision = max(self.beat_revision, entry.revision or 0)
-                    on_beat(entry.key)
+        async def last() -> int:
+            return (await self.js.stream_info(stream)).state.last_seq
 
-        return _Task(asyncio.create_task(run()), watcher)
+        async def subscribe(start: int, deliver):
+            # The latest of each node first (as a KV watcher starts), then every beat.
+            config = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT) if start <= 1 else _from(start)
+
+            async def cb(msg) -> None:
+                deliver(msg.metadata.sequence.stream, msg)
+
+            return await self.js.subscribe(
+                f"$KV.{HEARTBEAT_BUCKET}.>", stream=stream, ordered_consumer=True, config=config, cb=cb
+            )
+
+        def on_msg(seq: int, msg) -> None:
+            self.beat_revision = max(self.beat_revision, seq)
+            if not (msg.headers or {}).get("KV-Operation"):
+                on_beat(msg.subject[prefix:])
+
+        return await _Kept(self, "the heartbeats", subscribe, last, on_msg, 1).start()
 
     async def heartbeats_readable(self, timeout: float = 2.0) -> str:
         """"" when the heartbeats can be read now; else why not: our
