@@ -97,6 +97,9 @@ async def test_an_agent_never_acts_on_a_command_of_an_older_term_even_after_a_re
     assert ("m-2.0", 4, "stop") not in again._acted
     again._on_command(cmds.encode(cmds.StopShard(shard="m-2.0", generation=4, reason="new leader", term=3)))
     assert ("m-2.0", 4, "stop") in again._acted and again.state.term == 3
+    # NATS made anew is another log: its terms count from 1 again, and are obeyed.
+    again._on_command(cmds.encode(cmds.StopShard(shard="m-3.0", generation=1, reason="new log", term=1, log="LLMGW@2")))
+    assert ("m-3.0", 1, "stop") in again._acted and (again.state.term, again.state.log) == (1, "LLMGW@2")
     for a in (agent, again):
         await asyncio.gather(*a._tasks)
 

@@ -234,12 +234,12 @@ class NodeAgent:
         except msgspec.MsgspecError as e:
             log.warning("ignoring a command that does not decode: %s", e)
             return
-        if cmd.term < self.state.term:
+        if cmd.term < self.state.term and cmd.log == self.state.log:
             log.warning("ignoring a %s of term %d: a leader of term %d has spoken", type(cmd).__name__, cmd.term,
                         self.state.term)
             return
-        if cmd.term > self.state.term:
-            self.state.term = cmd.term
+        if (cmd.term, cmd.log) != (self.state.term, self.state.log):
+            self.state.term, self.state.log = cmd.term, cmd.log  # a later term, or another log
             self._save()
         if isinstance(cmd, cmds.Reregister):
             log.info("asked to register again: %s", cmd.reason)

@@ -64,6 +64,7 @@ class AgentState(msgspec.Struct, kw_only=True, omit_defaults=True):
     # The highest leader's term of a command seen: one of an older term is
     # from a deposed leader and never acted on, after a restart too.
     term: int = 0
+    log: str = ""  # the log that term counts in (commands.StartShard.log)
 
 
 class StateFile:

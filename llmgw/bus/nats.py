@@ -549,7 +549,7 @@ class NatsBus:
 
         first = True
         kept = _Kept(self, f"the commands for {node}", subscribe, last, lambda seq, msg: on_command(msg.data), 1)
-        kept.delivered = await last()
+        kept.delivered = await self._retrying("about the commands", last)
         await kept.start()
         first = False
         return kept

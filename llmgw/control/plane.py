@@ -286,6 +286,10 @@ class ControlPlane:
         """We hold the lease: say so in the log, in the next term, fenced like
         a decision (a deposed leader's decision in flight refuses ours, or ours
         refuses it). Once folded back, we lead."""
+        # Hot already; the last few events first, so the first pass is on all of it.
+        await self._folded_to(await self.bus.last_seq(), timeout=self.config.lease_margin)
+        if not self.holds_lease():
+            return
         previous = self.state.leader
         term = self.state.term + 1
         event = ev.LeaderElected(at=self.clock(), term=term, leader=self.leader, previous=previous, basis=self.state.seq)
@@ -337,7 +341,9 @@ class ControlPlane:
             # Lost, yet its agent is alive: let it register again, so what it
             # runs is adopted or stopped rather than left running unseen.
             self._asked_to_register[node] = now
-            msg = cmds.encode(cmds.Reregister(reason=f"node {node} was lost: {known.reason}", term=self.term))
+            msg = cmds.encode(
+                cmds.Reregister(reason=f"node {node} was lost: {known.reason}", term=self.term, log=self._log_id)
+            )
             asyncio.get_running_loop().create_task(self._send_quietly(node, msg))
 
     async def _send_quietly(self, node: str, data: bytes) -> None:
@@ -433,7 +439,7 @@ class ControlPlane:
             if sent is None or now - sent >= self.resend_after or node in resend:
                 if not self.leading():
                     return  # deposed while sending: a standby sends nothing
-                cmd.term = self.term
+                cmd.term, cmd.log = self.term, self._log_id
                 try:
                     await self.bus.send_command(node, cmds.encode(cmd))
                     self.commands_sent += 1

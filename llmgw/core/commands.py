@@ -8,7 +8,9 @@ shard id and generation, however often it arrives.
 Every command carries the term of the leader that sent it (`LeaderElected`):
 an agent remembers the highest term it has seen and never acts on a command
 of an older one, so a deposed leader's commands are fenced as its decisions
-are. 0: sent by a control plane that does not campaign (tests).
+are. 0: sent by a control plane that does not campaign (tests). Terms
+count within one log (`log`, the log's identity): a command from another
+log (NATS made anew) begins the count again instead of being refused for ever.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class StartShard(msgspec.Struct, kw_only=True, tag_field="command", tag="start")
     # replica it replaces in place, whose GPUs and port it takes over.
     after: list[str] = []
     term: int = 0
+    log: str = ""
 
 
 class StopShard(msgspec.Struct, kw_only=True, tag_field="command", tag="stop"):
@@ -49,6 +52,7 @@ class StopShard(msgspec.Struct, kw_only=True, tag_field="command", tag="stop"):
     reason: str
     grace_s: float = 0.0
     term: int = 0
+    log: str = ""
 
 
 class Reregister(msgspec.Struct, kw_only=True, tag_field="command", tag="reregister"):
@@ -58,6 +62,7 @@ class Reregister(msgspec.Struct, kw_only=True, tag_field="command", tag="reregis
 
     reason: str
     term: int = 0
+    log: str = ""
 
 
 Command = StartShard | StopShard | Reregister
