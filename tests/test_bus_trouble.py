@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -118,3 +119,43 @@ def test_llmgw_up_restarts_its_nats_server_after_kill_9(tmp_path):
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_a_cluster_losing_its_stream_leader_mid_burst_loses_nothing_and_recovers_by_itself(tmp_path):
+    """3 nats-servers (deploy/nats/ configs, R3 streams): kill -9 of the
+    server leading the log's stream while operators apply: every apply that
+    was acknowledged is in the log, no node is declared lost, and every
+    component goes on by itself (a leader, new replicas placed and ready)."""
+    nats = cf.Cluster(tmp_path / "nats").start()
+    fleet = cf.Fleet(tmp_path / "fleet", nats.url)
+    try:
+        for i in range(2):
+            fleet.control(f"control-{i}", replicas=3)
+        cf.wait_until("a leader", lambda: fleet.ctl("get", "leader").returncode == 0, 60)
+        for name in ("gpu-1", "gpu-2"):
+            fleet.agent(name, gpus=4)
+        assert fleet.apply(cf.catalog(2)).returncode == 0
+        cf.wait_until("2 ready", lambda: cf.ready_count(nats.url) == 2, 60)
+        victim = nats.stream_leader("LLMGW")
+        acked, refused = [], []
+        for i in range(6):
+            if i == 2:
+                nats.kill9(victim)
+            out = fleet.apply(cf.catalog(0, name=f"burst-{i}"))
+            if out.returncode == 0:
+                acked += [int(x) for x in re.findall(r"\(event (\d+)\)", out.stdout)]
+            else:
+                refused.append(out.stderr)
+        for why in refused:  # a refusal says what the trouble is
+            assert "electing a stream leader, or is unreachable" in why and "do not exist" not in why, why
+        assert fleet.apply(cf.catalog(3)).returncode == 0
+        cf.wait_until("3 ready after", lambda: cf.ready_count(nats.url) == 3, 60)
+        recs = cf.records(nats.url)
+        assert set(acked) <= {seq for seq, _, _ in recs}
+        assert cf.story(recs).nodes_lost == []
+        assert cf.leader_now(fleet) is not None
+        for name, proc in fleet.procs.items():
+            assert proc.poll() is None, fleet.log(name)[-2000:]
+    finally:
+        fleet.stop()
+        nats.stop()
