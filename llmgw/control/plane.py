@@ -287,7 +287,11 @@ class ControlPlane:
         a decision (a deposed leader's decision in flight refuses ours, or ours
         refuses it). Once folded back, we lead."""
         # Hot already; the last few events first, so the first pass is on all of it.
-        await self._folded_to(await self.bus.last_seq(), timeout=self.config.lease_margin)
+        try:
+            last = await asyncio.wait_for(self.bus.last_seq(), self.config.bus_probe_timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            return  # the bus in trouble: the next pass tries again
+        await self._folded_to(last, timeout=self.config.lease_margin)
         if not self.holds_lease():
             return
         previous = self.state.leader
