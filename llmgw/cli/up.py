@@ -114,6 +114,7 @@ def up(
     agent_file: str | None = None,
     node_name: str | None = None,
     gateway_port: int | None = 8080,
+    gateway_listen: str = "127.0.0.1",
 ) -> int:
     import asyncio
 
@@ -173,8 +174,9 @@ def up(
         )
     gateway_url = ""
     if gateway_port is not None:
-        gateway_url = f"http://127.0.0.1:{gateway_port}"
-        children.append(Child("gateway", [py, "-m", "llmgw", "gateway", "--nats", nats_url, "--port", str(gateway_port)]))
+        host = "127.0.0.1" if gateway_listen in ("0.0.0.0", "::") else gateway_listen
+        gateway_url = f"http://{host}:{gateway_port}"
+        children.append(Child("gateway", [py, "-m", "llmgw", "gateway", "--nats", nats_url, "--port", str(gateway_port), "--listen", gateway_listen]))
     stopping = False
 
     def on_signal(signum, frame) -> None:
