@@ -166,6 +166,23 @@ async def test_a_chunked_body_is_counted_as_it_arrives(setup):
     writer.close()
 
 
+async def test_a_pipelined_request_past_a_limit_is_refused_after_the_answers_owed_before_it(setup):
+    e = await setup.engine("slow", delay=0.3)
+    await setup.log.model(spec("m"))
+    await setup.log.replica(spec("m"), e.endpoint)
+    await setup.gateway(max_body=65536)
+    ok = json.dumps({"model": "m", "messages": CHAT}).encode()
+    reader, writer = await connect(setup)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(ok), ok)
+        + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        + b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 52428800\r\n\r\n"
+    )
+    assert [(await answer_of(reader))[0] for _ in range(3)] == [200, 200, 413]
+    assert await closed(reader)
+    writer.close()
+
+
 # --------------------------------------------------------------------------- time
 
 

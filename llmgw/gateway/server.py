@@ -111,7 +111,7 @@ class Client(asyncio.Protocol):
 
     __slots__ = (
         "gw", "transport", "parser", "req", "parts", "size", "busy", "queue", "closed", "local", "exchange",
-        "paused", "url", "admin", "phase", "deadline", "head_bytes", "length",
+        "paused", "url", "admin", "phase", "deadline", "head_bytes", "length", "refusal",
     )  # fmt: skip
 
     def __init__(self, gw: "Gateway", admin: bool = False) -> None:
@@ -133,6 +133,7 @@ class Client(asyncio.Protocol):
         self.deadline = gw.now + gw.config.header_timeout
         self.head_bytes = 0  # of the head being received, counted as they arrive
         self.length = -1  # the Content-Length of the request being received
+        self.refusal: tuple | None = None  # to answer once the answers owed before it are sent
 
     # ----------------------------------------------------------------- asyncio
 
@@ -156,8 +157,8 @@ class Client(asyncio.Protocol):
         clients.add(self)
 
     def data_received(self, data: bytes) -> None:
-        if self.closed:
-            return  # lingering after a refusal: dropped
+        if self.closed or self.refusal is not None:
+            return  # lingering after a refusal (or before it): dropped
         if self.phase != BODY:  # a head (this one, or the next)
             self.head_bytes += len(data)
         try:
@@ -202,7 +203,7 @@ class Client(asyncio.Protocol):
         """Its deadline passed (the gateway's sweep)."""
         phase = self.phase
         self.deadline = 0.0
-        if phase == LINGER or phase == IDLE or self.busy or self.closed:
+        if phase == LINGER or phase == IDLE or self.closed:
             self.closed = True
             if self.transport is not None:
                 self.transport.close()
@@ -293,6 +294,9 @@ class Client(asyncio.Protocol):
             return
         if self.queue:
             self.gw.handle(self, self.queue.popleft())
+        elif self.refusal is not None:
+            self.busy = False
+            self.refuse(*self.refusal)
         else:
             self.busy = False
             if self.phase == ANSWER:  # no byte of a next request yet
@@ -314,7 +318,14 @@ class Client(asyncio.Protocol):
         linger_timeout, or its end) so that it reads the answer, not a reset."""
         if self.closed:
             return
+        if self.busy:  # a pipelined request: refused after the answers owed before it
+            if self.refusal is None:
+                self.refusal = (status, message, headers, linger)
+                self.phase = ANSWER
+                self.deadline = 0.0
+            return
         self.closed = True
+        self.refusal = None
         self.queue.clear()
         self.req = None
         self.parts = []
