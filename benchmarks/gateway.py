@@ -278,7 +278,11 @@ async def open_loop(port: int, rate: float, seconds: float) -> dict:
         wait = at - time.perf_counter()
         if wait > 0.0005:
             await asyncio.sleep(wait)
-        c = idle.pop() if idle else await conn()
+        c = idle.pop() if idle else None
+        while c is not None and c.transport.is_closing():  # closed by the server while idle (a keep-alive timeout)
+            c = idle.pop() if idle else None
+        if c is None:
+            c = await conn()
         due[c] = at
         c.transport.write(data)
     deadline = time.perf_counter() + 10

@@ -12,7 +12,8 @@ What a client past a limit of the HTTP edge gets:
                                          counted as it arrives
     header_timeout     408, closed       a request's head (request line and headers) must be in
                                          within this from its first byte; a new connection's
-                                         first one within this from the connection
+                                         first one within this from the connection (one that
+                                         sent nothing is closed without an answer)
     body_timeout       408, closed       its body within this from the end of its head
     keepalive_timeout  closed            a connection idle between requests (no answer owed, no
                                          byte of a next request)

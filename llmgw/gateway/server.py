@@ -111,11 +111,12 @@ class Client(asyncio.Protocol):
 
     __slots__ = (
         "gw", "transport", "parser", "req", "parts", "size", "busy", "queue", "closed", "local", "exchange",
-        "paused", "url", "admin", "phase", "deadline", "head_bytes", "length", "refusal",
+        "paused", "url", "admin", "phase", "deadline", "head_bytes", "length", "refusal", "cfg",
     )  # fmt: skip
 
     def __init__(self, gw: "Gateway", admin: bool = False) -> None:
         self.gw = gw
+        self.cfg = gw.config
         self.admin = admin  # the --metrics-listen address: /metrics only
         self.transport = None
         self.parser = httptools.HttpRequestParser(self)
@@ -174,9 +175,9 @@ class Client(asyncio.Protocol):
                 self.gw.metrics.edge("malformed")
                 self.refuse(400, f"malformed HTTP request: {e}")
             return
-        if self.phase == HEAD and self.head_bytes > self.gw.config.max_header_bytes:
+        if self.phase == HEAD and self.head_bytes > self.cfg.max_header_bytes:
             self.gw.metrics.edge("max_header_bytes")
-            self.refuse(431, f"the request's line and headers are larger than {self.gw.config.max_header_bytes} bytes")
+            self.refuse(431, f"the request's line and headers are larger than {self.cfg.max_header_bytes} bytes")
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -203,12 +204,13 @@ class Client(asyncio.Protocol):
         """Its deadline passed (the gateway's sweep)."""
         phase = self.phase
         self.deadline = 0.0
-        if phase == LINGER or phase == IDLE or self.closed:
+        if phase == LINGER or phase == IDLE or self.closed or (phase == HEAD and self.req is None):
+            # No byte of a request: closed without an answer (one the client did not ask for).
             self.closed = True
             if self.transport is not None:
                 self.transport.close()
             return
-        cfg = self.gw.config
+        cfg = self.cfg
         self.gw.metrics.edge("header_timeout" if phase == HEAD else "body_timeout")
         if phase == HEAD:
             why = f"the request's head did not arrive within {cfg.header_timeout:g}s"
@@ -226,11 +228,11 @@ class Client(asyncio.Protocol):
         self.length = -1
         if self.phase != HEAD:  # from idle (or the answer): this head's time starts now
             self.phase = HEAD
-            self.deadline = self.gw.now + self.gw.config.header_timeout
+            self.deadline = self.gw.now + self.cfg.header_timeout
 
     def on_url(self, url: bytes) -> None:
-        if len(self.url) + len(url) > self.gw.config.max_request_line:
-            raise Refused(414, f"the request's URL is longer than {self.gw.config.max_request_line} bytes")
+        if len(self.url) + len(url) > self.cfg.max_request_line:
+            raise Refused(414, f"the request's URL is longer than {self.cfg.max_request_line} bytes")
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -247,7 +249,7 @@ class Client(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         req = self.req
-        cfg = self.gw.config
+        cfg = self.cfg
         if self.length > cfg.max_body:
             raise Refused(413, f"the request body ({self.length} bytes) is larger than {cfg.max_body} bytes")
         self.phase = BODY
@@ -260,8 +262,8 @@ class Client(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
-        if self.size > self.gw.config.max_body:
-            raise Refused(413, f"the request body is larger than {self.gw.config.max_body} bytes")
+        if self.size > self.cfg.max_body:
+            raise Refused(413, f"the request body is larger than {self.cfg.max_body} bytes")
         self.parts.append(body)
 
     def on_message_complete(self) -> None:
@@ -301,7 +303,7 @@ class Client(asyncio.Protocol):
             self.busy = False
             if self.phase == ANSWER:  # no byte of a next request yet
                 self.phase = IDLE
-                self.deadline = self.gw.now + self.gw.config.keepalive_timeout
+                self.deadline = self.gw.now + self.cfg.keepalive_timeout
 
     def reply(self, req: Request, status: int, body: bytes, content_type: bytes = b"application/json", headers: bytes = b"") -> None:
         if not self.closed:
@@ -336,7 +338,7 @@ class Client(asyncio.Protocol):
             b"%sContent-Type: application/json\r\nContent-Length: %d\r\n%sConnection: close\r\n\r\n%s"
             % (_status_line(status), len(body), headers, body)
         )
-        linger_s = self.gw.config.linger_timeout
+        linger_s = self.cfg.linger_timeout
         if linger and linger_s > 0 and t.can_write_eof():
             t.write_eof()
             self.phase = LINGER
