@@ -48,10 +48,11 @@ def status_kib(pid: int, field: str) -> int:
     return 0
 
 
-def exchange(port: int, data: bytes, timeout: float = 30.0) -> tuple[bytes, int]:
-    """Send `data` (from a thread, as fast as it goes) and read the answer's head;
-    (the status line, bytes the client had sent when the answer came)."""
+def exchange(port: int, data: bytes, timeout: float = 30.0, head: bytes = b"") -> tuple[bytes, int]:
+    """Send `head`, then `data` (from a thread, as fast as it goes, 64 KiB a send) and
+    read the answer's head; (the status line, bytes of `data` sent when the answer came)."""
     s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(head)
     sent = 0
     done = threading.Event()
 
@@ -60,7 +61,7 @@ def exchange(port: int, data: bytes, timeout: float = 30.0) -> tuple[bytes, int]
         view = memoryview(data)
         try:
             while sent < len(data) and not done.is_set():
-                sent += s.send(view[sent : sent + (1 << 20)])
+                sent += s.send(view[sent : sent + 65536])
         except OSError:
             pass
 
@@ -104,6 +105,7 @@ class Slow(asyncio.Protocol):
         self.got = b""
         self.status = 0
         self.open = True
+        self.ours = False  # closed by this client at the end: held until then
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -115,7 +117,7 @@ class Slow(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.open = False
-        self.results.append((self.status, time.monotonic()))
+        self.results.append((-2 if self.ours else self.status, time.monotonic()))
 
 
 async def slowloris(port: int, n: int, gw_pid: int, seconds: float) -> dict:
@@ -144,18 +146,19 @@ async def slowloris(port: int, n: int, gw_pid: int, seconds: float) -> dict:
         timeline.append((round(time.monotonic() - start, 1), len(alive), None if held is None else int(held) - 1, status_kib(gw_pid, "VmRSS")))
         t0 = time.perf_counter()
         status, _ = await loop.run_in_executor(None, exchange, port, bench.request_bytes(port))
-        probe.append((time.perf_counter() - t0) * 1e3 if b" 200 " in status + b" " else float("nan"))
+        probe.append((time.perf_counter() - t0) * 1e3 if b" 200 " in status else float("nan"))
         if not alive:
             break
         await asyncio.sleep(1.0)
     for c in conns:
         if c.open:
+            c.ours = True
             c.transport.close()
     await asyncio.sleep(0.2)
     cut = {}
     for status, _ in results:
         cut[status] = cut.get(status, 0) + 1
-    last = max((at for _, at in results), default=start) - start
+    last = max((at for s, at in results if s != -2), default=start) - start
     return {
         "n": n, "opened_s": round(opened, 2), "timeline": timeline, "cut": cut, "last_cut_s": round(last, 1),
         "rss_before_kib": rss_before, "rss_peak_kib": max(t[3] for t in timeline), "rss_after_kib": status_kib(gw_pid, "VmRSS"),
@@ -192,29 +195,32 @@ def main() -> int:
         bench.wait_port(gw_port)
         exchange(gw_port, bench.request_bytes(gw_port))  # warm
 
+        url = b"GET /" + b"a" * (args.url_mb << 20) + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+        body = b"x" * (args.body_mb << 20)
         rss0 = status_kib(gw.pid, "VmRSS")
         t0 = time.perf_counter()
-        url_status, _ = exchange(gw_port, b"GET /" + b"a" * (args.url_mb << 20) + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        url_status, _ = exchange(gw_port, url)
         url_s = time.perf_counter() - t0
         hwm = status_kib(gw.pid, "VmHWM")
         hdr_status, _ = exchange(gw_port, b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: %s\r\n" % (b"p" * 1000) * 1000 + b"\r\n")
         body_head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (args.body_mb << 20)
         t0 = time.perf_counter()
-        body_status, body_sent = exchange(gw_port, body_head + b"x" * (args.body_mb << 20))
+        body_status, body_sent = exchange(gw_port, body, head=body_head)
         body_s = time.perf_counter() - t0
         print(f"{os.cpu_count()} cores shared by the clients, the upstream and the gateway; gateway flags: {' '.join(extra) or 'the defaults'}")
         print(f"huge URL ({args.url_mb} MB):     {url_status.decode(errors='replace')} in {url_s * 1e3:.0f} ms; "
               f"gateway RSS {rss0 / 1024:.1f} MiB before, peak {hwm / 1024:.1f} MiB (+{(hwm - rss0) / 1024:.1f})")
         print(f"huge headers (1 MB):  {hdr_status.decode(errors='replace')}")
         print(f"huge body ({args.body_mb} MB):    {body_status.decode(errors='replace')} in {body_s * 1e3:.0f} ms, "
-              f"with {body_sent / 1e6:.1f} MB of it sent by then (the head and the socket buffers)")
+              f"with {body_sent / 1e6:.2f} MB of the body sent by then (into the socket buffers)")
 
         r = asyncio.run(slowloris(gw_port, args.slowloris, gw.pid, args.seconds))
         print(f"slowloris: {r['n']} connections opened in {r['opened_s']}s, each sending a byte a second")
         print(f"  {'t (s)':>6} {'open (client)':>14} {'held (gateway)':>15} {'gateway RSS MiB':>16}")
         for t, alive, held, rss in r["timeline"]:
             print(f"  {t:>6} {alive:>14} {'' if held is None else held:>15} {rss / 1024:>16.1f}")
-        cut = ", ".join(f"{n} {'closed unanswered' if s == 0 else ('refused at connect' if s < 0 else s)}" for s, n in sorted(r["cut"].items()))
+        said = {0: "closed unanswered", -1: "refused at connect", -2: "still held at the end"}
+        cut = ", ".join(f"{n} {said.get(s, s)}" for s, n in sorted(r["cut"].items()))
         probes = [p for p in r["probe_ms"] if p == p]
         print(f"  cut: {cut}; the last {r['last_cut_s']}s after the first connection")
         print(f"  gateway RSS: {r['rss_before_kib'] / 1024:.1f} MiB before, peak {r['rss_peak_kib'] / 1024:.1f}, "
