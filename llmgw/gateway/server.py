@@ -14,6 +14,13 @@ attempt, with the reason). A model with no ready replica makes its request
 wait (counted as queued: that wakes an on-demand model) up to `wait_s`,
 then 503 with Retry-After; so does one whose replicas failed the request
 while another is coming (routing.when_none_ready).
+
+The HTTP edge holds to config.GatewayConfig's limits: sizes counted as the
+bytes arrive (a refusal stops the parser: nothing past a limit is buffered),
+each connection's deadline by its phase (idle, head, body, answer, linger)
+looked at by one sweep a tick, open connections capped. It listens on
+`listen` only (and /metrics on `metrics_listen` when given): what the log
+says never moves it.
 """
 
 from __future__ import annotations
