@@ -25,7 +25,6 @@ import asyncio
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -228,16 +227,7 @@ def main() -> int:
         print(f"  a real request during the attack: {len(probes)}/{len(r['probe_ms'])} answered 200, "
               f"median {sorted(probes)[len(probes) // 2] if probes else float('nan'):.1f} ms, max {max(probes, default=float('nan')):.1f} ms")
     finally:
-        for proc in procs:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        bench.stop_all(procs)
         nats.stop()
         shutil.rmtree(work, ignore_errors=True)
     return 0

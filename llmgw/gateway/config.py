@@ -23,9 +23,10 @@ What a client past a limit of the HTTP edge gets:
                                          reset from a crash); past it by an eighth more, a new
                                          connection is closed at once, unanswered, so that a
                                          flood holds nothing
-    linger_timeout     -                 after a 413/414/431/503 the connection still reads, and
-                                         drops, what the client sends, up to this long, so that
-                                         the client reads the answer rather than a reset
+    linger_timeout     -                 after any of these answers the connection still reads,
+                                         and drops, what the client sends, up to this long (or
+                                         its end), so that the client reads the answer rather
+                                         than a reset
 
 Timeouts are kept to about a quarter of the shortest (at most 1 s): a
 sweep, not a timer per request.

@@ -223,7 +223,7 @@ class Client(asyncio.Protocol):
             why = f"the request's head did not arrive within {cfg.header_timeout:g}s"
         else:
             why = f"the request's body did not arrive within {cfg.body_timeout:g}s"
-        self.refuse(408, why, linger=False)
+        self.refuse(408, why)
 
     # ----------------------------------------------------------------- httptools
 
@@ -321,15 +321,15 @@ class Client(asyncio.Protocol):
             )
         self.finished(req.keep_alive)
 
-    def refuse(self, status: int, message: str, headers: bytes = b"", linger: bool = True) -> None:
+    def refuse(self, status: int, message: str, headers: bytes = b"") -> None:
         """Answer `status` and close: a request that cannot be parsed, or is past a limit.
-        With `linger`, what the client still sends is read and dropped (up to
-        linger_timeout, or its end) so that it reads the answer, not a reset."""
+        What the client still sends is read and dropped (up to linger_timeout, or
+        its end) so that it reads the answer, not a reset."""
         if self.closed:
             return
         if self.busy:  # a pipelined request: refused after the answers owed before it
             if self.refusal is None:
-                self.refusal = (status, message, headers, linger)
+                self.refusal = (status, message, headers)
                 self.phase = ANSWER
                 self.deadline = 0.0
             return
@@ -346,7 +346,7 @@ class Client(asyncio.Protocol):
             % (_status_line(status), len(body), headers, body)
         )
         linger_s = self.cfg.linger_timeout
-        if linger and linger_s > 0 and t.can_write_eof():
+        if linger_s > 0 and t.can_write_eof():
             t.write_eof()
             self.phase = LINGER
             self.deadline = self.gw.now + linger_s
