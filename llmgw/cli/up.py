@@ -174,7 +174,7 @@ def up(
         )
     gateway_url = ""
     if gateway_port is not None:
-        host = "127.0.0.1" if gateway_listen in ("0.0.0.0", "::") else gateway_listen
+        host = "127.0.0.1" if gateway_listen in ("0.0.0.0", "::") else f"[{gateway_listen}]" if ":" in gateway_listen else gateway_listen
         gateway_url = f"http://{host}:{gateway_port}"
         children.append(Child("gateway", [py, "-m", "llmgw", "gateway", "--nats", nats_url, "--port", str(gateway_port), "--listen", gateway_listen]))
     stopping = False
