@@ -278,7 +278,11 @@ async def open_loop(port: int, rate: float, seconds: float) -> dict:
         wait = at - time.perf_counter()
         if wait > 0.0005:
             await asyncio.sleep(wait)
-        c = idle.pop() if idle else await conn()
+        c = idle.pop() if idle else None
+        while c is not None and c.transport.is_closing():  # closed by the server while idle (a keep-alive timeout)
+            c = idle.pop() if idle else None
+        if c is None:
+            c = await conn()
         due[c] = at
         c.transport.write(data)
     deadline = time.perf_counter() + 10
@@ -386,6 +390,21 @@ async def streams(port: int, concurrent: int, seconds: float) -> dict:
 # --------------------------------------------------------------------------- the run
 
 
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """Each process group: TERM, then KILL after 10 s."""
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=10.0, help="per measurement")
@@ -461,16 +480,7 @@ def main() -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     finally:
-        for proc in procs:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_all(procs)
         nats.stop()
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -79,6 +79,7 @@ def cmd_up(args) -> None:
             node_name=args.name,
             gateway_port=None if args.no_gateway else args.gateway_port,
             engine_ports=args.engine_ports,
+            gateway_listen=args.gateway_listen,
         )
     )
 
@@ -114,10 +115,15 @@ def cmd_gateway(args) -> None:
     import socket
 
     from ..bus.nats import NatsBus
+    from ..gateway.config import from_args
     from ..gateway.server import Gateway
     from ..telemetry import setup
 
-    name = args.name or re.sub(r"[^A-Za-z0-9_-]", "-", f"{socket.gethostname().split('.')[0]}-{args.port}")[:64]
+    try:
+        config = from_args(args)
+    except ValueError as e:
+        _fail(f"llmgw gateway: {e}", 2)
+    name = args.name or re.sub(r"[^A-Za-z0-9_-]", "-", f"{socket.gethostname().split('.')[0]}-{config.port}")[:64]
     if not re.match(r"^[A-Za-z0-9_-]{1,64}$", name):
         _fail(f"llmgw gateway: a gateway name is letters, digits, _ and - (at most 64), not {name!r}", 2)
     _setup_logging(args.verbose)
@@ -131,10 +137,7 @@ def cmd_gateway(args) -> None:
 
     async def main(stop: asyncio.Event) -> None:
         bus = await NatsBus.connect(_nats_url(args), name=f"llmgw-gateway-{name}", forever=True, stop=stop)
-        gateway = Gateway(
-            bus, name=name, port=args.port, host=args.host, wait_s=args.wait_timeout,
-            upstream_timeout=args.upstream_timeout,
-        )  # fmt: skip
+        gateway = Gateway(bus, name=name, config=config)
         try:
             await gateway.run(stop)
         finally:
@@ -440,6 +443,7 @@ def _every_command(p: argparse.ArgumentParser, path: str = ""):
 
 def parser() -> argparse.ArgumentParser:
     from ..control.config import LEASE_TTL_S, NODE_GRACE_S
+    from ..gateway import config as gateway_config
     from .exits import table_text
 
     p = argparse.ArgumentParser(
@@ -465,6 +469,10 @@ def parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--name", help="the local node's name (default: the host name)")
     up.add_argument("--gateway-port", type=int, default=8080, metavar="PORT", help="the port of the gateway's OpenAI API")
+    up.add_argument(
+        "--gateway-listen", default="127.0.0.1", metavar="ADDR",
+        help="the address of the gateway's OpenAI API (0.0.0.0: every interface)",
+    )  # fmt: skip
     up.add_argument("--no-gateway", action="store_true", help="run no gateway")
     up.add_argument("--engine-ports", type=_port_range, metavar="FIRST-LAST", help=ENGINE_PORTS_HELP)
     up.set_defaults(func=cmd_up)
@@ -516,19 +524,8 @@ def parser() -> argparse.ArgumentParser:
 
     gateway = sub.add_parser("gateway", help="serve the OpenAI API and route to ready replicas (stateless: run as many as needed)")
     gateway.add_argument("--nats", metavar="URL", help=NATS_HELP)
-    gateway.add_argument("--port", type=int, default=8080, help="the port of the OpenAI API (0: any free one)")
-    gateway.add_argument(
-        "--host", default="0.0.0.0",
-        help="where to listen once the catalog defines API keys (until then, and without keys, 127.0.0.1 only)",
-    )  # fmt: skip
     gateway.add_argument("--name", help="the gateway's name in the load it reports (default: HOST-PORT)")
-    gateway.add_argument(
-        "--wait-timeout", type=float, default=300.0, metavar="S",
-        help="seconds a request waits for a ready replica (an on-demand model waking) before 503",
-    )  # fmt: skip
-    gateway.add_argument(
-        "--upstream-timeout", type=float, default=600.0, metavar="S", help="seconds to wait for an engine's first byte"
-    )
+    gateway_config.add_arguments(gateway)  # --listen, --port, the limits and timeouts (llmgw/gateway/config.py)
     gateway.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
     gateway.set_defaults(func=cmd_gateway)
 

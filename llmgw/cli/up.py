@@ -116,6 +116,7 @@ def up(
     node_name: str | None = None,
     gateway_port: int | None = 8080,
     engine_ports=None,  # agentfile.PortRange for the local agent; None: its agent file's
+    gateway_listen: str = "127.0.0.1",
 ) -> int:
     import asyncio
 
@@ -177,8 +178,9 @@ def up(
         )
     gateway_url = ""
     if gateway_port is not None:
-        gateway_url = f"http://127.0.0.1:{gateway_port}"
-        children.append(Child("gateway", [py, "-m", "llmgw", "gateway", "--nats", nats_url, "--port", str(gateway_port)]))
+        host = "127.0.0.1" if gateway_listen in ("0.0.0.0", "::") else f"[{gateway_listen}]" if ":" in gateway_listen else gateway_listen
+        gateway_url = f"http://{host}:{gateway_port}"
+        children.append(Child("gateway", [py, "-m", "llmgw", "gateway", "--nats", nats_url, "--port", str(gateway_port), "--listen", gateway_listen]))
     stopping = False
 
     def on_signal(signum, frame) -> None:
