@@ -33,7 +33,7 @@ from nats.js.api import (
 )
 from nats.js.errors import APIError, NotFoundError
 
-from . import catchup
+from . import auth, catchup
 from . import (
     COMMAND_PREFIX,
     COMMAND_STREAM,
@@ -123,8 +123,9 @@ class _Task:
 
 
 class NatsBus:
-    def __init__(self, nc: nats.NATS, replicas: int = 1) -> None:
+    def __init__(self, nc: nats.NATS, replicas: int = 1, identity: "auth.Identity | None" = None) -> None:
         self.nc = nc
+        self.identity = identity  # who the server knows us as (None: no auth)
         self.js = nc.jetstream(timeout=5.0)
         self.replicas = replicas
         self._kv = None
@@ -134,19 +135,32 @@ class NatsBus:
         self._commands_sent = 0
 
     @classmethod
-    async def connect(cls, url: str, *, name: str = "llmgw", forever: bool = False, replicas: int = 1) -> "NatsBus":
+    async def connect(
+        cls, url: str, *, name: str = "llmgw", forever: bool = False, replicas: int = 1, creds: str | None = None
+    ) -> "NatsBus":
         """Connect; `forever` keeps reconnecting (agents and control planes),
-        otherwise a clear error when nothing answers (the CLI)."""
+        otherwise a clear error when nothing answers (the CLI).
+
+        `creds`: a NATS .creds file (llmgw/bus/auth.py); the connection then
+        speaks as that user, its replies under its own inbox prefix. A
+        credential the server refuses raises `auth.CredentialRefused`, at
+        connect or, for a connection that had been accepted (revoked since),
+        it stops this process the way SIGTERM does and `auth.refused()` says why."""
+        who = auth.identity(creds) if creds else None
         opts: dict = dict(servers=url.split(","), name=name)
+        if who is not None:
+            opts.update(user_credentials=str(creds), inbox_prefix=who.inbox_prefix)
         if forever:
             opts.update(max_reconnect_attempts=-1, reconnect_time_wait=0.5, allow_reconnect=True)
         else:
             opts.update(max_reconnect_attempts=1, reconnect_time_wait=0.25, connect_timeout=2, allow_reconnect=True)
 
+        bus: NatsBus | None = None
+
         async def error_cb(e: Exception) -> None:
             log.debug("nats: %s", e)
-
-        bus: NatsBus | None = None
+            if bus is not None and auth.is_auth_error(e):
+                auth.note_refused(auth.refused_message(who, creds, e))
 
         async def reconnected_cb() -> None:
             log.info("reconnected to NATS")
@@ -158,13 +172,23 @@ class NatsBus:
         try:
             nc = await nats.connect(error_cb=error_cb, reconnected_cb=reconnected_cb, **opts)
         except Exception as e:
+            if auth.is_auth_error(e):
+                raise auth.CredentialRefused(auth.refused_message(who, creds, e)) from None
             raise ConnectionError(f"cannot reach NATS at {url}: {e or type(e).__name__}") from None
-        bus = cls(nc, replicas)
+        bus = cls(nc, replicas, who)
         return bus
 
     # ----------------------------------------------------------------- streams
 
     async def ensure_streams(self) -> None:
+        if self.identity is not None and self.identity.role != "control":
+            # Only the control plane may make streams; an agent may not even
+            # look (it publishes facts, retried until the streams exist).
+            if self.identity.role == "agent":
+                self._kv = self._bucket(HEARTBEAT_BUCKET)
+            else:
+                await self.wait_for_streams()
+            return
         await self._ensure(log_stream_config(replicas=self.replicas))
         await self._ensure(command_stream_config(self.replicas))
         try:
@@ -173,6 +197,12 @@ class NatsBus:
             self._kv = await self.js.create_key_value(
                 KeyValueConfig(bucket=HEARTBEAT_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas)
             )
+
+    def _bucket(self, bucket: str):
+        """A handle on a bucket without asking the server about it."""
+        from nats.js.kv import KeyValue
+
+        return KeyValue(name=bucket, stream=f"KV_{bucket}", pre=f"$KV.{bucket}.", js=self.js, direct=False)
 
     async def _ensure(self, config: StreamConfig) -> None:
         try:
@@ -203,6 +233,7 @@ class NatsBus:
     # ----------------------------------------------------------------- the log
 
     async def publish(self, subject: str, data: bytes, *, msg_id: str, expect_control_seq: int | None = None) -> int:
+        self._may_publish(subject)
         headers = {"Nats-Msg-Id": msg_id}
         if expect_control_seq is not None:
             headers["Nats-Expected-Last-Subject-Sequence"] = str(expect_control_seq)
@@ -224,6 +255,12 @@ class NatsBus:
                 timed_out = True
                 await asyncio.sleep(0.2 * (attempt + 1))
         raise TimeoutError(f"publish to {subject} timed out {PUBLISH_TRIES} times")
+
+    def _may_publish(self, subject: str) -> None:
+        # The server refuses it anyway (a permissions violation, seen here as
+        # a timeout); this says why, at once.
+        if self.identity is not None and not auth.may_publish(self.identity.permissions, subject):
+            raise PermissionError(f"the credential of {self.identity.describe()} may not publish on {subject}")
 
     async def _landed(self, msg_id: str) -> int:
         """The sequence of the last control message if it carries `msg_id`."""
@@ -251,7 +288,11 @@ class NatsBus:
         if last - start_seq >= CATCHUP_MIN and self.nc.connected_url is not None:
             url = self.nc.connected_url.geturl()
             try:
-                start_seq = await catchup.read_range(url, STREAM, max(start_seq, 1), last, on_message) + 1
+                start_seq = await catchup.read_range(
+                    url, STREAM, max(start_seq, 1), last, on_message,
+                    creds=self.identity.path if self.identity else None,
+                    inbox=self.identity.inbox_prefix if self.identity else "_INBOX",
+                ) + 1  # fmt: skip
             except catchup.Unsupported as e:
                 log.debug("fast catch-up not possible here: %s", e)
             except catchup.Interrupted as e:
@@ -319,23 +360,23 @@ class NatsBus:
         await self.js.publish(f"{COMMAND_PREFIX}.{node}", data, stream=COMMAND_STREAM, headers={"Nats-Msg-Id": msg_id})
 
     async def follow_commands(self, node: str, on_command: OnCommand) -> _Sub:
+        # A plain subscription on the node's own subject, not a JetStream
+        # consumer: that is all an agent's credential allows (a consumer is
+        # created through an API subject whose filter the permission could not
+        # bind to its node). Commands sent while it was away are not lost:
+        # every reconnect re-registers the node, and the control plane re-sends
+        # what is outstanding for a node that registers.
         async def cb(msg) -> None:
             on_command(msg.data)
 
-        sub = await self.js.subscribe(
-            f"{COMMAND_PREFIX}.{node}",
-            stream=COMMAND_STREAM,
-            ordered_consumer=True,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW),
-            cb=cb,
-        )
+        sub = await self.nc.subscribe(f"{COMMAND_PREFIX}.{node}", cb=cb)
         return _Sub(sub)
 
     # ----------------------------------------------------------------- heartbeats
 
     async def beat(self, node: str, data: bytes) -> None:
         if self._kv is None:
-            self._kv = await self.js.key_value(HEARTBEAT_BUCKET)
+            self._kv = self._bucket(HEARTBEAT_BUCKET)
         await self._kv.put(node, data)
 
     async def follow_heartbeats(self, on_beat: Callable[[str], None]) -> _Task:

@@ -40,20 +40,29 @@ def _setup_logging(verbose: bool = False) -> None:
 def _run_until_signalled(main_coro_factory) -> None:
     """Run an async service until SIGINT or SIGTERM, then let it stop cleanly."""
 
+    from ..bus import auth
+
     async def runner() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        auth.when_refused(stop.set)  # a credential revoked while running: stop, then exit 3
         await main_coro_factory(stop)
 
     try:
         asyncio.run(runner())
+    except (auth.CredentialRefused, auth.CredentialError) as e:
+        print(f"llmgw: {e}", file=sys.stderr)
+        sys.exit(3)
     except (ConnectionError, LookupError, TimeoutError) as e:
         sys.exit(f"llmgw: {e}")
     except Exception as e:  # one line for people; the traceback with -v
         logging.getLogger("llmgw").debug("fatal", exc_info=True)
         sys.exit(f"llmgw: {type(e).__name__}: {e}")
+    if auth.refused():
+        print(f"llmgw: {auth.refused()}", file=sys.stderr)
+        sys.exit(3)
 
 
 # ----------------------------------------------------------------- subcommands
