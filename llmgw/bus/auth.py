@@ -570,3 +570,36 @@ def note_refused(message: str) -> None:
 def refused() -> str:
     """Why the server refused a credential of this process ("" if it did not)."""
     return _refused[0] if _refused else ""
+
+
+def speaker(creds: str | os.PathLike | None, role: str, name: str | None) -> str | None:
+    """The name a component speaks as: `name` if given, else its credential's;
+    a credential of another role or name is an error that says so."""
+    if creds is None:
+        return name
+    who = identity(creds)
+    if who.role != role:
+        raise CredentialError(f"{creds} is the credential of {who.role} {who.name}, not of a {role}")
+    if name and name != who.name:
+        raise CredentialError(
+            f"{creds} is the credential of {role} {who.name}, not of {name}: give that one's (`llmgw creds issue {role} {name}`)"
+        )
+    return who.name
+
+
+def component_creds(given: str | None, role: str, name: str | None, *, state_dir: Path | None) -> tuple[Path | None, str | None]:
+    """(credential, name) a component connects with.
+
+    `--creds` (or $LLMGW_CREDS) when given: its name is the credential's, and
+    a `name` that differs is an error. Else, in a folder of a local `llmgw up`
+    (its key store under `<state dir>/creds`), the credential of that role and
+    name from there, issued on first use: on one machine no one has to think
+    about credentials. Else none (a server without auth)."""
+    explicit = given or os.environ.get(CREDS_ENV)
+    if explicit:
+        return Path(explicit), speaker(explicit, role, name)
+    if state_dir is not None and name:
+        keys = Keystore(state_dir / DEFAULTS.creds_dir)
+        if keys.exists():
+            return keys.ensure(role, name), name
+    return None, name

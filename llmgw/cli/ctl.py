@@ -101,6 +101,7 @@ def add_parser(sub) -> None:
 def _where_flags(p: argparse.ArgumentParser, default) -> None:
     p.add_argument("--nats", default=default, help="NATS URL (default $LLMGW_NATS, else the local llmgw up)")
     p.add_argument("--db", default=default, help="the read models' SQLite file (default $LLMGW_DB, else the local llmgw up's)")
+    p.add_argument("--creds", default=default, help="NATS credential (default $LLMGW_CREDS, else the local llmgw up's creds/operator.creds)")
 
 
 def _wait_flags(p: argparse.ArgumentParser) -> None:
@@ -116,10 +117,13 @@ def say(text: str) -> None:
 
 
 async def _connect(where: Where):
+    from ..bus.auth import CredentialError
     from ..bus.nats import NatsBus
 
     try:
-        bus = await NatsBus.connect(where.nats, name="llmgw-ctl")
+        bus = await NatsBus.connect(where.nats, name="llmgw-ctl", creds=where.creds)
+    except CredentialError as e:
+        raise CtlError(str(e), UNREACHABLE)
     except ConnectionError as e:
         raise CtlError(f"{e} (found from {where.found}; is llmgw up running? give --nats URL)", UNREACHABLE)
     try:
@@ -477,7 +481,7 @@ VERBS = {
 
 
 async def run(args) -> int:
-    where = locate(args.nats, args.db)
+    where = locate(args.nats, args.db, getattr(args, "creds", None))
     try:
         return await VERBS[args.verb](args, where)
     except CtlError as e:

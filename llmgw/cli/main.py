@@ -28,6 +28,25 @@ def _nats_url(args) -> str:
     return locate(args.nats).nats
 
 
+def _creds(args):
+    """The tools' credential: --creds, else $LLMGW_CREDS, else the local `llmgw up`'s (bus/auth.py)."""
+    return locate(args.nats, creds=args.creds).creds
+
+
+def _component(args, role: str, name: str | None) -> str | None:
+    """A component's credential (args.creds) and the name it speaks as; exit 3 if they disagree."""
+    from ..bus.auth import CredentialError, component_creds
+    from ..ctl.locate import find_state_dir
+
+    try:
+        creds, name = component_creds(args.creds, role, name, state_dir=find_state_dir())
+    except CredentialError as e:
+        print(f"llmgw {args.command}: {e}", file=sys.stderr)
+        sys.exit(3)
+    args.creds = str(creds) if creds else None
+    return name
+
+
 def _setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -81,7 +100,7 @@ def cmd_up(args) -> None:
             agent_file=args.agent_file,
             node_name=args.name,
             gateway_port=None if args.no_gateway else args.gateway_port,
-        )
+        )  # always with auth: bus/auth.py, under <state dir>/creds
     )
 
 
@@ -92,11 +111,12 @@ def cmd_control(args) -> None:
 
     from ..telemetry import setup
 
+    _component(args, "control", "control")
     _setup_logging(args.verbose)
     setup("llmgw-control")
 
     async def main(stop: asyncio.Event) -> None:
-        bus = await NatsBus.connect(_nats_url(args), name="llmgw-control", forever=True, replicas=args.stream_replicas)
+        bus = await NatsBus.connect(_nats_url(args), name="llmgw-control", forever=True, replicas=args.stream_replicas, creds=args.creds)
         snapshots = SnapshotStore(os.path.join(args.state_dir, "control", "snapshot.msgpack"))
         plane = ControlPlane(bus, snapshots=snapshots, node_grace=args.node_grace)
         try:
@@ -115,7 +135,10 @@ def cmd_gateway(args) -> None:
     from ..gateway.server import Gateway
     from ..telemetry import setup
 
-    name = args.name or re.sub(r"[^A-Za-z0-9_-]", "-", f"{socket.gethostname().split('.')[0]}-{args.port}")[:64]
+    name = args.name
+    if name is None and not (args.creds or os.environ.get("LLMGW_CREDS")):
+        name = re.sub(r"[^A-Za-z0-9_-]", "-", f"{socket.gethostname().split('.')[0]}-{args.port}")[:64]
+    name = _component(args, "gateway", name)  # a gateway's credential names it
     if not re.match(r"^[A-Za-z0-9_-]{1,64}$", name):
         sys.exit(f"llmgw gateway: a gateway name is letters, digits, _ and - (at most 64), not {name!r}")
     _setup_logging(args.verbose)
@@ -128,7 +151,7 @@ def cmd_gateway(args) -> None:
         pass
 
     async def main(stop: asyncio.Event) -> None:
-        bus = await NatsBus.connect(_nats_url(args), name=f"llmgw-gateway-{name}", forever=True)
+        bus = await NatsBus.connect(_nats_url(args), name=f"llmgw-gateway-{name}", forever=True, creds=args.creds)
         gateway = Gateway(
             bus, name=name, port=args.port, host=args.host, wait_s=args.wait_timeout,
             upstream_timeout=args.upstream_timeout,
@@ -151,6 +174,9 @@ def default_node_name() -> str:
 
 
 def cmd_agent(args) -> None:
+    if not args.simulate and not args.name and not (args.creds or os.environ.get("LLMGW_CREDS")):
+        args.name = default_node_name()
+    args.name = _component(args, "agent", args.name)  # an agent's credential names its node
     if not args.simulate:
         return cmd_real_agent(args)
     if not args.name:
@@ -161,7 +187,7 @@ def cmd_agent(args) -> None:
     _setup_logging(args.verbose)
 
     async def main(stop: asyncio.Event) -> None:
-        bus = await NatsBus.connect(_nats_url(args), name=f"llmgw-agent-{args.name}", forever=True)
+        bus = await NatsBus.connect(_nats_url(args), name=f"llmgw-agent-{args.name}", forever=True, creds=args.creds)
         agent = SimulatedAgent(
             bus,
             args.name,
@@ -207,14 +233,14 @@ def cmd_real_agent(args) -> None:
     state_dir = Path(args.state_dir or os.path.join(".llmgw", f"agent-{name}"))
     _setup_logging(args.verbose)
     log = logging.getLogger("llmgw.agent")
-    url = _nats_url(args)
+    url, creds = _nats_url(args), args.creds
 
     async def main(stop: asyncio.Event) -> None:
         # NATS may not be up yet (a node booting before it): wait for it, forever.
         delay = 0.5
         while True:
             try:
-                bus = await NatsBus.connect(url, name=f"llmgw-agent-{name}", forever=True)
+                bus = await NatsBus.connect(url, name=f"llmgw-agent-{name}", forever=True, creds=creds)
                 break
             except ConnectionError as e:
                 log.warning("%s; trying again in %gs", e, delay)
@@ -251,14 +277,18 @@ def cmd_ctl(args) -> None:
 
 
 def cmd_projections_rebuild(args) -> None:
+    from ..bus.auth import CredentialError, CredentialRefused
     from ..projections.__main__ import rebuild_once
 
-    where = locate(args.nats, args.db)
+    where = locate(args.nats, args.db, args.creds)
     if where.db is None:
         sys.exit("llmgw projections rebuild: which database? give --db PATH (or run it where llmgw up runs)")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
     try:
-        asyncio.run(rebuild_once(where.nats, str(where.db), wait_streams=5.0))
+        asyncio.run(rebuild_once(where.nats, str(where.db), wait_streams=5.0, creds=where.creds))
+    except (CredentialRefused, CredentialError) as e:
+        print(f"llmgw projections rebuild: {e}", file=sys.stderr)
+        sys.exit(3)
     except (ConnectionError, LookupError, TimeoutError) as e:
         sys.exit(f"llmgw projections rebuild: {e}")
 
@@ -273,10 +303,11 @@ def cmd_replay(args) -> None:
             sys.exit(f"llmgw replay: {args.file}: {e}")
     else:
         from ..bus import read_log
+        from ..bus.auth import CredentialError, CredentialRefused
         from ..bus.nats import NatsBus
 
         async def fetch():
-            bus = await NatsBus.connect(_nats_url(args), name="llmgw-replay")
+            bus = await NatsBus.connect(_nats_url(args), name="llmgw-replay", creds=_creds(args))
             try:
                 return await read_log(bus)
             finally:
@@ -284,6 +315,9 @@ def cmd_replay(args) -> None:
 
         try:
             records = asyncio.run(fetch())
+        except (CredentialRefused, CredentialError) as e:
+            print(f"llmgw replay: {e}", file=sys.stderr)
+            sys.exit(3)
         except (ConnectionError, LookupError) as e:
             sys.exit(f"llmgw replay: {e}")
     sys.exit(tool.run(records, args))
@@ -334,6 +368,7 @@ def parser() -> argparse.ArgumentParser:
     control.add_argument(
         "--stream-replicas", type=int, default=1, choices=(1, 3, 5), help="JetStream replicas of the streams it creates (3 in a cluster)"
     )
+    control.add_argument("--creds", help="NATS credential, a .creds file (default $LLMGW_CREDS, else the local llmgw up's)")
     control.add_argument("-v", "--verbose", action="store_true")
     control.set_defaults(func=cmd_control)
 
@@ -354,6 +389,7 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--ready-after", type=float, default=0.5, help="seconds from loading to ready")
     agent.add_argument("--fail-model", action="append", default=[], help="shards of this model fail instead of becoming ready")
     agent.add_argument("--nats")
+    agent.add_argument("--creds", help="NATS credential, a .creds file (default $LLMGW_CREDS, else the local llmgw up's)")
     agent.add_argument("-v", "--verbose", action="store_true")
     agent.set_defaults(func=cmd_agent)
 
@@ -370,6 +406,7 @@ def parser() -> argparse.ArgumentParser:
         help="seconds a request waits for a ready replica (an on-demand model waking) before 503",
     )  # fmt: skip
     gateway.add_argument("--upstream-timeout", type=float, default=600.0, help="seconds to wait for an engine's first byte")
+    gateway.add_argument("--creds", help="NATS credential, a .creds file (default $LLMGW_CREDS, else the local llmgw up's)")
     gateway.add_argument("-v", "--verbose", action="store_true")
     gateway.set_defaults(func=cmd_gateway)
 
@@ -384,12 +421,14 @@ def parser() -> argparse.ArgumentParser:
     )
     rebuild.add_argument("--nats", help="NATS URL (default $LLMGW_NATS, else the local llmgw up)")
     rebuild.add_argument("--db", help="the SQLite file (default $LLMGW_DB, else the local llmgw up's)")
+    rebuild.add_argument("--creds", help="NATS credential, a .creds file (default $LLMGW_CREDS, else the local llmgw up's)")
     rebuild.add_argument("-v", "--verbose", action="store_true")
     rebuild.set_defaults(func=cmd_projections_rebuild)
 
     replay = sub.add_parser("replay", help="fold the log and show any moment of it")
     replay.add_argument("file", nargs="?", help="a log file (from --export); without it, the live log")
     replay.add_argument("--nats")
+    replay.add_argument("--creds", help="NATS credential, a .creds file (default $LLMGW_CREDS, else the local llmgw up's)")
     replay.add_argument("--at", help="stop at this sequence number or time (ISO 8601 or Unix seconds)")
     who = replay.add_mutually_exclusive_group()
     who.add_argument("--model", help="the history of one model")

@@ -200,6 +200,16 @@ class ApiKeyRemoved(Event, tag="apikey.removed"):
     name: str
 
 
+class CredentialRevoked(Event, tag="credential.revoked"):
+    """An operator revoked a bus credential (`llmgw creds revoke`): the NATS
+    server refuses it from then on. A node whose agent's credential it was is
+    treated as lost, until it registers again (with a new credential)."""
+
+    role: str  # agent, gateway, operator, control, projector
+    name: str  # the node, gateway or operator it was issued for
+    public_key: str = ""
+
+
 # --------------------------------------------------------------------------- agents (llmgw.agent.<node>.>)
 
 
@@ -399,6 +409,7 @@ AnyEvent = Union[
     ModelLoad,
     OwnerApplied,
     OwnerRemoved,
+    CredentialRevoked,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
@@ -418,6 +429,7 @@ ORIGIN: dict[type[Event], str] = {
     ModelLoad: "gw",
     OwnerApplied: "ctl",
     OwnerRemoved: "ctl",
+    CredentialRevoked: "ctl",
 }
 
 

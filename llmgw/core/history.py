@@ -121,6 +121,8 @@ def summary(event: ev.Event, about: Entity | None = None) -> str:
         return f"api key {event.name} applied for {event.owner}"
     if isinstance(event, ev.ApiKeyRemoved):
         return f"api key {event.name} removed"
+    if isinstance(event, ev.CredentialRevoked):
+        return f"credential of {event.role} {event.name} revoked"
     if isinstance(event, ev.Decided):
         acts = [a for a in event.actions if about is None or about in _action_mentions(a)]
         return "; ".join(_said(a) for a in acts)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from .state import State
 
+REVOKED = "credential revoked"
+
 
 def lost_nodes(state: State, last_seen: dict[str, float], watching_since: float, now: float, grace: float):
-    """(node, reason) for each ready node not heard from within `grace` seconds.
+    """(node, reason) for each ready node not heard from within `grace` seconds,
+    or whose agent's credential was revoked (it can no longer speak at all).
 
     A node counts as seen when the watcher started, when it registered, and at
     each heartbeat, all in the control plane's own clock: a restarted control
@@ -16,6 +19,9 @@ def lost_nodes(state: State, last_seen: dict[str, float], watching_since: float,
     out = []
     for name, node in state.nodes.items():
         if node.state != "ready":
+            continue
+        if name in state.revoked_nodes:
+            out.append((name, REVOKED))
             continue
         seen = max(last_seen.get(name, watching_since), watching_since)
         if now - seen > grace:
