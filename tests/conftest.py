@@ -36,6 +36,20 @@ def nats_server(tmp_path):
         server.stop()
 
 
+@pytest.fixture
+def auth_nats(tmp_path):
+    """A nats-server that refuses anonymous connections, with its own key
+    store (operator, account): `auth_nats.creds(role, name)` issues a credential."""
+    from llmgw.bus.auth import Keystore
+
+    keys = Keystore(tmp_path / "creds").init()
+    server = NatsServer(tmp_path / "nats", free_port(), auth=keys).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 class Processes:
     """Child processes of a test, each in a session of its own, all stopped at the end."""
 

@@ -44,7 +44,6 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 from . import COMMAND_PREFIX, COMMAND_STREAM, HEARTBEAT_BUCKET, STREAM
@@ -272,6 +271,34 @@ def sign_nonce(seed: str, nonce: str) -> str:
         kp.wipe()
 
 
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def encode_jwt(claims: dict, signer) -> str:
+    """A NATS JWT (header, claims, ed25519-nkey signature), as nats-io/jwt v2 writes them.
+
+    Written here, on `nkeys` alone: the `nats-jwt` package (0.2.2) drops an
+    account's `revocations` when it encodes, and a revocation the server
+    never sees is none."""
+    import hashlib
+
+    claims = {"iat": int(time.time()), **claims, "iss": signer.public_key.decode()}
+    claims.pop("jti", None)
+    body = json.dumps(claims, separators=(",", ":"), sort_keys=True).encode()
+    claims["jti"] = base64.b32encode(hashlib.new("sha512_256", body).digest()).decode().rstrip("=")
+    header = _b64(json.dumps({"typ": "JWT", "alg": "ed25519-nkey"}, separators=(",", ":")).encode())
+    payload = _b64(json.dumps(claims, separators=(",", ":")).encode())
+    signed = f"{header}.{payload}"
+    return f"{signed}.{_b64(signer.sign(signed.encode()))}"
+
+
+def _new_key(prefix: int):
+    import nkeys
+
+    return nkeys.from_seed(nkeys.encode_seed(os.urandom(32), prefix))
+
+
 def _write_private(path: Path, text: str, mode: int) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -351,7 +378,13 @@ class Keystore:
 
     def init(self) -> "Keystore":
         """Make the keys and the server's configuration, or keep those there (idempotent)."""
-        from nats_jwt.nkeys_ext import create_account_pair, create_operator_pair
+        import nkeys
+
+        def create_operator_pair():
+            return _new_key(nkeys.PREFIX_BYTE_OPERATOR)
+
+        def create_account_pair():
+            return _new_key(nkeys.PREFIX_BYTE_ACCOUNT)
 
         self.folder.mkdir(parents=True, exist_ok=True)
         self.keys_dir.mkdir(exist_ok=True)
@@ -374,22 +407,18 @@ class Keystore:
     # -- JWTs
 
     def _operator_jwt(self, okp, system_pub: str) -> str:
-        from nats_jwt.v2.operator_claims import OperatorClaims
-
-        oc = OperatorClaims(okp.public_key.decode(), self.config.operator_name)
-        oc.nats.system_account = system_pub
-        return oc.encode(okp)
+        nats = {"type": "operator", "version": 2, "system_account": system_pub}
+        return encode_jwt({"sub": okp.public_key.decode(), "name": self.config.operator_name, "nats": nats}, okp)
 
     def _account_jwt(self, okp, akp, name: str, *, jetstream: bool, revocations: dict[str, int]) -> str:
-        from nats_jwt.v2.account_claims import AccountClaims
-
-        ac = AccountClaims(akp.public_key.decode(), name)
+        limits = {"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1, "wildcards": True, "conn": -1, "leaf": -1}
         if jetstream:
-            lim = ac.nats.limits
-            lim.memory_storage = lim.disk_storage = lim.streams = lim.consumer = -1
-        for key, at in revocations.items():
-            ac.nats.revocations.revoke(key, datetime.fromtimestamp(at, timezone.utc))
-        return ac.encode(okp)
+            limits.update(mem_storage=-1, disk_storage=-1, streams=-1, consumer=-1)
+        nats: dict = {"type": "account", "version": 2, "limits": limits}
+        if revocations:
+            # A user JWT issued at or before its key's time here is refused.
+            nats["revocations"] = dict(sorted(revocations.items()))
+        return encode_jwt({"sub": akp.public_key.decode(), "name": name, "nats": nats}, okp)
 
     def server_conf(self) -> str:
         """The part of nats-server's configuration that turns auth on."""
@@ -442,22 +471,23 @@ class Keystore:
 
     def issue(self, role: str, name: str | None = None, *, out: Path | None = None) -> Path:
         """A new credential (a new key: an old one of that name stays valid until revoked)."""
-        from nats_jwt.nkeys_ext import create_user_pair
-        from nats_jwt.v2.types import Permission, ResponsePermission
-        from nats_jwt.v2.user_claims import UserClaims
+        import nkeys
 
         self._require()
         name = name or SINGLE.get(role) or (self.config.local_operator if role == "operator" else "")
         perms = permissions(role, name)  # checks role and name
         akp = self._seed("account", None)
-        ukp = create_user_pair()
-        uc = UserClaims(ukp.public_key.decode(), f"llmgw-{role}-{name}")
-        uc.nats.pub = Permission(allow=list(perms.pub_allow), deny=list(perms.pub_deny))
-        uc.nats.sub = Permission(allow=list(perms.sub_allow))
+        ukp = _new_key(nkeys.PREFIX_BYTE_USER)
+        pub: dict = {"allow": list(perms.pub_allow)}
+        if perms.pub_deny:
+            pub["deny"] = list(perms.pub_deny)
+        nats: dict = {
+            "type": "user", "version": 2, "pub": pub, "sub": {"allow": list(perms.sub_allow)},
+            "subs": -1, "data": -1, "payload": -1, "tags": [f"{TAG_ROLE}{role}", f"{TAG_NAME}{name}"],
+        }  # fmt: skip
         if perms.responses:
-            uc.nats.resp = ResponsePermission(max_msgs=self.config.max_responses, expires=0)
-        uc.nats.tags = [f"{TAG_ROLE}{role}", f"{TAG_NAME}{name}"]
-        token = uc.encode(akp)
+            nats["resp"] = {"max": self.config.max_responses, "ttl": 0}
+        token = encode_jwt({"sub": ukp.public_key.decode(), "name": f"llmgw-{role}-{name}", "nats": nats}, akp)
         path = Path(out) if out else self.file_for(role, name)
         _write_private(path, creds_text(token, ukp.seed.decode()), self.config.file_mode)
         rows = self.issued()

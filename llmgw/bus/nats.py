@@ -156,11 +156,17 @@ class NatsBus:
             opts.update(max_reconnect_attempts=1, reconnect_time_wait=0.25, connect_timeout=2, allow_reconnect=True)
 
         bus: NatsBus | None = None
+        refused: list[Exception] = []
+        refused_now = asyncio.Event()
 
         async def error_cb(e: Exception) -> None:
             log.debug("nats: %s", e)
-            if bus is not None and auth.is_auth_error(e):
-                auth.note_refused(auth.refused_message(who, creds, e))
+            if auth.is_auth_error(e):
+                if bus is None:  # while connecting: give up at once, even with `forever`
+                    refused.append(e)
+                    refused_now.set()
+                else:  # accepted before, refused now (revoked): the process stops
+                    auth.note_refused(auth.refused_message(who, creds, e))
 
         async def reconnected_cb() -> None:
             log.info("reconnected to NATS")
@@ -169,8 +175,22 @@ class NatsBus:
                 for hook in bus.on_reconnect:
                     await hook()
 
+        connecting = asyncio.ensure_future(nats.connect(error_cb=error_cb, reconnected_cb=reconnected_cb, **opts))
+        watching = asyncio.ensure_future(refused_now.wait())
         try:
-            nc = await nats.connect(error_cb=error_cb, reconnected_cb=reconnected_cb, **opts)
+            await asyncio.wait({connecting, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+        if not connecting.done():
+            connecting.cancel()
+            try:
+                await connecting
+            except (asyncio.CancelledError, Exception):
+                pass
+        try:
+            if refused:
+                raise refused[0]
+            nc = connecting.result()
         except Exception as e:
             if auth.is_auth_error(e):
                 raise auth.CredentialRefused(auth.refused_message(who, creds, e)) from None

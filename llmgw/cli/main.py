@@ -7,6 +7,7 @@
     llmgw gateway            the OpenAI API, routed to ready replicas
     llmgw ctl apply -f FILE  publish a catalog; get, describe: read the read models
     llmgw projections rebuild  make the read models afresh from the log
+    llmgw creds issue|list|revoke  the bus credentials of nodes, gateways, operators
     llmgw replay [FILE]      fold the log and look at any moment of it
     llmgw events schema      write or check the event contract files
 """
@@ -219,6 +220,7 @@ def cmd_real_agent(args) -> None:
 
     from ..agent import agentfile
     from ..agent.node import NodeAgent, StateDirTaken
+    from ..bus.auth import CredentialRefused
     from ..bus.nats import NatsBus
     from ..core.catalog import NAME_RE
 
@@ -242,6 +244,8 @@ def cmd_real_agent(args) -> None:
             try:
                 bus = await NatsBus.connect(url, name=f"llmgw-agent-{name}", forever=True, creds=creds)
                 break
+            except CredentialRefused:
+                raise  # waiting does not help: exit 3, saying which credential
             except ConnectionError as e:
                 log.warning("%s; trying again in %gs", e, delay)
                 try:
@@ -413,6 +417,9 @@ def parser() -> argparse.ArgumentParser:
     from . import ctl
 
     ctl.add_parser(sub)
+    from . import creds
+
+    creds.add_parser(sub)
 
     projections = sub.add_parser("projections", help="the SQLite read models")
     projections_sub = projections.add_subparsers(dest="what", required=True)
