@@ -336,3 +336,70 @@ def test_permissions_match_the_servers_rule():
         auth.permissions("agent", "a.b")
     with pytest.raises(auth.CredentialError):
         auth.permissions("root", "x")
+
+
+def _fold(server) -> "object":
+    from llmgw.core.fold import apply
+    from llmgw.core.state import State
+
+    async def fetch():
+        bus = await NatsBus.connect(server.url, creds=server.creds("operator"))
+        try:
+            return await read_log(bus)
+        finally:
+            await bus.close()
+
+    state = State()
+    for seq, subject, data in asyncio.run(fetch()):
+        apply(state, seq, subject, data)
+    return state
+
+
+def _until(predicate, timeout: float, why) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, why()
+        time.sleep(0.2)
+
+
+def test_a_revoked_node_is_cut_off_exits_3_and_is_lost(auth_nats, processes, tmp_path):
+    """`llmgw creds revoke agent a`: the server drops the agent and refuses it;
+    the agent says so and exits 3; the control plane declares the node lost
+    ("credential revoked") and its replica is placed on the other node."""
+    state_dir = tmp_path / "control"
+    url = auth_nats.url
+    processes.start("control", "control", "--nats", url, "--creds", auth_nats.creds("control"), "--state-dir", str(state_dir))
+    agents = {}
+    for n in ("a", "b"):
+        agents[n] = processes.start(n, "agent", "--simulate", "--name", n, "--gpus", "1", "--nats", url, "--creds", auth_nats.creds("agent", n))
+    catalog = tmp_path / "c.yaml"
+    catalog.write_text("models:\n  - name: m\n    profiles: [{name: p, gpus: 1}]\n")
+    tools = ("--nats", url, "--creds", auth_nats.creds("operator"))
+    from .conftest import run_llmgw
+
+    out = run_llmgw("ctl", *tools, "apply", "-f", str(catalog), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+
+    def ready_on():
+        st = _fold(auth_nats)
+        return {s.node for r in st.replicas.values() if r.state == "ready" for s in r.shards}
+
+    _until(lambda: ready_on() in ({"a"}, {"b"}), 30, lambda: processes.log("control"))
+    (victim,) = ready_on()
+    other = "b" if victim == "a" else "a"
+    out = run_llmgw("creds", "revoke", "agent", victim, "--dir", str(auth_nats.auth.folder), *tools, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "the local NATS reloaded" in out.stdout and "recorded in the log" in out.stdout
+    agents[victim].wait(30)
+    assert agents[victim].returncode == 3, processes.log(victim)
+    assert f"NATS refused the credential of agent {victim}" in processes.log(victim)
+    _until(lambda: _fold(auth_nats).nodes[victim].state == "lost", 30, lambda: processes.log("control"))
+    st = _fold(auth_nats)
+    assert st.nodes[victim].reason == "credential revoked"
+    assert f"node {victim} lost: credential revoked" in processes.log("control")
+    _until(lambda: ready_on() == {other}, 30, lambda: processes.log("control"))
+    listed = run_llmgw("creds", "list", "--json", "--dir", str(auth_nats.auth.folder), cwd=tmp_path)
+    rows = {(r["role"], r["name"]): r for r in json.loads(listed.stdout)}
+    assert rows[("agent", victim)]["revoked_at"] > 0 and rows[("agent", other)]["revoked_at"] == 0

@@ -420,6 +420,12 @@ class Keystore:
             nats["revocations"] = dict(sorted(revocations.items()))
         return encode_jwt({"sub": akp.public_key.decode(), "name": name, "nats": nats}, okp)
 
+    def _kept(self, file: str, make) -> str:
+        path = self.keys_dir / file
+        if not path.exists():
+            _write_private(path, make() + "\n", self.config.file_mode)
+        return path.read_text().strip()
+
     def server_conf(self) -> str:
         """The part of nats-server's configuration that turns auth on."""
         self._require()
@@ -428,8 +434,12 @@ class Keystore:
         akp = self._seed("account", None)
         revoked = {i.public_key: int(i.revoked_at) + 1 for i in self.issued() if i.revoked}
         sys_pub, acc_pub = skp.public_key.decode(), akp.public_key.decode()
-        operator = self._operator_jwt(okp, sys_pub)
-        system = self._account_jwt(okp, skp, self.config.system_account_name, jetstream=False, revocations={})
+        # Signed once and kept: nats-server reloads no change to its trusted
+        # operator, and only the account's JWT (its revocations) ever changes.
+        operator = self._kept("operator.jwt", lambda: self._operator_jwt(okp, sys_pub))
+        system = self._kept(
+            "system.jwt", lambda: self._account_jwt(okp, skp, self.config.system_account_name, jetstream=False, revocations={})
+        )
         account = self._account_jwt(okp, akp, self.config.account_name, jetstream=True, revocations=revoked)
         return (
             "# Written by llmgw (llmgw/bus/auth.py): decentralized JWT auth.\n"
@@ -565,15 +575,19 @@ def refused_message(who: Identity | None, creds: Path | None, error: object) -> 
             "Give --creds FILE (or $LLMGW_CREDS); `llmgw creds issue` makes one"
         )
     whom = who.describe() if who else str(creds)
+    why = "it was revoked" if "revoked" in str(error).lower() else "it may be revoked, expired, or from another fleet's keys"
     return (
-        f"NATS refused the credential of {whom} ({error}): it may be revoked, or from another "
-        "fleet's keys. Issue a new one with `llmgw creds issue ROLE NAME` and give it with --creds"
+        f"NATS refused the credential of {whom} ({error}): {why}. "
+        "Issue a new one with `llmgw creds issue ROLE NAME` and give it with --creds"
     )
 
 
 def is_auth_error(e: BaseException) -> bool:
+    """nats-server refused who we are (not what we did: that is a permissions violation)."""
+    from nats.errors import AuthorizationError
+
     text = str(e).lower()
-    return "authorization violation" in text or "authentication" in text or "user authentication revoked" in text
+    return isinstance(e, AuthorizationError) or "authorization violation" in text or "authentication" in text
 
 
 # ----------------------------------------------------------------- a credential refused while running

@@ -133,6 +133,7 @@ class NatsBus:
         self.reconnected_at = 0.0  # wall clock of the last reconnect
         self.on_reconnect: list = []  # async callables run after a reconnect
         self._commands_sent = 0
+        self._closing = False
 
     @classmethod
     async def connect(
@@ -175,7 +176,17 @@ class NatsBus:
                 for hook in bus.on_reconnect:
                     await hook()
 
-        connecting = asyncio.ensure_future(nats.connect(error_cb=error_cb, reconnected_cb=reconnected_cb, **opts))
+        async def closed_cb() -> None:
+            # nats-py closes for good, without error_cb, on a server's -ERR
+            # (a credential revoked while connected is one).
+            if bus is not None and not bus._closing:
+                err = bus.nc.last_error
+                if err is not None and auth.is_auth_error(err):
+                    auth.note_refused(auth.refused_message(who, creds, err))
+
+        connecting = asyncio.ensure_future(
+            nats.connect(error_cb=error_cb, reconnected_cb=reconnected_cb, closed_cb=closed_cb, **opts)
+        )
         watching = asyncio.ensure_future(refused_now.wait())
         try:
             await asyncio.wait({connecting, watching}, return_when=asyncio.FIRST_COMPLETED)
@@ -413,6 +424,7 @@ class NatsBus:
 
     async def close(self) -> None:
         """Drain what is pending; with the server gone, just let go."""
+        self._closing = True
         try:
             await asyncio.wait_for(self.nc.drain(), 5.0)
         except Exception:

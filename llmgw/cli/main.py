@@ -75,10 +75,13 @@ def _run_until_signalled(main_coro_factory) -> None:
     except (auth.CredentialRefused, auth.CredentialError) as e:
         print(f"llmgw: {e}", file=sys.stderr)
         sys.exit(3)
-    except (ConnectionError, LookupError, TimeoutError) as e:
-        sys.exit(f"llmgw: {e}")
     except Exception as e:  # one line for people; the traceback with -v
         logging.getLogger("llmgw").debug("fatal", exc_info=True)
+        if auth.refused():  # what the connection closing made fail
+            print(f"llmgw: {auth.refused()}", file=sys.stderr)
+            sys.exit(3)
+        if isinstance(e, (ConnectionError, LookupError, TimeoutError)):
+            sys.exit(f"llmgw: {e}")
         sys.exit(f"llmgw: {type(e).__name__}: {e}")
     if auth.refused():
         print(f"llmgw: {auth.refused()}", file=sys.stderr)
