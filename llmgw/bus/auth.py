@@ -56,6 +56,7 @@ ENGINE_KEYS_BUCKET = "LLMGW_ENGINE_KEYS"  # part 4 of issue 12: engines' API key
 LOGS_PREFIX = "llmgw.agent-logs"  # llmgw/agent/logs.py
 SIM_PREFIX = "llmgw.sim"  # the simulated agent's test hooks (llmgw.sim.<node>.fail)
 CREDS_ENV = "LLMGW_CREDS"
+CA_ENV = "LLMGW_NATS_CA"  # the CA that signed the servers' certificates (tls:// URLs)
 TAG_ROLE, TAG_NAME = "llmgw-role:", "llmgw-name:"
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import ssl
 import time
 import uuid
 from typing import Callable
@@ -151,6 +153,9 @@ class NatsBus:
         opts: dict = dict(servers=url.split(","), name=name)
         if who is not None:
             opts.update(user_credentials=str(creds), inbox_prefix=who.inbox_prefix)
+        ca = os.environ.get(auth.CA_ENV)
+        if ca:  # the fleet's own CA (deploy/nats/README.md): servers at tls:// URLs
+            opts.update(tls=ssl.create_default_context(cafile=ca))
         if forever:
             opts.update(max_reconnect_attempts=-1, reconnect_time_wait=0.5, allow_reconnect=True)
         else:
@@ -162,7 +167,7 @@ class NatsBus:
 
         async def error_cb(e: Exception) -> None:
             log.debug("nats: %s", e)
-            if auth.is_auth_error(e):
+            if auth.is_auth_error(e) or isinstance(e, ssl.SSLCertVerificationError):
                 if bus is None:  # while connecting: give up at once, even with `forever`
                     refused.append(e)
                     refused_now.set()
@@ -205,6 +210,11 @@ class NatsBus:
         except Exception as e:
             if auth.is_auth_error(e):
                 raise auth.CredentialRefused(auth.refused_message(who, creds, e)) from None
+            if isinstance(e, ssl.SSLCertVerificationError):
+                raise ConnectionError(
+                    f"cannot reach NATS at {url}: its TLS certificate is not trusted ({e.verify_message}): "
+                    f"give the CA that signed it with ${auth.CA_ENV}"
+                ) from None
             raise ConnectionError(f"cannot reach NATS at {url}: {e or type(e).__name__}") from None
         bus = cls(nc, replicas, who)
         return bus
