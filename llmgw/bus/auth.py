@@ -250,13 +250,17 @@ def jwt_claims(token: str) -> dict:
         raise CredentialError(f"not a JWT: {e}") from None
 
 
-def identity(path: str | os.PathLike) -> Identity:
+def identity(path: str | os.PathLike, *, foreign_ok: bool = False) -> Identity | None:
+    """Who a credential llmgw issued is for. `foreign_ok`: None for a NATS
+    credential of someone else's making (used as it is, with no llmgw role)."""
     token, _ = read_creds(path)
     claims = jwt_claims(token)
     tags = (claims.get("nats") or {}).get("tags") or []
     role = next((t[len(TAG_ROLE) :] for t in tags if t.startswith(TAG_ROLE)), "")
     name = next((t[len(TAG_NAME) :] for t in tags if t.startswith(TAG_NAME)), "")
     if role not in ROLES or not name:
+        if foreign_ok:
+            return None
         raise CredentialError(f"{path} is a NATS credential, but not one llmgw issued (no llmgw role in it)")
     return Identity(role=role, name=name, public_key=claims.get("sub", ""), path=Path(path))
 
@@ -480,8 +484,29 @@ class Keystore:
             return self.folder / f"{role}.creds"
         return self.folder / f"{role}-{name}.creds"
 
+    def _locked(self):
+        """One writer of the store at a time (components started together each issue theirs)."""
+        import contextlib
+        import fcntl
+
+        @contextlib.contextmanager
+        def hold():
+            fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, self.config.file_mode)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+
+        return hold()
+
     def issue(self, role: str, name: str | None = None, *, out: Path | None = None) -> Path:
         """A new credential (a new key: an old one of that name stays valid until revoked)."""
+        self._require()
+        with self._locked():
+            return self._issue(role, name, out=out)
+
+    def _issue(self, role: str, name: str | None = None, *, out: Path | None = None) -> Path:
         import nkeys
 
         self._require()
@@ -506,9 +531,28 @@ class Keystore:
         self._save(rows)
         return path
 
+    def issue_unrestricted(self, path: Path) -> Path:
+        """A credential that may publish and read anything: for a test harness
+        or a benchmark that loads a recorded log (every speaker's events at
+        once). It has no llmgw role, so no component accepts it as its own;
+        never give one to a component, and keep it out of a fleet."""
+        import nkeys
+
+        self._require()
+        user = _new_key(nkeys.PREFIX_BYTE_USER)
+        nats = {"type": "user", "version": 2, "pub": {"allow": [">"]}, "sub": {"allow": [">"]}, "subs": -1, "data": -1, "payload": -1}
+        token = encode_jwt({"sub": user.public_key.decode(), "name": "llmgw-unrestricted", "nats": nats}, self._seed("account", None))
+        _write_private(Path(path), creds_text(token, user.seed.decode()), self.config.file_mode)
+        return Path(path)
+
     def ensure(self, role: str, name: str | None = None) -> Path:
         """The credential of that role and name in this store, issued if there is none usable."""
         name = name or SINGLE.get(role) or (self.config.local_operator if role == "operator" else "")
+        self._require()
+        with self._locked():
+            return self._ensure(role, name)
+
+    def _ensure(self, role: str, name: str) -> Path:
         path = self.file_for(role, name)
         if path.exists():
             try:
@@ -518,12 +562,17 @@ class Keystore:
             live = {i.public_key for i in self.issued() if not i.revoked}
             if who is not None and who.public_key in live:
                 return path
-        return self.issue(role, name)
+        return self._issue(role, name)
 
     def revoke(self, role: str, name: str) -> list[Issued]:
         """Revoke every live credential of that role and name; returns them.
         The server learns it when it reloads the configuration (`reload_server`)."""
         check_name(role, name)
+        self._require()
+        with self._locked():
+            return self._revoke(role, name)
+
+    def _revoke(self, role: str, name: str) -> list[Issued]:
         rows = self.issued()
         hit = [r for r in rows if r.role == role and r.name == name and not r.revoked]
         if not hit:

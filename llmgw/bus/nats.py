@@ -127,7 +127,8 @@ class _Task:
 class NatsBus:
     def __init__(self, nc: nats.NATS, replicas: int = 1, identity: "auth.Identity | None" = None) -> None:
         self.nc = nc
-        self.identity = identity  # who the server knows us as (None: no auth)
+        self.identity = identity  # who the server knows us as (None: no auth, or a credential llmgw did not issue)
+        self.creds = None  # the .creds file connected with
         self.js = nc.jetstream(timeout=5.0)
         self.replicas = replicas
         self._kv = None
@@ -149,10 +150,12 @@ class NatsBus:
         credential the server refuses raises `auth.CredentialRefused`, at
         connect or, for a connection that had been accepted (revoked since),
         it stops this process the way SIGTERM does and `auth.refused()` says why."""
-        who = auth.identity(creds) if creds else None
+        who = auth.identity(creds, foreign_ok=True) if creds else None
         opts: dict = dict(servers=url.split(","), name=name)
+        if creds:
+            opts.update(user_credentials=str(creds))
         if who is not None:
-            opts.update(user_credentials=str(creds), inbox_prefix=who.inbox_prefix)
+            opts.update(inbox_prefix=who.inbox_prefix)
         ca = os.environ.get(auth.CA_ENV)
         if ca:  # the fleet's own CA (deploy/nats/README.md): servers at tls:// URLs
             opts.update(tls=ssl.create_default_context(cafile=ca))
@@ -217,6 +220,7 @@ class NatsBus:
                 ) from None
             raise ConnectionError(f"cannot reach NATS at {url}: {e or type(e).__name__}") from None
         bus = cls(nc, replicas, who)
+        bus.creds = creds
         return bus
 
     # ----------------------------------------------------------------- streams
@@ -331,7 +335,7 @@ class NatsBus:
             try:
                 start_seq = await catchup.read_range(
                     url, STREAM, max(start_seq, 1), last, on_message,
-                    creds=self.identity.path if self.identity else None,
+                    creds=self.creds,
                     inbox=self.identity.inbox_prefix if self.identity else "_INBOX",
                 ) + 1  # fmt: skip
             except catchup.Unsupported as e:
