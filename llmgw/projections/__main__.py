@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--nats", default=os.environ.get("LLMGW_NATS", "nats://127.0.0.1:4222"),
                    help="NATS server URL(s), comma-separated (default $LLMGW_NATS or the local one)")
     p.add_argument("--db", required=True, help="the SQLite file of the read models")
-    p.add_argument("--creds", default=os.environ.get("LLMGW_CREDS"), help="NATS credential, a .creds file (default $LLMGW_CREDS)")
+    p.add_argument("--creds", help="NATS credential, a .creds file (default $LLMGW_CREDS, else the local llmgw up's)")
     p.add_argument("--rebuild", action="store_true", help="build the database afresh from the whole log, then exit")
     p.add_argument(
         "--max-batch", type=int, default=MAX_BATCH, help=f"most events per transaction (default {MAX_BATCH})"
@@ -83,6 +83,11 @@ def main(argv: list[str] | None = None) -> None:
         stream=sys.stderr,
     )
     try:
+        from ..bus.auth import component_creds
+        from ..ctl.locate import find_state_dir
+
+        creds, _ = component_creds(args.creds, "projector", "projector", state_dir=find_state_dir())
+        args.creds = str(creds) if creds else None
         if args.rebuild:
             asyncio.run(rebuild_once(args.nats, args.db, wait_streams=args.wait_streams, creds=args.creds))
         else:
