@@ -222,7 +222,7 @@ async def test_engine_keys_only_of_its_own_node_and_read_by_gateways(auth_nats):
             await bus.close()
 
 
-async def test_the_fast_reader_signs_in(auth_nats):
+async def test_the_fast_reader_signs_in(auth_nats, monkeypatch):
     from llmgw.bus import catchup
 
     control = await _control(auth_nats)
@@ -238,6 +238,19 @@ async def test_the_fast_reader_signs_in(auth_nats):
         assert last == n and got == list(range(1, n + 1))
         with pytest.raises(catchup.Unsupported):
             await catchup.read_range(auth_nats.url, STREAM, 1, n, lambda *a: None)
+        # And NatsBus.follow, as the projector, takes the fast reader (signed in) for the stretch.
+        real, read = catchup.read_range, []
+
+        async def spy(*args, **kw):
+            read.append(await real(*args, **kw))
+            return read[-1]
+
+        monkeypatch.setattr(catchup, "read_range", spy)
+        projector = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("projector"))
+        try:
+            assert len(await read_log(projector)) == n and read == [n]
+        finally:
+            await projector.close()
     finally:
         await control.close()
 
