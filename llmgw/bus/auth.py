@@ -630,10 +630,8 @@ def refused_message(who: Identity | None, creds: Path | None, error: object) -> 
         )
     whom = who.describe() if who else str(creds)
     why = "it was revoked" if "revoked" in str(error).lower() else "it may be revoked, expired, or from another fleet's keys"
-    return (
-        f"NATS refused the credential of {whom} ({error}): {why}. "
-        "Issue a new one with `llmgw creds issue ROLE NAME` and give it with --creds"
-    )
+    issue = f"llmgw creds issue {who.role} {who.name}" if who else "llmgw creds issue ROLE NAME"
+    return f"NATS refused the credential of {whom} ({error}): {why}. Issue a new one (`{issue}`) and give it with --creds"
 
 
 def is_auth_error(e: BaseException) -> bool:
