@@ -162,7 +162,10 @@ FORBIDDEN = {
     ("gateway", "g1"): ["llmgw.ctl.apikey.applied", "llmgw.gw.g2.model.load", "llmgw.agent.a.shard.status", "llmgw.cmd.a"],
     ("operator", None): ["llmgw.control.decided", "llmgw.cmd.a", "llmgw.agent.a.node.registered", f"$JS.API.STREAM.DELETE.{STREAM}"],
     # The control plane runs the streams, but the log is forever.
-    ("control", None): [f"$JS.API.STREAM.DELETE.{STREAM}", f"$JS.API.STREAM.PURGE.{STREAM}", "llmgw.agent.a.shard.status"],
+    ("control", None): [
+        f"$JS.API.STREAM.DELETE.{STREAM}", f"$JS.API.STREAM.PURGE.{STREAM}", f"$JS.API.STREAM.UPDATE.{STREAM}",
+        f"$JS.API.STREAM.MSG.DELETE.{STREAM}", "llmgw.agent.a.shard.status",
+    ],  # fmt: skip
     ("projector", None): ["llmgw.ctl.model.removed", "llmgw.control.decided", "llmgw.gw.x.model.load"],
 }
 

@@ -17,8 +17,8 @@ Roles and what their credential allows (`permissions`):
     gateway G   publish llmgw.gw.G.>; read the log (the routing table is a
                 fold of it) and the engine keys
     operator    publish llmgw.ctl.>, ask agents for logs; read the log
-    control     publish llmgw.control.> and llmgw.cmd.>, run the streams
-                (JetStream API, never deleting or purging)
+    control     publish llmgw.control.> and llmgw.cmd.>, make the streams
+                (JetStream API; never deleting, purging, or changing the log's limits)
     projector   read the log
 
 Each user subscribes only under its own inbox prefix (`inbox_prefix`), so
@@ -175,8 +175,12 @@ def permissions(role: str, name: str) -> Permissions:
     if role == "control":
         return Permissions(
             pub_allow=("llmgw.control.>", f"{COMMAND_PREFIX}.>", "$JS.API.>", "$JS.FC.>"),
-            # It runs the streams, but the log is forever: no deleting, no purging.
-            pub_deny=("$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>", "$JS.API.STREAM.MSG.DELETE.>"),
+            # It makes the streams, but the log is forever: no deleting, no purging,
+            # no changing the log's limits (which could discard its history).
+            pub_deny=(
+                "$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>", "$JS.API.STREAM.MSG.DELETE.>",
+                f"$JS.API.STREAM.UPDATE.{STREAM}",
+            ),  # fmt: skip
             sub_allow=(inbox,),
         )
     if role == "projector":

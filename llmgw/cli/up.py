@@ -228,7 +228,7 @@ def up(
             f"read models (SQLite): {db.resolve()}\n"
             + (f"gateway (OpenAI API): {gateway_url}/v1\n" if gateway_url else "")
             + f"credentials: {keys.folder.resolve()} (the tools': operator.creds)\n"
-            + f"ready. In other shells, here (or with --nats {nats_url} --creds {creds['operator']}):\n"
+            + f"ready. In other shells, here (or with --nats {nats_url} --creds {Path(creds['operator']).resolve()}):\n"
             + ("  llmgw ctl get replicas --watch           # the demo model, starting\n" if demo else "")
             + "  llmgw agent --simulate --name gpu-1 --gpus 8\n"
             "  llmgw ctl apply -f deploy/catalog.example.yaml --wait\n"
