@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -65,18 +66,10 @@ def start_up(tmp_path, port: int, gateway_port: int = 0, extra: tuple = ("--no-a
     raise AssertionError("llmgw up did not come up:\n" + "".join(lines))
 
 
-def nats_pid_on(port: int) -> int:
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if cmd and cmd[0].endswith(b"nats-server") and any(str(port).encode() in c or b".conf" in c for c in cmd):
-                conf = [c for c in cmd if c.endswith(b".conf")]
-                if conf and f":{port}".encode() in open(conf[0], "rb").read():
-                    return int(pid)
-    raise AssertionError(f"no nats-server on port {port}")
+def nats_pid_of(state: Path) -> int:
+    """The pid of the nats-server of `llmgw up --state-dir state`, from its pid file
+    (not by looking through /proc: other programs' servers are none of ours)."""
+    return int((state / "nats" / "nats-server.pid").read_text().strip())
 
 
 def test_up_serves_nats_runs_the_control_plane_and_ctrl_c_stops_everything(tmp_path):
@@ -86,7 +79,7 @@ def test_up_serves_nats_runs_the_control_plane_and_ctrl_c_stops_everything(tmp_p
         text = "".join(lines)
         assert f"NATS (JetStream) at nats://127.0.0.1:{port}" in text
         control_pid = int(re.search(r"control plane: pid (\d+)", text).group(1))
-        nats_pid = nats_pid_on(port)
+        nats_pid = nats_pid_of(tmp_path / "state")
         catalog = tmp_path / "c.yaml"
         catalog.write_text("models:\n  - name: m\n    profiles: [{name: p, gpus: 1}]\n")
         out = run_llmgw("ctl", "--nats", f"nats://127.0.0.1:{port}", "--creds", tools_creds(tmp_path), "apply", "-f", str(catalog))
