@@ -1,7 +1,10 @@
 """What the gateway adds: latency and throughput through `llmgw gateway`
 against straight to the same upstream, side by side in one run.
 
-    python benchmarks/gateway.py [--seconds S] [--rate R] [--connections C] [--json FILE]
+    python benchmarks/gateway.py [--seconds S] [--rate R] [--connections C] [--json FILE] [--auth]
+
+With --auth the nats-server runs as `llmgw up` runs it (bus/auth.py) and the
+gateway connects with a gateway's credential.
 
 The upstream is fast so that what is measured is the gateway: nginx (Debian's,
 `apt-get install nginx-light`) answering every POST with one fixed chat
@@ -181,12 +184,12 @@ def serve(port: int, chunks: int) -> None:
 # --------------------------------------------------------------------------- the fleet: a log and a gateway
 
 
-async def write_log(url: str, endpoints: dict[str, str]) -> None:
+async def write_log(url: str, endpoints: dict[str, str], creds: str | None = None) -> None:
     from llmgw.bus.nats import NatsBus
     from llmgw.core import events as ev
     from llmgw.core.catalog import fingerprint
 
-    bus = await NatsBus.connect(url)
+    bus = await NatsBus.connect(url, creds=creds)
     await bus.ensure_streams()
     now = time.time()
     n = 0
@@ -414,6 +417,7 @@ def main() -> int:
     p.add_argument("--chunks", type=int, default=200, help="events per streamed answer")
     p.add_argument("--upstream", choices=("auto", "nginx", "python"), default="auto")
     p.add_argument("--json", help="also write the figures here")
+    p.add_argument("--auth", action="store_true", help="the server with auth on, the gateway with its credential (as llmgw up)")
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
@@ -430,7 +434,15 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="llmgw-bench-gw-"))
     use_nginx = args.upstream == "nginx" or (args.upstream == "auto" and shutil.which("nginx"))
     up_port, stream_port, gw_port = free_port(), free_port(), free_port()
-    nats = NatsServer(work / "nats", free_port()).start()
+    keys = loader = None
+    gateway_creds: list[str] = []
+    if args.auth:
+        import authbench
+
+        keys = authbench.keystore(work / "creds")
+        loader = authbench.loader_creds(keys)
+        gateway_creds = ["--creds", str(keys.ensure("gateway", "bench"))]
+    nats = NatsServer(work / "nats", free_port(), auth=keys).start()
     try:
         if use_nginx:
             procs.append(start_nginx(up_port, work))
@@ -439,9 +451,9 @@ def main() -> int:
         procs.append(subprocess.Popen([sys.executable, __file__, "--serve", str(stream_port), "--chunks", str(args.chunks)], start_new_session=True))
         wait_port(up_port)
         wait_port(stream_port)
-        asyncio.run(write_log(nats.url, {MODEL: f"http://127.0.0.1:{up_port}", STREAM_MODEL: f"http://127.0.0.1:{stream_port}"}))
+        asyncio.run(write_log(nats.url, {MODEL: f"http://127.0.0.1:{up_port}", STREAM_MODEL: f"http://127.0.0.1:{stream_port}"}, loader))
         gw = subprocess.Popen(
-            [sys.executable, "-m", "llmgw", "gateway", "--nats", nats.url, "--port", str(gw_port), "--name", "bench"],
+            [sys.executable, "-m", "llmgw", "gateway", "--nats", nats.url, "--port", str(gw_port), "--name", "bench", *gateway_creds],
             stdout=open(work / "gateway.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True, cwd=HERE.parent,
         )  # fmt: skip
         procs.append(gw)
