@@ -42,7 +42,8 @@ def catalog(min_replicas: int, name: str = "m", gpus: int = 1, extra: str = "") 
 
 class Cluster:
     """Three nats-servers from deploy/nats/cluster-N.conf, rewritten to free
-    loopback ports and a store of their own each."""
+    loopback ports and a store of their own each, without the configs' auth
+    and TLS (tests/test_auth_cluster.py runs those)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -62,6 +63,10 @@ class Cluster:
         text = re.sub(r"store_dir: .*", f"store_dir: {json.dumps(str(self.root / f'n{i + 1}'))}", text)
         text = re.sub(r"listen: 0\.0\.0\.0:6222", f"listen: 127.0.0.1:{self.routes[i]}", text)
         text = re.sub(r"routes: \[[^\]]*\]", f"routes: [\n{routes}\n  ]", text, flags=re.S)
+        # The cluster's mechanics only (elections, failover): its auth and TLS
+        # are tested on the same configs by tests/test_auth_cluster.py.
+        text = re.sub(r'include "auth\.conf"\n', "", text)
+        text = re.sub(r"\n\s*tls \{[^}]*\}", "", text)
         path = self.root / f"cluster-{i + 1}.conf"
         path.write_text(text)
         return path

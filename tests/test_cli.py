@@ -71,6 +71,7 @@ class Fleet:
                     [sys.executable, "-m", "llmgw", "agent", "--simulate", "--name", n, "--gpus", "4",
                      "--fail-model", "broken", "--nats", self.up.url],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                    cwd=folder,  # where its up is: its credential is issued from that up's key store
                 ))  # fmt: skip
 
     def ctl(self, *args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -76,8 +76,13 @@ def serving(state: State, model: str) -> int:
 
 def left_after(before: State, decided: ev.Decided, model: str) -> int:
     """How many of a model's replicas still count once the decision is applied
-    (every replica it stops, victim or not, is gone)."""
-    stopped = {a.replica for a in decided.actions if isinstance(a, ev.StopReplica)}
+    (every replica it stops, victim or not, is gone), less the model's own
+    scale-down in the same pass: an on-demand model gone idle scales to zero
+    whatever its minimum, and a preemption of one of its replicas just
+    before did not leave it there (found by this property once it drew such
+    a model: m-2 taken, then m-1 stopped by m's own scale-down to 0)."""
+    own = f"{model} scales down to "
+    stopped = {a.replica for a in decided.actions if isinstance(a, ev.StopReplica) and not a.reason.startswith(own)}
     return sum(1 for rid in counted(before, model) if rid not in stopped)
 
 

@@ -34,23 +34,23 @@ OK, NOT_FOUND, BAD_INPUT, UNREACHABLE = 0, 1, 2, 3
 
 def add_parser(sub) -> None:
     p = sub.add_parser("creds", help="issue, list and revoke the bus credentials of nodes, gateways and operators")
-    verbs = p.add_subparsers(dest="verb", required=True)
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB", help="issue, list, revoke or init")
 
     def where(q) -> None:
         q.add_argument("--dir", help="the key store (default: <state dir>/creds of the local llmgw up)")
         q.add_argument("--state-dir", help="the llmgw up state dir whose key store to use")
 
     issue = verbs.add_parser("issue", help="a new credential (a .creds file) for a node, gateway or operator")
-    issue.add_argument("role", choices=auth.ROLES)
+    issue.add_argument("role", choices=auth.ROLES, help=f"whose credential: {', '.join(auth.ROLES)}")
     issue.add_argument("name", nargs="?", help="the node, gateway or operator (control and projector need none)")
     issue.add_argument("-o", "--out", help="where to write it (default: in the key store)")
     where(issue)
     ls = verbs.add_parser("list", help="every credential issued")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="as JSON, for tools")
     where(ls)
     revoke = verbs.add_parser("revoke", help="the server refuses it from now on; a revoked node is lost")
-    revoke.add_argument("role", choices=auth.ROLES)
-    revoke.add_argument("name")
+    revoke.add_argument("role", choices=auth.ROLES, help=f"whose credential: {', '.join(auth.ROLES)}")
+    revoke.add_argument("name", help="the node, gateway or operator it was issued to")
     revoke.add_argument("--nats", help="where to record it (default $LLMGW_NATS, else the local llmgw up)")
     revoke.add_argument("--creds", help="the tools' credential to record it with (default as llmgw ctl)")
     where(revoke)

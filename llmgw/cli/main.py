@@ -462,6 +462,26 @@ ABOUT = {
             "llmgw replay --verify", "llmgw replay --export day.jsonl && llmgw replay day.jsonl --json",
         ],
     ),
+    "creds": (
+        "The bus credentials of a fleet: one per node, gateway and operator, each allowed to say only what\n"
+        "its role may (llmgw/bus/auth.py). Issue, list and revoke them; a revoked node is treated as lost.",
+        ["llmgw creds issue agent gpu-7", "llmgw creds list", "llmgw creds revoke agent gpu-7"],
+    ),
+    "creds issue": (
+        "Issue a credential (a NATS .creds file) for a node's agent, a gateway, an operator, a control plane\n"
+        "or a projector, from the key store of the local llmgw up (or --dir).",
+        ["llmgw creds issue agent gpu-7", "llmgw creds issue operator alice --dir /etc/llmgw/creds"],
+    ),
+    "creds list": ("Every credential issued, live or revoked.", ["llmgw creds list", "llmgw creds list --json"]),
+    "creds revoke": (
+        "Revoke a credential: the server refuses it from then on, and a revoked node is treated as lost.",
+        ["llmgw creds revoke agent gpu-7"],
+    ),
+    "creds init": (
+        "Make a key store for a fleet's servers (deploy/nats/): the operator and account keys and the\n"
+        "server's auth configuration.",
+        ["llmgw creds init --dir /etc/llmgw/creds"],
+    ),
     "events": ("The event contract as files (events/schema/).", ["llmgw events schema", "llmgw events schema --write"]),
     "events schema": (
         "Check that events/schema/ matches the code (and that no change breaks the log's contract), or write it.",
