@@ -21,6 +21,21 @@ CONTROL_SUBJECTS = "llmgw.control.>"
 COMMAND_STREAM = "LLMGW_CMD"
 COMMAND_PREFIX = "llmgw.cmd"
 HEARTBEAT_BUCKET = "llmgw-heartbeats"
+# Each engine's key (engines.py), put by its node's agent, read by gateways:
+# the only ones who may read it (NATS permissions: the agent of node N may put
+# and delete keys under `N.`; gateways may read), never in the log.
+ENGINE_KEYS_BUCKET = "LLMGW_ENGINE_KEYS"
+_KEY_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def engine_key_name(node: str, shard: str, generation: int) -> str:
+    """The bucket's key for the engine of `shard` at `generation` on `node`:
+    `<node>.<shard>.<generation>`, the shard with every byte outside
+    `A-Za-z0-9-_` written `=XX` (a KV key allows only `-/_=.a-zA-Z0-9`,
+    shard ids may hold `:` and `.`), so exactly three tokens, one per part."""
+    encoded = "".join(c if c in _KEY_SAFE else "".join(f"={b:02X}" for b in c.encode()) for c in shard)
+    return f"{node}.{encoded}.{generation}"
+
 
 OnMessage = Callable[[int, str, bytes], None]
 OnCommand = Callable[[bytes], None]
@@ -70,6 +85,14 @@ class Bus(Protocol):
         """Record a node's heartbeat; only the latest per node is kept."""
 
     async def follow_heartbeats(self, on_beat: Callable[[str], None]) -> Follower: ...
+
+    async def put_engine_key(self, name: str, key: str) -> None:
+        """Keep an engine's key under `name` (engine_key_name) in ENGINE_KEYS_BUCKET."""
+
+    async def engine_key(self, name: str) -> str | None:
+        """The engine key under `name`; None when there is none (raises when the bucket cannot be reached)."""
+
+    async def delete_engine_key(self, name: str) -> None: ...
 
     async def close(self) -> None: ...
 

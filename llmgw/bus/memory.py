@@ -32,6 +32,8 @@ class MemoryBus:
         self._commands: dict[str, list[bytes]] = {}
         self.heartbeats: dict[str, bytes] = {}
         self._beat_log: list[str] = []
+        self.engine_keys: dict[str, str] = {}  # ENGINE_KEYS_BUCKET
+        self.engine_keys_down = False  # a test's unreachable bucket
 
     async def ensure_streams(self) -> None:
         pass
@@ -110,6 +112,22 @@ class MemoryBus:
                     await self._changed.wait_for(lambda: i < len(self._beat_log))
 
         return _Follower(asyncio.create_task(run()))
+
+    async def put_engine_key(self, name: str, key: str) -> None:
+        self._keys_reachable()
+        self.engine_keys[name] = key
+
+    async def engine_key(self, name: str) -> str | None:
+        self._keys_reachable()
+        return self.engine_keys.get(name)
+
+    async def delete_engine_key(self, name: str) -> None:
+        self._keys_reachable()
+        self.engine_keys.pop(name, None)
+
+    def _keys_reachable(self) -> None:
+        if self.engine_keys_down:
+            raise ConnectionError("the engine keys bucket cannot be reached")
 
     async def close(self) -> None:
         pass

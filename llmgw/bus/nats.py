@@ -31,13 +31,14 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, KeyNotFoundError, NotFoundError
 
 from . import catchup
 from . import (
     COMMAND_PREFIX,
     COMMAND_STREAM,
     CONTROL_SUBJECTS,
+    ENGINE_KEYS_BUCKET,
     HEARTBEAT_BUCKET,
     STREAM,
     SUBJECTS,
@@ -128,6 +129,7 @@ class NatsBus:
         self.js = nc.jetstream(timeout=5.0)
         self.replicas = replicas
         self._kv = None
+        self._keys = None  # the engine keys bucket, once opened
         self._instance = uuid.uuid4().hex[:12]
         self.reconnected_at = 0.0  # wall clock of the last reconnect
         self.on_reconnect: list = []  # async callables run after a reconnect
@@ -172,6 +174,16 @@ class NatsBus:
         except Exception:
             self._kv = await self.js.create_key_value(
                 KeyValueConfig(bucket=HEARTBEAT_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas)
+            )
+        try:
+            self._keys = await self.js.key_value(ENGINE_KEYS_BUCKET)
+        except Exception:
+            # Direct gets: a read names the key in its subject
+            # ($JS.API.DIRECT.GET.KV_LLMGW_ENGINE_KEYS.$KV.LLMGW_ENGINE_KEYS.<key>), so permissions can say who reads what.
+            self._keys = await self.js.create_key_value(
+                KeyValueConfig(
+                    bucket=ENGINE_KEYS_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas, direct=True
+                )
             )
 
     async def _ensure(self, config: StreamConfig) -> None:
@@ -349,6 +361,26 @@ class NatsBus:
                     on_beat(entry.key)
 
         return _Task(asyncio.create_task(run()), watcher)
+
+    # ----------------------------------------------------------------- engine keys
+
+    async def _engine_keys(self):
+        if self._keys is None:
+            self._keys = await self.js.key_value(ENGINE_KEYS_BUCKET)
+        return self._keys
+
+    async def put_engine_key(self, name: str, key: str) -> None:
+        await (await self._engine_keys()).put(name, key.encode())
+
+    async def engine_key(self, name: str) -> str | None:
+        try:
+            entry = await (await self._engine_keys()).get(name)
+        except KeyNotFoundError:
+            return None
+        return entry.value.decode() if entry.value else None
+
+    async def delete_engine_key(self, name: str) -> None:
+        await (await self._engine_keys()).delete(name)
 
     async def close(self) -> None:
         """Drain what is pending; with the server gone, just let go."""
