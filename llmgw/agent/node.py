@@ -61,7 +61,7 @@ from typing import Callable
 
 import msgspec
 
-from ..bus import Bus, engine_key_name, publish_fact
+from ..bus import Bus, engine_key_name, publish_fact, until_taken
 from ..core import commands as cmds
 from ..core import events as ev
 from . import logs as engine_logs
@@ -579,20 +579,10 @@ class NodeAgent:
 
     async def _key(self, item: _Key) -> None:
         """Put (or delete) an engine's key, retrying until the bus takes it, as a fact is."""
-        delay = 0.1
-        while True:
-            try:
-                if item.key:
-                    await self.bus.put_engine_key(item.name, item.key)
-                else:
-                    await self.bus.delete_engine_key(item.name)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning("%s the key of %s failed (%s); retrying", "putting" if item.key else "deleting", item.name, e)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        if item.key:
+            await until_taken(f"putting the key of {item.name}", lambda: self.bus.put_engine_key(item.name, item.key))
+        else:
+            await until_taken(f"deleting the key of {item.name}", lambda: self.bus.delete_engine_key(item.name))
 
     # ----------------------------------------------------------------- logs over NATS
 

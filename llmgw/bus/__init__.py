@@ -8,7 +8,9 @@ core imports this package.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Awaitable, Callable, Protocol, TypeVar
+
+T = TypeVar("T")
 
 STREAM = "LLMGW"
 # Who speaks is in the subject: agents under their node, operators under ctl,
@@ -97,25 +99,32 @@ class Bus(Protocol):
     async def close(self) -> None: ...
 
 
-async def publish_fact(bus: Bus, event, msg_id: str) -> int:
-    """Publish a fact an agent saw, retrying with the same Msg-Id until the
-    bus takes it (a fact is never dropped: NATS down, it waits; a retry of
-    one that landed is not a second event). Returns its sequence."""
+async def until_taken(what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+    """Run `attempt` until the bus takes it (NATS down, it waits), warning
+    `what` failed each time; its result."""
     import asyncio
     import logging
-
-    from ..core import events as ev
 
     delay = 0.1
     while True:
         try:
-            return await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=msg_id)
+            return await attempt()
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            logging.getLogger("llmgw.bus").warning("publishing %s failed (%s); retrying", ev.tag_of(type(event)), e)
+            logging.getLogger("llmgw.bus").warning("%s failed (%s); retrying", what, e)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+async def publish_fact(bus: Bus, event, msg_id: str) -> int:
+    """Publish a fact an agent saw, retrying with the same Msg-Id until the
+    bus takes it (a fact is never dropped: NATS down, it waits; a retry of
+    one that landed is not a second event). Returns its sequence."""
+    from ..core import events as ev
+
+    subject, data = ev.subject_for(event), ev.encode(event)
+    return await until_taken(f"publishing {ev.tag_of(type(event))}", lambda: bus.publish(subject, data, msg_id=msg_id))
 
 
 async def read_log(bus: Bus, start_seq: int = 1) -> list[tuple[int, str, bytes]]:
