@@ -9,7 +9,8 @@
 absent), so a test can hold a drain. With `--exit-after` it prints `--say`
 and exits with `--code` that many seconds after starting (a crash at start).
 With `--key` every request but /health without `Authorization: Bearer K`
-answers 401, and it says whether its LLMGW_ENGINE_KEY is the same.
+answers 401, and it prints the key (as SGLang prints its arguments) and
+whether its LLMGW_ENGINE_KEY is the same.
 """
 
 import argparse
@@ -33,8 +34,9 @@ def main() -> int:
     args = p.parse_args()
     started = time.monotonic()
     print(f"fake engine on port {args.port}, pid {os.getpid()}", flush=True)
-    if args.key:
-        print(f"fake engine: the environment's key is {'the same' if os.environ.get('LLMGW_ENGINE_KEY') == args.key else 'not the same'}", flush=True)
+    if args.key:  # as SGLang prints its arguments, the key among them
+        same = "the same" if os.environ.get("LLMGW_ENGINE_KEY") == args.key else "not the same"
+        print(f"fake engine: args key={args.key}; the environment's key is {same}", flush=True)
     if args.exit_after >= 0:
         time.sleep(args.exit_after)
         print(args.say, flush=True)

@@ -8,9 +8,9 @@ the LLMGW_ENGINE_KEYS bucket) reach it, never whoever finds its port.
 - A real agent on a real nats-server runs the real demo engine (llama.cpp,
   SmolLM2) and a template engine: each key is in the bucket once the shard is
   ready, the engine answers the official openai SDK 401 without its key or
-  with another engine's, 200 with its own; the key is in no command line, log
-  or event, is kept (0600) across an agent restart that adopts the engine,
-  and is deleted when the engine stops.
+  with another engine's, 200 with its own; the key is in no command line,
+  event or log served over NATS (logs are 0600), is kept (0600) across an
+  agent restart that adopts the engine, and is deleted when the engine stops.
 - The gateway sends the key on every request, its identity check included;
   a key that is another engine's, missing, or unreadable (the bucket
   unreachable) is a failed attempt with the reason, and the engine is never
@@ -20,6 +20,7 @@ the LLMGW_ENGINE_KEYS bucket) reach it, never whoever finds its port.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import stat
 import sys
@@ -28,7 +29,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from llmgw.agent import agentfile, engines
+from llmgw.agent import agentfile, engines, logs
 from llmgw.agent import supervisor as sv
 from llmgw.agent.agentfile import AgentFile
 from llmgw.agent.inventory import Inventory
@@ -184,8 +185,14 @@ async def test_a_real_engine_answers_only_its_key_which_only_the_bucket_and_the_
         for pid in (proc.pid, engine_pid):
             assert key not in " ".join(sv.cmdline(pid) or ["gone"])
         assert key not in Path(rec.log).read_text(errors="replace")
-        log_text = Path(a.state.shards["other-1.0"].log).read_text(errors="replace")
-        assert other_key not in log_text and "the environment's key is the same" in log_text
+        other_log = Path(a.state.shards["other-1.0"].log)
+        log_text = other_log.read_text(errors="replace")
+        assert "the environment's key is the same" in log_text and stat.S_IMODE(other_log.stat().st_mode) == 0o600
+        assert "--key <engine key>" in log_text.splitlines()[0]  # the agent's head line says what started, not the key
+        # An engine that prints its key (SGLang prints its arguments) does not give it away over NATS.
+        assert f"key={other_key}" in log_text
+        served = json.dumps(await logs.fetch_all(bus.nc, ["n1"], "other-1", lines=50))
+        assert other_key not in served and "key=<engine key>" in served
         everything = b"".join(d for _, _, d in await bus.read_matching("llmgw.>"))
         assert key.encode() not in everything and other_key.encode() not in everything
         state = agent_dir / "agent.json"

@@ -60,7 +60,8 @@ def spawn(launch: Launch, *, log: Path, status: Path, shard: str, generation: in
     if log.exists() and log.stat().st_size > LOG_ROTATE_BYTES:
         log.replace(log.with_suffix(".log.1"))
     argv = runner_argv(launch, status, shard, generation, python)
-    with open(log, "ab") as out:
+    # The agent's alone (0600): an engine may print its key (SGLang prints its arguments).
+    with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         env_words = " ".join(f"{k}={v}" for k, v in launch.env.items())
         head = f"--- llmgw: {shard} generation {generation} started at {stamp}: {env_words} {' '.join(launch.argv)}\n"
