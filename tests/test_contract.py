@@ -90,6 +90,7 @@ def test_unknown_fields_from_a_newer_publisher_are_ignored(cls):
         ev.OwnerApplied: ev.OwnerApplied(at=1.0, name="org"),
         ev.OwnerRemoved: ev.OwnerRemoved(at=1.0, name="org"),
         ev.NodePorts: ev.NodePorts(at=1.0, node="n", taken=[20000]),
+        ev.LeaderElected: ev.LeaderElected(at=1.0, term=1, leader="a"),
     }[cls]
     data = msgspec.json.decode(ev.encode(sample))
     data["from_the_future"] = 42

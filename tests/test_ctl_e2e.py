@@ -101,10 +101,10 @@ async def test_apply_get_describe_and_a_projector_killed_mid_burst_through_llmgw
             processes.start(n, "agent", "--simulate", "--name", n, "--gpus", "4", "--nats", up.url)
         bus = await NatsBus.connect(up.url, name="test")
         await bus.wait_for_streams(timeout=20)
-        # The three registrations first: one landing later would look like
-        # something the bad catalog published.
+        # The three registrations and the control plane's election first: one
+        # landing later would look like something the bad catalog published.
         deadline = time.monotonic() + 30
-        while await bus.last_seq() < 3:
+        while await bus.last_seq() < 4:
             assert time.monotonic() < deadline, "the simulated agents did not register"
             await asyncio.sleep(0.05)
 

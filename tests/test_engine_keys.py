@@ -74,7 +74,10 @@ def test_each_kind_gets_its_key_from_the_environment_where_it_can_else_its_comma
 
     def launch(engine: str, args=()):
         cmd = start_cmd(free_port(), engine=engine, args=args)
-        return engines.build(cmd, host="127.0.0.1", model=str(model), key=key, which=lambda p: f"/opt/bin/{p}")
+        return engines.build(
+            cmd, host="127.0.0.1", model=str(model), key=key, which=lambda p: f"/opt/bin/{p}",
+            engines=dict.fromkeys(engines.KINDS, ""), templates={"srv": f"{sys.executable} server.py --port {{port}} --key={{key}}"},
+        )  # fmt: skip
 
     llama = launch(engines.LLAMA_CPP)
     assert key not in " ".join(llama.argv) and llama.env[engines.KEY_ENV] == key and llama.key == key
@@ -82,7 +85,7 @@ def test_each_kind_gets_its_key_from_the_environment_where_it_can_else_its_comma
     assert key not in " ".join(vllm.argv) and vllm.env["VLLM_API_KEY"] == key
     sglang = launch(engines.SGLANG)  # SGLang has no other way
     assert sglang.argv[sglang.argv.index("--api-key") + 1] == key
-    template = launch(f"{sys.executable} server.py --port {{port}} --key={{key}}")
+    template = launch("srv")
     assert template.argv[-1] == f"--key={key}" and template.env[engines.KEY_ENV] == key
     # The log head of a start says what was started, but not the key.
     log = tmp_path / "e.log"
@@ -137,7 +140,9 @@ async def test_a_real_engine_answers_only_its_key_which_only_the_bucket_and_the_
     bus = await NatsBus.connect(nats_server.url)
     await bus.ensure_streams()
     ports = agentfile.PortRange.parse(engine_ports())
-    af = AgentFile(stop_timeout_s=10, start_timeout_s=180, engine_ports=ports)
+    # A template engine that asks for its key too (the agent's health checks send it).
+    keyed = f"{sys.executable} {FAKE} --port {{port}} --key {{key}}"
+    af = AgentFile(stop_timeout_s=10, start_timeout_s=180, engine_ports=ports, templates={"keyed": keyed})
     stop = asyncio.Event()
 
     def agent() -> NodeAgent:
@@ -152,8 +157,7 @@ async def test_a_real_engine_answers_only_its_key_which_only_the_bucket_and_the_
         await asyncio.wait_for(a.registered.wait(), 20)
         llama_port, fake_port = ports.first, ports.first + 1
         await bus.send_command("n1", cmds.encode(llama_cmd(llama_port)))
-        # A template engine that asks for its key too (the agent's health checks send it).
-        fake = start_cmd(fake_port, shard="other-1.0", engine=f"{sys.executable} {FAKE} --port {{port}} --key {{key}}")
+        fake = start_cmd(fake_port, shard="other-1.0", engine="keyed")
         await bus.send_command("n1", cmds.encode(fake))
         await until_state(bus, "other-1.0", "ready", 30)
         ready = await until_state(bus, "smol:v1-1.0", "ready", 180)

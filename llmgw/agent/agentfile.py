@@ -23,12 +23,24 @@ field (as a catalog's does) and the agent does not start.
     models:                # names a profile's `model` may use, and where the weights are here
       qwen-7b: /models/qwen2.5-7b-instruct-q4_k_m.gguf   # "./x" and "../x": relative to this file
       qwen-hub: Qwen/Qwen2.5-7B-Instruct                  # anything else: passed to the engine as written
-    engines:               # where an engine kind's program is (default: on PATH)
+    engines:               # the engine kinds this node runs, and where each one's program is ("": the default)
+      llama.cpp: ""
       vllm: /opt/vllm/bin/vllm
       sglang: /opt/sglang/bin/python
+    templates:             # the command templates a profile may name (`engine: my-server`)
+      my-server: /opt/my/server --port {port} --model {model} --gpus {gpus}
     start_timeout_s: 900   # not healthy by then: the shard failed
     stop_timeout_s: 10     # after SIGTERM, SIGKILL
     engine_ports: 20000-29999  # the ports its engines may listen on (first-last); `llmgw agent --engine-ports`
+
+A node runs only what its agent file declares: the engine kinds under
+`engines` (default: `llama.cpp` alone, the CPU engine that runs llmgw's own
+xllamacpp server) and the command templates under `templates`, which a
+catalog profile names (`engine: my-server`) and may give arguments to. A
+start command naming anything else fails its shard with the reason. A
+profile's engine was once a command line run as written: anyone who could
+publish a start command ran `sh -c '…'` as root on every node, and an
+operator's typo ran whatever it named.
 
 Labels under `llmgw.io/` are the ones llmgw reads; a typo there is an error
 rather than a label nobody reads. Other labels pass through as they are.
@@ -55,6 +67,9 @@ KNOWN_LABELS = frozenset(
 )
 HCAS_LABEL = "llmgw.io/hcas"
 ENGINE_KINDS = ("llama.cpp", "vllm", "sglang")
+# What a node runs when its agent file declares no engines: the CPU engine,
+# which runs llmgw's own xllamacpp server and nothing a profile names.
+DEFAULT_ENGINES = {"llama.cpp": ""}
 
 
 class AgentFileError(ValueError):
@@ -124,7 +139,8 @@ class AgentFile(BaseModel):
     hcas: list[str] = []
     labels: dict[str, str] = {}
     models: dict[str, str] = {}
-    engines: dict[str, str] = {}
+    engines: dict[str, str] = DEFAULT_ENGINES  # kind -> its program ("" : the default)
+    templates: dict[str, str] = {}  # name -> command template
     start_timeout_s: float = Field(900.0, gt=0)
     stop_timeout_s: float = Field(10.0, gt=0)
     engine_ports: PortRange = DEFAULT_ENGINE_PORTS
@@ -155,7 +171,15 @@ class AgentFile(BaseModel):
                 out.append((("labels", key), f"{key} is not a label llmgw reads (known: {known})"))
         for kind in self.engines:
             if kind not in ENGINE_KINDS:
-                out.append((("engines", kind), f"{kind} is not an engine kind ({', '.join(ENGINE_KINDS)})"))
+                out.append((
+                    ("engines", kind),
+                    f"{kind} is not an engine kind ({', '.join(ENGINE_KINDS)}); a command goes under `templates`",
+                ))
+        for name, command in self.templates.items():
+            if name in ENGINE_KINDS or name == "sim":
+                out.append((("templates", name), f"{name} is an engine kind: name the template otherwise"))
+            elif not command.strip():
+                out.append((("templates", name), "an empty command"))
         return out
 
     def node_labels(self) -> dict[str, str]:

@@ -1,13 +1,17 @@
 """The command line of an engine, from a start command and the node it lands on.
 
-A profile's `engine` is a kind the agent knows, or a command template:
+A profile's `engine` is a kind the agent knows, or the name of a command
+template, and this node's agent file must declare it (`engines`,
+`templates`; see agentfile.py): anything else is refused, the shard failed
+with the reason.
 
     llama.cpp  llama.cpp on the CPU (or the GPUs of an xllamacpp built for
                them) through `xllamacpp`: `python -m llmgw.agent.llamacpp_server`
     vllm       `vllm serve MODEL` (the program: agent file `engines.vllm`, else on PATH)
     sglang     `python -m sglang.launch_server` (the python: `engines.sglang`, else this one)
-    anything else: a command template, split like a shell would
-               (`my-server --port {port}`); the profile's args are templates too
+    a template's name: its command, split like a shell would
+               (`my-server --port {port}`); the profile's args are templates too,
+               given to the template's program (never a program of their own)
 
 The agent decides the port, the GPUs (through `CUDA_VISIBLE_DEVICES`, empty
 when the shard has none, so a CPU engine takes no GPU it was not given), the
@@ -20,8 +24,8 @@ last, so they override what the agent chose (argparse keeps the last).
 Template placeholders: {port} {host} {model} (the weights, resolved) {name}
 (the catalog model) {gpus} (comma list) {tp} (GPU count) {rank} {nodes}
 (node count) {leader} {dist_port} {replica} {shard} {identity} (see below)
-{key} (see below) {python} (the agent's interpreter); `{{` and `}}` for braces. An unknown placeholder is an error
-that names it. Args of the known kinds are passed as written.
+{key} (see below) {python} (the agent's interpreter); `{{` and `}}` for
+braces. An unknown placeholder is an error that names it. Args of the known kinds are passed as written.
 
 Each kind says how to tell it is healthy (`health`, a path that answers 200
 once the model is loaded; the OpenAI `/v1/models` for templates) and where its
@@ -111,18 +115,37 @@ def _check_program(program: str, which: Callable[[str], str | None], where: str)
     return found
 
 
+def declared(kind: str, engines: dict[str, str], templates: dict[str, str]) -> str:
+    """Why this node may not run a profile's engine ("" when it may)."""
+    if kind in KINDS and kind in engines or kind in templates:
+        return ""
+    said = ", ".join(sorted(engines)) or "none"
+    named = f"; templates: {', '.join(sorted(templates))}" if templates else "; no templates"
+    what = f"engine kind {kind}" if kind in KINDS else f"engine {kind!r}"
+    return (
+        f"{what} is not declared in this node's agent file (engines: {said}{named}): "
+        "a node runs only the engine kinds and command templates its agent file names"
+    )
+
+
 def build(
     cmd: StartShard,
     *,
     host: str,
     model: str,
     engines: dict[str, str] | None = None,
+    templates: dict[str, str] | None = None,
     python: str = sys.executable,
     which: Callable[[str], str | None] = shutil.which,
     key: str = "",
 ) -> Launch:
-    """The launch of one shard; `model` is the weights, already resolved on this node; `key` the engine's key."""
-    engines = engines or {}
+    """The launch of one shard; `model` is the weights, already resolved on
+    this node. `engines` and `templates`: what the node's agent file declares
+    (None: its defaults). `key`: the engine's key."""
+    from .agentfile import DEFAULT_ENGINES
+
+    engines = DEFAULT_ENGINES if engines is None else engines
+    templates = templates or {}
     p = cmd.profile
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in cmd.gpus)}
     if key:
@@ -132,7 +155,10 @@ def build(
     kind = p.engine
     me = identity(cmd.model, cmd.shard, cmd.generation)
     if kind == "sim":
-        raise EngineError("engine sim is for simulated agents: a real agent runs llama.cpp, vllm, sglang or a command")
+        raise EngineError("engine sim is for simulated agents: a real agent runs llama.cpp, vllm, sglang or a template")
+    refused = declared(kind, engines, templates)
+    if refused:
+        raise EngineError(refused)
     if kind == LLAMA_CPP:
         if nodes > 1:
             raise EngineError("llama.cpp runs on one node: a profile of nodes > 1 needs vllm, sglang or a command")
@@ -151,7 +177,7 @@ def build(
             kind, model, me, key,
         )
     if kind == VLLM:
-        program = _check_program(engines.get(VLLM, "vllm"), which, "agent file engines.vllm, else PATH")
+        program = _check_program(engines.get(VLLM) or "vllm", which, "agent file engines.vllm, else PATH")
         argv = [program, "serve", model or cmd.model, "--host", host, "--port", str(cmd.port)]
         argv += ["--served-model-name", cmd.model, me, "--tensor-parallel-size", str(tp)]
         if nodes > 1:
@@ -168,7 +194,7 @@ def build(
             kind, model or cmd.model, me if named else "", key,
         )
     if kind == SGLANG:
-        program = _check_program(engines.get(SGLANG, python), which, "agent file engines.sglang, else this python")
+        program = _check_program(engines.get(SGLANG) or python, which, "agent file engines.sglang, else this python")
         argv = [program, "-m", "sglang.launch_server", "--model-path", model or cmd.model, "--host", host]
         argv += ["--port", str(cmd.port), "--served-model-name", cmd.model, "--tp-size", str(tp * nodes)]
         if nodes > 1:
@@ -180,7 +206,7 @@ def build(
             argv + list(p.args), env, "/health", "/metrics", ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
             kind, model or cmd.model, key=key,
         )
-    # A command template.
+    # A command template the agent file declares.
     values = {
         "port": cmd.port, "host": host, "model": model or cmd.model, "name": cmd.model,
         "gpus": ",".join(str(g) for g in cmd.gpus), "tp": tp, "rank": cmd.rank, "nodes": nodes,
@@ -188,11 +214,11 @@ def build(
         "identity": me, "python": python, "key": key,
     }  # fmt: skip
     try:
-        words = shlex.split(kind)
+        words = shlex.split(templates[kind])
     except ValueError as e:
-        raise EngineError(f"engine {kind!r} of profile {p.name} is not a command line: {e}") from None
+        raise EngineError(f"template {kind} of this node's agent file is not a command line: {e}") from None
     if not words:
-        raise EngineError(f"profile {p.name} of {cmd.model} names no engine")
+        raise EngineError(f"template {kind} of this node's agent file is empty")
     argv = [_fill(w, values, p.name) for w in [*words, *p.args]]
     argv[0] = _check_program(argv[0], which, f"the command of profile {p.name}")
     carries = any("{identity}" in w for w in [*words, *p.args])

@@ -17,7 +17,8 @@ It speaks the protocol the simulated agent does (`simulated.py`), for real:
   it is redelivered or re-sent (a crash between remembering and acting leaves
   the shard unreported at the next registration, which fails it: the safe
   side). A start names the node at its rank; one that does not name this node
-  is ignored.
+  is ignored. A command of an older leader's term than the highest seen
+  (kept in the state file) is ignored: a deposed leader is fenced.
 - Shard states: `starting` once the engine process is started, `loading` once
   it answers HTTP but is not healthy yet, `ready` once its health check
   answers 200 (llama.cpp, vLLM, SGLang: `/health`; a command: `/v1/models`),
@@ -262,6 +263,13 @@ class NodeAgent:
         except msgspec.MsgspecError as e:
             log.warning("ignoring a command that does not decode: %s", e)
             return
+        if cmd.term < self.state.term and cmd.log == self.state.log:
+            log.warning("ignoring a %s of term %d: a leader of term %d has spoken", type(cmd).__name__, cmd.term,
+                        self.state.term)
+            return
+        if (cmd.term, cmd.log) != (self.state.term, self.state.log):
+            self.state.term, self.state.log = cmd.term, cmd.log  # a later term, or another log
+            self._save()
         if isinstance(cmd, cmds.Reregister):
             log.info("asked to register again: %s", cmd.reason)
             self._outbox.put_nowait(_REGISTER)
@@ -332,7 +340,8 @@ class NodeAgent:
             try:
                 weights = resolve(cmd.profile.model or cmd.model, self.agent_file.models, self.model_dirs)
                 launch = build(
-                    cmd, host=rec.host, model=weights, engines=self.agent_file.engines, python=self.python, key=rec.key
+                    cmd, host=rec.host, model=weights, engines=self.agent_file.engines,
+                    templates=self.agent_file.templates, python=self.python, key=rec.key,
                 )
             except EngineError as e:
                 self._fail_at_start(rec, str(e))

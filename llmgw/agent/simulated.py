@@ -75,6 +75,9 @@ class SimulatedAgent:
         self.generations: dict[str, int] = {}  # by shard: the generation of the engine serving
         self._numbers = itertools.count(1)
         self.registered = asyncio.Event()
+        self.term = 0  # the highest leader's term of a command seen (in memory: a simulated node has no state)
+        self.stale_commands = 0  # commands of an older term, ignored
+        self.log = ""  # the log the term counts in
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
@@ -128,6 +131,11 @@ class SimulatedAgent:
         except msgspec.MsgspecError as e:
             log.warning("ignoring a command that does not decode: %s", e)
             return
+        if cmd.term < self.term and cmd.log == self.log:
+            self.stale_commands += 1
+            log.warning("ignoring a %s of term %d: a leader of term %d has spoken", type(cmd).__name__, cmd.term, self.term)
+            return
+        self.term, self.log = cmd.term, cmd.log
         if isinstance(cmd, cmds.Reregister):
             log.info("asked to register again: %s", cmd.reason)
             asyncio.create_task(self._register())

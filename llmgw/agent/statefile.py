@@ -4,7 +4,8 @@
 find each again and report it: its shard, generation, port, state and the
 runner's pid and command line) and the commands it has acted on (shard,
 generation, kind), so that a command redelivered or re-sent after a restart
-is still acted on once.
+is still acted on once, and the highest leader's term it has seen, so that
+a deposed leader's command is refused after a restart too.
 
 It holds the engines' keys, so it is the agent's alone (mode 0600).
 
@@ -63,6 +64,10 @@ class AgentState(msgspec.Struct, kw_only=True, omit_defaults=True):
     shards: dict[str, ShardRecord] = {}
     # (shard, generation, "start" | "stop"), oldest first.
     acted: list[tuple[str, int, str]] = []
+    # The highest leader's term of a command seen: one of an older term is
+    # from a deposed leader and never acted on, after a restart too.
+    term: int = 0
+    log: str = ""  # the log that term counts in (commands.StartShard.log)
 
 
 class StateFile:

@@ -23,6 +23,13 @@ CONTROL_SUBJECTS = "llmgw.control.>"
 COMMAND_STREAM = "LLMGW_CMD"
 COMMAND_PREFIX = "llmgw.cmd"
 HEARTBEAT_BUCKET = "llmgw-heartbeats"
+# The control planes' lease (leader election): a KV bucket with a TTL. The
+# leader holds LEASE_KEY (created to campaign, updated with its last
+# revision to renew); each standby keeps `standby.<id>` saying how far it has
+# folded. Only control planes write it; `llmgw ctl get leader` reads it.
+LEADER_BUCKET = "LLMGW_LEADER"
+LEASE_KEY = "leader"
+
 # Each engine's key (engines.py), put by its node's agent, read by gateways:
 # the only ones who may read it (NATS permissions: the agent of node N may put
 # and delete keys under `N.`; gateways may read), never in the log.
@@ -49,6 +56,35 @@ class Fenced(Exception):
     Another writer published, or this one had not folded its own last
     decision yet. Either way: fold what was missed and decide again.
     """
+
+
+class BusUnavailable(TimeoutError):
+    """NATS did not answer in time, or JetStream had no leader for a stream
+    (an election): the bus is in trouble, which says nothing about whether
+    the streams exist."""
+
+
+class LeaseTaken(Exception):
+    """A lease write refused: the key is held by another (create), or is no
+    longer at the revision we wrote (update: taken over, or expired)."""
+
+
+class Lease(Protocol):
+    """Keys that live `ttl` seconds after their last write (LEADER_BUCKET)."""
+
+    async def create(self, key: str, value: bytes) -> int:
+        """Write `key` if nobody holds it; its revision. LeaseTaken if held."""
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        """Write `key` if it is still at revision `last`; LeaseTaken if not."""
+
+    async def put(self, key: str, value: bytes) -> int: ...
+
+    async def delete(self, key: str, last: int) -> None:
+        """Let go of `key` if it is still at revision `last`."""
+
+    async def entries(self) -> dict[str, bytes]:
+        """Every live key and its value."""
 
 
 class Follower(Protocol):
@@ -87,6 +123,9 @@ class Bus(Protocol):
         """Record a node's heartbeat; only the latest per node is kept."""
 
     async def follow_heartbeats(self, on_beat: Callable[[str], None]) -> Follower: ...
+
+    async def lease(self, ttl: float) -> Lease:
+        """The control planes' lease bucket, made if missing."""
 
     async def put_engine_key(self, name: str, key: str) -> None:
         """Keep an engine's key under `name` (engine_key_name) in ENGINE_KEYS_BUCKET."""

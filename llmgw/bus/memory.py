@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Callable
 
-from . import CONTROL_SUBJECTS, Fenced, OnCommand, OnMessage
+from . import CONTROL_SUBJECTS, Fenced, LeaseTaken, OnCommand, OnMessage
 
 _CONTROL_PREFIX = CONTROL_SUBJECTS[:-1]
 
@@ -22,6 +23,49 @@ class _Follower:
             pass
 
 
+class MemoryLease:
+    """Keys with a TTL, as a KV bucket with `ttl` keeps them (monotonic clock)."""
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._keys: dict[str, tuple[int, bytes, float]] = {}  # key -> (revision, value, written at)
+        self._revision = 0
+
+    def _live(self, key: str) -> tuple[int, bytes, float] | None:
+        got = self._keys.get(key)
+        if got is not None and time.monotonic() - got[2] >= self.ttl:
+            del self._keys[key]
+            return None
+        return got
+
+    def _write(self, key: str, value: bytes) -> int:
+        self._revision += 1
+        self._keys[key] = (self._revision, value, time.monotonic())
+        return self._revision
+
+    async def create(self, key: str, value: bytes) -> int:
+        if self._live(key) is not None:
+            raise LeaseTaken(f"{key} is held")
+        return self._write(key, value)
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        got = self._live(key)
+        if got is None or got[0] != last:
+            raise LeaseTaken(f"{key} is not at revision {last}")
+        return self._write(key, value)
+
+    async def put(self, key: str, value: bytes) -> int:
+        return self._write(key, value)
+
+    async def delete(self, key: str, last: int) -> None:
+        got = self._live(key)
+        if got is not None and got[0] == last:
+            del self._keys[key]
+
+    async def entries(self) -> dict[str, bytes]:
+        return {k: v[1] for k in list(self._keys) if (v := self._live(k)) is not None}
+
+
 class MemoryBus:
     def __init__(self) -> None:
         self.log: list[tuple[str, bytes]] = []  # index i holds sequence i + 1
@@ -32,6 +76,7 @@ class MemoryBus:
         self._commands: dict[str, list[bytes]] = {}
         self.heartbeats: dict[str, bytes] = {}
         self._beat_log: list[str] = []
+        self._lease: MemoryLease | None = None
         self.engine_keys: dict[str, str] = {}  # ENGINE_KEYS_BUCKET
         self.engine_keys_down = False  # a test's unreachable bucket
 
@@ -112,6 +157,11 @@ class MemoryBus:
                     await self._changed.wait_for(lambda: i < len(self._beat_log))
 
         return _Follower(asyncio.create_task(run()))
+
+    async def lease(self, ttl: float) -> MemoryLease:
+        if self._lease is None:
+            self._lease = MemoryLease(ttl)
+        return self._lease
 
     async def put_engine_key(self, name: str, key: str) -> None:
         self._keys_reachable()

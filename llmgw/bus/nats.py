@@ -21,6 +21,7 @@ import uuid
 from typing import Callable
 
 import nats
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import (
     ConsumerConfig,
@@ -31,7 +32,15 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import APIError, KeyNotFoundError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoKeysError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
 
 from . import catchup
 from . import (
@@ -40,9 +49,12 @@ from . import (
     CONTROL_SUBJECTS,
     ENGINE_KEYS_BUCKET,
     HEARTBEAT_BUCKET,
+    LEADER_BUCKET,
     STREAM,
     SUBJECTS,
+    BusUnavailable,
     Fenced,
+    LeaseTaken,
     OnCommand,
     OnMessage,
 )
@@ -59,6 +71,27 @@ DUPLICATE_WINDOW_S = 120.0
 PUBLISH_TRIES = 5
 # Below this many messages, the fast reader's consumer set-up is not worth it.
 CATCHUP_MIN = 1000
+# Trying NATS again at start (and the streams, for a process that runs
+# forever): from the first pause, doubled up to the longest, without end.
+FOLLOW_CHECK_S = 2.0  # how often a follower looks whether its consumer stalled (_Kept)
+RETRY_FIRST_S = 0.5
+RETRY_LONGEST_S = 5.0
+STREAM_NOT_FOUND = 10059
+# What a bus in trouble answers (no stream leader during an election, a
+# server gone): worth trying again, and never a sign that a stream is missing.
+TROUBLE = (NatsTimeout, asyncio.TimeoutError, NoRespondersError, NoStreamResponseError, ServiceUnavailableError)
+
+
+def is_trouble(e: BaseException) -> bool:
+    """Whether an error is the bus in trouble (try again) rather than an answer."""
+    if isinstance(e, TROUBLE):
+        return True
+    # 503 and "JetStream system temporarily unavailable" (10008) mid-election.
+    return isinstance(e, APIError) and (e.code == 503 or e.err_code == 10008)
+
+
+def stream_missing(e: BaseException) -> bool:
+    return isinstance(e, NotFoundError) and (e.err_code in (STREAM_NOT_FOUND, None) or "not found" in str(e.description))
 
 
 def log_stream_config(max_bytes: int = DEFAULT_MAX_BYTES, replicas: int = 1) -> StreamConfig:
@@ -95,32 +128,130 @@ def command_stream_config(replicas: int = 1) -> StreamConfig:
     )
 
 
-class _Sub:
-    def __init__(self, sub) -> None:
-        self._sub = sub
+class _Kept:
+    """An ordered consumer kept alive by us as well as by nats-py.
 
-    async def stop(self) -> None:
-        try:
-            await self._sub.unsubscribe()
-        except Exception:  # the connection may be gone already
-            pass
+    nats-py resets an ordered consumer after two missed idle heartbeats
+    (10 s), once: when its stream had no leader then (the stream leader's
+    server killed, an election under way) the new consumer is not made, and
+    the follower stays silent for good while the stream moves on. So every
+    FOLLOW_CHECK_S this asks where the stream stands; when it is past what
+    was delivered and nothing came since the last look, the consumer is made
+    again from the next sequence. Messages are handed on once each, in
+    order: a sequence at or below the last delivered is dropped (the two
+    resets may overlap).
+    """
 
+    def __init__(self, bus: "NatsBus", what: str, subscribe, last_seq, on_msg, start_seq: int) -> None:
+        self.bus, self.what = bus, what
+        self._subscribe, self._last_seq, self._on_msg = subscribe, last_seq, on_msg
+        self.delivered = start_seq - 1  # the last sequence handed on
+        self._sub = None
+        self._task: asyncio.Task | None = None
+        self.restarts = 0
 
-class _Task:
-    def __init__(self, task: asyncio.Task, watcher=None) -> None:
-        self._task, self._watcher = task, watcher
+    async def start(self) -> "_Kept":
+        self._sub = await self._subscribe(self.delivered + 1, self._deliver)
+        self._task = asyncio.create_task(self._watch())
+        return self
 
-    async def stop(self) -> None:
-        self._task.cancel()
-        try:
-            await self._task
-        except (asyncio.CancelledError, Exception):
-            pass
-        if self._watcher is not None:
+    def _deliver(self, seq: int, msg) -> None:
+        if seq <= self.delivered:
+            return
+        self.delivered = seq
+        self._on_msg(seq, msg)
+
+    async def _watch(self) -> None:
+        seen = self.delivered
+        while True:
+            await asyncio.sleep(FOLLOW_CHECK_S)
+            if self.delivered != seen:
+                seen = self.delivered
+                continue
             try:
-                await self._watcher.stop()
+                last = await asyncio.wait_for(self._last_seq(), FOLLOW_CHECK_S)
+            except Exception:
+                continue  # the bus in trouble: look again later
+            if last <= self.delivered:
+                continue
+            log.warning(
+                "%s: nothing delivered past %d while the stream is at %d; following again from %d",
+                self.what, self.delivered, last, self.delivered + 1,
+            )  # fmt: skip
+            old, self._sub = self._sub, None
+            try:
+                await old.unsubscribe()
             except Exception:
                 pass
+            try:
+                self._sub = await self._subscribe(self.delivered + 1, self._deliver)
+                self.restarts += 1
+            except Exception as e:
+                log.warning("%s: could not follow again yet (%s)", self.what, _why(e))
+                self._sub = old  # try again at the next look
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:
+                pass
+
+
+def _from(start_seq: int) -> ConsumerConfig:
+    if start_seq <= 1:
+        return ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+    return ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start_seq)
+
+
+class _NatsLease:
+    """The NATS docs' pattern: `create` to campaign (refused while the key
+    lives), `update` with the last revision to renew (refused once another
+    holds it, or it expired), the bucket's TTL to let a dead holder go."""
+
+    def __init__(self, kv, ttl: float) -> None:
+        self.kv = kv
+        self.ttl = ttl  # the bucket's, whoever made it
+
+    async def create(self, key: str, value: bytes) -> int:
+        try:
+            return await self.kv.create(key, value)
+        except KeyWrongLastSequenceError as e:
+            raise LeaseTaken(str(e)) from None
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        try:
+            return await self.kv.update(key, value, last=last)
+        except KeyWrongLastSequenceError as e:
+            raise LeaseTaken(str(e)) from None
+
+    async def put(self, key: str, value: bytes) -> int:
+        return await self.kv.put(key, value)
+
+    async def delete(self, key: str, last: int) -> None:
+        try:
+            await self.kv.delete(key, last=last)
+        except KeyWrongLastSequenceError:
+            pass  # not ours any more: nothing to let go of
+
+    async def entries(self) -> dict[str, bytes]:
+        out = {}
+        try:
+            keys = await self.kv.keys()
+        except NoKeysError:
+            return out
+        for key in keys:
+            try:
+                out[key] = (await self.kv.get(key)).value
+            except KeyNotFoundError:  # expired meanwhile
+                pass
+        return out
 
 
 class NatsBus:
@@ -134,11 +265,41 @@ class NatsBus:
         self.reconnected_at = 0.0  # wall clock of the last reconnect
         self.on_reconnect: list = []  # async callables run after a reconnect
         self._commands_sent = 0
+        self.forever = False
+        self.beat_revision = 0  # the heartbeat bucket's last revision the watcher delivered
+        self._beat_probe = (0, 0)  # (bucket's last revision, watcher's) at the last probe
 
     @classmethod
-    async def connect(cls, url: str, *, name: str = "llmgw", forever: bool = False, replicas: int = 1) -> "NatsBus":
-        """Connect; `forever` keeps reconnecting (agents and control planes),
-        otherwise a clear error when nothing answers (the CLI)."""
+    async def connect(
+        cls, url: str, *, name: str = "llmgw", forever: bool = False, replicas: int = 1, stop: asyncio.Event | None = None
+    ) -> "NatsBus":
+        """Connect; `forever` (every component: agents, control planes,
+        gateways, the projector) tries at start until NATS answers, with a
+        growing pause, saying so each time, and keeps reconnecting after;
+        otherwise a clear error when nothing answers (the CLI). With `stop`
+        set while it waits, ConnectionError."""
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                bus = await cls._connect_once(url, name=name, forever=forever, replicas=replicas)
+                bus.forever = forever
+                return bus
+            except ConnectionError as e:
+                if not forever:
+                    raise
+                log.warning("%s; trying again in %gs", e, delay)
+                if stop is None:
+                    await asyncio.sleep(delay)
+                else:
+                    try:
+                        await asyncio.wait_for(stop.wait(), delay)
+                        raise
+                    except asyncio.TimeoutError:
+                        pass
+                delay = min(delay * 2, RETRY_LONGEST_S)
+
+    @classmethod
+    async def _connect_once(cls, url: str, *, name: str, forever: bool, replicas: int) -> "NatsBus":
         opts: dict = dict(servers=url.split(","), name=name)
         if forever:
             opts.update(max_reconnect_attempts=-1, reconnect_time_wait=0.5, allow_reconnect=True)
@@ -167,24 +328,54 @@ class NatsBus:
     # ----------------------------------------------------------------- streams
 
     async def ensure_streams(self) -> None:
+        """Create the streams and buckets, or leave them as they are. A
+        process that runs forever tries again, without end, while the bus is
+        in trouble (an election, a server away): it says so, never exits."""
+        await self._retrying("about the streams", self._ensure_streams_once)
+
+    async def _retrying(self, what: str, call):
+        """`call()`; in a process that runs forever, tried again while the bus
+        is in trouble, with a growing pause, saying so. Otherwise the trouble
+        is a BusUnavailable that says what it is."""
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                return await call()
+            except Exception as e:
+                if not is_trouble(e):
+                    raise
+                if not self.forever:
+                    raise BusUnavailable(
+                        f"NATS did not answer {what} ({_why(e)}): the bus is electing a stream leader, or is unreachable"
+                    ) from None
+                log.warning("NATS did not answer %s (%s); trying again in %gs", what, _why(e), delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_LONGEST_S)
+
+    async def _ensure_streams_once(self) -> None:
         await self._ensure(log_stream_config(replicas=self.replicas))
         await self._ensure(command_stream_config(self.replicas))
+        self._kv = await self._bucket(
+            KeyValueConfig(bucket=HEARTBEAT_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas)
+        )
+        # Direct gets: a read names the key in its subject
+        # ($JS.API.DIRECT.GET.KV_LLMGW_ENGINE_KEYS.$KV.LLMGW_ENGINE_KEYS.<key>), so permissions can say who reads what.
+        self._keys = await self._bucket(
+            KeyValueConfig(bucket=ENGINE_KEYS_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas, direct=True)
+        )
+
+    async def _bucket(self, config: KeyValueConfig):
+        """A KV bucket, made as `config` says if missing (left as it is if there)."""
         try:
-            self._kv = await self.js.key_value(HEARTBEAT_BUCKET)
-        except Exception:
-            self._kv = await self.js.create_key_value(
-                KeyValueConfig(bucket=HEARTBEAT_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas)
-            )
+            return await self.js.key_value(config.bucket)
+        except NotFoundError:
+            pass
         try:
-            self._keys = await self.js.key_value(ENGINE_KEYS_BUCKET)
-        except Exception:
-            # Direct gets: a read names the key in its subject
-            # ($JS.API.DIRECT.GET.KV_LLMGW_ENGINE_KEYS.$KV.LLMGW_ENGINE_KEYS.<key>), so permissions can say who reads what.
-            self._keys = await self.js.create_key_value(
-                KeyValueConfig(
-                    bucket=ENGINE_KEYS_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas, direct=True
-                )
-            )
+            return await self.js.create_key_value(config)
+        except APIError as e:
+            if e.err_code != 10058:  # made meanwhile by another process
+                raise
+            return await self.js.key_value(config.bucket)
 
     async def _ensure(self, config: StreamConfig) -> None:
         try:
@@ -199,7 +390,12 @@ class NatsBus:
                 raise
 
     async def wait_for_streams(self, timeout: float = 30.0) -> None:
-        """For processes that do not own the streams: wait until they exist."""
+        """For processes that do not own the streams: wait until they exist.
+
+        Tried again until `timeout` whatever the answer; then the error says
+        what the last answer was: the streams missing (no control plane has
+        made them), or the bus in trouble (electing a stream leader, or
+        unreachable), which says nothing about whether they exist."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             try:
@@ -207,9 +403,18 @@ class NatsBus:
                 await self.js.stream_info(COMMAND_STREAM)
                 self._kv = await self.js.key_value(HEARTBEAT_BUCKET)
                 return
-            except Exception:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise TimeoutError("the llmgw streams do not exist: is the control plane running?")
+            except Exception as e:
+                if asyncio.get_running_loop().time() > deadline and self.forever:
+                    # A component waits for the control plane as long as it takes.
+                    log.warning("still waiting for the llmgw streams (%s)", _why(e))
+                    deadline += timeout
+                elif asyncio.get_running_loop().time() > deadline:
+                    if stream_missing(e):
+                        raise TimeoutError("the llmgw streams do not exist: is the control plane running?") from None
+                    raise BusUnavailable(
+                        f"NATS did not answer about the llmgw streams in {timeout:g}s ({_why(e)}): "
+                        "the bus is electing a stream leader, or is unreachable"
+                    ) from None
                 await asyncio.sleep(0.2)
 
     # ----------------------------------------------------------------- the log
@@ -220,22 +425,27 @@ class NatsBus:
             headers["Nats-Expected-Last-Subject-Sequence"] = str(expect_control_seq)
             headers["Nats-Expected-Last-Subject-Sequence-Subject"] = CONTROL_SUBJECTS
         timed_out = False
+        last: BaseException | None = None
         for attempt in range(PUBLISH_TRIES):
             try:
                 ack = await self.js.publish(subject, data, stream=STREAM, headers=headers)
                 return ack.seq
-            except APIError as e:
-                if e.err_code != WRONG_LAST_SEQUENCE:
+            except Exception as e:
+                if isinstance(e, APIError) and e.err_code == WRONG_LAST_SEQUENCE:
+                    if timed_out:
+                        seq = await self._landed(msg_id)
+                        if seq:
+                            return seq
+                    raise Fenced(e.description or "wrong last sequence") from None
+                if not is_trouble(e):
                     raise
-                if timed_out:
-                    seq = await self._landed(msg_id)
-                    if seq:
-                        return seq
-                raise Fenced(e.description or "wrong last sequence") from None
-            except (NatsTimeout, asyncio.TimeoutError):
                 timed_out = True
+                last = e
                 await asyncio.sleep(0.2 * (attempt + 1))
-        raise TimeoutError(f"publish to {subject} timed out {PUBLISH_TRIES} times")
+        raise BusUnavailable(
+            f"NATS did not take a publish to {subject} in {PUBLISH_TRIES} tries ({_why(last)}): "
+            "the bus is electing a stream leader, or is unreachable"
+        )
 
     async def _landed(self, msg_id: str) -> int:
         """The sequence of the last control message if it carries `msg_id`."""
@@ -247,7 +457,7 @@ class NatsBus:
 
     async def last_seq(self) -> int:
         try:
-            info = await self.js.stream_info(STREAM)
+            info = await self._retrying("about the log", lambda: self.js.stream_info(STREAM))
         except NotFoundError:
             raise LookupError(f"there is no {STREAM} stream on this NATS: has a control plane run against it?") from None
         return info.state.last_seq
@@ -256,7 +466,7 @@ class NatsBus:
         info = await self.js.stream_info(STREAM)
         return f"{STREAM}@{info.created}"
 
-    async def follow(self, start_seq: int, on_message: OnMessage) -> _Sub:
+    async def follow(self, start_seq: int, on_message: OnMessage) -> _Kept:
         # A long stretch is read by the fast reader first; nats-py's ordered
         # consumer then follows from where it stopped.
         last = await self.last_seq()
@@ -273,24 +483,26 @@ class NatsBus:
                 log.warning("fast catch-up not possible (%s); the client reads it all", e)
         return await self._follow_with_client(start_seq, on_message)
 
-    async def _follow_with_client(self, start_seq: int, on_message: OnMessage) -> _Sub:
-        if start_seq <= 1:
-            config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
-        else:
-            config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start_seq)
+    async def _follow_with_client(self, start_seq: int, on_message: OnMessage) -> _Kept:
+        async def subscribe(start: int, deliver):
+            async def cb(msg) -> None:
+                # The stream sequence is the 6th token of a v1 ack subject
+                # ($JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...) and the 8th
+                # of a v2 one; parsing it here is cheaper than msg.metadata.
+                tokens = msg.reply.split(".")
+                deliver(int(tokens[5] if len(tokens) == 9 else tokens[7]), msg)
 
-        async def cb(msg) -> None:
-            # The stream sequence is the 6th token of a v1 ack subject
-            # ($JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...) and the 8th
-            # of a v2 one; parsing it here is cheaper than msg.metadata.
-            tokens = msg.reply.split(".")
-            seq = int(tokens[5] if len(tokens) == 9 else tokens[7])
+            return await self.js.subscribe(
+                "llmgw.>", stream=STREAM, ordered_consumer=True, config=_from(start), cb=cb, pending_msgs_limit=-1
+            )
+
+        async def last() -> int:
+            return (await self.js.stream_info(STREAM)).state.last_seq
+
+        def on_msg(seq: int, msg) -> None:
             on_message(seq, msg.subject, msg.data)
 
-        sub = await self.js.subscribe(
-            "llmgw.>", stream=STREAM, ordered_consumer=True, config=config, cb=cb, pending_msgs_limit=-1
-        )
-        return _Sub(sub)
+        return await _Kept(self, "the log", subscribe, last, on_msg, start_seq).start()
 
     async def read_matching(self, subjects: str) -> list[tuple[int, str, bytes]]:
         # The server counts the matching messages, so the read knows where it
@@ -330,18 +542,29 @@ class NatsBus:
         msg_id = f"cmd-{self._instance}-{self._commands_sent}"
         await self.js.publish(f"{COMMAND_PREFIX}.{node}", data, stream=COMMAND_STREAM, headers={"Nats-Msg-Id": msg_id})
 
-    async def follow_commands(self, node: str, on_command: OnCommand) -> _Sub:
-        async def cb(msg) -> None:
-            on_command(msg.data)
+    async def follow_commands(self, node: str, on_command: OnCommand) -> _Kept:
+        subject = f"{COMMAND_PREFIX}.{node}"
 
-        sub = await self.js.subscribe(
-            f"{COMMAND_PREFIX}.{node}",
-            stream=COMMAND_STREAM,
-            ordered_consumer=True,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW),
-            cb=cb,
-        )
-        return _Sub(sub)
+        async def last() -> int:
+            try:
+                return (await self.js.get_last_msg(COMMAND_STREAM, subject)).seq
+            except NotFoundError:
+                return 0
+
+        async def subscribe(start: int, deliver):
+            async def cb(msg) -> None:
+                deliver(msg.metadata.sequence.stream, msg)
+
+            # New commands only: what was outstanding before is sent again.
+            config = ConsumerConfig(deliver_policy=DeliverPolicy.NEW) if first else _from(start)
+            return await self.js.subscribe(subject, stream=COMMAND_STREAM, ordered_consumer=True, config=config, cb=cb)
+
+        first = True
+        kept = _Kept(self, f"the commands for {node}", subscribe, last, lambda seq, msg: on_command(msg.data), 1)
+        kept.delivered = await self._retrying("about the commands", last)
+        await kept.start()
+        first = False
+        return kept
 
     # ----------------------------------------------------------------- heartbeats
 
@@ -350,17 +573,76 @@ class NatsBus:
             self._kv = await self.js.key_value(HEARTBEAT_BUCKET)
         await self._kv.put(node, data)
 
-    async def follow_heartbeats(self, on_beat: Callable[[str], None]) -> _Task:
+    async def follow_heartbeats(self, on_beat: Callable[[str], None]) -> _Kept:
         if self._kv is None:
             self._kv = await self.js.key_value(HEARTBEAT_BUCKET)
-        watcher = await self._kv.watchall()
+        stream = f"KV_{HEARTBEAT_BUCKET}"
+        prefix = len(f"$KV.{HEARTBEAT_BUCKET}.")
 
-        async def run() -> None:
-            async for entry in watcher:
-                if entry is not None and entry.key:
-                    on_beat(entry.key)
+        async def last() -> int:
+            return (await self.js.stream_info(stream)).state.last_seq
 
-        return _Task(asyncio.create_task(run()), watcher)
+        async def subscribe(start: int, deliver):
+            # The latest of each node first (as a KV watcher starts), then every beat.
+            config = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT) if start <= 1 else _from(start)
+
+            async def cb(msg) -> None:
+                deliver(msg.metadata.sequence.stream, msg)
+
+            return await self.js.subscribe(
+                f"$KV.{HEARTBEAT_BUCKET}.>", stream=stream, ordered_consumer=True, config=config, cb=cb
+            )
+
+        def on_msg(seq: int, msg) -> None:
+            self.beat_revision = max(self.beat_revision, seq)
+            if not (msg.headers or {}).get("KV-Operation"):
+                on_beat(msg.subject[prefix:])
+
+        return await _Kept(self, "the heartbeats", subscribe, last, on_msg, 1).start()
+
+    async def heartbeats_readable(self, timeout: float = 2.0) -> str:
+        """"" when the heartbeats can be read now; else why not: our
+        connection down, the bucket not answering (no stream leader), or the
+        watcher delivering nothing while the bucket moved on."""
+        if not self.nc.is_connected:
+            return "our connection to NATS is down"
+        try:
+            info = await asyncio.wait_for(self.js.stream_info(f"KV_{HEARTBEAT_BUCKET}"), timeout)
+        except Exception as e:
+            return f"the heartbeat bucket does not answer ({_why(e)})"
+        last, (probed_last, probed_seen) = info.state.last_seq, self._beat_probe
+        self._beat_probe = (last, self.beat_revision)
+        if last > probed_last and probed_last > 0 and self.beat_revision == probed_seen and self.beat_revision < last:
+            return f"the heartbeat watcher delivered nothing while the bucket moved from {probed_last} to {last}"
+        return ""
+
+    async def lease(self, ttl: float) -> "_NatsLease":
+        """The control planes' lease bucket (LEADER_BUCKET), made if missing:
+        every key in it lives `ttl` seconds after its last write."""
+        try:
+            kv = await self.js.key_value(LEADER_BUCKET)
+            return _NatsLease(kv, (await kv.status()).ttl or ttl)
+        except Exception as e:
+            if not isinstance(e, NotFoundError):
+                raise
+        try:
+            kv = await self.js.create_key_value(
+                KeyValueConfig(bucket=LEADER_BUCKET, history=1, ttl=ttl, storage=StorageType.FILE, replicas=self.replicas)
+            )
+        except APIError as e:
+            if e.err_code != 10058:  # made meanwhile by another control plane
+                raise
+            kv = await self.js.key_value(LEADER_BUCKET)
+        return _NatsLease(kv, (await kv.status()).ttl or ttl)
+
+    async def read_lease(self) -> dict[str, bytes]:
+        """The lease bucket's keys as they are, without making it: LookupError
+        when no control plane ever campaigned on this NATS."""
+        try:
+            kv = await self._retrying("about the lease", lambda: self.js.key_value(LEADER_BUCKET))
+        except NotFoundError:
+            raise LookupError(f"there is no {LEADER_BUCKET} bucket: no control plane has run against this NATS") from None
+        return await self._retrying("about the lease", _NatsLease(kv, 0.0).entries)
 
     # ----------------------------------------------------------------- engine keys
 
@@ -391,3 +673,10 @@ class NatsBus:
                 await self.nc.close()
             except Exception:
                 pass
+
+
+def _why(e: BaseException | None) -> str:
+    if e is None:
+        return "no answer"
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text}" if text and text != type(e).__name__ else type(e).__name__

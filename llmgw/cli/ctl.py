@@ -169,10 +169,10 @@ def add_parser(sub) -> None:
     delete.add_argument("name", metavar="NAME", help="the model's, owner's or key's name")
     _wait_flags(delete, "a model's replicas are gone")
 
-    get = verb("get", "list models, nodes, replicas, decisions, quotas or preemptions")
+    get = verb("get", "list models, nodes, replicas, decisions, quotas or preemptions; who leads (leader, live)")
     get.add_argument(
         "kind", type=kind_type(views.KINDS), metavar="KIND",
-        help="models, nodes, replicas, decisions, quotas or preemptions (or singular, or mo, no, rs, dec, q, pre)",
+        help="models, nodes, replicas, decisions, quotas, preemptions or leader (or singular, or mo, no, rs, dec, q, pre, lead)",
     )  # fmt: skip
     get.add_argument(
         "-o", "--output", choices=views.OUTPUTS, default="table",
@@ -733,7 +733,39 @@ def _listing(models: ReadModels, args, after: tuple[int, int] | None = None) -> 
     return models.decisions(model=args.model, limit=0 if after else args.limit, after=after)
 
 
+async def cmd_get_leader(args, where: Where) -> int:
+    """Who leads, in which term and since when, and how far behind each
+    standby follows: live, from the lease bucket and the log's end."""
+    import json
+
+    from ..bus import LEASE_KEY
+
+    bus = await _connect(where)
+    try:
+        entries = await bus.read_lease()
+        last = await bus.last_seq()
+    finally:
+        await bus.close()
+    rows = []
+    holder = json.loads(entries[LEASE_KEY]) if LEASE_KEY in entries else None
+    if holder is not None:
+        rows.append({"role": "leader", "id": holder["id"], "term": holder["term"], "since": holder.get("since", 0.0),
+                     "seq": holder["seq"], "behind": max(0, last - holder["seq"])})
+    for key, value in sorted(entries.items()):
+        if key.startswith("standby."):
+            s = json.loads(value)
+            if holder is None or s["id"] != holder["id"]:
+                rows.append({"role": "standby", "id": s["id"], "term": 0, "since": 0.0, "seq": s["seq"],
+                             "behind": max(0, last - s["seq"])})
+    print(views.render("leader", rows, args.output), flush=True)
+    if holder is None:
+        raise CtlError("no control plane holds the lease now: nothing is decided until one does", NOT_FOUND)
+    return OK
+
+
 async def cmd_get(args, where: Where) -> int:
+    if args.kind == "leader":
+        return await cmd_get_leader(args, where)
     fresh = await _fresh(where, args.timeout)
     models = fresh.models
     rows = _listing(models, args)

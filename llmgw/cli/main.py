@@ -85,6 +85,7 @@ def cmd_up(args) -> None:
 
 def cmd_control(args) -> None:
     from ..bus.nats import NatsBus
+    from ..control.config import ControlConfig
     from ..control.plane import ControlPlane
     from ..control.snapshots import SnapshotStore
 
@@ -94,9 +95,12 @@ def cmd_control(args) -> None:
     setup("llmgw-control")
 
     async def main(stop: asyncio.Event) -> None:
-        bus = await NatsBus.connect(_nats_url(args), name="llmgw-control", forever=True, replicas=args.stream_replicas)
+        bus = await NatsBus.connect(
+            _nats_url(args), name="llmgw-control", forever=True, replicas=args.stream_replicas, stop=stop
+        )
         snapshots = SnapshotStore(os.path.join(args.state_dir, "control", "snapshot.msgpack"))
-        plane = ControlPlane(bus, snapshots=snapshots, node_grace=args.node_grace)
+        config = ControlConfig(node_grace=args.node_grace, lease_ttl=args.lease_ttl)
+        plane = ControlPlane(bus, snapshots=snapshots, config=config)
         try:
             await plane.run(stop)
         finally:
@@ -126,7 +130,7 @@ def cmd_gateway(args) -> None:
         pass
 
     async def main(stop: asyncio.Event) -> None:
-        bus = await NatsBus.connect(_nats_url(args), name=f"llmgw-gateway-{name}", forever=True)
+        bus = await NatsBus.connect(_nats_url(args), name=f"llmgw-gateway-{name}", forever=True, stop=stop)
         gateway = Gateway(
             bus, name=name, port=args.port, host=args.host, wait_s=args.wait_timeout,
             upstream_timeout=args.upstream_timeout,
@@ -159,7 +163,7 @@ def cmd_agent(args) -> None:
     _setup_logging(args.verbose)
 
     async def main(stop: asyncio.Event) -> None:
-        bus = await NatsBus.connect(_nats_url(args), name=f"llmgw-agent-{args.name}", forever=True)
+        bus = await NatsBus.connect(_nats_url(args), name=f"llmgw-agent-{args.name}", forever=True, stop=stop)
         agent = SimulatedAgent(
             bus,
             args.name,
@@ -206,23 +210,14 @@ def cmd_real_agent(args) -> None:
         agent_file.engine_ports = args.engine_ports  # the flag wins over the file
     state_dir = Path(args.state_dir or os.path.join(".llmgw", f"agent-{name}"))
     _setup_logging(args.verbose)
-    log = logging.getLogger("llmgw.agent")
     url = _nats_url(args)
 
     async def main(stop: asyncio.Event) -> None:
-        # NATS may not be up yet (a node booting before it): wait for it, forever.
-        delay = 0.5
-        while True:
-            try:
-                bus = await NatsBus.connect(url, name=f"llmgw-agent-{name}", forever=True)
-                break
-            except ConnectionError as e:
-                log.warning("%s; trying again in %gs", e, delay)
-                try:
-                    await asyncio.wait_for(stop.wait(), delay)
-                    return
-                except asyncio.TimeoutError:
-                    delay = min(delay * 2, 5.0)
+        # NATS may not be up yet (a node booting before it): connect waits for it, forever.
+        try:
+            bus = await NatsBus.connect(url, name=f"llmgw-agent-{name}", forever=True, stop=stop)
+        except ConnectionError:
+            return  # stopped while waiting
         agent = NodeAgent(
             bus,
             name,
@@ -444,6 +439,7 @@ def _every_command(p: argparse.ArgumentParser, path: str = ""):
 
 
 def parser() -> argparse.ArgumentParser:
+    from ..control.config import LEASE_TTL_S, NODE_GRACE_S
     from .exits import table_text
 
     p = argparse.ArgumentParser(
@@ -479,7 +475,12 @@ def parser() -> argparse.ArgumentParser:
         "--state-dir", default=".llmgw", metavar="DIR", help="where the control plane keeps its snapshots (DIR/control/)"
     )
     control.add_argument(
-        "--node-grace", type=float, default=10.0, metavar="S", help="seconds without a heartbeat before a node is lost"
+        "--node-grace", type=float, default=NODE_GRACE_S, metavar="S",
+        help="seconds without a heartbeat (while heartbeats can be read) before a node is lost",
+    )
+    control.add_argument(
+        "--lease-ttl", type=float, default=LEASE_TTL_S, metavar="S",
+        help="seconds the leader's lease lives without renewal: a standby takes over within about this (the bucket's, once made)",
     )
     control.add_argument(
         "--stream-replicas", type=int, default=1, choices=(1, 3, 5), help="JetStream replicas of the streams it creates (3 in a cluster)"

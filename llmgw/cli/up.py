@@ -3,7 +3,8 @@
 It starts an embedded nats-server (unless given `--nats`), then each
 component as a child process of its own, so that any of them can be killed
 and restarted on its own, as in a real fleet. A child that dies is started
-again after a pause. Ctrl-C (or SIGTERM) stops every process it started, the
+again after a pause, and so is NATS, on the same store (the components
+reconnect by themselves). Ctrl-C (or SIGTERM) stops every process it started, the
 components first, NATS last, and running it again resumes from the same log.
 
 Unless told `--no-agent`, a real agent runs this machine as a node (named
@@ -150,7 +151,8 @@ def up(
             print(f"llmgw up: {e}", file=sys.stderr)
             return 2
         nats_url = server.url
-    print(f"llmgw up: NATS (JetStream) at {nats_url}, state in {state.resolve()}", flush=True)
+    embedded = f" (pid {server.proc.pid})" if server is not None and server.proc is not None else ""
+    print(f"llmgw up: NATS (JetStream) at {nats_url}{embedded}, state in {state.resolve()}", flush=True)
     db = state / DB_FILE
     py = sys.executable
     children = [
@@ -212,8 +214,27 @@ def up(
             "Ctrl-C stops everything.",
             flush=True,
         )
+        nats_died_at, nats_pause = 0.0, RESTART_PAUSE_S
         while not stopping:
             time.sleep(0.2)
+            if server is not None and server.proc is not None and server.proc.poll() is not None and not stopping:
+                # NATS is supervised like the other children: started again
+                # on the same store; the components reconnect by themselves.
+                if not nats_died_at:
+                    nats_died_at = time.monotonic()
+                    print(
+                        f"llmgw up: NATS exited with {server.proc.returncode}; starting it again in {nats_pause:g}s "
+                        f"with the same store ({server.store_dir.resolve()})",
+                        flush=True,
+                    )
+                elif time.monotonic() - nats_died_at >= nats_pause:
+                    try:
+                        server.start()
+                        print(f"llmgw up: NATS started again at {nats_url} (pid {server.proc.pid})", flush=True)
+                        nats_died_at, nats_pause = 0.0, RESTART_PAUSE_S
+                    except (PortTaken, RuntimeError, TimeoutError) as e:
+                        nats_died_at, nats_pause = time.monotonic(), min(nats_pause * 2, 60.0)
+                        print(f"llmgw up: NATS did not start again ({e}); trying again in {nats_pause:g}s", flush=True)
             for c in children:
                 if c.proc is not None and c.proc.poll() is not None and not stopping:
                     if not c.died_at:

@@ -6,31 +6,59 @@ published with the last control sequence it was taken on, and if the server
 refuses it (another writer, or our own previous decision not yet folded) we
 fold what we missed and decide again. Decisions are never applied locally:
 they take effect when they come back from the log, exactly as in a replay.
+
+One leader, standbys that follow hot. Every control plane folds the log
+from the start (a snapshot, then the tail) and keeps folding it; the one
+that holds the lease (a key with a TTL in LEADER_BUCKET: created to
+campaign, updated with its last revision to renew) leads. It records that
+in the log (`LeaderElected`, fenced like a decision, with the next term) and
+only then decides and sends commands, each carrying its term; agents refuse
+a command of an older term than they have seen. A leader that cannot renew
+stops acting before its lease can expire; one that finds the lease another's
+is a standby again. A standby decides nothing and sends nothing: it
+publishes only its position, in the lease bucket (`llmgw ctl get leader`).
+
+A node is declared lost on evidence only (core/liveness.py): not while our
+connection is down or the heartbeat bucket does not answer, with every
+node's grace counted again from when they can be read, and not when most of
+the fleet falls silent at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
+import os
+import re
+import socket
 import time
 import uuid
 from typing import Callable
 
-from ..bus import Bus, Fenced
+from ..bus import LEASE_KEY, Bus, Fenced, LeaseTaken
 from ..core import commands as cmds
 from ..core import events as ev
 from ..core.decide import decide
 from ..core.decisions import describe_action
 from ..core.fold import apply
 from ..core.history import action_about
-from ..core.liveness import lost_nodes
+from ..core.liveness import lost_nodes, mass_silence
 from ..core.state import State
 from ..telemetry import tracer
+from .config import ControlConfig
 from .snapshots import SnapshotStore
 
 log = logging.getLogger("llmgw.control")
 _tracer = tracer("llmgw.control")
+
+
+def control_plane_id() -> str:
+    """Who this control plane is, for people and for the lease: host, pid
+    and a few random digits (a restarted one is another)."""
+    host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname().split(".")[0])[:32] or "host"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
 
 
 class ControlPlane:
@@ -40,28 +68,37 @@ class ControlPlane:
         *,
         snapshots: SnapshotStore | None = None,
         clock: Callable[[], float] = time.time,
-        node_grace: float = 10.0,
-        resend_after: float = 5.0,
-        tick: float = 1.0,
-        snapshot_every: int = 50_000,
-        snapshot_interval: float = 30.0,
+        config: ControlConfig | None = None,
+        **overrides,
     ) -> None:
         self.bus = bus
         self.snapshots = snapshots
         self.clock = clock
-        self.node_grace = node_grace
-        self.resend_after = resend_after
-        self.tick = tick
-        self.snapshot_every = snapshot_every
-        self.snapshot_interval = snapshot_interval
-        self.leader = uuid.uuid4().hex[:12]
+        config = config or ControlConfig()
+        for name, value in overrides.items():  # node_grace=..., tick=...: a field of ControlConfig
+            if name not in ControlConfig.__struct_fields__:
+                raise TypeError(f"ControlPlane has no setting {name!r}")
+            setattr(config, name, value)
+        self.config = config
+        self.node_grace = config.node_grace
+        self.resend_after = config.resend_after
+        self.tick = config.tick
+        self.snapshot_every = config.snapshot_every
+        self.snapshot_interval = config.snapshot_interval
+        self.leader = control_plane_id()  # our id, in the lease and in every decision
+        self.term = 0  # the term we lead in; 0: not leading
         self.state = State()
         self.passes = 0
         self.fenced = 0
+        self.commands_sent = 0
+        self.elected_at = 0.0  # monotonic: when we last began to lead
         self._changed = asyncio.Event()
         self._folded = asyncio.Event()
         self._last_seen: dict[str, float] = {}
         self._watching_since = 0.0
+        self._bus_ok_since: float | None = None  # heartbeats readable since (our clock); None: not now
+        self._bus_trouble = ""
+        self._silence_said = ""
         self._sent: dict[tuple, float] = {}
         self._asked_to_register: dict[str, float] = {}
         self._resend_nodes: set[str] = set()
@@ -69,6 +106,10 @@ class ControlPlane:
         self._snapshot_time = 0.0
         self._log_id = ""
         self._msg_numbers = itertools.count(1)
+        self._lease = None
+        self._lease_rev = 0  # the revision of our lease key; 0: we do not hold it
+        self._lease_until = 0.0  # monotonic: we act as leader until then, unless renewed
+        self._holder = ""  # who holds the lease, as last seen by a standby
         self.ready = asyncio.Event()  # set once caught up with the log
 
     # ----------------------------------------------------------------- folding
@@ -113,14 +154,25 @@ class ControlPlane:
         follower = await self.bus.follow(self.state.seq + 1, self._on_message)
         beats = await self.bus.follow_heartbeats(self._on_beat)
         self._watching_since = self.clock()
+        background = [
+            asyncio.create_task(self._lease_loop(stop)),
+            asyncio.create_task(self._probe_loop(stop)),
+        ]
         try:
             while not await self._folded_to(last, timeout=60.0):
                 log.warning("still catching up with the log: at %d of %d", self.state.seq, last)
             self.ready.set()
-            log.info("caught up at sequence %d; leader %s deciding", self.state.seq, self.leader)
+            log.info("caught up at sequence %d; control plane %s follows, and campaigns for the lease", self.state.seq,
+                     self.leader)
             while not stop.is_set():
                 try:
-                    await self.step()
+                    if self.holds_lease():
+                        if not self.leading():
+                            await self._take_office()
+                        if self.leading():
+                            await self.step()
+                    else:
+                        self._maybe_snapshot(self.clock())
                 except (asyncio.CancelledError, KeyboardInterrupt):
                     raise
                 except Exception as e:
@@ -136,19 +188,166 @@ class ControlPlane:
                 stopper.cancel()
                 await asyncio.sleep(0.01)  # let a burst of events fold before deciding on it
         finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await self._resign()
             await follower.stop()
             await beats.stop()
             self._save_snapshot()
+
+    # ----------------------------------------------------------------- the lease
+
+    def holds_lease(self) -> bool:
+        """We hold the lease and it cannot have expired yet."""
+        return bool(self._lease_rev) and time.monotonic() < self._lease_until
+
+    def leading(self) -> bool:
+        """We hold the lease and the log says we lead, in our term: only then
+        do we decide and send commands."""
+        return self.holds_lease() and self.term > 0 and self.state.term == self.term and self.state.leader == self.leader
+
+    def _lease_value(self, term: int) -> bytes:
+        return json.dumps(
+            {"id": self.leader, "term": term, "since": self.state.leader_since if term == self.state.term else 0.0,
+             "seq": self.state.seq, "at": self.clock()}
+        ).encode()
+
+    async def _lease_loop(self, stop: asyncio.Event) -> None:
+        cfg = self.config
+        reported = 0.0
+        while not stop.is_set():
+            try:
+                if self._lease is None:
+                    self._lease = await self.bus.lease(cfg.lease_ttl)
+                if self._lease_rev:
+                    await self._renew()
+                elif self.ready.is_set():
+                    await self._campaign()
+                if not self._lease_rev and time.monotonic() - reported >= cfg.standby_report_every:
+                    reported = time.monotonic()
+                    standby = {"id": self.leader, "seq": self.state.seq, "at": self.clock()}
+                    await self._lease.put(f"standby.{self.leader}", json.dumps(standby).encode())
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                raise
+            except Exception as e:
+                log.warning("the lease: %s: %s", type(e).__name__, e)
+            delay = cfg.renew_every if self._lease_rev else cfg.campaign_every
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+
+    def _ttl(self) -> float:
+        return getattr(self._lease, "ttl", None) or self.config.lease_ttl
+
+    async def _campaign(self) -> None:
+        sent = time.monotonic()
+        try:
+            rev = await self._lease.create(LEASE_KEY, self._lease_value(self.state.term + 1))
+        except LeaseTaken:
+            return
+        self._lease_rev = rev
+        self._lease_until = sent + self._ttl() - self.config.lease_margin
+        log.info("took the lease (revision %d): leading once the log says so", rev)
+        self._changed.set()
+
+    async def _renew(self) -> None:
+        sent = time.monotonic()
+        try:
+            self._lease_rev = await self._lease.update(LEASE_KEY, self._lease_value(self.term), last=self._lease_rev)
+        except LeaseTaken:
+            self._step_down("the lease is another's now, or expired")
+            return
+        except Exception as e:
+            if time.monotonic() >= self._lease_until and self.term:
+                log.warning("could not renew the lease (%s): not deciding until it is renewed", e)
+            raise
+        self._lease_until = sent + self._ttl() - self.config.lease_margin
+
+    def _step_down(self, why: str) -> None:
+        if self.term:
+            log.warning("no longer leading (term %d): %s; following as a standby", self.term, why)
+        self._lease_rev = 0
+        self.term = 0
+
+    async def _resign(self) -> None:
+        """Stopping: let go of the lease at once, so a standby need not wait for it to expire."""
+        if self._lease is not None and self._lease_rev:
+            try:
+                await asyncio.wait_for(self._lease.delete(LEASE_KEY, last=self._lease_rev), 2.0)
+                log.info("let go of the lease")
+            except Exception as e:
+                log.debug("could not let go of the lease: %s", e)
+        self._lease_rev = 0
+        self.term = 0
+
+    async def _take_office(self) -> None:
+        """We hold the lease: say so in the log, in the next term, fenced like
+        a decision (a deposed leader's decision in flight refuses ours, or ours
+        refuses it). Once folded back, we lead."""
+        # Hot already; the last few events first, so the first pass is on all of it.
+        try:
+            last = await asyncio.wait_for(self.bus.last_seq(), self.config.bus_probe_timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            return  # the bus in trouble: the next pass tries again
+        await self._folded_to(last, timeout=self.config.lease_margin)
+        if not self.holds_lease():
+            return
+        previous = self.state.leader
+        term = self.state.term + 1
+        event = ev.LeaderElected(at=self.clock(), term=term, leader=self.leader, previous=previous, basis=self.state.seq)
+        if not await self._publish(event):
+            return  # refused: folded what we missed; the next pass tries again
+        if self.state.term == term and self.state.leader == self.leader:
+            self.term = term
+            self.elected_at = time.monotonic()
+            self._sent.clear()  # everything outstanding goes again, in our term
+            self._resend_nodes.clear()
+            log.info("leading in term %d%s", term, f", after {previous}" if previous else "")
+
+    # ----------------------------------------------------------------- liveness
+
+    async def _probe_loop(self, stop: asyncio.Event) -> None:
+        """Whether the heartbeats can be read, every so often: a node's
+        silence is evidence only from then on."""
+        probe = getattr(self.bus, "heartbeats_readable", None)
+        cfg = self.config
+        while not stop.is_set():
+            why = ""
+            if probe is not None:
+                try:
+                    why = await probe(cfg.bus_probe_timeout)
+                except Exception as e:
+                    why = f"{type(e).__name__}: {e}"
+            if why:
+                if self._bus_ok_since is not None or why != self._bus_trouble:
+                    log.warning("heartbeats cannot be read (%s): no node is declared lost until they can", why)
+                self._bus_ok_since = None
+            elif self._bus_ok_since is None:
+                self._bus_ok_since = self.clock()
+                if self._bus_trouble:
+                    log.info("heartbeats readable again: every node's grace starts again now")
+            self._bus_trouble = why
+            try:
+                await asyncio.wait_for(stop.wait(), cfg.bus_probe_every)
+            except asyncio.TimeoutError:
+                pass
 
     def _on_beat(self, node: str) -> None:
         now = self.clock()
         self._last_seen[node] = now
         known = self.state.nodes.get(node)
-        if known is not None and known.state == "lost" and now - self._asked_to_register.get(node, 0.0) >= self.resend_after:
+        if (
+            self.leading() and known is not None and known.state == "lost"
+            and now - self._asked_to_register.get(node, 0.0) >= self.resend_after
+        ):  # fmt: skip
             # Lost, yet its agent is alive: let it register again, so what it
             # runs is adopted or stopped rather than left running unseen.
             self._asked_to_register[node] = now
-            msg = cmds.encode(cmds.Reregister(reason=f"node {node} was lost: {known.reason}"))
+            msg = cmds.encode(
+                cmds.Reregister(reason=f"node {node} was lost: {known.reason}", term=self.term, log=self._log_id)
+            )
             asyncio.get_running_loop().create_task(self._send_quietly(node, msg))
 
     async def _send_quietly(self, node: str, data: bytes) -> None:
@@ -160,13 +359,7 @@ class ControlPlane:
     async def step(self) -> None:
         """One pass: liveness, then decisions, then commands, then maybe a snapshot."""
         now = self.clock()
-        # Heartbeats we could not receive while our own connection was down
-        # say nothing about the nodes: their grace restarts at the reconnect.
-        since = max(self._watching_since, getattr(self.bus, "reconnected_at", 0.0))
-        for node, reason in lost_nodes(self.state, self._last_seen, since, now, self.node_grace):
-            log.warning("node %s lost: %s", node, reason)
-            with _tracer.start_as_current_span("node lost", attributes={"llmgw.node": node, "llmgw.reason": reason}):
-                await self._publish(ev.NodeLost(at=now, node=node, reason=reason, basis=self.state.seq))
+        await self._liveness(now)
         with _tracer.start_as_current_span("control.pass", attributes={"llmgw.basis": self.state.seq}) as span:
             actions = decide(self.state, now)
             span.set_attribute("llmgw.actions", len(actions))
@@ -179,6 +372,26 @@ class ControlPlane:
                     self._trace_decisions(actions)
         await self._send_commands(now)
         self._maybe_snapshot(now)
+
+    async def _liveness(self, now: float) -> None:
+        if self._bus_ok_since is None:
+            return  # the heartbeats cannot be read: silence is no evidence
+        # Heartbeats we could not receive while our own connection was down,
+        # or while the bucket did not answer, say nothing about the nodes:
+        # their grace restarts when they can be read again.
+        since = max(self._watching_since, getattr(self.bus, "reconnected_at", 0.0), self._bus_ok_since)
+        lost = lost_nodes(self.state, self._last_seen, since, now, self.node_grace)
+        held = mass_silence(self.state, lost, self.config.mass_silence)
+        if held:
+            if held != self._silence_said:
+                log.warning("%s (%s)", held, ", ".join(n for n, _ in lost))
+            self._silence_said = held
+            return
+        self._silence_said = ""
+        for node, reason in lost:
+            log.warning("node %s lost: %s", node, reason)
+            with _tracer.start_as_current_span("node lost", attributes={"llmgw.node": node, "llmgw.reason": reason}):
+                await self._publish(ev.NodeLost(at=now, node=node, reason=reason, basis=self.state.seq))
 
     def _trace_decisions(self, actions: list[ev.Action]) -> None:
         """A span per decision that landed, under its pass: what, about whom, and why."""
@@ -198,7 +411,10 @@ class ControlPlane:
             ).end()
 
     async def _publish(self, event: ev.Event) -> bool:
-        """Publish one decision, fenced; True once it is folded back."""
+        """Publish one decision, fenced; True once it is folded back. Only
+        while we hold the lease (and, but for our election, lead)."""
+        if not (self.leading() or (type(event) is ev.LeaderElected and self.holds_lease())):
+            return False
         basis = self.state.control_seq
         try:
             seq = await self.bus.publish(
@@ -225,8 +441,12 @@ class ControlPlane:
             outstanding.add(key)
             sent = self._sent.get(key)
             if sent is None or now - sent >= self.resend_after or node in resend:
+                if not self.leading():
+                    return  # deposed while sending: a standby sends nothing
+                cmd.term, cmd.log = self.term, self._log_id
                 try:
                     await self.bus.send_command(node, cmds.encode(cmd))
+                    self.commands_sent += 1
                 except Exception as e:  # re-sent on a later pass
                     log.warning("could not send %s to %s: %s", type(cmd).__name__, node, e)
                     continue

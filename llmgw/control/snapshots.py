@@ -41,7 +41,7 @@ class SnapshotStore:
 
     def save(self, state: State, log_id: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")  # control planes may share a state dir
         data = msgspec.msgpack.encode(Snapshot(fold_version=FOLD_VERSION, log_id=log_id, seq=state.seq, state=encode_state(state)))
         with open(tmp, "wb") as f:
             f.write(data)

@@ -4,6 +4,13 @@ Commands are not facts: they follow from committed decisions, and whatever is
 outstanding can always be derived again from the state. That is why a new
 leader simply re-sends them, and why an agent must act on each only once, by
 shard id and generation, however often it arrives.
+
+Every command carries the term of the leader that sent it (`LeaderElected`):
+an agent remembers the highest term it has seen and never acts on a command
+of an older one, so a deposed leader's commands are fenced as its decisions
+are. 0: sent by a control plane that does not campaign (tests). Terms
+count within one log (`log`, the log's identity): a command from another
+log (NATS made anew) begins the count again instead of being refused for ever.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ class StartShard(msgspec.Struct, kw_only=True, tag_field="command", tag="start")
     # Shards on this node that must have exited before this one starts: the
     # replica it replaces in place, whose GPUs and port it takes over.
     after: list[str] = []
+    term: int = 0
+    log: str = ""
 
 
 class StopShard(msgspec.Struct, kw_only=True, tag_field="command", tag="stop"):
@@ -42,6 +51,8 @@ class StopShard(msgspec.Struct, kw_only=True, tag_field="command", tag="stop"):
     generation: int
     reason: str
     grace_s: float = 0.0
+    term: int = 0
+    log: str = ""
 
 
 class Reregister(msgspec.Struct, kw_only=True, tag_field="command", tag="reregister"):
@@ -50,6 +61,8 @@ class Reregister(msgspec.Struct, kw_only=True, tag_field="command", tag="reregis
     adoption takes it from there."""
 
     reason: str
+    term: int = 0
+    log: str = ""
 
 
 Command = StartShard | StopShard | Reregister

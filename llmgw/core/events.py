@@ -426,6 +426,20 @@ class NodeLost(Event, tag="node.lost"):
     basis: int = 0
 
 
+class LeaderElected(Event, tag="leader.elected"):
+    """A control plane took the lease (a key with a TTL in the NATS KV bucket
+    LLMGW_LEADER) and leads from this event on. Terms only grow: the fold
+    refuses a term that is not after the last one. Commands carry the term
+    they were sent in, and an agent never acts on one of an older term than
+    it has seen; decisions are fenced by the control subjects' sequence,
+    which this event moves, so a deposed leader's next decision is refused."""
+
+    term: int
+    leader: str
+    previous: str = ""  # who led before ("": nobody since the log began)
+    basis: int = 0
+
+
 AnyEvent = Union[
     ModelApplied,
     ModelRemoved,
@@ -441,6 +455,7 @@ AnyEvent = Union[
     OwnerApplied,
     OwnerRemoved,
     NodePorts,
+    LeaderElected,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
@@ -461,6 +476,7 @@ ORIGIN: dict[type[Event], str] = {
     OwnerApplied: "ctl",
     OwnerRemoved: "ctl",
     NodePorts: "agent",
+    LeaderElected: "control",
 }
 
 

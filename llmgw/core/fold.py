@@ -42,7 +42,8 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 8: a shard keeps the identity its engine was given (ShardStatus.identity).
 # 9: a node's engine port range and the ports other programs hold (NodePorts);
 #    a shard failed on one of those is not a start failure of its model.
-FOLD_VERSION = 9
+# 10: who leads (LeaderElected: state.term, leader, leader_since).
+FOLD_VERSION = 10
 
 
 class Refused(ValueError):
@@ -357,6 +358,12 @@ def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
             derive_replica_state(state, rep, e.at)
 
 
+def _leader_elected(state: State, e: ev.LeaderElected, seq: int) -> None:
+    if e.term <= state.term:
+        raise Refused(f"term {e.term} of {e.leader} is not after term {state.term} of {state.leader}")
+    state.term, state.leader, state.leader_since = e.term, e.leader, e.at
+
+
 # --------------------------------------------------------------------------- helpers
 
 
@@ -385,4 +392,5 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.OwnerApplied: _owner_applied,
     ev.OwnerRemoved: _owner_removed,
     ev.NodePorts: node_ports,
+    ev.LeaderElected: _leader_elected,
 }

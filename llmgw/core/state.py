@@ -238,6 +238,10 @@ class State(msgspec.Struct, kw_only=True):
     # owner and every ancestor ("org/team" counts for "org" too); derived,
     # like a node's `used`, and kept as the shards come and go.
     usage: dict[str, Resources] = {}
+    # Who leads, from the last LeaderElected: its term, its id and since when.
+    term: int = 0
+    leader: str = ""
+    leader_since: float = 0.0
     quarantine_count: int = 0
     quarantined: list[Quarantined] = []
     voided_count: int = 0

@@ -17,7 +17,7 @@ import yaml
 
 from ..text import table, when
 
-KINDS = ("models", "nodes", "replicas", "decisions", "quotas", "preemptions")
+KINDS = ("models", "nodes", "replicas", "decisions", "quotas", "preemptions", "leader")
 # Every name a kind goes by, as kubectl takes them: plural, singular, short.
 KIND_NAMES = {
     "models": ("model", "mo"),
@@ -26,6 +26,7 @@ KIND_NAMES = {
     "decisions": ("decision", "dec"),
     "quotas": ("quota", "q"),
     "preemptions": ("preemption", "pre"),
+    "leader": ("leaders", "lead"),
 }
 SINGULAR = {kind: names[0] for kind, names in KIND_NAMES.items()}
 ALIASES = {name: kind for kind, names in KIND_NAMES.items() for name in (kind, *names)}
@@ -51,6 +52,8 @@ def decision_words(d: dict) -> str:
         return f"{d['model']} waits"
     if kind == "stop-stray":
         return f"stop stray of {d['replica']} on {d['node']}"
+    if kind == "leader":
+        return f"{d['leader']} leads"
     if kind == "node-lost":
         return f"node {d['node']} lost"
     if kind == "scale":
@@ -117,8 +120,17 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
     ),
     "decisions": (
         "key",
-        ["SEQ", "TIME", "DECISION", "REASON", "VOIDED"],
-        lambda d: [str(d["seq"]), when(d["at"]), decision_words(d), d["reason"], d["voided"]],
+        ["SEQ", "TIME", "DECISION", "REASON", "VOIDED", "LEADER"],
+        lambda d: [str(d["seq"]), when(d["at"]), decision_words(d), d["reason"], d["voided"], d.get("leader", "")],
+    ),
+    # `get leader`: the lease holder and the standbys, live from the lease bucket.
+    "leader": (
+        "id",
+        ["ROLE", "CONTROL PLANE", "TERM", "SINCE", "FOLDED TO", "BEHIND"],
+        lambda r: [
+            r["role"], r["id"], str(r["term"]) if r["term"] else "", when(r["since"]) if r["since"] else "",
+            str(r["seq"]), str(r["behind"]),
+        ],
     ),
 }
 

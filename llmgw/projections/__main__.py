@@ -27,7 +27,7 @@ log = logging.getLogger("llmgw.projections")
 
 async def serve(nats: str, db: str, *, max_batch: int = MAX_BATCH, wait_streams: float = 30.0) -> None:
     """Project until SIGINT or SIGTERM; start again on a file a rebuild put at `db`."""
-    bus = await NatsBus.connect(nats, name="llmgw-projector", forever=True)
+    bus = await NatsBus.connect(nats, name="llmgw-projector", forever=True)  # waits for NATS, saying so
     try:
         await bus.wait_for_streams(timeout=wait_streams)
         stop = asyncio.Event()

@@ -48,7 +48,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "events": ("seq", "at", "type", "subject", "summary"),
     "entities": ("id", "kind", "name"),
     "event_mentions": ("entity", "seq"),
-    "decisions": ("seq", "idx", "at", "kind", "model", "replica", "node", "reason", "voided"),
+    "decisions": ("seq", "idx", "at", "kind", "model", "replica", "node", "reason", "voided", "leader"),
     "quarantined": ("seq", "subject", "error"),
     "models": ("name", "owner", "min_replicas", "max_replicas", "aliases", "profiles", "waiting", "applied_at",
                "desired", "parked"),
@@ -65,7 +65,7 @@ _json = msgspec.json.Encoder()
 _decode = ev._decoder.decode
 _TAG = {cls: ev.tag_of(cls) for cls in ev.EVENT_TYPES}
 _NOT_DECODED = (msgspec.DecodeError, msgspec.ValidationError)
-_DECIDED, _NODE_LOST = ev.Decided, ev.NodeLost
+_DECIDED, _NODE_LOST, _LEADER_ELECTED = ev.Decided, ev.NodeLost, ev.LeaderElected
 # A mention is one int, entity id << SEQ_BITS | seq (a sequence below 2**40):
 # ints sort ~5x faster than tuples, and SQLite unpacks them (see projector).
 SEQ_BITS = 40
@@ -99,7 +99,7 @@ class Batch:
         self.events: list[tuple] = []  # (seq, at, type, subject, summary)
         self.entities: list[tuple] = []  # (id, kind, name): first mentioned in this batch
         self.mentions: list[int] = []  # entity id << SEQ_BITS | seq
-        self.decisions: list[tuple] = []  # (seq, idx, at, kind, model, replica, node, reason, voided)
+        self.decisions: list[tuple] = []  # (seq, idx, at, kind, model, replica, node, reason, voided, leader)
         self.quarantined: list[tuple] = []  # (seq, subject, error)
         self.preemptions: list[tuple] = []  # (seq, idx, at, model, victims, reason, inventory, voided)
         self.dirty: dict[str, set[str]] = {"model": set(), "node": set(), "replica": set()}
@@ -190,14 +190,20 @@ def _fold_one(state: State, batch: Batch, ids: dict, seq: int, subject: str, dat
         else:
             why_void = _voided(state, actions, state.voided_count - voided)
         at, append = event.at, batch.decisions.append
+        leader = event.leader
         for i, a in enumerate(actions):
-            append((seq, i, at, *_action_row(a, stop_nodes), a.reason, why_void[i]))
+            append((seq, i, at, *_action_row(a, stop_nodes), a.reason, why_void[i], leader))
             if type(a) is ev.Preempt:
                 victims = _json_text(a.victims)
                 batch.preemptions.append((seq, i, at, a.model, victims, a.reason, a.inventory, why_void[i]))
     elif cls is _NODE_LOST:
         why_void = error and f"the event was quarantined: {error}"
-        batch.decisions.append((seq, 0, event.at, "node-lost", "", "", event.node, event.reason, why_void))
+        batch.decisions.append((seq, 0, event.at, "node-lost", "", "", event.node, event.reason, why_void, state.leader))
+    elif cls is _LEADER_ELECTED:
+        # Who leads, as a decision of its own: `ctl get decisions` shows each
+        # term begin, and every decision says the leader that took it.
+        why_void = error and f"the event was quarantined: {error}"
+        batch.decisions.append((seq, 0, event.at, "leader", "", "", "", summary(event), why_void, event.leader))
 
 
 def _voided(state: State, actions: list[ev.Action], count: int) -> list[str]:
