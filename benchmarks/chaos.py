@@ -61,6 +61,7 @@ def takeover(root: Path, kills: int) -> dict:
             fleet.control(f"control-{i}", lease_ttl=3.0)
         for name in ("gpu-1", "gpu-2"):
             fleet.agent(name, gpus=8)
+        fleet.projector()  # `ctl apply` returns once the read models include the change
         fleet.apply(cf.catalog(2))
         cf.wait_until("2 ready", lambda: cf.ready_count(server.url) == 2, 60)
         restarts = 0
@@ -151,6 +152,7 @@ def cluster(root: Path) -> dict:
         cf.wait_until("a leader", lambda: fleet.ctl("get", "leader").returncode == 0, 60)
         for name in ("gpu-1", "gpu-2", "gpu-3"):
             fleet.agent(name, gpus=4)
+        fleet.projector()  # `ctl apply` returns once the read models include the change
         fleet.start("gateway", "gateway", "--nats", nats.url, "--port", str(gw_port), "--host", "127.0.0.1",
                     "--wait-timeout", "20")
         fleet.apply(cf.catalog(2))

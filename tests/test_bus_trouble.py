@@ -61,6 +61,7 @@ def test_a_nats_outage_longer_than_the_grace_declares_no_node_lost(tmp_path):
     fleet = cf.Fleet(tmp_path / "fleet", server.url)
     try:
         fleet.control("control", lease_ttl=2.0, node_grace=2.0)
+        fleet.projector()  # `ctl apply` returns once the read models include the change
         for name in ("gpu-1", "gpu-2"):
             fleet.agent(name, gpus=2)
         assert fleet.apply(cf.catalog(2)).returncode == 0
@@ -134,6 +135,7 @@ def test_a_cluster_losing_its_stream_leader_mid_burst_loses_nothing_and_recovers
         cf.wait_until("a leader", lambda: fleet.ctl("get", "leader").returncode == 0, 60)
         for name in ("gpu-1", "gpu-2"):
             fleet.agent(name, gpus=4)
+        fleet.projector()  # `ctl apply` returns once the read models include the change
         assert fleet.apply(cf.catalog(2)).returncode == 0
         cf.wait_until("2 ready", lambda: cf.ready_count(nats.url) == 2, 60)
         victim = nats.stream_leader("LLMGW")

@@ -149,7 +149,7 @@ WIDE: dict[str, tuple[list[str], Callable[[dict], list[str]]]] = {
     "decisions": (["KIND", "MODEL", "REPLICA", "NODE"], lambda d: [d["kind"], d["model"], d["replica"], d["node"]]),
 }
 
-FLEX = {"REASON", "WAITING", "LABELS", "VICTIMS (TIER)", "BEFORE", "VOIDED", "DECISION", "PROFILES", "WHY PLACED"}
+FLEX = {"REASON", "WAITING", "LABELS", "VICTIMS (TIER)", "BEFORE", "VOIDED", "DECISION", "PROFILES", "WHY PLACED", "LEADER"}
 MIN_FLEX = 12  # a column of free text is cut to no fewer characters
 
 
