@@ -153,7 +153,7 @@ def cluster(root: Path) -> dict:
         for name in ("gpu-1", "gpu-2", "gpu-3"):
             fleet.agent(name, gpus=4)
         fleet.projector()  # `ctl apply` returns once the read models include the change
-        fleet.start("gateway", "gateway", "--nats", nats.url, "--port", str(gw_port), "--host", "127.0.0.1",
+        fleet.start("gateway", "gateway", "--nats", nats.url, "--port", str(gw_port), "--listen", "127.0.0.1",
                     "--wait-timeout", "20")
         fleet.apply(cf.catalog(2))
         cf.wait_until("2 ready", lambda: cf.ready_count(nats.url) == 2, 60)

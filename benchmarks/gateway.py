@@ -1,7 +1,10 @@
 """What the gateway adds: latency and throughput through `llmgw gateway`
 against straight to the same upstream, side by side in one run.
 
-    python benchmarks/gateway.py [--seconds S] [--rate R] [--connections C] [--json FILE]
+    python benchmarks/gateway.py [--seconds S] [--rate R] [--connections C] [--json FILE] [--auth]
+
+With --auth the nats-server runs as `llmgw up` runs it (bus/auth.py) and the
+gateway connects with a gateway's credential.
 
 The upstream is fast so that what is measured is the gateway: nginx (Debian's,
 `apt-get install nginx-light`) answering every POST with one fixed chat
@@ -197,13 +200,13 @@ def serve(port: int, chunks: int, key: str) -> None:
 # --------------------------------------------------------------------------- the fleet: a log and a gateway
 
 
-async def write_log(url: str, endpoints: dict[str, str]) -> None:
+async def write_log(url: str, endpoints: dict[str, str], creds: str | None = None) -> None:
     from llmgw.bus import engine_key_name
     from llmgw.bus.nats import NatsBus
     from llmgw.core import events as ev
     from llmgw.core.catalog import fingerprint
 
-    bus = await NatsBus.connect(url)
+    bus = await NatsBus.connect(url, creds=creds)
     await bus.ensure_streams()
     now = time.time()
     n = 0
@@ -297,7 +300,11 @@ async def open_loop(port: int, rate: float, seconds: float) -> dict:
         wait = at - time.perf_counter()
         if wait > 0.0005:
             await asyncio.sleep(wait)
-        c = idle.pop() if idle else await conn()
+        c = idle.pop() if idle else None
+        while c is not None and c.transport.is_closing():  # closed by the server while idle (a keep-alive timeout)
+            c = idle.pop() if idle else None
+        if c is None:
+            c = await conn()
         due[c] = at
         c.transport.write(data)
     deadline = time.perf_counter() + 10
@@ -406,6 +413,21 @@ async def streams(port: int, concurrent: int, seconds: float) -> dict:
 # --------------------------------------------------------------------------- the run
 
 
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """Each process group: TERM, then KILL after 10 s."""
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=10.0, help="per measurement")
@@ -415,6 +437,7 @@ def main() -> int:
     p.add_argument("--chunks", type=int, default=200, help="events per streamed answer")
     p.add_argument("--upstream", choices=("auto", "nginx", "python"), default="auto")
     p.add_argument("--json", help="also write the figures here")
+    p.add_argument("--auth", action="store_true", help="the server with auth on, the gateway with its credential (as llmgw up)")
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
@@ -431,7 +454,15 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="llmgw-bench-gw-"))
     use_nginx = args.upstream == "nginx" or (args.upstream == "auto" and shutil.which("nginx"))
     up_port, stream_port, gw_port = free_port(), free_port(), free_port()
-    nats = NatsServer(work / "nats", free_port()).start()
+    keys = loader = None
+    gateway_creds: list[str] = []
+    if args.auth:
+        import authbench
+
+        keys = authbench.keystore(work / "creds")
+        loader = authbench.loader_creds(keys)
+        gateway_creds = ["--creds", str(keys.ensure("gateway", "bench"))]
+    nats = NatsServer(work / "nats", free_port(), auth=keys).start()
     try:
         if use_nginx:
             procs.append(start_nginx(up_port, work))
@@ -440,9 +471,9 @@ def main() -> int:
         procs.append(subprocess.Popen([sys.executable, __file__, "--serve", str(stream_port), "--chunks", str(args.chunks)], start_new_session=True, env={**os.environ, "LLMGW_BENCH_KEY": KEY}))
         wait_port(up_port)
         wait_port(stream_port)
-        asyncio.run(write_log(nats.url, {MODEL: f"http://127.0.0.1:{up_port}", STREAM_MODEL: f"http://127.0.0.1:{stream_port}"}))
+        asyncio.run(write_log(nats.url, {MODEL: f"http://127.0.0.1:{up_port}", STREAM_MODEL: f"http://127.0.0.1:{stream_port}"}, loader))
         gw = subprocess.Popen(
-            [sys.executable, "-m", "llmgw", "gateway", "--nats", nats.url, "--port", str(gw_port), "--name", "bench"],
+            [sys.executable, "-m", "llmgw", "gateway", "--nats", nats.url, "--port", str(gw_port), "--name", "bench", *gateway_creds],
             stdout=open(work / "gateway.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True, cwd=HERE.parent,
         )  # fmt: skip
         procs.append(gw)
@@ -481,16 +512,7 @@ def main() -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     finally:
-        for proc in procs:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_all(procs)
         nats.stop()
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -1,6 +1,10 @@
 """How fast the log folds: from a file, from JetStream, and at a restart.
 
-    python benchmarks/replay.py [--events N]      (default 1,000,000)
+    python benchmarks/replay.py [--events N] [--auth]     (default 1,000,000)
+
+With --auth the server runs as `llmgw up` runs it (bus/auth.py: JWT auth,
+every reader a user of its role): the log is read as the projector, the
+restart is the control plane's credential.
 
 (a) the pure fold (`llmgw.core.fold.apply`) of a recorded log read from a file
     in the format of `llmgw.replay.logfile`; reading+parsing and folding are
@@ -209,7 +213,7 @@ def cpu_seconds(pid: int | None = None) -> float:
 
 async def timed_read(url: str, name: str, read, server_pid: int) -> tuple[float, str, object]:
     """Run one read on a connection of its own, as a restarted process would have."""
-    bus = await NatsBus.connect(url, name=name)
+    bus = await NatsBus.connect(url, name=name, creds=CREDS.get("reader"))
     try:
         c0, s0 = cpu_seconds(), cpu_seconds(server_pid)
         seconds, out = await read(bus)
@@ -222,7 +226,7 @@ async def timed_read(url: str, name: str, read, server_pid: int) -> tuple[float,
 async def bench_jetstream(url: str, server_pid: int, records: list, expect: State, repeat: int, results: dict) -> None:
     n = len(records)
     say(f"\n(b) replay from JetStream ({url})")
-    bus = await NatsBus.connect(url, name="bench-load")
+    bus = await NatsBus.connect(url, name="bench-load", creds=CREDS.get("loader"))
     try:
         await bus.ensure_streams()
         load_s = await load(bus, records)
@@ -287,12 +291,12 @@ class TimedPlane(ControlPlane):
 async def restart(url: str, snapshot: Path | None, store: Path) -> dict:
     """Connect, build a control plane and run it until its first pass is done."""
     if snapshot is not None:
-        stamp = await NatsBus.connect(url, name="bench-stamp")
+        stamp = await NatsBus.connect(url, name="bench-stamp", creds=CREDS.get("reader"))
         saved = msgspec.msgpack.decode(snapshot.read_bytes(), type=Snapshot)
         store.write_bytes(msgspec.msgpack.encode(msgspec.structs.replace(saved, log_id=await stamp.log_id())))
         await stamp.close()
     t0 = now()
-    bus = await NatsBus.connect(url, name="bench-control")
+    bus = await NatsBus.connect(url, name="bench-control", creds=CREDS.get("control"))
     t_conn = now()
     # No agents beat here: a long grace keeps the plane from declaring the fleet lost.
     plane = TimedPlane(bus, snapshots=SnapshotStore(store), node_grace=1e9)
@@ -318,7 +322,7 @@ async def restart(url: str, snapshot: Path | None, store: Path) -> dict:
 
 async def publish_model(url: str, name: str) -> int:
     """Something new for the next restart to decide on."""
-    bus = await NatsBus.connect(url, name="bench-ctl")
+    bus = await NatsBus.connect(url, name="bench-ctl", creds=CREDS.get("ctl"))
     try:
         event = ev.ModelApplied(at=time.time(), model=fleetgen.final_model(name))
         return await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"bench-{name}")
@@ -350,8 +354,18 @@ def verdict(ok: bool) -> str:
     return "ok" if ok else "MISSED"
 
 
-async def bench_nats(records: list, state: State, snapshot: Path, tmp: Path, repeat: int, results: dict) -> None:
-    server = NatsServer(tmp / "nats", port=free_port())
+CREDS: dict[str, str] = {}  # role -> .creds, with --auth
+
+
+async def bench_nats(records: list, state: State, snapshot: Path, tmp: Path, repeat: int, results: dict, auth: bool = False) -> None:
+    keys = None
+    if auth:
+        import authbench
+
+        keys = authbench.keystore(tmp / "creds")
+        CREDS.update(loader=authbench.loader_creds(keys), reader=str(keys.ensure("projector")),
+                     control=str(keys.ensure("control")), ctl=str(keys.ensure("operator")))  # fmt: skip
+    server = NatsServer(tmp / "nats", port=free_port(), auth=keys)
     server.start()
     try:
         await bench_jetstream(server.url, server.proc.pid, records, state, repeat, results)
@@ -365,6 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--events", type=int, default=1_000_000, help="events in the recorded log (default 1,000,000)")
     p.add_argument("--repeat", type=int, default=3,
                    help="fold and read (a) and (b) this many times and keep the best (default 3: the cores are noisy)")
+    p.add_argument("--auth", action="store_true", help="the server with auth on, each reader a user of its role (as llmgw up)")
     a = p.parse_args(argv)
     n = a.events
     # A plain kill runs the finally blocks too, so the nats-server is stopped.
@@ -391,7 +406,7 @@ def main(argv: list[str] | None = None) -> None:
         if not results["a_same"]:
             say("    WARNING: the fold of the file differs from the generator's own state: the fold has changed "
                 "since the log was recorded (or the file is damaged); delete benchmarks/.cache/ to record it anew")
-        asyncio.run(bench_nats(records, state, snapshot, tmp, a.repeat, results))
+        asyncio.run(bench_nats(records, state, snapshot, tmp, a.repeat, results, auth=a.auth))
 
     total = now() - t_start
     r = results

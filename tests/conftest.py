@@ -28,8 +28,52 @@ def demo_gguf() -> Path:
 
 
 @pytest.fixture
-def nats_server(tmp_path):
-    server = NatsServer(tmp_path / "nats", free_port()).start()
+def nats_server(tmp_path, monkeypatch):
+    """A nats-server with auth on, as `llmgw up` runs it (llmgw/bus/auth.py).
+
+    The components a test starts (`llmgw control`, `agent`, `gateway`,
+    `ctl`, `replay` ...) find their role's credential in its key store as
+    in the folder of a `llmgw up` ($LLMGW_STATE_DIR, inherited), so each
+    speaks with what its role may say. The test itself, in this process,
+    observes and injects as anyone: a connection that names no credential
+    gets an unrestricted one (`Keystore.issue_unrestricted`)."""
+    import nats as nats_py
+
+    from llmgw.bus.auth import Keystore
+    from llmgw.bus.nats import NatsBus
+
+    fleet = tmp_path / "fleet"
+    keys = Keystore(fleet / "creds").init()
+    keys.ensure("operator")  # the tools' credential, creds/operator.creds
+    harness = str(keys.issue_unrestricted(fleet / "test-harness.creds"))
+    monkeypatch.setenv("LLMGW_STATE_DIR", str(fleet))
+    monkeypatch.delenv("LLMGW_CREDS", raising=False)
+    connect_bus, connect_nats = NatsBus.connect.__func__, nats_py.connect
+
+    async def bus_connect(cls, url, *, creds=None, **kw):
+        return await connect_bus(cls, url, creds=creds or harness, **kw)
+
+    async def nats_connect(*args, **kw):
+        kw.setdefault("user_credentials", harness)
+        return await connect_nats(*args, **kw)
+
+    monkeypatch.setattr(NatsBus, "connect", classmethod(bus_connect))
+    monkeypatch.setattr(nats_py, "connect", nats_connect)
+    server = NatsServer(tmp_path / "nats", free_port(), auth=keys).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def auth_nats(tmp_path):
+    """A nats-server that refuses anonymous connections, with its own key
+    store (operator, account): `auth_nats.creds(role, name)` issues a credential."""
+    from llmgw.bus.auth import Keystore
+
+    keys = Keystore(tmp_path / "creds").init()
+    server = NatsServer(tmp_path / "nats", free_port(), auth=keys).start()
     try:
         yield server
     finally:

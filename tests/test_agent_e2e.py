@@ -288,7 +288,8 @@ def test_up_on_a_fresh_folder_answers_a_chat_completion_from_the_real_model_thro
         (runner,) = agent_runners(state / "agent")
         ((_, engine),) = engines_of(state / "agent").values()
         # Its engine's log, as the operator reads it, from the agent of its node.
-        where = ("--nats", f"nats://127.0.0.1:{port}", "--db", str(state / "readmodels.db"))
+        where = ("--nats", f"nats://127.0.0.1:{port}", "--db", str(state / "readmodels.db"),
+                 "--creds", str(state / "creds" / "operator.creds"))  # fmt: skip
         listing = run_llmgw("ctl", *where, "get", "replicas", "-o", "json", cwd=tmp_path)
         (ready,) = [r["id"] for r in json.loads(listing.stdout) if r["state"] == "ready"]
         out = run_llmgw("ctl", *where, "logs", ready, "-n", "20", cwd=tmp_path)

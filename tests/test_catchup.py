@@ -80,13 +80,13 @@ async def test_following_from_the_middle_starts_there(nats_server):
 async def test_a_reader_that_fails_half_way_hands_over_without_a_gap(nats_server, monkeypatch):
     real = catchup.read_range
 
-    async def failing(url, stream, start, last, on_message, timeout=30.0):
+    async def failing(url, stream, start, last, on_message, timeout=30.0, **signed_in):
         def until_half(seq, subject, data):
             if seq > start + 700:
                 raise ConnectionError("cut")
             on_message(seq, subject, data)
 
-        return await real(url, stream, start, last, until_half, timeout)
+        return await real(url, stream, start, last, until_half, timeout, **signed_in)
 
     monkeypatch.setattr(catchup, "read_range", failing)
     bus = await NatsBus.connect(nats_server.url)

@@ -86,6 +86,7 @@ def test_unknown_fields_from_a_newer_publisher_are_ignored(cls):
         ev.ModelRetry: ev.ModelRetry(at=1.0, name="m"),
         ev.ApiKeyApplied: ev.ApiKeyApplied(at=1.0, name="k", owner="o", key_sha256="0" * 64),
         ev.ApiKeyRemoved: ev.ApiKeyRemoved(at=1.0, name="k"),
+        ev.CredentialRevoked: ev.CredentialRevoked(at=1.0, role="agent", name="n1"),
         ev.ModelLoad: ev.ModelLoad(at=1.0, gateway="g", model="m"),
         ev.OwnerApplied: ev.OwnerApplied(at=1.0, name="org"),
         ev.OwnerRemoved: ev.OwnerRemoved(at=1.0, name="org"),

@@ -68,6 +68,7 @@ class Up:
             )
         self.url = f"nats://127.0.0.1:{self.port}"
         self.db = folder / ".llmgw" / "readmodels.db"
+        self.env = {"LLMGW_STATE_DIR": str(folder / ".llmgw")}  # how a command elsewhere finds it
         deadline = time.monotonic() + 30
         while "Ctrl-C stops everything" not in self.text():
             assert self.proc.poll() is None and time.monotonic() < deadline, f"llmgw up did not come up:\n{self.text()}"
@@ -98,8 +99,9 @@ async def test_apply_get_describe_and_a_projector_killed_mid_burst_through_llmgw
     bus = None
     try:
         for n in ("gpu-1", "gpu-2", "gpu-3"):
-            processes.start(n, "agent", "--simulate", "--name", n, "--gpus", "4", "--nats", up.url)
-        bus = await NatsBus.connect(up.url, name="test")
+            # Their credentials from the key store of that llmgw up, as in its folder.
+            processes.start(n, "agent", "--simulate", "--name", n, "--gpus", "4", "--nats", up.url, env=up.env)
+        bus = await NatsBus.connect(up.url, name="test", creds=str(up.folder / ".llmgw" / "creds" / "operator.creds"))
         await bus.wait_for_streams(timeout=20)
         # The three registrations and the control plane's election first: one
         # landing later would look like something the bad catalog published.

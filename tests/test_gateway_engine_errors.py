@@ -18,6 +18,7 @@ import pytest
 from llmgw.bus.memory import MemoryBus
 from llmgw.bus.server import free_port
 from llmgw.gateway.engine_errors import openai_error
+from llmgw.gateway.config import GatewayConfig
 from llmgw.gateway.server import Gateway
 
 from .conftest import demo_gguf
@@ -63,7 +64,7 @@ async def _gateway(endpoint: str):
     s = spec("smollm2")
     await log.model(s)
     await log.replica(s, endpoint)
-    gw = Gateway(bus, name="gw-errors", port=0, wait_s=3.0)
+    gw = Gateway(bus, name="gw-errors", config=GatewayConfig(port=0, wait_timeout=3.0))
     await gw.start()
     await settle(gw, bus)
     client = openai.AsyncOpenAI(base_url=f"http://{gw.listening_on}:{gw.port}/v1", api_key="none", max_retries=0, timeout=60)

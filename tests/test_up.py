@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -20,6 +21,11 @@ from llmgw.bus.server import free_port
 from .conftest import engine_ports, run_llmgw
 
 pytestmark = pytest.mark.nats
+
+
+def tools_creds(tmp_path) -> str:
+    """The tools' credential `llmgw up --state-dir tmp_path/state` made."""
+    return str(tmp_path / "state" / "creds" / "operator.creds")
 
 
 def pid_alive(pid: int) -> bool:
@@ -60,9 +66,10 @@ def start_up(tmp_path, port: int, gateway_port: int = 0, extra: tuple = ("--no-a
     raise AssertionError("llmgw up did not come up:\n" + "".join(lines))
 
 
-def nats_pid_of(tmp_path) -> int:
-    """The nats-server that this test's `llmgw up` started, from the pid file in its state dir."""
-    return int((tmp_path / "state" / "nats" / "nats-server.pid").read_text())
+def nats_pid_of(state: Path) -> int:
+    """The pid of the nats-server of `llmgw up --state-dir state`, from its pid file
+    (not by looking through /proc: other programs' servers are none of ours)."""
+    return int((state / "nats" / "nats-server.pid").read_text().strip())
 
 
 def test_up_serves_nats_runs_the_control_plane_and_ctrl_c_stops_everything(tmp_path):
@@ -72,10 +79,10 @@ def test_up_serves_nats_runs_the_control_plane_and_ctrl_c_stops_everything(tmp_p
         text = "".join(lines)
         assert f"NATS (JetStream) at nats://127.0.0.1:{port}" in text
         control_pid = int(re.search(r"control plane: pid (\d+)", text).group(1))
-        nats_pid = nats_pid_of(tmp_path)
+        nats_pid = nats_pid_of(tmp_path / "state")
         catalog = tmp_path / "c.yaml"
         catalog.write_text("models:\n  - name: m\n    profiles: [{name: p, gpus: 1}]\n")
-        out = run_llmgw("ctl", "--nats", f"nats://127.0.0.1:{port}", "apply", "-f", str(catalog))
+        out = run_llmgw("ctl", "--nats", f"nats://127.0.0.1:{port}", "--creds", tools_creds(tmp_path), "apply", "-f", str(catalog))
         assert out.returncode == 0, out.stderr
         # The gateway it runs serves the catalog's models (the official SDK as client).
         url = re.search(r"gateway \(OpenAI API\): (http://\S+)", text).group(1)
@@ -98,7 +105,7 @@ def test_up_serves_nats_runs_the_control_plane_and_ctrl_c_stops_everything(tmp_p
     # Again: the same log, resumed.
     proc, lines = start_up(tmp_path, port)
     try:
-        out = run_llmgw("replay", "--nats", f"nats://127.0.0.1:{port}", "--json")
+        out = run_llmgw("replay", "--nats", f"nats://127.0.0.1:{port}", "--creds", tools_creds(tmp_path), "--json")
         assert "m" in json.loads(out.stdout)["models"]
     finally:
         proc.send_signal(signal.SIGINT)
@@ -174,14 +181,14 @@ def ask(client: openai.OpenAI, timeout: float) -> str:
             time.sleep(0.5)
 
 
-def whole_log(nats: str) -> list[tuple[int, str, bytes]]:
+def whole_log(nats: str, creds: str | None = None) -> list[tuple[int, str, bytes]]:
     import asyncio
 
     from llmgw.bus import read_log
     from llmgw.bus.nats import NatsBus
 
     async def fetch():
-        bus = await NatsBus.connect(nats, name="test-up")
+        bus = await NatsBus.connect(nats, name="test-up", creds=creds)
         try:
             return await read_log(bus)
         finally:
@@ -212,7 +219,7 @@ def test_a_rerun_of_up_right_after_ctrl_c_serves_again_and_places_nothing_twice(
     try:
         wait_for_log(processes, "up-1", "smollm2 is ready", first, 180)
         assert ask(client, 60)
-        seq_before = json.loads(run_llmgw("replay", "--nats", nats, "--json").stdout)["seq"]
+        seq_before = json.loads(run_llmgw("replay", "--nats", nats, "--creds", tools_creds(tmp_path), "--json").stdout)["seq"]
     finally:
         # The client's connection still open: the gateway closes it, so the
         # TIME_WAIT is on the gateway's own port, which the rerun must take.
@@ -224,7 +231,7 @@ def test_a_rerun_of_up_right_after_ctrl_c_serves_again_and_places_nothing_twice(
         wait_for_log(processes, "up-2", "Ctrl-C stops everything", second, 60)
         assert "is taken" not in processes.log("up-2")
         assert ask(client, 120)
-        records = whole_log(nats)
+        records = whole_log(nats, tools_creds(tmp_path))
     finally:
         client.close()
         assert stop_up(second) == 0, processes.log("up-2")[-4000:]
@@ -265,7 +272,7 @@ def test_a_second_up_on_the_same_folder_refuses_naming_the_first(tmp_path):
         # The first is untouched and still serves: its file, its NATS, its gateway.
         assert up_file.read_text() == before
         assert proc.poll() is None
-        out = run_llmgw("replay", "--nats", f"nats://127.0.0.1:{port}", "--json")
+        out = run_llmgw("replay", "--nats", f"nats://127.0.0.1:{port}", "--creds", tools_creds(tmp_path), "--json")
         assert out.returncode == 0, out.stderr
         url = re.search(r"gateway \(OpenAI API\): (http://\S+)", "".join(lines)).group(1)
         client = openai.OpenAI(base_url=url, api_key="unused", timeout=5, max_retries=0)

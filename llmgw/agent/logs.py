@@ -19,7 +19,7 @@ offsets of the last answer (`follow`). A shard restarted with a new log
 (rotated: smaller than the offset) is read again from its start.
 
     python -m llmgw.agent.logs REPLICA --state-dir DIR [--follow] [-n LINES]
-    python -m llmgw.agent.logs REPLICA --node NODE [--nats URL] [--follow] [-n LINES]
+    python -m llmgw.agent.logs REPLICA --node NODE [--nats URL] [--creds FILE] [--follow] [-n LINES]
 """
 
 from __future__ import annotations
@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--state-dir", help="the state dir of an agent on this machine")
     where.add_argument("--node", help="ask this node's agent over NATS")
     p.add_argument("--nats", default=os.environ.get("LLMGW_NATS", "nats://127.0.0.1:4222"))
+    p.add_argument("--creds", help="NATS credential (default $LLMGW_CREDS, else the local llmgw up's)")
     p.add_argument("-n", "--lines", type=int, default=DEFAULT_LINES)
     p.add_argument("-f", "--follow", action="store_true")
     args = p.parse_args(argv)
@@ -189,9 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> int:
         nc = None
         if args.node:
-            import nats
+            # As every component connects: with a credential (an operator's may ask agents for logs).
+            from ..bus.nats import NatsBus
+            from ..ctl.locate import locate
 
-            nc = await nats.connect(args.nats, max_reconnect_attempts=1, connect_timeout=2)
+            nc = (await NatsBus.connect(args.nats, name="llmgw-logs", creds=locate(args.nats, creds=args.creds).creds)).nc
 
             async def get(lines, offsets):
                 return await fetch(nc, args.node, args.replica, lines, offsets)

@@ -10,7 +10,7 @@ only: it creates an ephemeral push consumer (no acks, flow control,
 heartbeats) and slices the messages straight out of the socket buffer, at
 about 350k/s. Everything else, and the live tail of the log after a
 catch-up, stays with nats-py (`NatsBus.follow`), which also takes over when
-this reader cannot be used (TLS, credentials) or fails half-way.
+this reader cannot be used (TLS) or fails half-way.
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ class Interrupted(ConnectionError):
         self.delivered = delivered
 
 
-async def read_range(url: str, stream: str, start_seq: int, last_seq: int, on_message: OnMessage, timeout: float = 30.0) -> int:
+async def read_range(
+    url: str, stream: str, start_seq: int, last_seq: int, on_message: OnMessage, timeout: float = 30.0,
+    *, creds=None, inbox: str = "_INBOX",
+) -> int:  # fmt: skip
     """Call `on_message(seq, subject, data)` for every message from
     `start_seq` to `last_seq` of `stream`, in order, and return `last_seq`.
     Stopped half-way, it raises `Interrupted` saying where to resume."""
@@ -52,9 +55,18 @@ async def read_range(url: str, stream: str, start_seq: int, last_seq: int, on_me
     delivered = start_seq - 1
     try:
         info = json.loads((await asyncio.wait_for(reader.readline(), timeout))[5:])
-        if info.get("tls_required") or info.get("auth_required"):
-            raise Unsupported("the server asks for TLS or authentication")
-        inbox = f"_INBOX.llmgw-catchup.{os.urandom(8).hex()}"
+        if info.get("tls_required"):
+            raise Unsupported("the server asks for TLS")
+        connect = {"verbose": False, "pedantic": False, "headers": True, "no_responders": True, "protocol": 1, "name": "llmgw-catchup"}
+        if info.get("auth_required"):
+            if creds is None or not info.get("nonce"):
+                raise Unsupported("the server asks for a credential this reader was not given")
+            from . import auth
+
+            jwt, seed = auth.read_creds(creds)
+            connect.update(jwt=jwt, sig=auth.sign_nonce(seed, info["nonce"]))
+        # Under the connection's own inbox prefix: all its credential may subscribe to.
+        inbox = f"{inbox}.catchup{os.urandom(8).hex()}"
         config = {
             "stream_name": stream,
             "config": {
@@ -71,7 +83,7 @@ async def read_range(url: str, stream: str, start_seq: int, last_seq: int, on_me
         }
         body = json.dumps(config).encode()
         writer.write(
-            b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true,"protocol":1,"name":"llmgw-catchup"}\r\n'
+            b"CONNECT " + json.dumps(connect).encode() + b"\r\n"
             + f"SUB {inbox} 1\r\nSUB {inbox}.api 2\r\n".encode()
             + b"PUB $JS.API.CONSUMER.CREATE.%s %s.api %d\r\n%s\r\n" % (stream.encode(), inbox.encode(), len(body), body)
         )

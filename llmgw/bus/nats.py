@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import ssl
 import time
 import uuid
 from typing import Callable
@@ -42,7 +44,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
-from . import catchup
+from . import auth, catchup
 from . import (
     COMMAND_PREFIX,
     COMMAND_STREAM,
@@ -126,6 +128,19 @@ def command_stream_config(replicas: int = 1) -> StreamConfig:
         duplicate_window=DUPLICATE_WINDOW_S,
         num_replicas=replicas,
     )
+
+
+class _Sub:
+    """A plain subscription (an agent's commands: see follow_commands)."""
+
+    def __init__(self, sub) -> None:
+        self._sub = sub
+
+    async def stop(self) -> None:
+        try:
+            await self._sub.unsubscribe()
+        except Exception:  # the connection may be gone already
+            pass
 
 
 class _Kept:
@@ -255,8 +270,10 @@ class _NatsLease:
 
 
 class NatsBus:
-    def __init__(self, nc: nats.NATS, replicas: int = 1) -> None:
+    def __init__(self, nc: nats.NATS, replicas: int = 1, identity: "auth.Identity | None" = None) -> None:
         self.nc = nc
+        self.identity = identity  # who the server knows us as (None: no auth, or a credential llmgw did not issue)
+        self.creds = None  # the .creds file connected with
         self.js = nc.jetstream(timeout=5.0)
         self.replicas = replicas
         self._kv = None
@@ -268,22 +285,33 @@ class NatsBus:
         self.forever = False
         self.beat_revision = 0  # the heartbeat bucket's last revision the watcher delivered
         self._beat_probe = (0, 0)  # (bucket's last revision, watcher's) at the last probe
+        self._closing = False
 
     @classmethod
     async def connect(
-        cls, url: str, *, name: str = "llmgw", forever: bool = False, replicas: int = 1, stop: asyncio.Event | None = None
+        cls, url: str, *, name: str = "llmgw", forever: bool = False, replicas: int = 1, creds: str | None = None,
+        stop: asyncio.Event | None = None,
     ) -> "NatsBus":
         """Connect; `forever` (every component: agents, control planes,
         gateways, the projector) tries at start until NATS answers, with a
         growing pause, saying so each time, and keeps reconnecting after;
         otherwise a clear error when nothing answers (the CLI). With `stop`
-        set while it waits, ConnectionError."""
+        set while it waits, ConnectionError.
+
+        `creds`: a NATS .creds file (llmgw/bus/auth.py); the connection then
+        speaks as that user, its replies under its own inbox prefix. A
+        credential the server refuses raises `auth.CredentialRefused` at once,
+        `forever` or not (trying again changes nothing); for a connection that
+        had been accepted (revoked since), it stops this process the way
+        SIGTERM does and `auth.refused()` says why."""
         delay = RETRY_FIRST_S
         while True:
             try:
-                bus = await cls._connect_once(url, name=name, forever=forever, replicas=replicas)
+                bus = await cls._connect_once(url, name=name, forever=forever, replicas=replicas, creds=creds)
                 bus.forever = forever
                 return bus
+            except auth.CredentialRefused:
+                raise
             except ConnectionError as e:
                 if not forever:
                     raise
@@ -299,17 +327,33 @@ class NatsBus:
                 delay = min(delay * 2, RETRY_LONGEST_S)
 
     @classmethod
-    async def _connect_once(cls, url: str, *, name: str, forever: bool, replicas: int) -> "NatsBus":
+    async def _connect_once(cls, url: str, *, name: str, forever: bool, replicas: int, creds: str | None) -> "NatsBus":
+        who = auth.identity(creds, foreign_ok=True) if creds else None
         opts: dict = dict(servers=url.split(","), name=name)
+        if creds:
+            opts.update(user_credentials=str(creds))
+        if who is not None:
+            opts.update(inbox_prefix=who.inbox_prefix)
+        ca = os.environ.get(auth.CA_ENV)
+        if ca:  # the fleet's own CA (deploy/nats/README.md): servers at tls:// URLs
+            opts.update(tls=ssl.create_default_context(cafile=ca))
         if forever:
             opts.update(max_reconnect_attempts=-1, reconnect_time_wait=0.5, allow_reconnect=True)
         else:
             opts.update(max_reconnect_attempts=1, reconnect_time_wait=0.25, connect_timeout=2, allow_reconnect=True)
 
+        bus: NatsBus | None = None
+        refused: list[Exception] = []
+        refused_now = asyncio.Event()
+
         async def error_cb(e: Exception) -> None:
             log.debug("nats: %s", e)
-
-        bus: NatsBus | None = None
+            if auth.is_auth_error(e) or isinstance(e, ssl.SSLCertVerificationError):
+                if bus is None:  # while connecting: give up at once, even with `forever`
+                    refused.append(e)
+                    refused_now.set()
+                else:  # accepted before, refused now (revoked): the process stops
+                    auth.note_refused(auth.refused_message(who, creds, e))
 
         async def reconnected_cb() -> None:
             log.info("reconnected to NATS")
@@ -318,11 +362,43 @@ class NatsBus:
                 for hook in bus.on_reconnect:
                     await hook()
 
+        async def closed_cb() -> None:
+            # nats-py closes for good, without error_cb, on a server's -ERR
+            # (a credential revoked while connected is one).
+            if bus is not None and not bus._closing:
+                err = bus.nc.last_error
+                if err is not None and auth.is_auth_error(err):
+                    auth.note_refused(auth.refused_message(who, creds, err))
+
+        connecting = asyncio.ensure_future(
+            nats.connect(error_cb=error_cb, reconnected_cb=reconnected_cb, closed_cb=closed_cb, **opts)
+        )
+        watching = asyncio.ensure_future(refused_now.wait())
         try:
-            nc = await nats.connect(error_cb=error_cb, reconnected_cb=reconnected_cb, **opts)
+            await asyncio.wait({connecting, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+        if not connecting.done():
+            connecting.cancel()
+            try:
+                await connecting
+            except (asyncio.CancelledError, Exception):
+                pass
+        try:
+            if refused:
+                raise refused[0]
+            nc = connecting.result()
         except Exception as e:
+            if auth.is_auth_error(e):
+                raise auth.CredentialRefused(auth.refused_message(who, creds, e)) from None
+            if isinstance(e, ssl.SSLCertVerificationError):
+                raise ConnectionError(
+                    f"cannot reach NATS at {url}: its TLS certificate is not trusted ({e.verify_message}): "
+                    f"give the CA that signed it with ${auth.CA_ENV}"
+                ) from None
             raise ConnectionError(f"cannot reach NATS at {url}: {e or type(e).__name__}") from None
-        bus = cls(nc, replicas)
+        bus = cls(nc, replicas, who)
+        bus.creds = creds
         return bus
 
     # ----------------------------------------------------------------- streams
@@ -353,6 +429,14 @@ class NatsBus:
                 delay = min(delay * 2, RETRY_LONGEST_S)
 
     async def _ensure_streams_once(self) -> None:
+        if self.identity is not None and self.identity.role != "control":
+            # Only the control plane may make streams; an agent may not even
+            # look (it publishes facts, retried until the streams exist).
+            if self.identity.role == "agent":
+                self._kv = self._bucket(HEARTBEAT_BUCKET)
+            else:
+                await self.wait_for_streams()
+            return
         await self._ensure(log_stream_config(replicas=self.replicas))
         await self._ensure(command_stream_config(self.replicas))
         self._kv = await self._bucket(
@@ -376,6 +460,12 @@ class NatsBus:
             if e.err_code != 10058:  # made meanwhile by another process
                 raise
             return await self.js.key_value(config.bucket)
+
+    def _bucket(self, bucket: str):
+        """A handle on a bucket without asking the server about it."""
+        from nats.js.kv import KeyValue
+
+        return KeyValue(name=bucket, stream=f"KV_{bucket}", pre=f"$KV.{bucket}.", js=self.js, direct=False)
 
     async def _ensure(self, config: StreamConfig) -> None:
         try:
@@ -420,6 +510,7 @@ class NatsBus:
     # ----------------------------------------------------------------- the log
 
     async def publish(self, subject: str, data: bytes, *, msg_id: str, expect_control_seq: int | None = None) -> int:
+        self._may_publish(subject)
         headers = {"Nats-Msg-Id": msg_id}
         if expect_control_seq is not None:
             headers["Nats-Expected-Last-Subject-Sequence"] = str(expect_control_seq)
@@ -447,6 +538,12 @@ class NatsBus:
             "the bus is electing a stream leader, or is unreachable"
         )
 
+    def _may_publish(self, subject: str) -> None:
+        # The server refuses it anyway (a permissions violation, seen here as
+        # a timeout); this says why, at once.
+        if self.identity is not None and not auth.may_publish(self.identity.permissions, subject):
+            raise PermissionError(f"the credential of {self.identity.describe()} may not publish on {subject}")
+
     async def _landed(self, msg_id: str) -> int:
         """The sequence of the last control message if it carries `msg_id`."""
         try:
@@ -473,7 +570,11 @@ class NatsBus:
         if last - start_seq >= CATCHUP_MIN and self.nc.connected_url is not None:
             url = self.nc.connected_url.geturl()
             try:
-                start_seq = await catchup.read_range(url, STREAM, max(start_seq, 1), last, on_message) + 1
+                start_seq = await catchup.read_range(
+                    url, STREAM, max(start_seq, 1), last, on_message,
+                    creds=self.creds,
+                    inbox=self.identity.inbox_prefix if self.identity else "_INBOX",
+                ) + 1  # fmt: skip
             except catchup.Unsupported as e:
                 log.debug("fast catch-up not possible here: %s", e)
             except catchup.Interrupted as e:
@@ -542,35 +643,24 @@ class NatsBus:
         msg_id = f"cmd-{self._instance}-{self._commands_sent}"
         await self.js.publish(f"{COMMAND_PREFIX}.{node}", data, stream=COMMAND_STREAM, headers={"Nats-Msg-Id": msg_id})
 
-    async def follow_commands(self, node: str, on_command: OnCommand) -> _Kept:
-        subject = f"{COMMAND_PREFIX}.{node}"
+    async def follow_commands(self, node: str, on_command: OnCommand) -> _Sub:
+        # A plain subscription on the node's own subject, not a JetStream
+        # consumer: that is all an agent's credential allows (a consumer is
+        # created through an API subject whose filter the permission could not
+        # bind to its node). Commands sent while it was away are not lost:
+        # every reconnect re-registers the node, and the control plane re-sends
+        # what is outstanding for a node that registers.
+        async def cb(msg) -> None:
+            on_command(msg.data)
 
-        async def last() -> int:
-            try:
-                return (await self.js.get_last_msg(COMMAND_STREAM, subject)).seq
-            except NotFoundError:
-                return 0
-
-        async def subscribe(start: int, deliver):
-            async def cb(msg) -> None:
-                deliver(msg.metadata.sequence.stream, msg)
-
-            # New commands only: what was outstanding before is sent again.
-            config = ConsumerConfig(deliver_policy=DeliverPolicy.NEW) if first else _from(start)
-            return await self.js.subscribe(subject, stream=COMMAND_STREAM, ordered_consumer=True, config=config, cb=cb)
-
-        first = True
-        kept = _Kept(self, f"the commands for {node}", subscribe, last, lambda seq, msg: on_command(msg.data), 1)
-        kept.delivered = await self._retrying("about the commands", last)
-        await kept.start()
-        first = False
-        return kept
+        sub = await self.nc.subscribe(f"{COMMAND_PREFIX}.{node}", cb=cb)
+        return _Sub(sub)
 
     # ----------------------------------------------------------------- heartbeats
 
     async def beat(self, node: str, data: bytes) -> None:
         if self._kv is None:
-            self._kv = await self.js.key_value(HEARTBEAT_BUCKET)
+            self._kv = self._bucket(HEARTBEAT_BUCKET)
         await self._kv.put(node, data)
 
     async def follow_heartbeats(self, on_beat: Callable[[str], None]) -> _Kept:
@@ -666,6 +756,7 @@ class NatsBus:
 
     async def close(self) -> None:
         """Drain what is pending; with the server gone, just let go."""
+        self._closing = True
         try:
             await asyncio.wait_for(self.nc.drain(), 5.0)
         except Exception:

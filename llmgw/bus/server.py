@@ -49,16 +49,35 @@ def port_is_taken(port: int) -> bool:
 
 
 class NatsServer:
-    """One nats-server process on a loopback port, data under `store_dir`."""
+    """One nats-server process on a loopback port, data under `store_dir`.
 
-    def __init__(self, store_dir: str | os.PathLike, port: int = 4222) -> None:
+    With `auth` (an `llmgw.bus.auth.Keystore`), the server refuses anonymous
+    connections and enforces each user's permissions: its configuration
+    includes the key store's `server-auth.conf`, which a revocation rewrites
+    and `reload` (SIGHUP) makes it read. Without `auth`, anyone on the
+    loopback may say anything: only for tests of the bus mechanics.
+    """
+
+    def __init__(self, store_dir: str | os.PathLike, port: int = 4222, *, auth=None) -> None:
         self.store_dir = Path(store_dir)
         self.port = port
+        self.auth = auth
         self.proc: subprocess.Popen | None = None
 
     @property
     def pid_file(self) -> Path:
         return self.store_dir / "nats-server.pid"
+
+    def creds(self, role: str, name: str | None = None) -> str:
+        """A credential of this server's key store (issued if there is none)."""
+        if self.auth is None:
+            raise RuntimeError("this nats-server runs without auth")
+        return str(self.auth.ensure(role, name))
+
+    def reload(self) -> None:
+        """Read the configuration again (a revocation, for one)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGHUP)
 
     @property
     def url(self) -> str:
@@ -80,7 +99,10 @@ class NatsServer:
             "jetstream {\n"
             f"  store_dir: {str(self.store_dir.resolve() / 'jetstream')!r}\n"
             "  sync_interval: always\n"
-            "}\n".replace("'", '"')
+            "}\n"
+            f"pid_file: {str(self.pid_file.resolve())!r}\n".replace("'", '"')
+            # nats-server's include paths are relative to the including file
+            + (f'include "{os.path.relpath(self.auth.write_server_conf().resolve(), self.store_dir.resolve())}"\n' if self.auth is not None else "")
         )
         log = open(self.store_dir / "nats-server.log", "ab")
         # A session of its own: a Ctrl-C in the terminal reaches `llmgw up`

@@ -234,6 +234,10 @@ def _where_flags(p: argparse.ArgumentParser, default) -> None:
     p.add_argument(
         "--db", default=default, metavar="PATH", help="the read models' SQLite file (default: $LLMGW_DB, else the local llmgw up's)"
     )
+    p.add_argument(
+        "--creds", default=default, metavar="FILE",
+        help="NATS credential (default: $LLMGW_CREDS, else the local llmgw up's creds/operator.creds)",
+    )  # fmt: skip
 
 
 def _wait_flags(p: argparse.ArgumentParser, effect: str) -> None:
@@ -257,10 +261,13 @@ def say(text: str) -> None:
 
 
 async def _connect(where: Where):
+    from ..bus.auth import CredentialError
     from ..bus.nats import NatsBus
 
     try:
-        bus = await NatsBus.connect(where.nats, name="llmgw-ctl")
+        bus = await NatsBus.connect(where.nats, name="llmgw-ctl", creds=where.creds)
+    except CredentialError as e:
+        raise CtlError(str(e), UNREACHABLE)
     except ConnectionError as e:
         raise CtlError(f"{e} ({where.how_nats})", UNREACHABLE)
     try:
@@ -847,7 +854,7 @@ VERBS = {
 
 
 async def run(args) -> int:
-    where = locate(args.nats, args.db)
+    where = locate(args.nats, args.db, getattr(args, "creds", None))
     try:
         return await VERBS[args.verb](args, where)
     except CtlError as e:

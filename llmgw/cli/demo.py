@@ -54,13 +54,13 @@ def ensure_weights(state_dir: Path) -> str | None:
     return None
 
 
-async def apply_demo(url: str, timeout: float = 30.0) -> str:
+async def apply_demo(url: str, timeout: float = 30.0, creds=None) -> str:
     """Apply the demo model if the catalog is empty; says what it did."""
     from ..bus.nats import NatsBus
     from ..core.fold import apply
     from ..core.state import State
 
-    bus = await NatsBus.connect(url, name="llmgw-up")
+    bus = await NatsBus.connect(url, name="llmgw-up", creds=creds)
     try:
         await bus.wait_for_streams(timeout)
         state = State()
@@ -91,9 +91,9 @@ def curl_line(endpoint: str, model: str) -> str:
 class DemoWatcher(threading.Thread):
     """Prints, once, where the demo model answers (or why it does not)."""
 
-    def __init__(self, url: str, model: str = DEMO_SPEC.name, gateway: str = "") -> None:
+    def __init__(self, url: str, model: str = DEMO_SPEC.name, gateway: str = "", creds=None) -> None:
         super().__init__(name="llmgw-up-demo", daemon=True)
-        self.url, self.model = url, model
+        self.url, self.model, self.creds = url, model, creds
         self.gateway = gateway  # where to ask it: the gateway's URL, or "" to ask the engine itself
         self.halt = threading.Event()
 
@@ -108,7 +108,7 @@ class DemoWatcher(threading.Thread):
         from ..core.fold import apply
         from ..core.state import State
 
-        bus = await NatsBus.connect(self.url, name="llmgw-up-demo", forever=True)
+        bus = await NatsBus.connect(self.url, name="llmgw-up-demo", forever=True, creds=self.creds)
         state = State()
         said: set[str] = set()
         changed = asyncio.Event()

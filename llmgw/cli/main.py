@@ -7,6 +7,7 @@
     llmgw gateway            the OpenAI API, routed to ready replicas
     llmgw ctl apply -f FILE  publish a catalog; get, describe: read the read models
     llmgw projections rebuild  make the read models afresh from the log
+    llmgw creds issue|list|revoke  the bus credentials of nodes, gateways, operators
     llmgw replay [FILE]      fold the log and look at any moment of it
     llmgw events schema      write or check the event contract files
 """
@@ -34,6 +35,24 @@ def _fail(message: str, status: int) -> None:
     sys.exit(status)
 
 
+def _creds(args):
+    """The tools' credential: --creds, else $LLMGW_CREDS, else the local `llmgw up`'s (bus/auth.py)."""
+    return locate(args.nats, creds=args.creds).creds
+
+
+def _component(args, role: str, name: str | None) -> str | None:
+    """A component's credential (args.creds) and the name it speaks as; exit 3 if they disagree."""
+    from ..bus.auth import CredentialError, component_creds
+    from ..ctl.locate import find_state_dir
+
+    try:
+        creds, name = component_creds(args.creds, role, name, state_dir=find_state_dir())
+    except CredentialError as e:
+        _fail(f"llmgw {args.command}: {e}", 3)
+    args.creds = str(creds) if creds else None
+    return name
+
+
 def _setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -46,20 +65,33 @@ def _setup_logging(verbose: bool = False) -> None:
 def _run_until_signalled(main_coro_factory) -> None:
     """Run an async service until SIGINT or SIGTERM, then let it stop cleanly."""
 
+    from ..bus import auth
+
     async def runner() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        auth.when_refused(stop.set)  # a credential revoked while running: stop, then exit 3
         await main_coro_factory(stop)
 
     try:
         asyncio.run(runner())
+    except (auth.CredentialRefused, auth.CredentialError) as e:
+        _fail(f"llmgw: {e}", 3)  # (a ConnectionError too: said first, with what to do)
     except (ConnectionError, LookupError, TimeoutError) as e:
         _fail(f"llmgw: {e}", 3)  # NATS or its streams unreachable (llmgw/cli/exits.py)
     except Exception as e:  # one line for people; the traceback with -v
         logging.getLogger("llmgw").debug("fatal", exc_info=True)
+        if auth.refused():  # what the connection closing made fail
+            print(f"llmgw: {auth.refused()}", file=sys.stderr)
+            sys.exit(3)
+        if isinstance(e, (ConnectionError, LookupError, TimeoutError)):
+            sys.exit(f"llmgw: {e}")
         sys.exit(f"llmgw: {type(e).__name__}: {e}")
+    if auth.refused():
+        print(f"llmgw: {auth.refused()}", file=sys.stderr)
+        sys.exit(3)
 
 
 # ----------------------------------------------------------------- subcommands
@@ -79,7 +111,8 @@ def cmd_up(args) -> None:
             node_name=args.name,
             gateway_port=None if args.no_gateway else args.gateway_port,
             engine_ports=args.engine_ports,
-        )
+            gateway_listen=args.gateway_listen,
+        )  # always with auth: bus/auth.py, under <state dir>/creds
     )
 
 
@@ -91,13 +124,15 @@ def cmd_control(args) -> None:
 
     from ..telemetry import setup
 
+    _component(args, "control", "control")
     _setup_logging(args.verbose)
     setup("llmgw-control")
 
     async def main(stop: asyncio.Event) -> None:
         bus = await NatsBus.connect(
-            _nats_url(args), name="llmgw-control", forever=True, replicas=args.stream_replicas, stop=stop
-        )
+            _nats_url(args), name="llmgw-control", forever=True, replicas=args.stream_replicas, stop=stop,
+            creds=args.creds,
+        )  # fmt: skip
         snapshots = SnapshotStore(os.path.join(args.state_dir, "control", "snapshot.msgpack"))
         config = ControlConfig(node_grace=args.node_grace, lease_ttl=args.lease_ttl)
         plane = ControlPlane(bus, snapshots=snapshots, config=config)
@@ -114,10 +149,18 @@ def cmd_gateway(args) -> None:
     import socket
 
     from ..bus.nats import NatsBus
+    from ..gateway.config import from_args
     from ..gateway.server import Gateway
     from ..telemetry import setup
 
-    name = args.name or re.sub(r"[^A-Za-z0-9_-]", "-", f"{socket.gethostname().split('.')[0]}-{args.port}")[:64]
+    try:
+        config = from_args(args)
+    except ValueError as e:
+        _fail(f"llmgw gateway: {e}", 2)
+    name = args.name
+    if name is None and not (args.creds or os.environ.get("LLMGW_CREDS")):
+        name = re.sub(r"[^A-Za-z0-9_-]", "-", f"{socket.gethostname().split('.')[0]}-{config.port}")[:64]
+    name = _component(args, "gateway", name)  # a gateway's credential names it
     if not re.match(r"^[A-Za-z0-9_-]{1,64}$", name):
         _fail(f"llmgw gateway: a gateway name is letters, digits, _ and - (at most 64), not {name!r}", 2)
     _setup_logging(args.verbose)
@@ -130,11 +173,10 @@ def cmd_gateway(args) -> None:
         pass
 
     async def main(stop: asyncio.Event) -> None:
-        bus = await NatsBus.connect(_nats_url(args), name=f"llmgw-gateway-{name}", forever=True, stop=stop)
-        gateway = Gateway(
-            bus, name=name, port=args.port, host=args.host, wait_s=args.wait_timeout,
-            upstream_timeout=args.upstream_timeout,
-        )  # fmt: skip
+        bus = await NatsBus.connect(
+            _nats_url(args), name=f"llmgw-gateway-{name}", forever=True, stop=stop, creds=args.creds
+        )
+        gateway = Gateway(bus, name=name, config=config)
         try:
             await gateway.run(stop)
         finally:
@@ -153,6 +195,9 @@ def default_node_name() -> str:
 
 
 def cmd_agent(args) -> None:
+    if not args.simulate and not args.name and not (args.creds or os.environ.get("LLMGW_CREDS")):
+        args.name = default_node_name()
+    args.name = _component(args, "agent", args.name)  # an agent's credential names its node
     if not args.simulate:
         return cmd_real_agent(args)
     if not args.name:
@@ -163,7 +208,9 @@ def cmd_agent(args) -> None:
     _setup_logging(args.verbose)
 
     async def main(stop: asyncio.Event) -> None:
-        bus = await NatsBus.connect(_nats_url(args), name=f"llmgw-agent-{args.name}", forever=True, stop=stop)
+        bus = await NatsBus.connect(
+            _nats_url(args), name=f"llmgw-agent-{args.name}", forever=True, stop=stop, creds=args.creds
+        )
         agent = SimulatedAgent(
             bus,
             args.name,
@@ -195,6 +242,7 @@ def cmd_real_agent(args) -> None:
 
     from ..agent import agentfile
     from ..agent.node import NodeAgent, StateDirTaken
+    from ..bus.auth import CredentialRefused
     from ..bus.nats import NatsBus
     from ..core.catalog import NAME_RE
 
@@ -210,12 +258,15 @@ def cmd_real_agent(args) -> None:
         agent_file.engine_ports = args.engine_ports  # the flag wins over the file
     state_dir = Path(args.state_dir or os.path.join(".llmgw", f"agent-{name}"))
     _setup_logging(args.verbose)
-    url = _nats_url(args)
+    url, creds = _nats_url(args), args.creds
 
     async def main(stop: asyncio.Event) -> None:
-        # NATS may not be up yet (a node booting before it): connect waits for it, forever.
+        # NATS may not be up yet (a node booting before it): connect waits for
+        # it, forever; a credential refused raises at once (exit 3, saying which).
         try:
-            bus = await NatsBus.connect(url, name=f"llmgw-agent-{name}", forever=True, stop=stop)
+            bus = await NatsBus.connect(url, name=f"llmgw-agent-{name}", forever=True, stop=stop, creds=creds)
+        except CredentialRefused:
+            raise
         except ConnectionError:
             return  # stopped while waiting
         agent = NodeAgent(
@@ -246,16 +297,20 @@ def cmd_ctl(args) -> None:
 
 
 def cmd_projections_rebuild(args) -> None:
+    from ..bus.auth import CredentialError, CredentialRefused
     from ..projections.__main__ import rebuild_once
     from .exits import Exit
 
-    where = locate(args.nats, args.db)
+    where = locate(args.nats, args.db, args.creds)
     if where.db is None:
         print("llmgw projections rebuild: which database? give --db PATH (or run it where llmgw up runs)", file=sys.stderr)
         sys.exit(Exit.BAD_INPUT)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
     try:
-        asyncio.run(rebuild_once(where.nats, str(where.db), wait_streams=5.0))
+        asyncio.run(rebuild_once(where.nats, str(where.db), wait_streams=5.0, creds=where.creds))
+    except (CredentialRefused, CredentialError) as e:
+        print(f"llmgw projections rebuild: {e}", file=sys.stderr)
+        sys.exit(3)
     except (ConnectionError, LookupError, TimeoutError) as e:
         print(f"llmgw projections rebuild: {e} ({where.how_nats})", file=sys.stderr)
         sys.exit(Exit.UNREACHABLE)
@@ -275,13 +330,14 @@ def cmd_replay(args) -> None:
             print(f"llmgw replay: {args.file}: {e}", file=sys.stderr)
             sys.exit(Exit.BAD_INPUT)
     else:
+        from ..bus.auth import CredentialError, CredentialRefused
         from ..bus.nats import NatsBus
         from ..ctl.progress import read_log_showing_progress
 
         where = locate(args.nats)
 
         async def fetch():
-            bus = await NatsBus.connect(where.nats, name="llmgw-replay")
+            bus = await NatsBus.connect(where.nats, name="llmgw-replay", creds=_creds(args))
             try:
                 return await read_log_showing_progress(bus, "llmgw replay: reading the log")
             finally:
@@ -289,6 +345,9 @@ def cmd_replay(args) -> None:
 
         try:
             records = asyncio.run(fetch())
+        except (CredentialRefused, CredentialError) as e:
+            print(f"llmgw replay: {e}", file=sys.stderr)
+            sys.exit(Exit.UNREACHABLE)
         except (ConnectionError, LookupError, TimeoutError) as e:
             print(f"llmgw replay: {e} ({where.how_nats})", file=sys.stderr)
             sys.exit(Exit.UNREACHABLE)
@@ -440,6 +499,7 @@ def _every_command(p: argparse.ArgumentParser, path: str = ""):
 
 def parser() -> argparse.ArgumentParser:
     from ..control.config import LEASE_TTL_S, NODE_GRACE_S
+    from ..gateway import config as gateway_config
     from .exits import table_text
 
     p = argparse.ArgumentParser(
@@ -465,6 +525,10 @@ def parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--name", help="the local node's name (default: the host name)")
     up.add_argument("--gateway-port", type=int, default=8080, metavar="PORT", help="the port of the gateway's OpenAI API")
+    up.add_argument(
+        "--gateway-listen", default="127.0.0.1", metavar="ADDR",
+        help="the address of the gateway's OpenAI API (0.0.0.0: every interface)",
+    )  # fmt: skip
     up.add_argument("--no-gateway", action="store_true", help="run no gateway")
     up.add_argument("--engine-ports", type=_port_range, metavar="FIRST-LAST", help=ENGINE_PORTS_HELP)
     up.set_defaults(func=cmd_up)
@@ -485,6 +549,7 @@ def parser() -> argparse.ArgumentParser:
     control.add_argument(
         "--stream-replicas", type=int, default=1, choices=(1, 3, 5), help="JetStream replicas of the streams it creates (3 in a cluster)"
     )
+    control.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")
     control.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
     control.set_defaults(func=cmd_control)
 
@@ -511,30 +576,24 @@ def parser() -> argparse.ArgumentParser:
         help="simulated: shards of this model fail instead of becoming ready (repeat for more)",
     )  # fmt: skip
     agent.add_argument("--nats", metavar="URL", help=NATS_HELP)
+    agent.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")
     agent.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
     agent.set_defaults(func=cmd_agent)
 
     gateway = sub.add_parser("gateway", help="serve the OpenAI API and route to ready replicas (stateless: run as many as needed)")
     gateway.add_argument("--nats", metavar="URL", help=NATS_HELP)
-    gateway.add_argument("--port", type=int, default=8080, help="the port of the OpenAI API (0: any free one)")
-    gateway.add_argument(
-        "--host", default="0.0.0.0",
-        help="where to listen once the catalog defines API keys (until then, and without keys, 127.0.0.1 only)",
-    )  # fmt: skip
+    gateway.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")
     gateway.add_argument("--name", help="the gateway's name in the load it reports (default: HOST-PORT)")
-    gateway.add_argument(
-        "--wait-timeout", type=float, default=300.0, metavar="S",
-        help="seconds a request waits for a ready replica (an on-demand model waking) before 503",
-    )  # fmt: skip
-    gateway.add_argument(
-        "--upstream-timeout", type=float, default=600.0, metavar="S", help="seconds to wait for an engine's first byte"
-    )
+    gateway_config.add_arguments(gateway)  # --listen, --port, the limits and timeouts (llmgw/gateway/config.py)
     gateway.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
     gateway.set_defaults(func=cmd_gateway)
 
     from . import ctl
 
     ctl.add_parser(sub)
+    from . import creds
+
+    creds.add_parser(sub)
 
     projections = sub.add_parser("projections", help="the SQLite read models: rebuild them from the log")
     projections_sub = projections.add_subparsers(dest="what", required=True, metavar="ACTION", help="what to do")
@@ -543,6 +602,7 @@ def parser() -> argparse.ArgumentParser:
     )
     rebuild.add_argument("--nats", metavar="URL", help=NATS_HELP)
     rebuild.add_argument("--db", metavar="PATH", help="the SQLite file (default: $LLMGW_DB, else the local llmgw up's)")
+    rebuild.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")
     rebuild.add_argument("-v", "--verbose", action="store_true", help="log at info level")
     rebuild.set_defaults(func=cmd_projections_rebuild)
 
@@ -551,6 +611,7 @@ def parser() -> argparse.ArgumentParser:
         "file", nargs="?", metavar="FILE", help="a log file written by --export (default: the live log, from NATS)"
     )
     replay.add_argument("--nats", metavar="URL", help=NATS_HELP)
+    replay.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")
     replay.add_argument("--at", metavar="SEQ|TIME", help="stop at this sequence number or time (ISO 8601 or Unix seconds)")
     who = replay.add_mutually_exclusive_group()
     who.add_argument("--model", help="the history of one model")

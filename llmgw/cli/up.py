@@ -15,6 +15,14 @@ them. Unless told `--no-demo`, an empty catalog gets the demo model
 (SmolLM2-135M-Instruct on llama.cpp, on the CPU; `demo.py`), and `up` says
 where it answers once it is ready.
 
+Always with auth (llmgw/bus/auth.py): it makes the NATS operator and account
+keys under `<state dir>/creds` the first time, and a credential per
+component (control, projector, the agent of its node, its gateway) and one for
+the tools (`creds/operator.creds`, which `llmgw ctl`, `replay` and
+`projections rebuild` run here find by themselves); its NATS refuses
+anonymous connections. With `--nats`, the components present those
+credentials to that server.
+
 One `llmgw up` per state dir: it holds `<state dir>/up.lock` (flock, with
 its pid in it) for its life; another on the same folder exits with 3 at once,
 naming that pid. A port taken (NATS's, the gateway's) exits with 2.
@@ -29,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..bus.auth import DEFAULTS as AUTH, CredentialError, Keystore
 from ..bus.server import NatsServer, PortTaken, port_is_taken
 from ..ctl.locate import DB_FILE, remove_up_file, write_up_file
 
@@ -116,6 +125,7 @@ def up(
     node_name: str | None = None,
     gateway_port: int | None = 8080,
     engine_ports=None,  # agentfile.PortRange for the local agent; None: its agent file's
+    gateway_listen: str = "127.0.0.1",
 ) -> int:
     import asyncio
 
@@ -142,9 +152,23 @@ def up(
     if gateway_port is not None and port_is_taken(gateway_port):
         print(f"llmgw up: the gateway's port {gateway_port} is taken: give another with --gateway-port", file=sys.stderr)
         return 2
+    from .main import default_node_name
+
+    node = node_name or default_node_name()
+    gateway_name = f"{default_node_name()}-{gateway_port}"[:64]
+    try:
+        keys = Keystore(state / AUTH.creds_dir).init()
+        creds = {role: str(keys.ensure(role)) for role in ("control", "projector", "operator")}
+        if agent:
+            creds["agent"] = str(keys.ensure("agent", node))
+        if gateway_port is not None:
+            creds["gateway"] = str(keys.ensure("gateway", gateway_name))
+    except (CredentialError, OSError) as e:
+        print(f"llmgw up: the credentials in {state / AUTH.creds_dir}: {e}", file=sys.stderr)
+        return 2
     server = None
     if nats_url is None:
-        server = NatsServer(state / "nats", nats_port)
+        server = NatsServer(state / "nats", nats_port, auth=keys)
         try:
             server.start()
         except (PortTaken, RuntimeError, TimeoutError) as e:
@@ -156,14 +180,14 @@ def up(
     db = state / DB_FILE
     py = sys.executable
     children = [
-        Child("control plane", [py, "-m", "llmgw", "control", "--nats", nats_url, "--state-dir", str(state)]),
+        Child(
+            "control plane",
+            [py, "-m", "llmgw", "control", "--nats", nats_url, "--state-dir", str(state), "--creds", creds["control"]],
+        ),
         # The read models: it waits for the streams the control plane creates.
-        Child("projector", [py, "-m", "llmgw.projections", "--nats", nats_url, "--db", str(db)]),
+        Child("projector", [py, "-m", "llmgw.projections", "--nats", nats_url, "--db", str(db), "--creds", creds["projector"]]),
     ]
     if agent:
-        from .main import default_node_name
-
-        node = node_name or default_node_name()
         af = Path(agent_file) if agent_file else demo_mod.write_agent_file(state / "agent.yaml")
         children.append(
             Child(
@@ -172,13 +196,18 @@ def up(
                     py, "-m", "llmgw", "agent", "--name", node, "--agent-file", str(af),
                     "--state-dir", str(state / "agent"), "--nats", nats_url, "--stop-engines-on-exit",
                     *(("--engine-ports", str(engine_ports)) if engine_ports else ()),
+                    "--creds", creds["agent"],
                 ],
             )  # fmt: skip
         )
     gateway_url = ""
     if gateway_port is not None:
-        gateway_url = f"http://127.0.0.1:{gateway_port}"
-        children.append(Child("gateway", [py, "-m", "llmgw", "gateway", "--nats", nats_url, "--port", str(gateway_port)]))
+        host = "127.0.0.1" if gateway_listen in ("0.0.0.0", "::") else f"[{gateway_listen}]" if ":" in gateway_listen else gateway_listen
+        gateway_url = f"http://{host}:{gateway_port}"
+        children.append(
+            Child("gateway", [py, "-m", "llmgw", "gateway", "--nats", nats_url, "--port", str(gateway_port),
+                              "--listen", gateway_listen, "--creds", creds["gateway"]])
+        )  # fmt: skip
     stopping = False
 
     def on_signal(signum, frame) -> None:
@@ -195,17 +224,18 @@ def up(
         write_up_file(state, nats=nats_url, db=db)
         if demo:
             try:
-                said = asyncio.run(demo_mod.apply_demo(nats_url))
+                said = asyncio.run(demo_mod.apply_demo(nats_url, creds=creds["operator"]))
             except Exception as e:  # the control plane slow to make the streams, NATS gone
                 said = f"could not apply the demo model: {e}"
             if said:
                 print(f"llmgw up: {said}", flush=True)
-            watcher = demo_mod.DemoWatcher(nats_url, gateway=gateway_url)
+            watcher = demo_mod.DemoWatcher(nats_url, gateway=gateway_url, creds=creds["operator"])
             watcher.start()
         print(
             f"read models (SQLite): {db.resolve()}\n"
             + (f"gateway (OpenAI API): {gateway_url}/v1\n" if gateway_url else "")
-            + f"ready. In other shells, here (or with --nats {nats_url}):\n"
+            + f"credentials: {keys.folder.resolve()} (the tools': operator.creds)\n"
+            + f"ready. In other shells, here (or with --nats {nats_url} --creds {Path(creds['operator']).resolve()}):\n"
             + ("  llmgw ctl get replicas --watch           # the demo model, starting\n" if demo else "")
             + "  llmgw agent --simulate --name gpu-1 --gpus 8\n"
             "  llmgw ctl apply -f deploy/catalog.example.yaml --wait\n"

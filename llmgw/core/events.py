@@ -201,6 +201,16 @@ class ApiKeyRemoved(Event, tag="apikey.removed"):
     name: str
 
 
+class CredentialRevoked(Event, tag="credential.revoked"):
+    """An operator revoked a bus credential (`llmgw creds revoke`): the NATS
+    server refuses it from then on. A node whose agent's credential it was is
+    treated as lost, until it registers again (with a new credential)."""
+
+    role: str  # agent, gateway, operator, control, projector
+    name: str  # the node, gateway or operator it was issued for
+    public_key: str = ""
+
+
 # --------------------------------------------------------------------------- agents (llmgw.agent.<node>.>)
 
 
@@ -456,6 +466,7 @@ AnyEvent = Union[
     OwnerRemoved,
     NodePorts,
     LeaderElected,
+    CredentialRevoked,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
@@ -477,6 +488,7 @@ ORIGIN: dict[type[Event], str] = {
     OwnerRemoved: "ctl",
     NodePorts: "agent",
     LeaderElected: "control",
+    CredentialRevoked: "ctl",
 }
 
 

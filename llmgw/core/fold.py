@@ -213,6 +213,13 @@ def _api_key_removed(state: State, e: ev.ApiKeyRemoved, seq: int) -> None:
     state.api_keys.pop(e.name, None)
 
 
+def _credential_revoked(state: State, e: ev.CredentialRevoked, seq: int) -> None:
+    # The server refuses the credential; what that means for the fleet is
+    # decided (liveness.lost_nodes), as for a node gone quiet.
+    if e.role == "agent":
+        state.revoked_nodes[e.name] = seq
+
+
 # --------------------------------------------------------------------------- gateway events
 
 
@@ -257,6 +264,9 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
     )
     node.taken = in_range(node, e.ports_taken)
     state.nodes[e.node] = node
+    # Registered after its credential was revoked: with a new one (the server
+    # refuses the old since before the revocation was in the log).
+    state.revoked_nodes.pop(e.node, None)
     adoption.take_reports(state, node, e)
 
 
@@ -393,4 +403,5 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.OwnerRemoved: _owner_removed,
     ev.NodePorts: node_ports,
     ev.LeaderElected: _leader_elected,
+    ev.CredentialRevoked: _credential_revoked,
 }

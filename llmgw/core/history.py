@@ -127,6 +127,8 @@ def summary(event: ev.Event, about: Entity | None = None) -> str:
     if isinstance(event, ev.LeaderElected):
         after = f", after {event.previous}" if event.previous else ""
         return f"control plane {event.leader} leads: term {event.term}{after}"
+    if isinstance(event, ev.CredentialRevoked):
+        return f"credential of {event.role} {event.name} revoked"
     if isinstance(event, ev.Decided):
         acts = [a for a in event.actions if about is None or about in _action_mentions(a)]
         return "; ".join(_said(a) for a in acts)

@@ -16,10 +16,12 @@ from .state import State
 # More than this share of the ready nodes silent at once (and more than one
 # node) is taken as trouble of the bus, not of the nodes.
 MASS_SILENCE = 0.5
+REVOKED = "credential revoked"
 
 
 def lost_nodes(state: State, last_seen: dict[str, float], watching_since: float, now: float, grace: float):
-    """(node, reason) for each ready node not heard from within `grace` seconds.
+    """(node, reason) for each ready node not heard from within `grace` seconds,
+    or whose agent's credential was revoked (it can no longer speak at all).
 
     A node counts as seen when the watcher started (or the bus became
     healthy again), when it registered, and at each heartbeat, all in the
@@ -30,6 +32,9 @@ def lost_nodes(state: State, last_seen: dict[str, float], watching_since: float,
     ready = [name for name, node in state.nodes.items() if node.state == "ready"]
     heard = 0
     for name in ready:
+        if name in state.revoked_nodes:
+            out.append((name, REVOKED))
+            continue
         seen = max(last_seen.get(name, watching_since), watching_since)
         if now - seen > grace:
             last = last_seen.get(name)
@@ -39,7 +44,8 @@ def lost_nodes(state: State, last_seen: dict[str, float], watching_since: float,
         else:
             heard += 1
     for i, (name, reason) in enumerate(out):
-        out[i] = (name, f"{reason}; {heard} of {len(ready)} ready nodes heard)")
+        if reason != REVOKED:
+            out[i] = (name, f"{reason}; {heard} of {len(ready)} ready nodes heard)")
     return out
 
 
@@ -47,6 +53,7 @@ def mass_silence(state: State, lost: list, fraction: float = MASS_SILENCE) -> st
     """Why these nodes are not to be declared lost now ("" : they are): more
     than `fraction` of the ready nodes, and more than one, silent at once."""
     ready = sum(1 for node in state.nodes.values() if node.state == "ready")
+    lost = [(name, reason) for name, reason in lost if reason != REVOKED]  # (revoked: evidence of its own)
     if len(lost) > 1 and len(lost) > fraction * ready:
         return (f"{len(lost)} of {ready} ready nodes silent at once: taken as trouble of the bus, "
                 f"not of the nodes; none declared lost")

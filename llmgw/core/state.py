@@ -233,6 +233,9 @@ class State(msgspec.Struct, kw_only=True):
     # replica_numbers, for names no longer in the catalog.
     tallies: dict[str, Tally] = {}
     api_keys: dict[str, ApiKey] = {}  # by name
+    # Nodes whose agent's credential was revoked, and the sequence of the
+    # revocation: lost once decided so, until the node registers again.
+    revoked_nodes: dict[str, int] = {}
     owners: dict[str, Owner] = {}  # by path ("org/team")
     # What the live shards of each owner's replicas hold, counted for the
     # owner and every ancestor ("org/team" counts for "org" too); derived,

@@ -6,6 +6,9 @@ for that file in `$LLMGW_STATE_DIR`, else in `.llmgw` of the working
 directory or of the nearest parent that has one (as git finds its
 repository), so the shell where `llmgw up` was started, or any folder below,
 just works. Flags win over the environment, which wins over the file.
+
+The credential is found the same way: `--creds FILE`, else `$LLMGW_CREDS`,
+else the tools' credential of that state dir, `creds/operator.creds`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class Where:
     nats: str
     db: Path | None  # None: no read models known
     found: str  # how they were found, for error messages
+    creds: Path | None = None  # the NATS .creds to connect with (None: anonymous)
     nats_from: str = "the default"  # where the NATS URL came from: "--nats", "$LLMGW_NATS", an up file, "the default"
 
     @property
@@ -75,8 +79,10 @@ def find_state_dir(start: Path | None = None) -> Path | None:
     return None
 
 
-def locate(nats: str | None = None, db: str | None = None) -> Where:
-    """The NATS URL and database to use, from flags, environment or the local `llmgw up`."""
+def locate(nats: str | None = None, db: str | None = None, creds: str | None = None) -> Where:
+    """The NATS URL, database and credential to use, from flags, environment or the local `llmgw up`."""
+    from ..bus.auth import find_creds
+
     nats_from = "--nats" if nats else "$LLMGW_NATS" if os.environ.get("LLMGW_NATS") else ""
     nats = nats or os.environ.get("LLMGW_NATS")
     db = db or os.environ.get("LLMGW_DB")
@@ -96,4 +102,9 @@ def locate(nats: str | None = None, db: str | None = None) -> Where:
             # up is not running, but its read models are still there to read.
             db = str(state_dir / DB_FILE)
             found = f"{state_dir} (llmgw up is not running there)"
-    return Where(nats=nats or DEFAULT_NATS, db=Path(db) if db else None, found=found, nats_from=nats_from or "the default")
+    if not creds and not os.environ.get("LLMGW_CREDS") and state_dir is None:
+        state_dir = find_state_dir()
+    return Where(
+        nats=nats or DEFAULT_NATS, db=Path(db) if db else None, found=found, nats_from=nats_from or "the default",
+        creds=find_creds(creds, state_dir=state_dir),
+    )  # fmt: skip

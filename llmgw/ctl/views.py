@@ -120,8 +120,8 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
     ),
     "decisions": (
         "key",
-        ["SEQ", "TIME", "DECISION", "REASON", "VOIDED", "LEADER"],
-        lambda d: [str(d["seq"]), when(d["at"]), decision_words(d), d["reason"], d["voided"], d.get("leader", "")],
+        ["SEQ", "TIME", "DECISION", "REASON", "VOIDED"],
+        lambda d: [str(d["seq"]), when(d["at"]), decision_words(d), d["reason"], d["voided"]],
     ),
     # `get leader`: the lease holder and the standbys, live from the lease bucket.
     "leader": (
@@ -146,10 +146,14 @@ WIDE: dict[str, tuple[list[str], Callable[[dict], list[str]]]] = {
     ),
     "quotas": ([], lambda q: []),
     "preemptions": (["VICTIM MODELS"], lambda p: [",".join(sorted({v.get("model", "") for v in p["victims"]}))]),
-    "decisions": (["KIND", "MODEL", "REPLICA", "NODE"], lambda d: [d["kind"], d["model"], d["replica"], d["node"]]),
+    # Who decided: in -o wide (and a row of its own at each election), so the table fits a terminal.
+    "decisions": (
+        ["KIND", "MODEL", "REPLICA", "NODE", "LEADER"],
+        lambda d: [d["kind"], d["model"], d["replica"], d["node"], d.get("leader", "")],
+    ),
 }
 
-FLEX = {"REASON", "WAITING", "LABELS", "VICTIMS (TIER)", "BEFORE", "VOIDED", "DECISION", "PROFILES", "WHY PLACED", "LEADER"}
+FLEX = {"REASON", "WAITING", "LABELS", "VICTIMS (TIER)", "BEFORE", "VOIDED", "DECISION", "PROFILES", "WHY PLACED"}
 MIN_FLEX = 12  # a column of free text is cut to no fewer characters
 
 

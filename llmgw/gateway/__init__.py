@@ -12,5 +12,6 @@ without I/O, the shell around them is thin:
     metrics.py   counters and histograms, Prometheus' text format     (pure)
     api.py       OpenAI's shapes: errors, the model list, usage       (pure)
     upstream.py  pooled keep-alive HTTP/1.1 connections to the engines (shell)
+    config.py    addresses, the HTTP edge's limits, timeouts: one object with named defaults
     server.py    the HTTP server, the log followed, reports published  (shell)
 """

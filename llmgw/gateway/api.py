@@ -16,7 +16,8 @@ PROXIED = (b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings")
 
 REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-    405: "Method Not Allowed", 408: "Request Timeout", 413: "Payload Too Large", 429: "Too Many Requests",
+    405: "Method Not Allowed", 408: "Request Timeout", 413: "Payload Too Large", 414: "URI Too Long",
+    429: "Too Many Requests", 431: "Request Header Fields Too Large",
     500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable",
     504: "Gateway Timeout",
 }  # fmt: skip
@@ -24,7 +25,8 @@ REASONS = {
 # OpenAI's error types by status.
 ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "invalid_request_error", 405: "invalid_request_error", 413: "invalid_request_error",
+    404: "invalid_request_error", 405: "invalid_request_error", 408: "invalid_request_error",
+    413: "invalid_request_error", 414: "invalid_request_error", 431: "invalid_request_error",
     429: "rate_limit_error", 502: "server_error", 503: "server_error", 504: "server_error",
 }  # fmt: skip
 

@@ -14,6 +14,13 @@ attempt, with the reason). A model with no ready replica makes its request
 wait (counted as queued: that wakes an on-demand model) up to `wait_s`,
 then 503 with Retry-After; so does one whose replicas failed the request
 while another is coming (routing.when_none_ready).
+
+The HTTP edge holds to config.GatewayConfig's limits: sizes counted as the
+bytes arrive (a refusal stops the parser: nothing past a limit is buffered),
+each connection's deadline by its phase (idle, head, body, answer, linger)
+looked at by one sweep a tick, open connections capped. It listens on
+`listen` only (and /metrics on `metrics_listen` when given): what the log
+says never moves it.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from ..core.tenancy import may_use
 from ..telemetry import tracer
 from . import api
 from .engine_errors import openai_error
+from .config import GatewayConfig
 from .limits import KeyLimits, retry_after
 from .load import Loads
 from .metrics import Metrics
@@ -44,14 +52,8 @@ from .upstream import Lost, NotTheEngine, Pool
 log = logging.getLogger("llmgw.gateway")
 _tracer = tracer("llmgw.gateway")
 
-MAX_BODY = 32 * 1024 * 1024
-LOOPBACK = "127.0.0.1"
 REPORT_TICK_S = 0.25
 WAKE_RETRY_AFTER_S = 5
-# After the replicas tried failed, how long to wait for the log to say that
-# another is coming (a crashed engine is reported failed, and replaced, a
-# moment after a request found its port closed).
-FAILOVER_WAIT_S = 5.0
 WAIT_TICK_S = 0.5  # a waiting request looks again at least this often
 MAX_ATTEMPTS = 3
 USAGE_KEEP = 1 << 20  # an unstreamed answer longer than this is not read for its usage
@@ -62,6 +64,26 @@ ERROR_KEEP = 16384  # of an engine's error answer, what is kept to answer it in 
 DONE, RETRY, STALE, GONE, BROKEN, TIMEOUT = range(6)
 
 _REASON = {k: v.encode() for k, v in api.REASONS.items()}
+METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+def _enough_files(connections: int) -> None:
+    """Raise the soft limit of open files for `connections` clients and as many
+    upstream connections (the hard limit allowing)."""
+    try:
+        import resource
+    except ImportError:
+        return
+    want = 2 * connections + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        except (ValueError, OSError):
+            new = soft
+        if new < want:
+            log.warning("open files are limited to %d: fewer than %d connections will fit (raise ulimit -n)", new, connections)
 
 
 def _status_line(status: int) -> bytes:
@@ -81,16 +103,30 @@ class Request:
         self.expect = False
 
 
+class Refused(Exception):
+    """Raised in a parser callback: the request is answered `status` and the connection closed."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        self.message = message
+
+
+# A connection's phase, for its deadline (see config.py).
+IDLE, HEAD, BODY, ANSWER, LINGER = range(5)
+
+
 class Client(asyncio.Protocol):
     """One client connection: requests parsed, answered one at a time, in order."""
 
     __slots__ = (
         "gw", "transport", "parser", "req", "parts", "size", "busy", "queue", "closed", "local", "exchange",
-        "paused", "url",
+        "paused", "url", "admin", "phase", "deadline", "head_bytes", "length", "refusal", "cfg",
     )  # fmt: skip
 
-    def __init__(self, gw: "Gateway") -> None:
+    def __init__(self, gw: "Gateway", admin: bool = False) -> None:
         self.gw = gw
+        self.cfg = gw.config
+        self.admin = admin  # the --metrics-listen address: /metrics only
         self.transport = None
         self.parser = httptools.HttpRequestParser(self)
         self.req: Request | None = None
@@ -103,6 +139,11 @@ class Client(asyncio.Protocol):
         self.local = True
         self.exchange = None
         self.paused = False
+        self.phase = HEAD  # a new connection owes its first head within header_timeout
+        self.deadline = gw.now + gw.config.header_timeout
+        self.head_bytes = 0  # of the head being received, counted as they arrive
+        self.length = -1  # the Content-Length of the request being received
+        self.refusal: tuple | None = None  # to answer once the answers owed before it are sent
 
     # ----------------------------------------------------------------- asyncio
 
@@ -111,18 +152,46 @@ class Client(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         host = peer[0] if peer else ""
         self.local = host.startswith("127.") or host in ("::1", "::ffff:127.0.0.1") or not host
-        self.gw.clients.add(self)
+        gw = self.gw
+        clients = gw.clients
+        cap = gw.config.max_connections
+        if len(clients) >= cap:
+            gw.metrics.edge("max_connections")
+            if len(clients) >= cap + max(16, cap // 8):  # a flood: hold nothing
+                self.closed = True
+                transport.abort()
+                return
+            clients.add(self)
+            self.refuse(503, f"this gateway holds {cap} connections already: retry later", b"Retry-After: 1\r\n")
+            return
+        clients.add(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.closed or self.refusal is not None:
+            return  # lingering after a refusal (or before it): dropped
+        if self.phase != BODY:  # a head (this one, or the next)
+            self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self.refuse(400, "protocol upgrades are not supported")
         except httptools.HttpParserError as e:
-            self.refuse(400, f"malformed HTTP request: {e}")
+            why = e.__context__
+            if isinstance(why, Refused):
+                self.gw.metrics.edge(_EDGE_WHY.get(why.status, str(why.status)))
+                self.refuse(why.status, why.message)
+            else:
+                self.gw.metrics.edge("malformed")
+                self.refuse(400, f"malformed HTTP request: {e}")
+            return
+        if self.phase == HEAD and self.head_bytes > self.cfg.max_header_bytes:
+            self.gw.metrics.edge("max_header_bytes")
+            self.refuse(431, f"the request's line and headers are larger than {self.cfg.max_header_bytes} bytes")
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        self.phase = LINGER
+        self.deadline = 0.0
         self.gw.clients.discard(self)
         ex = self.exchange
         if ex is not None:
@@ -140,6 +209,24 @@ class Client(asyncio.Protocol):
         if ex is not None and ex.upstream is not None:
             ex.upstream.resume()
 
+    def expire(self) -> None:
+        """Its deadline passed (the gateway's sweep)."""
+        phase = self.phase
+        self.deadline = 0.0
+        if phase == LINGER or phase == IDLE or self.closed or (phase == HEAD and self.req is None):
+            # No byte of a request: closed without an answer (one the client did not ask for).
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+            return
+        cfg = self.cfg
+        self.gw.metrics.edge("header_timeout" if phase == HEAD else "body_timeout")
+        if phase == HEAD:
+            why = f"the request's head did not arrive within {cfg.header_timeout:g}s"
+        else:
+            why = f"the request's body did not arrive within {cfg.body_timeout:g}s"
+        self.refuse(408, why)
+
     # ----------------------------------------------------------------- httptools
 
     def on_message_begin(self) -> None:
@@ -147,19 +234,36 @@ class Client(asyncio.Protocol):
         self.parts = []
         self.size = 0
         self.url = b""
+        self.length = -1
+        if self.phase != HEAD:  # from idle (or the answer): this head's time starts now
+            self.phase = HEAD
+            self.deadline = self.gw.now + self.cfg.header_timeout
 
     def on_url(self, url: bytes) -> None:
+        if len(self.url) + len(url) > self.cfg.max_request_line:
+            raise Refused(414, f"the request's URL is longer than {self.cfg.max_request_line} bytes")
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         n = name.lower()
         if n == b"authorization":
             self.req.auth = value
+        elif n == b"content-length":
+            try:
+                self.length = int(value)
+            except ValueError:
+                raise Refused(400, "Content-Length is not a number") from None
         elif n == b"expect" and value.lower() == b"100-continue":
             self.req.expect = True
 
     def on_headers_complete(self) -> None:
         req = self.req
+        cfg = self.cfg
+        if self.length > cfg.max_body:
+            raise Refused(413, f"the request body ({self.length} bytes) is larger than {cfg.max_body} bytes")
+        self.phase = BODY
+        self.head_bytes = 0
+        self.deadline = self.gw.now + cfg.body_timeout
         req.method = self.parser.get_method()
         req.path = self.url.split(b"?", 1)[0]
         if req.expect and not self.busy and not self.closed:
@@ -167,9 +271,8 @@ class Client(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
-        if self.size > MAX_BODY:
-            self.refuse(413, f"the request body is larger than {MAX_BODY} bytes")
-            return
+        if self.size > self.cfg.max_body:
+            raise Refused(413, f"the request body is larger than {self.cfg.max_body} bytes")
         self.parts.append(body)
 
     def on_message_complete(self) -> None:
@@ -181,6 +284,8 @@ class Client(asyncio.Protocol):
         req.keep_alive = self.parser.should_keep_alive()
         req.received = time.monotonic()
         self.req = None
+        self.phase = ANSWER
+        self.deadline = 0.0
         if self.busy:
             self.queue.append(req)
         else:
@@ -200,8 +305,14 @@ class Client(asyncio.Protocol):
             return
         if self.queue:
             self.gw.handle(self, self.queue.popleft())
+        elif self.refusal is not None:
+            self.busy = False
+            self.refuse(*self.refusal)
         else:
             self.busy = False
+            if self.phase == ANSWER:  # no byte of a next request yet
+                self.phase = IDLE
+                self.deadline = self.gw.now + self.cfg.keepalive_timeout
 
     def reply(self, req: Request, status: int, body: bytes, content_type: bytes = b"application/json", headers: bytes = b"") -> None:
         if not self.closed:
@@ -212,16 +323,51 @@ class Client(asyncio.Protocol):
             )
         self.finished(req.keep_alive)
 
-    def refuse(self, status: int, message: str) -> None:
-        """A request that cannot be parsed: answer and close."""
-        if not self.closed:
-            body = api.error_body(status, message)
-            self.transport.write(
-                b"%sContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                % (_status_line(status), len(body), body)
-            )
-            self.closed = True
-            self.transport.close()
+    def refuse(self, status: int, message: str, headers: bytes = b"") -> None:
+        """Answer `status` and close: a request that cannot be parsed, or is past a limit.
+        What the client still sends is read and dropped (up to linger_timeout, or
+        its end) so that it reads the answer, not a reset."""
+        if self.closed:
+            return
+        if self.busy:  # a pipelined request: refused after the answers owed before it
+            if self.refusal is None:
+                self.refusal = (status, message, headers)
+                self.phase = ANSWER
+                self.deadline = 0.0
+            return
+        self.closed = True
+        self.refusal = None
+        self.queue.clear()
+        self.req = None
+        self.parts = []
+        self.url = b""
+        body = api.error_body(status, message, _EDGE_CODE.get(status))
+        t = self.transport
+        t.write(
+            b"%sContent-Type: application/json\r\nContent-Length: %d\r\n%sConnection: close\r\n\r\n%s"
+            % (_status_line(status), len(body), headers, body)
+        )
+        linger_s = self.cfg.linger_timeout
+        if linger_s > 0 and t.can_write_eof():
+            t.write_eof()
+            self.phase = LINGER
+            self.deadline = self.gw.now + linger_s
+        else:
+            t.close()
+
+
+# Edge refusals: the metric's `why`, and the error's code.
+_EDGE_WHY = {413: "max_body", 414: "max_request_line", 400: "malformed"}
+_EDGE_CODE = {
+    408: "request_timeout", 413: "request_too_large", 414: "url_too_long", 431: "headers_too_large",
+    503: "too_many_connections",
+}  # fmt: skip
+
+
+def _shown(path: bytes) -> str:
+    """A path in a message: at most 100 characters of it."""
+    text = path[:100].decode(errors="replace")
+    return text + "…" if len(path) > 100 else text
 
 
 class Exchange:
@@ -369,26 +515,16 @@ class Exchange:
 
 
 class Gateway:
-    def __init__(
-        self,
-        bus,
-        *,
-        name: str,
-        port: int = 8080,
-        host: str = "0.0.0.0",
-        wait_s: float = 300.0,
-        upstream_timeout: float = 600.0,
-        connect_timeout: float = 3.0,
-        failover_s: float = FAILOVER_WAIT_S,
-    ) -> None:
+    def __init__(self, bus, *, name: str, config: GatewayConfig = GatewayConfig()) -> None:
         self.bus = bus
         self.name = name
-        self.port = port
-        self.keys_host = host  # where to listen once the catalog has keys
-        self.wait_s = wait_s
-        self.upstream_timeout = upstream_timeout
-        self.connect_timeout = connect_timeout
-        self.failover_s = failover_s
+        self.config = config
+        self.port = config.port  # the one listened on, once listening
+        self.wait_s = config.wait_timeout
+        self.upstream_timeout = config.upstream_timeout
+        self.connect_timeout = config.connect_timeout
+        self.failover_s = config.failover_timeout
+        self.now = time.monotonic()  # the sweep's clock: deadlines are this plus a timeout
         self.state = State()
         self.table = Table()
         self.backends: dict[tuple[str, str, str, str], Backend] = {}
@@ -400,9 +536,11 @@ class Gateway:
         self.turn = 0
         self.waiters: list[asyncio.Future] = []
         self.server: asyncio.AbstractServer | None = None
+        self.metrics_server: asyncio.AbstractServer | None = None
+        self.metrics_port = 0
         self.listening_on = ""
         self._dirty = False
-        self._rebind: asyncio.Task | None = None
+        self._sweeper: asyncio.Task | None = None
         self._kick: asyncio.Event | None = None
         self._instance = uuid.uuid4().hex[:8]
         self._published = 0
@@ -452,54 +590,58 @@ class Gateway:
         for w in waiters:
             if not w.done():
                 w.set_result(None)
-        if self.server is not None and self._want_host() != self.listening_on and self._rebind is None:
-            self._rebind = asyncio.get_running_loop().create_task(self._listen_again())
 
     # ----------------------------------------------------------------- listening
 
-    def _want_host(self) -> str:
-        """Loopback only until the catalog defines API keys."""
-        return self.keys_host if self.table.keys else LOOPBACK
-
     async def listen(self) -> None:
-        host = self._want_host()
+        """On --listen only: what the catalog says (API keys or not) never moves it."""
+        cfg = self.config
         loop = asyncio.get_running_loop()
-        try:
-            self.server = await loop.create_server(lambda: Client(self), host, self.port, reuse_address=True, backlog=1024)
-        except OSError as e:
-            raise ConnectionError(f"cannot listen on {host}:{self.port}: {e.strerror or e}") from None
+        _enough_files(cfg.max_connections)
+        self.now = time.monotonic()
+        self.server = await self._serve(loop, cfg.listen, cfg.port, False)
         self.port = self.server.sockets[0].getsockname()[1]
-        self.listening_on = host
-        log.info("llmgw gateway %s: the OpenAI API at http://%s:%d/v1%s", self.name, host, self.port,
-                 " (API keys required)" if self.table.keys else " (no API keys defined: this machine only)")
+        self.listening_on = cfg.listen
+        if cfg.metrics_address is not None:
+            host, port = cfg.metrics_address
+            self.metrics_server = await self._serve(loop, host, port, True)
+            self.metrics_port = self.metrics_server.sockets[0].getsockname()[1]
+            log.info("llmgw gateway %s: /metrics at http://%s:%d/metrics", self.name, host, self.metrics_port)
+        self._sweeper = loop.create_task(self._sweep())
+        log.info("llmgw gateway %s: the OpenAI API at http://%s:%d/v1%s", self.name, cfg.listen, self.port,
+                 " (API keys required)" if self.table.keys else " (no API keys defined: this machine's clients only)")
 
-    async def _listen_again(self) -> None:
+    async def _serve(self, loop, host: str, port: int, admin: bool) -> asyncio.AbstractServer:
         try:
-            old = self.server
-            if old is not None:
-                old.close()
-            self.server = None
-            for attempt in range(50):
+            return await loop.create_server(lambda: Client(self, admin), host, port, reuse_address=True, backlog=1024)
+        except OSError as e:
+            raise ConnectionError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+    async def _sweep(self) -> None:
+        """The timeouts of the HTTP edge: each connection's deadline, looked at every tick."""
+        tick = self.config.tick
+        while True:
+            await asyncio.sleep(tick)
+            now = self.now = time.monotonic()
+            late = [c for c in self.clients if 0.0 < c.deadline < now]
+            for c in late:
                 try:
-                    await self.listen()
-                    break
-                except OSError as e:
-                    if attempt == 49:
-                        log.error("cannot listen on %s:%d: %s", self._want_host(), self.port, e)
-                    await asyncio.sleep(0.1)
-        finally:
-            self._rebind = None
+                    c.expire()
+                except Exception:  # one connection must not stop the sweep
+                    log.exception("closing a connection past its deadline")
 
     # ----------------------------------------------------------------- requests
 
     def handle(self, client: Client, req: Request) -> None:
         path, method = req.path, req.method
+        if client.admin:
+            return self.handle_admin(client, req)
         if path in api.PROXIED:
             if method != b"POST":
                 return client.reply(req, 405, api.error_body(405, f"{path.decode()} takes POST"))
             return self.proxy_start(client, req, path)
         if method != b"GET":
-            return client.reply(req, 404, api.error_body(404, f"no route {method.decode()} {path.decode(errors='replace')}"))
+            return client.reply(req, 404, api.error_body(404, f"no route {_shown(method)} {_shown(path)}"))
         if path == b"/v1/models" or path.startswith(b"/v1/models/"):
             ok, owner = self.authenticate(client, req)
             if not ok:
@@ -511,11 +653,23 @@ class Gateway:
             if route is None or (owner is not None and not may_use(owner, route.owner)):
                 return client.reply(req, 404, self._no_model(name))
             return client.reply(req, 200, api.model_object(self.table, name))
-        if path == b"/metrics":
-            return client.reply(req, 200, self.render_metrics(), b"text/plain; version=0.0.4; charset=utf-8")
+        if path == b"/metrics" and self.metrics_server is None:
+            ok, owner = self.authenticate(client, req)
+            if not ok:
+                return
+            models = None if owner is None else set(api.visible(self.table, owner))
+            return client.reply(req, 200, self.render_metrics(models), METRICS_TYPE)
         if path in (b"/health", b"/healthz", b"/"):
             return client.reply(req, 200, b'{"status":"ok"}')
-        return client.reply(req, 404, api.error_body(404, f"no route GET {path.decode(errors='replace')}"))
+        return client.reply(req, 404, api.error_body(404, f"no route GET {_shown(path)}"))
+
+    def handle_admin(self, client: Client, req: Request) -> None:
+        """The --metrics-listen address: /metrics of every model, no key (the address is the protection)."""
+        if req.method == b"GET" and req.path == b"/metrics":
+            return client.reply(req, 200, self.render_metrics(None), METRICS_TYPE)
+        if req.method == b"GET" and req.path in (b"/health", b"/healthz", b"/"):
+            return client.reply(req, 200, b'{"status":"ok"}')
+        return client.reply(req, 404, api.error_body(404, f"no route {_shown(req.method)} {_shown(req.path)} here: /metrics only"))
 
     def _no_model(self, name: str) -> bytes:
         return api.error_body(404, f"The model `{name}` does not exist or you do not have access to it.", "model_not_found")
@@ -820,12 +974,13 @@ class Gateway:
                 self._publish_warned = now
                 log.warning("cannot publish the load of %s: %s", r.model, e)
 
-    def render_metrics(self) -> bytes:
+    def render_metrics(self, models: set[str] | None = None) -> bytes:
+        """Every model's (None), or only these models' (a key's view: no edge figures either)."""
         loads = {m: (meter.in_flight, meter.queued) for m, meter in self.loads.meters.items()}
         for model in self.table.routes:
             loads.setdefault(model, (0, 0))
         backends = [(b.model, b.replica, b.outstanding, b.breaker.state != "closed") for b in self.backends.values()]
-        return self.metrics.render(loads, backends)
+        return self.metrics.render(loads, backends, models=models, connections=len(self.clients) if models is None else None)
 
     # ----------------------------------------------------------------- the whole
 
@@ -879,6 +1034,10 @@ class Gateway:
     async def close(self, grace: float = 5.0) -> None:
         if self.server is not None:
             self.server.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         deadline = time.monotonic() + grace
         while any(c.busy for c in self.clients) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

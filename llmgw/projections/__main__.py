@@ -19,15 +19,16 @@ import signal
 import sys
 import time
 
+from ..bus.auth import CredentialError, CredentialRefused
 from ..bus.nats import NatsBus
 from .projector import MAX_BATCH, DatabaseReplaced, Projector, ProjectorFailed, rebuild
 
 log = logging.getLogger("llmgw.projections")
 
 
-async def serve(nats: str, db: str, *, max_batch: int = MAX_BATCH, wait_streams: float = 30.0) -> None:
+async def serve(nats: str, db: str, *, max_batch: int = MAX_BATCH, wait_streams: float = 30.0, creds=None) -> None:
     """Project until SIGINT or SIGTERM; start again on a file a rebuild put at `db`."""
-    bus = await NatsBus.connect(nats, name="llmgw-projector", forever=True)  # waits for NATS, saying so
+    bus = await NatsBus.connect(nats, name="llmgw-projector", forever=True, creds=creds)  # waits for NATS, saying so
     try:
         await bus.wait_for_streams(timeout=wait_streams)
         stop = asyncio.Event()
@@ -43,9 +44,9 @@ async def serve(nats: str, db: str, *, max_batch: int = MAX_BATCH, wait_streams:
         await bus.close()
 
 
-async def rebuild_once(nats: str, db: str, *, wait_streams: float = 30.0) -> int:
+async def rebuild_once(nats: str, db: str, *, wait_streams: float = 30.0, creds=None) -> int:
     """Rebuild `db` from the whole log, printing progress on stderr; returns its last sequence."""
-    bus = await NatsBus.connect(nats, name="llmgw-rebuild")
+    bus = await NatsBus.connect(nats, name="llmgw-rebuild", creds=creds)
     started = time.monotonic()
 
     def progress(at: int, last: int) -> None:
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--nats", default=os.environ.get("LLMGW_NATS", "nats://127.0.0.1:4222"),
                    help="NATS server URL(s), comma-separated (default $LLMGW_NATS or the local one)")
     p.add_argument("--db", required=True, help="the SQLite file of the read models")
+    p.add_argument("--creds", help="NATS credential, a .creds file (default $LLMGW_CREDS, else the local llmgw up's)")
     p.add_argument("--rebuild", action="store_true", help="build the database afresh from the whole log, then exit")
     p.add_argument(
         "--max-batch", type=int, default=MAX_BATCH, help=f"most events per transaction (default {MAX_BATCH})"
@@ -81,10 +83,18 @@ def main(argv: list[str] | None = None) -> None:
         stream=sys.stderr,
     )
     try:
+        from ..bus.auth import component_creds
+        from ..ctl.locate import find_state_dir
+
+        creds, _ = component_creds(args.creds, "projector", "projector", state_dir=find_state_dir())
+        args.creds = str(creds) if creds else None
         if args.rebuild:
-            asyncio.run(rebuild_once(args.nats, args.db, wait_streams=args.wait_streams))
+            asyncio.run(rebuild_once(args.nats, args.db, wait_streams=args.wait_streams, creds=args.creds))
         else:
-            asyncio.run(serve(args.nats, args.db, max_batch=args.max_batch, wait_streams=args.wait_streams))
+            asyncio.run(serve(args.nats, args.db, max_batch=args.max_batch, wait_streams=args.wait_streams, creds=args.creds))
+    except (CredentialRefused, CredentialError) as e:
+        print(f"llmgw projector: {e}", file=sys.stderr)
+        sys.exit(3)
     except (ConnectionError, LookupError, TimeoutError, ProjectorFailed) as e:
         sys.exit(f"llmgw projector: {e}")
 

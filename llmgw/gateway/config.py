@@ -1,0 +1,118 @@
+"""The gateway's addresses, limits and timeouts: one frozen object with named
+defaults (as httpx's Limits and Timeout), given to `Gateway(config=...)`.
+Every field is a flag of `llmgw gateway` (`--` and the name with dashes,
+unless it says otherwise): `add_arguments` makes them, `from_args` reads them.
+
+What a client past a limit of the HTTP edge gets:
+
+    max_request_line   414, closed       the URL, counted as it arrives (never buffered past it)
+    max_header_bytes   431, closed       request line and headers, counted as they arrive
+    max_body           413, closed       checked against Content-Length before any byte of the
+                                         body is read (before a 100 Continue); a chunked body is
+                                         counted as it arrives
+    header_timeout     408, closed       a request's head (request line and headers) must be in
+                                         within this from its first byte; a new connection's
+                                         first one within this from the connection (one that
+                                         sent nothing is closed without an answer)
+    body_timeout       408, closed       its body within this from the end of its head
+    keepalive_timeout  closed            a connection idle between requests (no answer owed, no
+                                         byte of a next request)
+    max_connections    503, closed       open connections; one past it is answered 503 with
+                                         Retry-After and closed (an HTTP client, the openai SDK,
+                                         retries that with backoff, where it could not tell a
+                                         reset from a crash); past it by an eighth more, a new
+                                         connection is closed at once, unanswered, so that a
+                                         flood holds nothing
+    linger_timeout     -                 after any of these answers the connection still reads,
+                                         and drops, what the client sends, up to this long (or
+                                         its end), so that the client reads the answer rather
+                                         than a reset
+
+Timeouts are kept to about a quarter of the shortest (at most 1 s): a
+sweep, not a timer per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+def _f(default, help: str, flag: str = "", type=None):
+    return field(default=default, metadata={"help": help, "flag": flag, "type": type})
+
+
+def address(text: str) -> tuple[str, int]:
+    """"ADDR:PORT" (an IPv6 address in brackets) -> (addr, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"an address is ADDR:PORT, not {text!r}")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    # Where.
+    listen: str = _f("127.0.0.1", "the address the OpenAI API listens on; nothing the catalog says changes it")
+    port: int = _f(8080, "the port of the OpenAI API (0: any free one)")
+    metrics_listen: str = _f(
+        "", "ADDR:PORT: serve /metrics (every model, no key) there, and not on the API port "
+        "(default: on the API port, where with API keys it needs one and shows that key's models)",
+    )  # fmt: skip
+    # The HTTP edge.
+    max_request_line: int = _f(8 * KIB, "bytes of a request's URL (414 past it)")
+    max_header_bytes: int = _f(32 * KIB, "bytes of a request's line and headers (431 past it)")
+    max_body: int = _f(32 * MIB, "bytes of a request's body (413 past it)")
+    header_timeout: float = _f(10.0, "seconds for a request's head to arrive (408 and closed past it)")
+    body_timeout: float = _f(60.0, "seconds for a request's body to arrive after its head (408 and closed past it)")
+    keepalive_timeout: float = _f(75.0, "seconds a connection may stay idle between requests")
+    max_connections: int = _f(4096, "open client connections (503 and closed past it)")
+    linger_timeout: float = _f(2.0, "seconds a refused connection still reads (and drops) before it is closed")
+    # Upstream.
+    wait_timeout: float = _f(300.0, "seconds a request waits for a ready replica (an on-demand model waking) before 503")
+    upstream_timeout: float = _f(600.0, "seconds to wait for an engine's first byte")
+    connect_timeout: float = _f(3.0, "seconds to connect to an engine")
+    failover_timeout: float = _f(5.0, "after the replicas tried failed, seconds to wait for the log to say another is coming")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+                raise ValueError(f"{f.name} must not be negative, not {v}")
+        for f in ("max_request_line", "max_header_bytes", "max_connections", "header_timeout", "body_timeout", "keepalive_timeout"):
+            if getattr(self, f) <= 0:
+                raise ValueError(f"{f} must be positive")
+        if self.metrics_listen:
+            address(self.metrics_listen)
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        return address(self.metrics_listen) if self.metrics_listen else None
+
+    @property
+    def tick(self) -> float:
+        """How often the timeouts are looked at."""
+        return max(0.02, min(1.0, min(self.header_timeout, self.body_timeout, self.keepalive_timeout, self.linger_timeout or 1.0) / 4))
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """A flag for each field of GatewayConfig, its default the field's."""
+    for f in dataclasses.fields(GatewayConfig):
+        kind = f.metadata.get("type") or type(f.default)
+        shown = f"{f.default / MIB:g} MiB" if kind is int and f.default >= MIB else (f"{f.default}" if f.default != "" else "none")
+        metavar = "ADDR:PORT" if f.name == "metrics_listen" else {int: "N", float: "SECONDS", str: "ADDR"}[kind]
+        parser.add_argument(
+            _flag(f), dest=f"gw_{f.name}", type=kind, default=f.default, metavar=metavar, help=f"{f.metadata['help']} (default {shown})"
+        )
+
+
+def from_args(args: argparse.Namespace) -> GatewayConfig:
+    return GatewayConfig(**{f.name: getattr(args, f"gw_{f.name}") for f in dataclasses.fields(GatewayConfig)})
