@@ -260,7 +260,7 @@ async def test_another_engines_key_a_missing_one_or_an_unreachable_bucket_is_a_f
     # The bucket says b's key for a's replica: a refuses it at the identity check.
     r_a = await setup.log.replica(m, a.endpoint, identity="m@m-1.0/1", key="key-of-b")
     a.identity, a.model = "m@m-1.0/1", "m"
-    await setup.gateway(failover_s=0.2)
+    await setup.gateway(failover_timeout=0.2)
     client = setup.client()
     with pytest.raises(openai.APIStatusError) as e:
         await client.chat.completions.create(model="m", messages=CHAT)
@@ -294,3 +294,31 @@ async def test_another_engines_key_a_missing_one_or_an_unreachable_bucket_is_a_f
     assert answer.headers["llmgw-replica"] == r_b and b.unauthorized == 0
     setup.bus.engine_keys_down = True  # read once: not needed again
     assert (await client.chat.completions.create(model="m", messages=CHAT)).choices
+
+
+# --------------------------------------------------------------------------- with NATS auth on
+
+
+@pytest.mark.nats
+@pytest.mark.timeout(60)
+async def test_with_auth_an_agent_puts_and_deletes_its_own_nodes_keys_which_a_gateway_reads_and_another_agent_cannot(
+    auth_nats,
+):
+    control = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("control"))
+    await control.ensure_streams()  # the control plane makes the bucket
+    a = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("agent", "a"))
+    b = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("agent", "b"))
+    gw = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("gateway", "g1"))
+    try:
+        await a.ensure_streams()  # as an agent does at start: it may not look at the streams, and need not
+        name = engine_key_name("a", "org/smol:v1-1.0", 7)
+        await a.put_engine_key(name, "secret-a")
+        assert await gw.engine_key(name) == "secret-a"
+        assert await gw.engine_key(engine_key_name("a", "other-1.0", 1)) is None
+        with pytest.raises(Exception):  # another node's agent reads nothing of it
+            await b.engine_key(name)
+        await a.delete_engine_key(name)
+        assert await gw.engine_key(name) is None
+    finally:
+        for bus in (a, b, gw, control):
+            await bus.close()

@@ -439,16 +439,16 @@ class NatsBus:
             return
         await self._ensure(log_stream_config(replicas=self.replicas))
         await self._ensure(command_stream_config(self.replicas))
-        self._kv = await self._bucket(
+        self._kv = await self._make_bucket(
             KeyValueConfig(bucket=HEARTBEAT_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas)
         )
         # Direct gets: a read names the key in its subject
         # ($JS.API.DIRECT.GET.KV_LLMGW_ENGINE_KEYS.$KV.LLMGW_ENGINE_KEYS.<key>), so permissions can say who reads what.
-        self._keys = await self._bucket(
+        self._keys = await self._make_bucket(
             KeyValueConfig(bucket=ENGINE_KEYS_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas, direct=True)
         )
 
-    async def _bucket(self, config: KeyValueConfig):
+    async def _make_bucket(self, config: KeyValueConfig):
         """A KV bucket, made as `config` says if missing (left as it is if there)."""
         try:
             return await self.js.key_value(config.bucket)
@@ -461,11 +461,12 @@ class NatsBus:
                 raise
             return await self.js.key_value(config.bucket)
 
-    def _bucket(self, bucket: str):
-        """A handle on a bucket without asking the server about it."""
+    def _bucket(self, bucket: str, direct: bool = False):
+        """A handle on a bucket without asking the server about it (`direct`:
+        gets by subject, for a bucket made with direct access)."""
         from nats.js.kv import KeyValue
 
-        return KeyValue(name=bucket, stream=f"KV_{bucket}", pre=f"$KV.{bucket}.", js=self.js, direct=False)
+        return KeyValue(name=bucket, stream=f"KV_{bucket}", pre=f"$KV.{bucket}.", js=self.js, direct=direct)
 
     async def _ensure(self, config: StreamConfig) -> None:
         try:
@@ -736,23 +737,26 @@ class NatsBus:
 
     # ----------------------------------------------------------------- engine keys
 
-    async def _engine_keys(self):
+    # Without asking the server about the bucket: an agent may only put its
+    # own keys and a gateway only read them (bus/auth.py), by subject.
+
+    def _engine_keys(self):
         if self._keys is None:
-            self._keys = await self.js.key_value(ENGINE_KEYS_BUCKET)
+            self._keys = self._bucket(ENGINE_KEYS_BUCKET, direct=True)
         return self._keys
 
     async def put_engine_key(self, name: str, key: str) -> None:
-        await (await self._engine_keys()).put(name, key.encode())
+        await self._engine_keys().put(name, key.encode())
 
     async def engine_key(self, name: str) -> str | None:
         try:
-            entry = await (await self._engine_keys()).get(name)
+            entry = await self._engine_keys().get(name)
         except KeyNotFoundError:
             return None
         return entry.value.decode() if entry.value else None
 
     async def delete_engine_key(self, name: str) -> None:
-        await (await self._engine_keys()).delete(name)
+        await self._engine_keys().delete(name)
 
     async def close(self) -> None:
         """Drain what is pending; with the server gone, just let go."""

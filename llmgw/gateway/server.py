@@ -568,7 +568,10 @@ class Gateway:
                 b = self.backends.get(key)
                 if b is None:
                     b = Backend(t)
-                    b.pool = Pool(b.host, b.port, self.connect_timeout, t.identity, keys=self.bus, key_name=t.key_name)
+                    b.pool = Pool(
+                        b.host, b.port, self.connect_timeout, t.identity, keys=self.bus, key_name=t.key_name,
+                        key_timeout=self.config.key_timeout,
+                    )
                 else:
                     b.weight = t.weight
                 backends[key] = b

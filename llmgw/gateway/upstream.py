@@ -39,7 +39,6 @@ IDLE_S = 4.0  # a pooled connection idle longer is closed rather than reused
 MAX_IDLE = 64  # idle connections kept per replica
 VERIFY_TIMEOUT_S = 5.0  # for an engine's answer to GET /v1/models on a new connection
 VERIFY_MAX_BODY = 1 << 20  # more than any list of models: a stranger streaming something else is cut
-KEY_TIMEOUT_S = 3.0  # for the engine keys bucket's answer, when a pool first needs its engine's key
 
 
 class NotTheEngine(Exception):
@@ -232,7 +231,7 @@ class Pool:
 
     def __init__(
         self, host: str, port: int, connect_timeout: float = 3.0, identity: str = "", verify_timeout: float = VERIFY_TIMEOUT_S,
-        keys=None, key_name: str = "", key_timeout: float = KEY_TIMEOUT_S,
+        keys=None, key_name: str = "", key_timeout: float = 3.0,
     ) -> None:  # fmt: skip
         self.host, self.port = host, port
         self.idle: list[Connection] = []
