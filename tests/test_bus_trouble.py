@@ -107,7 +107,9 @@ def test_llmgw_up_restarts_its_nats_server_after_kill_9(tmp_path):
         catalog.write_text(cf.catalog(0))
         def apply():
             r = subprocess.run(
-                [sys.executable, "-m", "llmgw", "ctl", "--nats", f"nats://127.0.0.1:{port}", "apply", "-f", str(catalog)],
+                [sys.executable, "-m", "llmgw", "ctl", "--nats", f"nats://127.0.0.1:{port}",
+                 "--creds", str(tmp_path / "state" / "creds" / "operator.creds"),
+                 "--db", str(tmp_path / "state" / "readmodels.db"), "apply", "-f", str(catalog)],
                 capture_output=True, text=True, timeout=60,
             )  # fmt: skip
             return r if r.returncode == 0 else None
