@@ -46,11 +46,12 @@ from llmgw.core import events as ev  # noqa: E402
 STEPS = ("process start", "model load", "first healthy answer", "total")
 
 
-def first_answer(endpoint: str) -> float:
+def first_answer(endpoint: str, key: str) -> float:
     body = json.dumps(
         {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
     ).encode()
-    req = urllib.request.Request(f"{endpoint}/v1/chat/completions", body, {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}  # the engine's own key
+    req = urllib.request.Request(f"{endpoint}/v1/chat/completions", body, headers)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(req, timeout=120) as r:
         assert json.loads(r.read())["choices"], "no answer"
@@ -83,7 +84,8 @@ async def one_run(state_dir: Path, n: int, threads: int, check_interval: float) 
             if time.monotonic() > deadline:
                 raise SystemExit("the engine was not ready in 300s")
             await asyncio.sleep(0.005)
-        answered = await asyncio.to_thread(first_answer, agent.state.shards[shard].endpoint)
+        rec = agent.state.shards[shard]
+        answered = await asyncio.to_thread(first_answer, rec.endpoint, rec.key)
         t = agent.times[shard]
         return {
             "process start": t["answering"] - t["command"],

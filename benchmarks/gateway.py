@@ -16,7 +16,10 @@ The gateway is the real one, a process of its own (`llmgw gateway`) on a real
 nats-server, its routing table folded from a log that says one replica of
 model `bench` is ready at the upstream (no control plane or agent needed),
 with the identity an agent gives its engine: the upstreams list it in
-GET /v1/models, and the gateway verifies each new connection with it.
+GET /v1/models, and the gateway verifies each new connection with it. Each
+upstream asks for an engine key, as an agent's engines do (401 without
+it); the log's writer puts it in the engine keys bucket, where the gateway
+reads it. The direct path sends the key too.
 
 Measured, each straight to the upstream and then through the gateway:
 
@@ -97,6 +100,9 @@ def wait_port(port: int, timeout: float = 20.0) -> None:
 # --------------------------------------------------------------------------- upstreams
 
 
+KEY = os.environ.get("LLMGW_BENCH_KEY") or "bench-" + os.urandom(16).hex()  # the upstreams' engine key (the environment: not in ps)
+
+
 def start_nginx(port: int, work: Path) -> subprocess.Popen:
     body = ANSWER.decode().replace("\\", "\\\\").replace("'", "\\'")
     models = MODELS.decode().replace("\\", "\\\\").replace("'", "\\'")
@@ -118,6 +124,7 @@ http {{
   scgi_temp_path {work}/scgi;
   server {{
     listen 127.0.0.1:{port};
+    if ($http_authorization != "Bearer {KEY}") {{ return 401; }}
     location / {{ default_type application/json; return 200 '{body}'; }}
     location = /v1/models {{ default_type application/json; return 200 '{models}'; }}
   }}
@@ -130,11 +137,17 @@ http {{
 class UpstreamProtocol(asyncio.Protocol):
     """The fallback fixed-answer upstream, and the streaming one."""
 
-    def __init__(self, chunks: int) -> None:
+    def __init__(self, chunks: int, key: bytes) -> None:
         self.chunks = chunks
         self.parser = httptools.HttpRequestParser(self)
         self.body = b""
         self.url = b""
+        self.want = b"Bearer " + key
+        self.auth = b""
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"authorization":
+            self.auth = value
 
     def on_url(self, url: bytes) -> None:
         self.url = url
@@ -150,7 +163,10 @@ class UpstreamProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         body, self.body = self.body, b""
-        if self.url == b"/v1/models":
+        auth, self.auth = self.auth, b""
+        if auth != self.want:
+            self.transport.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        elif self.url == b"/v1/models":
             self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(MODELS), MODELS))
         elif b'"stream":true' in body.replace(b" ", b""):
             asyncio.get_running_loop().create_task(self.stream())
@@ -170,12 +186,12 @@ class UpstreamProtocol(asyncio.Protocol):
         t.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
 
 
-def serve(port: int, chunks: int) -> None:
+def serve(port: int, chunks: int, key: str) -> None:
     import uvloop
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: UpstreamProtocol(chunks), "127.0.0.1", port, backlog=1024)
+        server = await loop.create_server(lambda: UpstreamProtocol(chunks, key.encode()), "127.0.0.1", port, backlog=1024)
         await server.serve_forever()
 
     uvloop.run(main())
@@ -185,6 +201,7 @@ def serve(port: int, chunks: int) -> None:
 
 
 async def write_log(url: str, endpoints: dict[str, str], creds: str | None = None) -> None:
+    from llmgw.bus import engine_key_name
     from llmgw.bus.nats import NatsBus
     from llmgw.core import events as ev
     from llmgw.core.catalog import fingerprint
@@ -210,6 +227,7 @@ async def write_log(url: str, endpoints: dict[str, str], creds: str | None = Non
                 shards=[ev.ShardPlacement(shard=f"{rid}.0", node="bench", rank=0, gpus=[], port=40000 + i)],
             )])
         )  # fmt: skip
+        await bus.put_engine_key(engine_key_name("bench", f"{rid}.0", seq), KEY)
         for st in ("starting", "loading", "ready"):
             await publish(ev.ShardStatus(at=now, node="bench", replica=rid, shard=f"{rid}.0", generation=seq, state=st,
                                          endpoint=endpoint if st == "ready" else "",
@@ -248,8 +266,9 @@ class ClientConn(asyncio.Protocol):
 
 
 def request_bytes(port: int, body: bytes = REQUEST) -> bytes:
-    return b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
-        port, len(body), body)  # fmt: skip
+    # The engine key goes to the gateway too, which has no keys of its own here and ignores it.
+    return b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        port, KEY.encode(), len(body), body)  # fmt: skip
 
 
 async def open_loop(port: int, rate: float, seconds: float) -> dict:
@@ -340,6 +359,7 @@ def wrk(port: int, connections: int, seconds: float, work: Path) -> dict:
     script = work / "post.lua"
     script.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f'wrk.headers["Authorization"] = "Bearer {KEY}"\n'
         f"wrk.body = {json.dumps(REQUEST.decode())}\n"
     )
     out = subprocess.run(
@@ -421,7 +441,7 @@ def main() -> int:
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
-        serve(args.serve, args.chunks)
+        serve(args.serve, args.chunks, KEY)
         return 0
 
     import uvloop
@@ -447,8 +467,8 @@ def main() -> int:
         if use_nginx:
             procs.append(start_nginx(up_port, work))
         else:
-            procs.append(subprocess.Popen([sys.executable, __file__, "--serve", str(up_port)], start_new_session=True))
-        procs.append(subprocess.Popen([sys.executable, __file__, "--serve", str(stream_port), "--chunks", str(args.chunks)], start_new_session=True))
+            procs.append(subprocess.Popen([sys.executable, __file__, "--serve", str(up_port)], start_new_session=True, env={**os.environ, "LLMGW_BENCH_KEY": KEY}))
+        procs.append(subprocess.Popen([sys.executable, __file__, "--serve", str(stream_port), "--chunks", str(args.chunks)], start_new_session=True, env={**os.environ, "LLMGW_BENCH_KEY": KEY}))
         wait_port(up_port)
         wait_port(stream_port)
         asyncio.run(write_log(nats.url, {MODEL: f"http://127.0.0.1:{up_port}", STREAM_MODEL: f"http://127.0.0.1:{stream_port}"}, loader))

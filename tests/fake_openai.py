@@ -6,7 +6,8 @@ Answers "hello from NAME" (3 tokens, 7 of prompt), streams `chunks` events
 "w0 ", "w1 ", … (`delay` seconds apart), and misbehaves by `mode`: "down"
 (stop(): the port closed), "503" (answers 503), "hang-up" (closes the
 connection without answering), "die-after:N" (a stream cut off after N
-events). `identity`: what its GET /v1/models lists beside its name.
+events). `identity`: what its GET /v1/models lists beside its name; `key`:
+the key it asks of every request but GET /health ("" : none asked).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from llmgw.agent.sim_engine import SimEngine, error
 
 
 class FakeEngine(SimEngine):
-    def __init__(self, name: str = "fake", chunks: int = 4, delay: float = 0.0, identity: str = "") -> None:
-        super().__init__(name, identity=identity, says=f"hello from {name}", delay=delay)
+    def __init__(self, name: str = "fake", chunks: int = 4, delay: float = 0.0, identity: str = "", key: str = "") -> None:
+        super().__init__(name, identity=identity, says=f"hello from {name}", delay=delay, key=key)
         self.name = name
         self.chunks = chunks
         self.mode = "ok"

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import secrets
 import time
 
+from llmgw.bus import engine_key_name
 from llmgw.bus.memory import MemoryBus
 from llmgw.core import events as ev
 from llmgw.core.catalog import fingerprint
@@ -39,8 +41,9 @@ class Log:
     async def remove(self, name: str) -> None:
         await self.publish(ev.ModelRemoved(at=time.time(), name=name))
 
-    async def replica(self, s: ev.ModelSpec, endpoint: str, state: str = "ready", identity: str = "") -> str:
-        """Place a replica of `s` on node n1 and have it report `state` at `endpoint` (its engine given `identity`)."""
+    async def replica(self, s: ev.ModelSpec, endpoint: str, state: str = "ready", identity: str = "", key: str = "") -> str:
+        """Place a replica of `s` on node n1 and have it report `state` at `endpoint` (its engine given
+        `identity`, and `key`, put in the engine keys bucket as an agent does; a random one when not said)."""
         if not self.registered:
             await self.publish(ev.NodeRegistered(at=time.time(), node="n1", gpus=[]))
             self.registered = True
@@ -53,6 +56,7 @@ class Log:
         )  # fmt: skip
         seq = await self.publish(ev.Decided(at=time.time(), basis=0, actions=[place]))
         self.generations[rid] = seq
+        await self.bus.put_engine_key(engine_key_name("n1", f"{rid}.0", seq), key or secrets.token_urlsafe(16))
         for st in ("starting", "loading", state):
             await self.status(rid, st, endpoint if st == "ready" else "", identity if st == "ready" else "")
         return rid

@@ -28,6 +28,8 @@ import openai
 import pytest
 
 from llmgw.agent import logs
+from llmgw.bus import engine_key_name
+from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import free_port
 from llmgw.core import events as ev
 
@@ -53,9 +55,25 @@ PROFILE = """\
 CATALOG = "models:\n  - name: smol-a\n" + PROFILE.format(model="smollm2") + "  - name: smol-b\n" + PROFILE.format(model=GGUF)
 
 
-def ask(endpoint: str, model: str) -> str:
-    """A chat completion and a completion from one engine, through the openai SDK."""
-    client = openai.OpenAI(base_url=f"{endpoint}/v1", api_key="unused", timeout=120, max_retries=0)
+def key_for(url: str, state, replica: str) -> str:
+    """The key of the engine of `replica`'s rank 0 shard, from the engine keys bucket (as a gateway reads it)."""
+    shard = state.replicas[replica].shards[0]
+
+    async def get() -> str:
+        bus = await NatsBus.connect(url)
+        try:
+            return await bus.engine_key(engine_key_name(shard.node, shard.id, shard.generation))
+        finally:
+            await bus.close()
+
+    key = asyncio.run(get())
+    assert key, f"no key for {shard.id} in the engine keys bucket"
+    return key
+
+
+def ask(endpoint: str, model: str, key: str) -> str:
+    """A chat completion and a completion from one engine (which asks for its key), through the openai SDK."""
+    client = openai.OpenAI(base_url=f"{endpoint}/v1", api_key=key, timeout=120, max_retries=0)
     chat = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=6, temperature=0
     )
@@ -147,8 +165,8 @@ def test_real_engines_serve_fail_are_replaced_and_are_adopted_across_agent_and_c
     # Both ready, and both answer from their endpoints.
     state = wait_for(url, both_ready, timeout=120)
     ready = ready_replicas(state)
-    for model, (_, endpoint) in ready.items():
-        ask(endpoint, model)
+    for model, (rid, endpoint) in ready.items():
+        ask(endpoint, model, key_for(url, state, rid))
 
     # Logs over NATS, as `llmgw ctl logs` will ask for them.
     async def fetch_logs(replica):
@@ -174,7 +192,7 @@ def test_real_engines_serve_fail_are_replaced_and_are_adopted_across_agent_and_c
     failed = [e for e in events_after(records, 0, ev.ShardStatus) if e.replica == victim_replica and e.state == "failed"]
     assert failed and failed[0].reason.startswith("engine killed by signal 9 (SIGKILL)"), failed
     ready = ready_replicas(state)
-    ask(ready["smol-a"][1], "smol-a")
+    ask(ready["smol-a"][1], "smol-a", key_for(url, state, ready["smol-a"][0]))
 
     # kill -9 of the agent: its engines keep answering; the agent started
     # again adopts them, and no engine is started again.
@@ -183,8 +201,8 @@ def test_real_engines_serve_fail_are_replaced_and_are_adopted_across_agent_and_c
     starts = engine_starts(agent_dir)  # 3: both, and the replacement of the one killed
     assert starts == 3
     processes.kill9(agent)
-    for model, (_, endpoint) in ready.items():
-        ask(endpoint, model)
+    for model, (rid, endpoint) in ready.items():
+        ask(endpoint, model, key_for(url, state, rid))
     _, records = live(url)
     seq_before = records[-1][0]
     processes.start("agent-2", *agent_args, "--stop-engines-on-exit")
@@ -203,8 +221,8 @@ def test_real_engines_serve_fail_are_replaced_and_are_adopted_across_agent_and_c
     assert engines_of(agent_dir) == engines and agent_runners(agent_dir) == sorted(r for r, _ in engines.values())
     assert engine_starts(agent_dir) == starts  # no engine started again
     assert "adopted 2 running engine(s)" in processes.log("agent-2")
-    for model, (_, endpoint) in ready.items():
-        ask(endpoint, model)
+    for model, (rid, endpoint) in ready.items():
+        ask(endpoint, model, key_for(url, state, rid))
 
     # kill -9 of the control plane and the agent together: still adopted, nothing twice.
     agent2 = next(p for p in processes.procs if p.name == "agent-2")  # type: ignore[attr-defined]
@@ -229,8 +247,8 @@ def test_real_engines_serve_fail_are_replaced_and_are_adopted_across_agent_and_c
     assert [e for e in events_after(records, seq_before, ev.ShardStatus) if e.state in ("starting", "failed", "stopped")] == []
     assert engines_of(agent_dir) == engines and agent_runners(agent_dir) == sorted(r for r, _ in engines.values())
     assert engine_starts(agent_dir) == starts
-    for model, (_, endpoint) in ready.items():
-        ask(endpoint, model)
+    for model, (rid, endpoint) in ready.items():
+        ask(endpoint, model, key_for(url, state, rid))
 
 
 def test_up_on_a_fresh_folder_answers_a_chat_completion_from_the_real_model_through_its_gateway(tmp_path, state_dirs):

@@ -77,7 +77,9 @@ def test_the_table_is_a_fold_of_ready_replicas_endpoints_weights_and_names():
     assert table.resolve("od").name == "od"  # a model's own name wins over another's alias
     assert [t.replica for t in chat.targets] == ["chat-1", "chat-2"]
     port = f.state.replicas["chat-1"].shards[0].port
-    assert chat.targets[0] == Target("chat-1", "chat", f"http://10.0.0.1:{port}", 2.5)
+    gen = f.state.replicas["chat-1"].shards[0].generation
+    # Its engine's key is read under its rank 0 shard's node, id and generation.
+    assert chat.targets[0] == Target("chat-1", "chat", f"http://10.0.0.1:{port}", 2.5, key_name=f"n1.chat-1=2E0.{gen}")
     assert table.routes["od"].no_wait == "" and table.routes["od"].targets == ()
     assert "runs no replica" in table.routes["off"].no_wait
 

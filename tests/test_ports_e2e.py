@@ -14,7 +14,7 @@ import pytest
 from llmgw.core import events as ev
 
 from .conftest import demo_gguf, engine_ports, run_llmgw
-from .test_agent_e2e import ask, events_after, state_dirs  # noqa: F401 (a fixture)
+from .test_agent_e2e import ask, events_after, key_for, state_dirs  # noqa: F401 (a fixture)
 from .test_e2e_nats import live, wait_for
 
 GGUF = demo_gguf()
@@ -77,7 +77,7 @@ def test_ports_another_program_holds_are_skipped_and_the_model_serves_on_another
         state = wait_for(url, ready, timeout=180)
         (rep,) = [r for r in state.replicas.values() if r.state == "ready"]
         assert rep.shards[0].port == first + 2 and rep.shards[0].endpoint == f"http://127.0.0.1:{first + 2}"
-        assert ask(rep.shards[0].endpoint, "smol")
+        assert ask(rep.shards[0].endpoint, "smol", key_for(url, state, rep.id))
         model = state.models["smol"]
         assert not model.parked and model.start_failures == 0
         _, records = live(url)

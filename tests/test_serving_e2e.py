@@ -19,6 +19,7 @@ Small for 2 cores: one engine of one thread, a few tokens, generous timeouts.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import threading
 import time
 
@@ -27,6 +28,7 @@ import pytest
 
 from llmgw.agent.engines import identity
 from llmgw.agent.simulated import SimulatedAgent
+from llmgw.bus import engine_key_name
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import free_port
 from llmgw.core import commands as cmds
@@ -75,7 +77,8 @@ class Rogue(SimulatedAgent):
     """A node whose replicas say they are ready where another engine answers:
     what the simulated agent did before its replicas served (the port of the
     real engine), and what a stranger that took a dead engine's port looks
-    like. It reports the identity an honest agent would have given."""
+    like. It reports the identity an honest agent would have given, and puts
+    a key of its own for each, as an honest agent does."""
 
     def __init__(self, bus, where: dict[str, str]) -> None:
         super().__init__(bus, "rogue", 4, labels={"llmgw.io/pool": "rogue"}, heartbeat=0.5)
@@ -83,6 +86,7 @@ class Rogue(SimulatedAgent):
 
     async def _start(self, cmd: cmds.StartShard) -> None:
         me = identity(cmd.model, cmd.shard, cmd.generation)
+        await self.bus.put_engine_key(engine_key_name(self.name, cmd.shard, cmd.generation), secrets.token_urlsafe(16))
         for st in ("starting", "loading"):
             await self._status(cmd.replica, cmd.shard, cmd.generation, st)
         await self._status(cmd.replica, cmd.shard, cmd.generation, "ready", endpoint=self.where[cmd.model], identity=me)
@@ -234,8 +238,8 @@ def test_each_model_is_answered_by_its_own_replica_or_waits_for_one_never_by_ano
         client.chat.completions.create(model="mistral-7b", messages=ASK, max_tokens=4)
     assert e.value.status_code == 502, e.value.message
     assert f"{smollm2.split('//')[1]} is not the engine started for this replica" in e.value.message
-    assert "its GET /v1/models lists smollm2, smollm2@smollm2-" in e.value.message  # (whichever replica serves it)
-    assert "not mistral-7b@mistral-7b-1.0/" in e.value.message
+    # The real engine does not even say who it is without its own key (the rogue's is not).
+    assert "GET /v1/models answered 401, not a list naming mistral-7b@mistral-7b-1.0/" in e.value.message
     with pytest.raises(openai.APIStatusError) as e:
         client.completions.create(model="gemma-2b", prompt="x")
     assert e.value.status_code == 502 and "lists stranger, not gemma-2b@gemma-2b-1.0/" in e.value.message

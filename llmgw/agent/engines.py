@@ -24,8 +24,8 @@ last, so they override what the agent chose (argparse keeps the last).
 Template placeholders: {port} {host} {model} (the weights, resolved) {name}
 (the catalog model) {gpus} (comma list) {tp} (GPU count) {rank} {nodes}
 (node count) {leader} {dist_port} {replica} {shard} {identity} (see below)
-{python} (the agent's interpreter); `{{` and `}}` for braces. An unknown placeholder is an error
-that names it. Args of the known kinds are passed as written.
+{key} (see below) {python} (the agent's interpreter); `{{` and `}}` for
+braces. An unknown placeholder is an error that names it. Args of the known kinds are passed as written.
 
 Each kind says how to tell it is healthy (`health`, a path that answers 200
 once the model is loaded; the OpenAI `/v1/models` for templates) and where its
@@ -43,6 +43,15 @@ engine that cannot carry one (SGLang serves one name; a template without
 `{identity}`) reports none and is taken on its endpoint. The model's own
 name is a prefix of the identity, so it sorts first and stays the name
 llama.cpp answers with.
+
+Each engine is also given a key of its own (`key`, random per shard and
+generation, made by the agent), so that it answers only the gateways (which
+read it from the bus's engine keys bucket) and not whoever reaches its port:
+llama.cpp through the environment (LLMGW_ENGINE_KEY, read by our
+llamacpp_server), vLLM through VLLM_API_KEY, neither in `ps`; SGLang has
+only `--api-key`, so its key is in its command line; a template gets
+`{key}` (in its command line, so visible in `ps`) and LLMGW_ENGINE_KEY in
+its environment (better, where the program can read it from there).
 """
 
 from __future__ import annotations
@@ -64,8 +73,9 @@ KINDS = (LLAMA_CPP, VLLM, SGLANG)
 DIST_PORT = 29500
 PLACEHOLDERS = (
     "port", "host", "model", "name", "gpus", "tp", "rank", "nodes", "leader", "dist_port", "replica", "shard", "identity",
-    "python",
+    "python", "key",
 )
+KEY_ENV = "LLMGW_ENGINE_KEY"
 
 
 def identity(model: str, shard: str, generation: int) -> str:
@@ -87,6 +97,7 @@ class Launch:
     kind: str = ""
     model: str = ""  # the weights, resolved
     identity: str = ""  # the name it answers to beside the model's ("" : none)
+    key: str = ""  # what a request must carry (Authorization: Bearer); never written to a log
 
 
 def _leader(cmd: StartShard, host: str) -> str:
@@ -126,16 +137,19 @@ def build(
     templates: dict[str, str] | None = None,
     python: str = sys.executable,
     which: Callable[[str], str | None] = shutil.which,
+    key: str = "",
 ) -> Launch:
     """The launch of one shard; `model` is the weights, already resolved on
     this node. `engines` and `templates`: what the node's agent file declares
-    (None: its defaults)."""
+    (None: its defaults). `key`: the engine's key."""
     from .agentfile import DEFAULT_ENGINES
 
     engines = DEFAULT_ENGINES if engines is None else engines
     templates = templates or {}
     p = cmd.profile
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in cmd.gpus)}
+    if key:
+        env[KEY_ENV] = key
     tp = max(len(cmd.gpus), 1)
     nodes = max(p.nodes, len(cmd.nodes), 1)
     kind = p.engine
@@ -160,7 +174,7 @@ def build(
             argv += ["--n-gpu-layers", "999"]
         return Launch(
             argv + list(p.args), env, "/health", "/metrics", ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
-            kind, model, me,
+            kind, model, me, key,
         )
     if kind == VLLM:
         program = _check_program(engines.get(VLLM) or "vllm", which, "agent file engines.vllm, else PATH")
@@ -173,9 +187,11 @@ def build(
                 argv.append("--headless")
         # Names of the profile's own replace ours (argparse keeps the last): then it carries none.
         named = "--served-model-name" not in p.args
+        if key:
+            env["VLLM_API_KEY"] = key
         return Launch(
             argv + list(p.args), env, "/health", "/metrics", ("vllm:num_requests_running", "vllm:num_requests_waiting"),
-            kind, model or cmd.model, me if named else "",
+            kind, model or cmd.model, me if named else "", key,
         )
     if kind == SGLANG:
         program = _check_program(engines.get(SGLANG) or python, which, "agent file engines.sglang, else this python")
@@ -184,16 +200,18 @@ def build(
         if nodes > 1:
             argv += ["--nnodes", str(nodes), "--node-rank", str(cmd.rank)]
             argv += ["--dist-init-addr", f"{_leader(cmd, host)}:{DIST_PORT}"]
+        if key:
+            argv += ["--api-key", key]  # SGLang reads it from nowhere else
         return Launch(
             argv + list(p.args), env, "/health", "/metrics", ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
-            kind, model or cmd.model,
+            kind, model or cmd.model, key=key,
         )
     # A command template the agent file declares.
     values = {
         "port": cmd.port, "host": host, "model": model or cmd.model, "name": cmd.model,
         "gpus": ",".join(str(g) for g in cmd.gpus), "tp": tp, "rank": cmd.rank, "nodes": nodes,
         "leader": _leader(cmd, host), "dist_port": DIST_PORT, "replica": cmd.replica, "shard": cmd.shard,
-        "identity": me, "python": python,
+        "identity": me, "python": python, "key": key,
     }  # fmt: skip
     try:
         words = shlex.split(templates[kind])
@@ -204,7 +222,7 @@ def build(
     argv = [_fill(w, values, p.name) for w in [*words, *p.args]]
     argv[0] = _check_program(argv[0], which, f"the command of profile {p.name}")
     carries = any("{identity}" in w for w in [*words, *p.args])
-    return Launch(argv, env, "/v1/models", kind=kind, model=values["model"], identity=me if carries else "")
+    return Launch(argv, env, "/v1/models", kind=kind, model=values["model"], identity=me if carries else "", key=key)
 
 
 def _fill(word: str, values: dict, profile: str) -> str:

@@ -11,6 +11,11 @@ log, which is what the agent reports as the reason. Exit status: 0 stopped
 on a signal, 1 llama.cpp failed, 2 bad arguments or no model file, 3 port taken.
 Metrics (`/metrics`, with `llamacpp:requests_processing`) are on: a drain
 reads them.
+
+The engine's key comes in the environment (LLMGW_ENGINE_KEY), never the
+command line (`ps` shows that to everyone): with it, llama.cpp answers 401
+to every request without `Authorization: Bearer <key>` but GET /health
+(checked on xllamacpp 2026.10: /v1/models and /metrics need the key too).
 """
 
 from __future__ import annotations
@@ -83,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     p.embedding = args.embeddings
     if args.alias:
         p.model_alias = set(args.alias)
+    key = os.environ.get("LLMGW_ENGINE_KEY", "")
+    if key:
+        p.api_keys = [key]
     started = time.monotonic()
     try:
         server = xllamacpp.Server(p)

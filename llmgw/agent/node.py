@@ -35,6 +35,12 @@ It speaks the protocol the simulated agent does (`simulated.py`), for real:
   registration, in a `NodePorts` before the failure of a start refused for
   it, and again once a heartbeat finds one of them free; `ports.py`), so
   that they are not handed out again.
+- Engine keys. Each start makes its engine a key (`secrets.token_urlsafe`),
+  kept in the state file (an adopting agent keeps it) and put in the bus's
+  engine keys bucket before the shard can be reported ready (the outbox
+  keeps the order), under `engine_key_name(node, shard, generation)`; it is
+  deleted there when the engine has exited. The agent's own health checks
+  and drains send it too. Never in the log.
 - Liveness goes to the heartbeat bucket (latest only), never to the log; the
   log gets state changes only.
 - Events are published in the order they happened, each retried with its own
@@ -47,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import sys
 import time
 import uuid
@@ -55,7 +62,7 @@ from typing import Callable
 
 import msgspec
 
-from ..bus import Bus, publish_fact
+from ..bus import Bus, engine_key_name, publish_fact, until_taken
 from ..core import commands as cmds
 from ..core import events as ev
 from . import logs as engine_logs
@@ -70,6 +77,13 @@ from .weights import resolve
 log = logging.getLogger("llmgw.agent")
 
 _REGISTER = object()  # an outbox item: the registration, built when it is published
+
+
+class _Key(msgspec.Struct, frozen=True):
+    """An outbox item: an engine's key to put in the engine keys bucket ("" : to delete)."""
+
+    name: str
+    key: str = ""
 
 
 class StateDirTaken(RuntimeError):
@@ -218,8 +232,12 @@ class NodeAgent:
             if rec.pid and sv.is_ours(rec.pid, rec.argv):
                 self.procs[shard] = proc
                 self.adopted.append(shard)
+                if rec.key:  # again: the previous run may have gone before it was put
+                    self._outbox.put_nowait(_Key(self._key_name(rec), rec.key))
                 continue
             del saved.shards[shard]
+            if rec.key:
+                self._outbox.put_nowait(_Key(self._key_name(rec)))
             if rec.pid == 0:
                 state, reason = "failed", "the agent stopped before it started the engine"
             elif rec.stopping and not rec.failure:
@@ -233,6 +251,9 @@ class NodeAgent:
 
     def _save(self) -> None:
         self.statefile.save(self.state)
+
+    def _key_name(self, rec: ShardRecord) -> str:
+        return engine_key_name(self.name, rec.shard, rec.generation)
 
     # ----------------------------------------------------------------- commands
 
@@ -314,13 +335,13 @@ class NodeAgent:
                 shard=cmd.shard, replica=cmd.replica, model=cmd.model, profile=cmd.profile.name,
                 generation=cmd.generation, rank=cmd.rank, gpus=list(cmd.gpus), port=cmd.port,
                 host=self.agent_file.address, endpoint=f"http://{self.agent_file.address}:{cmd.port}",
-                fingerprint=cmd.fingerprint,
+                fingerprint=cmd.fingerprint, key=secrets.token_urlsafe(32),
             )  # fmt: skip
             try:
                 weights = resolve(cmd.profile.model or cmd.model, self.agent_file.models, self.model_dirs)
                 launch = build(
                     cmd, host=rec.host, model=weights, engines=self.agent_file.engines,
-                    templates=self.agent_file.templates, python=self.python,
+                    templates=self.agent_file.templates, python=self.python, key=rec.key,
                 )
             except EngineError as e:
                 self._fail_at_start(rec, str(e))
@@ -339,6 +360,7 @@ class NodeAgent:
             # pid, reported as never started when the agent comes back.
             self.state.shards[cmd.shard] = rec
             self._save()
+            self._outbox.put_nowait(_Key(self._key_name(rec), rec.key))  # before any state it reports
             try:
                 proc = sv.spawn(
                     launch, log=Path(rec.log), status=Path(rec.status), shard=cmd.shard, generation=cmd.generation,
@@ -347,6 +369,7 @@ class NodeAgent:
             except OSError as e:
                 del self.state.shards[cmd.shard]
                 self._save()
+                self._outbox.put_nowait(_Key(self._key_name(rec)))
                 self._fail_at_start(rec, f"could not start the engine: {e}")
                 return
             rec.pid, rec.argv = proc.pid, proc.argv
@@ -425,7 +448,7 @@ class NodeAgent:
         if rec.metrics and rec.inflight:
             names = tuple(rec.inflight)
             while time.monotonic() < deadline and proc is not None and sv.alive(proc):
-                got = await sv.http_get(rec.host, rec.port, rec.metrics, timeout=2.0)
+                got = await sv.http_get(rec.host, rec.port, rec.metrics, timeout=2.0, key=rec.key)
                 n = sv.inflight(got[1], names) if got is not None and got[0] == 200 else None
                 if n is None:
                     break  # no metrics after all: the whole grace
@@ -457,7 +480,7 @@ class NodeAgent:
             if rec.stopping:
                 await asyncio.sleep(0.05)
                 continue
-            got = await sv.http_get(rec.host, rec.port, rec.health, timeout=5.0)
+            got = await sv.http_get(rec.host, rec.port, rec.health, timeout=5.0, key=rec.key)
             now = time.monotonic()
             if got is not None and "answering" not in times:
                 times["answering"] = now
@@ -494,6 +517,8 @@ class NodeAgent:
         if self.state.shards.get(shard) is rec:
             del self.state.shards[shard]
         self._save()
+        if rec.key:
+            self._outbox.put_nowait(_Key(self._key_name(rec)))
         if rec.stopping and not rec.failure:
             log.info("%s (generation %d) stopped", shard, rec.generation)
             self._status(rec, "stopped", rec.stop_reason)
@@ -544,6 +569,9 @@ class NodeAgent:
         while True:
             item = await self._outbox.get()
             try:
+                if isinstance(item, _Key):
+                    await self._key(item)
+                    continue
                 try:
                     if item is _REGISTER:
                         await self._scan_ports()
@@ -558,6 +586,13 @@ class NodeAgent:
             finally:
                 self._outbox.task_done()
 
+    async def _key(self, item: _Key) -> None:
+        """Put (or delete) an engine's key, retrying until the bus takes it, as a fact is."""
+        if item.key:
+            await until_taken(f"putting the key of {item.name}", lambda: self.bus.put_engine_key(item.name, item.key))
+        else:
+            await until_taken(f"deleting the key of {item.name}", lambda: self.bus.delete_engine_key(item.name))
+
     # ----------------------------------------------------------------- logs over NATS
 
     async def _serve_logs(self):
@@ -567,7 +602,11 @@ class NodeAgent:
 
         async def on_request(msg) -> None:
             try:
-                await msg.respond(engine_logs.answer(self.state_dir, msg.data))
+                data = engine_logs.answer(self.state_dir, msg.data)
+                for rec in self.state.shards.values():  # an engine that prints its key (SGLang) does not give it away
+                    if rec.key:
+                        data = data.replace(rec.key.encode(), b"<engine key>")
+                await msg.respond(data)
             except Exception as e:
                 log.debug("logs request: %s", e)
 

@@ -14,23 +14,30 @@ identity the agent gave it as an alias, as llama.cpp lists its aliases),
 GET /health, POST /v1/chat/completions and /v1/completions (streamed as
 server-sent events when asked, a word an event, the usage in the last), and
 POST /v1/embeddings. Request bodies must come with a Content-Length.
+
+Given a key, as an agent gives each engine its own, it answers 401 to any
+request but GET /health without `Authorization: Bearer <key>` (as llama.cpp
+does), so the gateway's tests and benchmarks go through the engine keys.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 503: "Service Unavailable"}
 MAX_HEAD = 64 * 1024
 
 
 class SimEngine:
     """One simulated engine, in the caller's event loop."""
 
-    def __init__(self, model: str, *, identity: str = "", says: str = "", delay: float = 0.0) -> None:
+    def __init__(self, model: str, *, identity: str = "", says: str = "", delay: float = 0.0, key: str = "") -> None:
         self.model = model
         self.identity = identity
+        self.key = key  # "" : it answers anyone
+        self.unauthorized = 0  # requests refused for want of the key
         self.says = says or f"simulated {model}"
         self.delay = delay  # seconds before an answer, and between streamed events
         self.port = 0
@@ -85,7 +92,10 @@ class SimEngine:
                     req = json.loads(body) if body else {}
                 except ValueError:
                     req = None
-                if not isinstance(req, dict):
+                if self.key and path != "/health" and not self.authorized(headers.get("authorization", "")):
+                    self.unauthorized += 1
+                    self.send_json(writer, 401, error(401, "Invalid API Key"))
+                elif not isinstance(req, dict):
                     self.send_json(writer, 400, error(400, "the request body is not a JSON object"))
                 elif not await self.answer(writer, method, path.split("?", 1)[0], req):
                     return
@@ -97,6 +107,10 @@ class SimEngine:
         finally:
             self._writers.discard(writer)
             writer.close()
+
+    def authorized(self, auth: str) -> bool:
+        scheme, _, given = auth.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.key.encode())
 
     async def answer(self, writer: asyncio.StreamWriter, method: str, path: str, req: dict) -> bool:
         """Answer one request; False when the connection is done with."""

@@ -9,8 +9,10 @@ after `loading_after` seconds and "ready" `ready_after` seconds later, or
 A ready shard of rank 0 serves a real HTTP engine (`sim_engine.SimEngine`)
 on a port it bound itself, the endpoint it reports; its answers name the
 replica, the model and the node. It is given an identity as a real engine
-is (`engines.identity`), reported with the shard. A shard that fails or
-stops closes its port, as a crashed engine's would be.
+is (`engines.identity`), reported with the shard, and a key of its own,
+put in the engine keys bucket before it is reported ready and deleted when
+it stops, as a real agent does. A shard that fails or stops closes its
+port, as a crashed engine's would be.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import time
 import uuid
 from typing import Callable
 
 import msgspec
 
-from ..bus import Bus, publish_fact
+from ..bus import Bus, engine_key_name, publish_fact
 from ..core import commands as cmds
 from ..core import events as ev
 from .engines import identity
@@ -69,6 +72,7 @@ class SimulatedAgent:
         self._acted: set[tuple[str, int, str]] = set()
         self._tasks: dict[str, asyncio.Task] = {}
         self.engines: dict[str, SimEngine] = {}  # by shard: those serving
+        self.generations: dict[str, int] = {}  # by shard: the generation of the engine serving
         self._numbers = itertools.count(1)
         self.registered = asyncio.Event()
         self.term = 0  # the highest leader's term of a command seen (in memory: a simulated node has no state)
@@ -180,8 +184,11 @@ class SimulatedAgent:
         if cmd.rank == 0:  # the replica's endpoint; the other ranks answer no one, as real ones
             me = identity(cmd.model, cmd.shard, cmd.generation)
             says = f"simulated replica {cmd.replica} of {cmd.model} on node {self.name}"
-            engine = await SimEngine(cmd.model, identity=me, says=says).start()
+            key = secrets.token_urlsafe(32)
+            engine = await SimEngine(cmd.model, identity=me, says=says, key=key).start()
             self.engines[cmd.shard] = engine
+            self.generations[cmd.shard] = cmd.generation
+            await self.bus.put_engine_key(engine_key_name(self.name, cmd.shard, cmd.generation), key)
             endpoint = engine.endpoint
         shard.state, shard.endpoint, shard.identity = "ready", endpoint, me
         await self._status(cmd.replica, cmd.shard, cmd.generation, "ready", endpoint=endpoint, identity=me)
@@ -190,6 +197,11 @@ class SimulatedAgent:
         engine = self.engines.pop(shard_id, None)
         if engine is not None:
             await engine.stop()
+            name = engine_key_name(self.name, shard_id, self.generations.pop(shard_id, 0))
+            try:
+                await self.bus.delete_engine_key(name)
+            except Exception as e:  # the engine is gone: its key opens nothing
+                log.warning("deleting the key of %s failed: %s", name, e)
 
     async def _stop(self, cmd: cmds.StopShard) -> None:
         if cmd.grace_s and cmd.shard in self.running:

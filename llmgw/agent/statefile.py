@@ -7,6 +7,8 @@ generation, kind), so that a command redelivered or re-sent after a restart
 is still acted on once, and the highest leader's term it has seen, so that
 a deposed leader's command is refused after a restart too.
 
+It holds the engines' keys, so it is the agent's alone (mode 0600).
+
 Written whole or not at all (a temporary file, fsync, rename, fsync of the
 folder): a crash leaves the old file or the new one, never half of one. An
 unreadable file is set aside (`agent.json.bad`) and the agent starts from
@@ -54,6 +56,7 @@ class ShardRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     failure: str = ""  # set when the agent stops it as failed (not healthy in time, stopped answering)
     fingerprint: str = ""  # of the profile it was started with: reported at registration (adoption)
     identity: str = ""  # the name its engine was given to answer to (engines.identity)
+    key: str = ""  # its engine's key (engines.py): kept so that an adopting agent still has it
 
 
 class AgentState(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -89,7 +92,8 @@ class StateFile:
         self.dir.mkdir(parents=True, exist_ok=True)
         del state.acted[:-KEEP_ACTED]
         tmp = self.path.with_suffix(".json.tmp")
-        with open(tmp, "wb") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            os.fchmod(f.fileno(), 0o600)  # a tmp left by an older run may have had another mode
             f.write(msgspec.json.format(msgspec.json.encode(state)))
             f.flush()
             os.fsync(f.fileno())

@@ -60,10 +60,13 @@ def spawn(launch: Launch, *, log: Path, status: Path, shard: str, generation: in
     if log.exists() and log.stat().st_size > LOG_ROTATE_BYTES:
         log.replace(log.with_suffix(".log.1"))
     argv = runner_argv(launch, status, shard, generation, python)
-    with open(log, "ab") as out:
+    # The agent's alone (0600): an engine may print its key (SGLang prints its arguments).
+    with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         env_words = " ".join(f"{k}={v}" for k, v in launch.env.items())
         head = f"--- llmgw: {shard} generation {generation} started at {stamp}: {env_words} {' '.join(launch.argv)}\n"
+        if launch.key:  # logs are read by operators (over NATS too): the key is not theirs
+            head = head.replace(launch.key, "<engine key>")
         out.write(head.encode())
         out.flush()
         popen = subprocess.Popen(
@@ -214,19 +217,20 @@ async def terminate(proc: Proc, timeout: float) -> None:
 # --------------------------------------------------------------------------- HTTP
 
 
-def _get(url: str, timeout: float) -> tuple[int, bytes]:
+def _get(url: str, timeout: float, key: str = "") -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with _opener.open(url, timeout=timeout) as r:
+        with _opener.open(req, timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, b""
 
 
-async def http_get(host: str, port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes] | None:
-    """(status, body) of a GET, or None when nothing answers (refused, reset, timed out)."""
+async def http_get(host: str, port: int, path: str, timeout: float = 2.0, key: str = "") -> tuple[int, bytes] | None:
+    """(status, body) of a GET (with the engine's `key`), or None when nothing answers (refused, reset, timed out)."""
     url = f"http://{_url_host(host)}:{port}{path}"
     try:
-        return await asyncio.to_thread(_get, url, timeout)
+        return await asyncio.to_thread(_get, url, timeout, key)
     except (OSError, ValueError, urllib.error.URLError):
         return None
 

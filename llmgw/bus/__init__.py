@@ -8,7 +8,9 @@ core imports this package.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Awaitable, Callable, Protocol, TypeVar
+
+T = TypeVar("T")
 
 STREAM = "LLMGW"
 # Who speaks is in the subject: agents under their node, operators under ctl,
@@ -27,6 +29,22 @@ HEARTBEAT_BUCKET = "llmgw-heartbeats"
 # folded. Only control planes write it; `llmgw ctl get leader` reads it.
 LEADER_BUCKET = "LLMGW_LEADER"
 LEASE_KEY = "leader"
+
+# Each engine's key (engines.py), put by its node's agent, read by gateways:
+# the only ones who may read it (NATS permissions: the agent of node N may put
+# and delete keys under `N.`; gateways may read), never in the log.
+ENGINE_KEYS_BUCKET = "LLMGW_ENGINE_KEYS"
+_KEY_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def engine_key_name(node: str, shard: str, generation: int) -> str:
+    """The bucket's key for the engine of `shard` at `generation` on `node`:
+    `<node>.<shard>.<generation>`, the shard with every byte outside
+    `A-Za-z0-9-_` written `=XX` (a KV key allows only `-/_=.a-zA-Z0-9`,
+    shard ids may hold `:` and `.`), so exactly three tokens, one per part."""
+    encoded = "".join(c if c in _KEY_SAFE else "".join(f"={b:02X}" for b in c.encode()) for c in shard)
+    return f"{node}.{encoded}.{generation}"
+
 
 OnMessage = Callable[[int, str, bytes], None]
 OnCommand = Callable[[bytes], None]
@@ -109,28 +127,43 @@ class Bus(Protocol):
     async def lease(self, ttl: float) -> Lease:
         """The control planes' lease bucket, made if missing."""
 
+    async def put_engine_key(self, name: str, key: str) -> None:
+        """Keep an engine's key under `name` (engine_key_name) in ENGINE_KEYS_BUCKET."""
+
+    async def engine_key(self, name: str) -> str | None:
+        """The engine key under `name`; None when there is none (raises when the bucket cannot be reached)."""
+
+    async def delete_engine_key(self, name: str) -> None: ...
+
     async def close(self) -> None: ...
+
+
+async def until_taken(what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+    """Run `attempt` until the bus takes it (NATS down, it waits), warning
+    `what` failed each time; its result."""
+    import asyncio
+    import logging
+
+    delay = 0.1
+    while True:
+        try:
+            return await attempt()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            logging.getLogger("llmgw.bus").warning("%s failed (%s); retrying", what, e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 async def publish_fact(bus: Bus, event, msg_id: str) -> int:
     """Publish a fact an agent saw, retrying with the same Msg-Id until the
     bus takes it (a fact is never dropped: NATS down, it waits; a retry of
     one that landed is not a second event). Returns its sequence."""
-    import asyncio
-    import logging
-
     from ..core import events as ev
 
-    delay = 0.1
-    while True:
-        try:
-            return await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=msg_id)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            logging.getLogger("llmgw.bus").warning("publishing %s failed (%s); retrying", ev.tag_of(type(event)), e)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+    subject, data = ev.subject_for(event), ev.encode(event)
+    return await until_taken(f"publishing {ev.tag_of(type(event))}", lambda: bus.publish(subject, data, msg_id=msg_id))
 
 
 async def read_log(bus: Bus, start_seq: int = 1) -> list[tuple[int, str, bytes]]:

@@ -48,17 +48,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import COMMAND_PREFIX, COMMAND_STREAM, HEARTBEAT_BUCKET, LEADER_BUCKET, STREAM
+from . import COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, LEADER_BUCKET, STREAM
 
 ROLES = ("agent", "gateway", "operator", "control", "projector")
 # Roles of which a fleet has one each, issued under the role's own name.
 SINGLE = {"control": "control", "projector": "projector"}
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-# Part 4 of issue 12, engines' API keys: a KV bucket keyed <node>.<shard>.
-# The agent of node N puts only N.> keys and reads back only those, by
-# subject ($JS.API.DIRECT.GET.<stream>.<subject>: make the bucket with
+# Engines' keys (ENGINE_KEYS_BUCKET, keys bus.engine_key_name: <node>.<shard>.<generation>):
+# the agent of node N puts only N.> keys and reads back only those, by
+# subject ($JS.API.DIRECT.GET.<stream>.<subject>: the bucket is made with
 # direct access, KeyValueConfig(direct=True)); gateways read and watch all.
-ENGINE_KEYS_BUCKET = "LLMGW_ENGINE_KEYS"
 LOGS_PREFIX = "llmgw.agent-logs"  # llmgw/agent/logs.py
 SIM_PREFIX = "llmgw.sim"  # the simulated agent's test hooks (llmgw.sim.<node>.fail)
 CREDS_ENV = "LLMGW_CREDS"

@@ -77,6 +77,8 @@ class MemoryBus:
         self.heartbeats: dict[str, bytes] = {}
         self._beat_log: list[str] = []
         self._lease: MemoryLease | None = None
+        self.engine_keys: dict[str, str] = {}  # ENGINE_KEYS_BUCKET
+        self.engine_keys_down = False  # a test's unreachable bucket
 
     async def ensure_streams(self) -> None:
         pass
@@ -160,6 +162,22 @@ class MemoryBus:
         if self._lease is None:
             self._lease = MemoryLease(ttl)
         return self._lease
+
+    async def put_engine_key(self, name: str, key: str) -> None:
+        self._keys_reachable()
+        self.engine_keys[name] = key
+
+    async def engine_key(self, name: str) -> str | None:
+        self._keys_reachable()
+        return self.engine_keys.get(name)
+
+    async def delete_engine_key(self, name: str) -> None:
+        self._keys_reachable()
+        self.engine_keys.pop(name, None)
+
+    def _keys_reachable(self) -> None:
+        if self.engine_keys_down:
+            raise ConnectionError("the engine keys bucket cannot be reached")
 
     async def close(self) -> None:
         pass

@@ -49,6 +49,7 @@ from . import (
     COMMAND_PREFIX,
     COMMAND_STREAM,
     CONTROL_SUBJECTS,
+    ENGINE_KEYS_BUCKET,
     HEARTBEAT_BUCKET,
     LEADER_BUCKET,
     STREAM,
@@ -276,6 +277,7 @@ class NatsBus:
         self.js = nc.jetstream(timeout=5.0)
         self.replicas = replicas
         self._kv = None
+        self._keys = None  # the engine keys bucket, once opened
         self._instance = uuid.uuid4().hex[:12]
         self.reconnected_at = 0.0  # wall clock of the last reconnect
         self.on_reconnect: list = []  # async callables run after a reconnect
@@ -437,23 +439,34 @@ class NatsBus:
             return
         await self._ensure(log_stream_config(replicas=self.replicas))
         await self._ensure(command_stream_config(self.replicas))
-        try:
-            self._kv = await self.js.key_value(HEARTBEAT_BUCKET)
-        except NotFoundError:
-            try:
-                self._kv = await self.js.create_key_value(
-                    KeyValueConfig(bucket=HEARTBEAT_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas)
-                )
-            except APIError as e:
-                if e.err_code != 10058:  # made meanwhile by another process
-                    raise
-                self._kv = await self.js.key_value(HEARTBEAT_BUCKET)
+        self._kv = await self._make_bucket(
+            KeyValueConfig(bucket=HEARTBEAT_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas)
+        )
+        # Direct gets: a read names the key in its subject
+        # ($JS.API.DIRECT.GET.KV_LLMGW_ENGINE_KEYS.$KV.LLMGW_ENGINE_KEYS.<key>), so permissions can say who reads what.
+        self._keys = await self._make_bucket(
+            KeyValueConfig(bucket=ENGINE_KEYS_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas, direct=True)
+        )
 
-    def _bucket(self, bucket: str):
-        """A handle on a bucket without asking the server about it."""
+    async def _make_bucket(self, config: KeyValueConfig):
+        """A KV bucket, made as `config` says if missing (left as it is if there)."""
+        try:
+            return await self.js.key_value(config.bucket)
+        except NotFoundError:
+            pass
+        try:
+            return await self.js.create_key_value(config)
+        except APIError as e:
+            if e.err_code != 10058:  # made meanwhile by another process
+                raise
+            return await self.js.key_value(config.bucket)
+
+    def _bucket(self, bucket: str, direct: bool = False):
+        """A handle on a bucket without asking the server about it (`direct`:
+        gets by subject, for a bucket made with direct access)."""
         from nats.js.kv import KeyValue
 
-        return KeyValue(name=bucket, stream=f"KV_{bucket}", pre=f"$KV.{bucket}.", js=self.js, direct=False)
+        return KeyValue(name=bucket, stream=f"KV_{bucket}", pre=f"$KV.{bucket}.", js=self.js, direct=direct)
 
     async def _ensure(self, config: StreamConfig) -> None:
         try:
@@ -721,6 +734,29 @@ class NatsBus:
         except NotFoundError:
             raise LookupError(f"there is no {LEADER_BUCKET} bucket: no control plane has run against this NATS") from None
         return await self._retrying("about the lease", _NatsLease(kv, 0.0).entries)
+
+    # ----------------------------------------------------------------- engine keys
+
+    # Without asking the server about the bucket: an agent may only put its
+    # own keys and a gateway only read them (bus/auth.py), by subject.
+
+    def _engine_keys(self):
+        if self._keys is None:
+            self._keys = self._bucket(ENGINE_KEYS_BUCKET, direct=True)
+        return self._keys
+
+    async def put_engine_key(self, name: str, key: str) -> None:
+        await self._engine_keys().put(name, key.encode())
+
+    async def engine_key(self, name: str) -> str | None:
+        try:
+            entry = await self._engine_keys().get(name)
+        except KeyNotFoundError:
+            return None
+        return entry.value.decode() if entry.value else None
+
+    async def delete_engine_key(self, name: str) -> None:
+        await self._engine_keys().delete(name)
 
     async def close(self) -> None:
         """Drain what is pending; with the server gone, just let go."""

@@ -76,6 +76,7 @@ class GatewayConfig:
     wait_timeout: float = _f(300.0, "seconds a request waits for a ready replica (an on-demand model waking) before 503")
     upstream_timeout: float = _f(600.0, "seconds to wait for an engine's first byte")
     connect_timeout: float = _f(3.0, "seconds to connect to an engine")
+    key_timeout: float = _f(3.0, "seconds to read an engine's key from the engine keys bucket, the first time it is reached")
     failover_timeout: float = _f(5.0, "after the replicas tried failed, seconds to wait for the log to say another is coming")
 
     def __post_init__(self) -> None:

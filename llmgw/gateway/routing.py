@@ -16,6 +16,9 @@ identity at start (ShardStatus.identity) is sent requests only on a
 connection where its GET /v1/models listed it (`identity_mismatch`; the shell
 asks once per new connection). A simulated replica once advertised a port a
 real engine held, and a request for `llama-70b` came back 200 from SmolLM2.
+Every engine also has a key of its own, which the gateway reads from the
+engine keys bucket under `Target.key_name` (the rank 0 shard's node, id and
+generation) and sends on every request to it.
 
 When no replica can take a request, `when_none_ready` says whether it waits:
 for a model that runs replicas it does, up to the gateway's wait timeout;
@@ -37,6 +40,7 @@ import enum
 import json
 from dataclasses import dataclass, field
 
+from ..bus import engine_key_name
 from ..core.catalog import profile_named
 from ..core.scaling import decided
 from ..core.state import ApiKey, State
@@ -60,6 +64,7 @@ class Target:
     endpoint: str
     weight: float = 1.0
     identity: str = ""  # what its engine must list in GET /v1/models ("" : not checked)
+    key_name: str = ""  # where its engine's key is in the engine keys bucket (bus.engine_key_name)
 
 
 @dataclass(slots=True)
@@ -110,7 +115,7 @@ def routable(state: State) -> list[Target]:
         out.append(
             Target(
                 replica=rid, model=r.model, endpoint=lead.endpoint.rstrip("/"), weight=max(weight, MIN_WEIGHT),
-                identity=lead.identity,
+                identity=lead.identity, key_name=engine_key_name(lead.node, lead.id, lead.generation),
             )
         )  # fmt: skip
     return out

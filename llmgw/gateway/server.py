@@ -527,7 +527,7 @@ class Gateway:
         self.now = time.monotonic()  # the sweep's clock: deadlines are this plus a timeout
         self.state = State()
         self.table = Table()
-        self.backends: dict[tuple[str, str, str], Backend] = {}
+        self.backends: dict[tuple[str, str, str, str], Backend] = {}
         self.by_model: dict[str, list[Backend]] = {}
         self.limits: dict[str, KeyLimits] = {}
         self.loads = Loads()
@@ -559,16 +559,19 @@ class Gateway:
         """The routing table again, from the state as folded so far."""
         self._dirty = False
         table = build(self.state)
-        backends: dict[tuple[str, str, str], Backend] = {}
+        backends: dict[tuple[str, str, str, str], Backend] = {}
         by_model: dict[str, list[Backend]] = {}
         for route in table.routes.values():
             found = []
             for t in route.targets:
-                key = (t.replica, t.endpoint, t.identity)
+                key = (t.replica, t.endpoint, t.identity, t.key_name)
                 b = self.backends.get(key)
                 if b is None:
                     b = Backend(t)
-                    b.pool = Pool(b.host, b.port, self.connect_timeout, t.identity)
+                    b.pool = Pool(
+                        b.host, b.port, self.connect_timeout, t.identity, keys=self.bus, key_name=t.key_name,
+                        key_timeout=self.config.key_timeout,
+                    )
                 else:
                     b.weight = t.weight
                 backends[key] = b
@@ -734,7 +737,7 @@ class Gateway:
         meter = self.loads.meter(model, now)
         meter.last_used = now
         span = _tracer.start_span("gateway.request", attributes={"llmgw.model": model, "http.route": path.decode()}) if self._tracing else None
-        upstream_req = b"POST %s HTTP/1.1\r\nHost: %%s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (path, len(body))
+        upstream_req = b"POST %s HTTP/1.1\r\n%%s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (path, len(body))
         tried: list[str] = []
         status, replica, why = 0, "", ""
         ex: Exchange | None = None
@@ -841,7 +844,6 @@ class Gateway:
         meter.change(time.time(), in_flight=1)
         ex = Exchange(client, req, stream, b, loop.create_future())
         client.exchange = ex
-        data = (upstream_req % b.pool.host_header) + body
         ex.timer = loop.call_later(self.upstream_timeout, ex.timed_out)
         try:
             conn = b.pool.take_idle()
@@ -864,7 +866,7 @@ class Gateway:
                     ex._resolve(GONE)
                     break
                 ex.upstream = conn
-                conn.send(data, ex)
+                conn.send((upstream_req % b.pool.head) + body, ex)  # Host and the engine's key
                 if client.paused:
                     conn.pause()
                 outcome = await ex.fut

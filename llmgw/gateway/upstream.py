@@ -16,6 +16,13 @@ it carries a request: GET /v1/models must list the identity
 dropped. Only verified connections are pooled, so a reused one costs
 nothing more; a stranger that took the port after the engine died is met on
 the new connection it takes to reach it.
+
+Every engine answers only with its key (engines.py): a pool reads it from
+the engine keys bucket (the bus's `engine_key`, under the target's
+`key_name`) before its first connection, keeps it, and sends
+`Authorization: Bearer <key>` on every request, GET /v1/models included. A
+key that cannot be had (the bucket unreachable, or no key there) is
+`NoKey`: a failed attempt with that reason, and nothing is sent.
 """
 
 from __future__ import annotations
@@ -36,6 +43,10 @@ VERIFY_MAX_BODY = 1 << 20  # more than any list of models: a stranger streaming 
 
 class NotTheEngine(Exception):
     """A new connection's engine is not the one the replica's agent started."""
+
+
+class NoKey(NotTheEngine):
+    """The engine's key cannot be had: nothing is sent to it (never a request without its key)."""
 
 
 class Lost(Exception):
@@ -213,11 +224,15 @@ class _Probe(Sink):
 class Pool:
     """Idle keep-alive connections to one endpoint."""
 
-    __slots__ = ("host", "port", "idle", "open", "host_header", "connect_timeout", "closed", "identity", "verify_timeout")
+    __slots__ = (
+        "host", "port", "idle", "open", "host_header", "connect_timeout", "closed", "identity", "verify_timeout",
+        "keys", "key_name", "key_timeout", "head", "_fetching",
+    )  # fmt: skip
 
     def __init__(
-        self, host: str, port: int, connect_timeout: float = 3.0, identity: str = "", verify_timeout: float = VERIFY_TIMEOUT_S
-    ) -> None:
+        self, host: str, port: int, connect_timeout: float = 3.0, identity: str = "", verify_timeout: float = VERIFY_TIMEOUT_S,
+        keys=None, key_name: str = "", key_timeout: float = 3.0,
+    ) -> None:  # fmt: skip
         self.host, self.port = host, port
         self.idle: list[Connection] = []
         self.open = 0
@@ -226,6 +241,13 @@ class Pool:
         self.closed = False  # the replica left the table: connections are not kept
         self.identity = identity  # what a new connection's engine must list ("" : not checked)
         self.verify_timeout = verify_timeout
+        self.keys = keys  # where engine keys are read: the bus (`engine_key(name)`)
+        self.key_name = key_name  # its engine's key's name there ("" : an engine that takes no key)
+        self.key_timeout = key_timeout
+        # The request head's lines after the request line: Host, and
+        # Authorization once the key is known (b"" until then).
+        self.head = b"" if key_name else b"Host: %s" % self.host_header
+        self._fetching: asyncio.Future | None = None
 
     def take_idle(self) -> Connection | None:
         idle = self.idle
@@ -243,6 +265,8 @@ class Pool:
 
     async def connect(self) -> Connection:
         loop = asyncio.get_running_loop()
+        if not self.head:
+            await self._key()
         _, conn = await asyncio.wait_for(
             loop.create_connection(lambda: Connection(self), self.host, self.port), self.connect_timeout
         )
@@ -257,11 +281,41 @@ class Pool:
             await self._verify(conn)
         return conn
 
+    async def _key(self) -> None:
+        """Read the engine's key (one read at a time per pool); NoKey when it cannot be had."""
+        if self._fetching is None:
+            self._fetching = asyncio.ensure_future(self._read_key())
+        fetching = self._fetching
+        try:
+            key = await asyncio.shield(fetching)
+        finally:
+            if self._fetching is fetching and fetching.done():
+                self._fetching = None
+        if not self.head:
+            self.head = b"Host: %s\r\nAuthorization: Bearer %s" % (self.host_header, key.encode())
+
+    async def _read_key(self) -> str:
+        where = f"the engine at {self.host}:{self.port}"
+        if self.keys is None:
+            raise NoKey(f"this gateway cannot read engine keys: nothing sent to {where}")
+        try:
+            key = await asyncio.wait_for(self.keys.engine_key(self.key_name), self.key_timeout)
+        except asyncio.TimeoutError:
+            raise NoKey(
+                f"the key of {where} ({self.key_name}) did not come from the engine keys bucket within {self.key_timeout:g}s: "
+                "nothing sent to it"
+            ) from None
+        except Exception as e:
+            raise NoKey(f"the key of {where} ({self.key_name}) cannot be read from the engine keys bucket ({e}): nothing sent to it") from None
+        if not key:
+            raise NoKey(f"the engine keys bucket has no key {self.key_name} for {where}: nothing sent to it")
+        return key
+
     async def _verify(self, conn: Connection) -> None:
         """Ask the engine on `conn` its models; NotTheEngine unless it lists the identity."""
         where = f"the engine at {self.host}:{self.port}"
         probe = _Probe(asyncio.get_running_loop().create_future())
-        conn.send(b"GET /v1/models HTTP/1.1\r\nHost: %s\r\nAccept: application/json\r\n\r\n" % self.host_header, probe)
+        conn.send(b"GET /v1/models HTTP/1.1\r\n%s\r\nAccept: application/json\r\n\r\n" % self.head, probe)
         try:
             status, body = await asyncio.wait_for(probe.done, self.verify_timeout)
         except asyncio.TimeoutError:
@@ -273,6 +327,9 @@ class Pool:
         why = identity_mismatch(status, body, self.identity)
         if why:
             conn.abort()
+            if status == 401 and self.key_name:
+                self.head = b""  # read again next time, in case it was not the engine's
+                why += " (refused the engine's key)"
             raise NotTheEngine(f"{where} is not the engine started for this replica: {why}")
         if conn.closed:
             raise NotTheEngine(f"{where} closed the connection after GET /v1/models (an engine must keep connections alive)")
