@@ -22,7 +22,7 @@ from llmgw.core.fold import apply, copy_state, decode_state, encode_state, evolv
 from llmgw.core.history import verify
 from llmgw.core.placement import Inventory, explain, replicas_per_node
 from llmgw.core.scaling import desired
-from llmgw.core.quota import add, shard_amount
+from llmgw.core.quota import add, need, over_limit, shard_amount
 from llmgw.core.state import LIVE_SHARD_STATES, State, gpus_in_use
 
 from .fleet_strategies import Step, World
@@ -619,12 +619,16 @@ def ready_serving(state: State, model: str) -> int:
 
 
 def fits_anywhere(state: State, spec: ev.ModelSpec, freed: list = ()) -> bool:
-    """Whether a replica of the model fits on some node, with what `freed`
-    (replicas) hold counted as free."""
+    """Whether a replica of the model fits on some node, within its owner's
+    limits, with what `freed` (replicas) hold counted as free. (A replacement
+    beside that would take its owner past a limit does not fit: the restart
+    goes in place, crediting what the old one holds.)"""
     inv = Inventory(state)
     for rep in freed:
         inv.release(rep.shards)
-    return any(inv.place(p, f"{spec.name}-0", {}) is not None for p in spec.profiles)
+    allowed = [p for p in spec.profiles
+               if not (state.owners and spec.owner and over_limit(state, spec.owner, need(p)))]
+    return any(inv.place(p, f"{spec.name}-0", {}) is not None for p in allowed)
 
 
 def assert_restarts_keep_models_serving(step: Step, after: State) -> None:

@@ -35,7 +35,7 @@ It speaks the protocol the simulated agent does (`simulated.py`), for real:
   registration, in a `NodePorts` before the failure of a start refused for
   it, and again once a heartbeat finds one of them free; `ports.py`), so
   that they are not handed out again.
-- Engine keys. Each start makes its engine a key (`secrets.token_urlsafe`),
+- Engine keys. Each start makes its engine a key (`secrets.token_hex`: never a leading "-", which a template's `--key {key}` read as a flag),
   kept in the state file (an adopting agent keeps it) and put in the bus's
   engine keys bucket before the shard can be reported ready (the outbox
   keeps the order), under `engine_key_name(node, shard, generation)`; it is
@@ -335,7 +335,7 @@ class NodeAgent:
                 shard=cmd.shard, replica=cmd.replica, model=cmd.model, profile=cmd.profile.name,
                 generation=cmd.generation, rank=cmd.rank, gpus=list(cmd.gpus), port=cmd.port,
                 host=self.agent_file.address, endpoint=f"http://{self.agent_file.address}:{cmd.port}",
-                fingerprint=cmd.fingerprint, key=secrets.token_urlsafe(32),
+                fingerprint=cmd.fingerprint, key=secrets.token_hex(32),
             )  # fmt: skip
             try:
                 weights = resolve(cmd.profile.model or cmd.model, self.agent_file.models, self.model_dirs)

@@ -184,7 +184,7 @@ class SimulatedAgent:
         if cmd.rank == 0:  # the replica's endpoint; the other ranks answer no one, as real ones
             me = identity(cmd.model, cmd.shard, cmd.generation)
             says = f"simulated replica {cmd.replica} of {cmd.model} on node {self.name}"
-            key = secrets.token_urlsafe(32)
+            key = secrets.token_hex(32)
             engine = await SimEngine(cmd.model, identity=me, says=says, key=key).start()
             self.engines[cmd.shard] = engine
             self.generations[cmd.shard] = cmd.generation

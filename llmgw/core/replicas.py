@@ -128,7 +128,12 @@ def derive_live_state(rep: Replica, at: float) -> None:
 
 
 def forget(state: State, rep: Replica) -> None:
-    """Drop a replica from the state, freeing what its shards hold."""
+    """Drop a replica from the state, freeing what its shards hold. A shard
+    placed in place of another that still runs hands back what it took over
+    (`hand_back`), as one that ends does: freed instead, the port of the
+    engine still draining there was lost from the node's books (found by the
+    restart property: a replica placed in place, forgotten for the one an
+    agent reported under its id, left the draining one without its port)."""
     for sh in rep.shards:
         node = state.nodes.get(sh.node)
         if node is None or sh.state in TERMINAL:
@@ -138,6 +143,8 @@ def forget(state: State, rep: Replica) -> None:
             node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
         node.cpu_used -= sh.cpu_cores
         count(state, rep.owner, shard_amount(sh), -1)
+        if sh.after:
+            hand_back(state, node, sh)
     tally(state, rep, -1)
     del state.replicas[rep.id]
 
