@@ -88,8 +88,11 @@ def is_trouble(e: BaseException) -> bool:
     """Whether an error is the bus in trouble (try again) rather than an answer."""
     if isinstance(e, TROUBLE):
         return True
-    # 503 and "JetStream system temporarily unavailable" (10008) mid-election.
-    return isinstance(e, APIError) and (e.code == 503 or e.err_code == 10008)
+    # 503 and "JetStream system temporarily unavailable" (10008) mid-election;
+    # "no suitable peers for placement" (10005) while a server of the cluster
+    # is down (a bucket made then: a gateway exited on it when the stream
+    # leader was killed).
+    return isinstance(e, APIError) and (e.code == 503 or e.err_code in (10008, 10005))
 
 
 def stream_missing(e: BaseException) -> bool:
