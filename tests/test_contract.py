@@ -92,6 +92,11 @@ def test_unknown_fields_from_a_newer_publisher_are_ignored(cls):
         ev.OwnerRemoved: ev.OwnerRemoved(at=1.0, name="org"),
         ev.NodePorts: ev.NodePorts(at=1.0, node="n", taken=[20000]),
         ev.LeaderElected: ev.LeaderElected(at=1.0, term=1, leader="a"),
+        ev.NodeLabeled: ev.NodeLabeled(at=1.0, node="n", set={"llmgw.io/rack": "r1"}, remove=["llmgw.io/pdu"]),
+        ev.DomainHeld: ev.DomainHeld(at=1.0, domain="rack/r1", drain=True, reason="maintenance"),
+        ev.DomainReleased: ev.DomainReleased(at=1.0, domain="rack/r1"),
+        ev.FacilityApplied: ev.FacilityApplied(at=1.0, budgets={"pdu/pdu-a": 12000.0}),
+        ev.NodePower: ev.NodePower(at=1.0, node="n", watts=700.0, gpus={0: 350.0, 1: 350.0}),
     }[cls]
     data = msgspec.json.decode(ev.encode(sample))
     data["from_the_future"] = 42

@@ -68,6 +68,12 @@ class ProfileSpec(Struct):
     # relative to the others of the model (least outstanding requests per
     # unit of weight). Routing only: it does not change the fingerprint.
     weight: float = 1.0
+    # Facility (core/facility.py). The declared draw of one shard in watts
+    # (0: not declared; its GPUs' power limits are counted instead), and a
+    # domain kind (site, room, row, rack, pdu) every shard of a multi-node
+    # replica must share ("": no such rule).
+    power_w: float = 0.0
+    keep_within: str = ""
 
 
 class ModelSpec(Struct):
@@ -120,6 +126,9 @@ class Gpu(Struct):
     index: int
     model: str = ""
     memory_gb: float = 0.0
+    # Its power limit in watts (agent file, or NVML's enforced limit): the
+    # derived draw of a shard on it before the agent measures one. 0: unknown.
+    power_w: float = 0.0
 
 
 class RunningShard(Struct):
@@ -211,6 +220,41 @@ class CredentialRevoked(Event, tag="credential.revoked"):
     public_key: str = ""
 
 
+class NodeLabeled(Event, tag="node.labeled"):
+    """An operator set or removed location labels of a node (`llmgw ctl label
+    NODE rack=r4-12 pdu=pdu-a`, `rack-` to remove). Labels set this way win
+    over the agent's own (from its agent file) until removed, when the
+    agent's show again. Keys are short kinds (site, room, row, rack, pdu) or
+    whole label names; the fold keeps whole names (llmgw.io/rack)."""
+
+    node: str
+    set: dict[str, str] = {}
+    remove: list[str] = []
+
+
+class DomainHeld(Event, tag="domain.held"):
+    """An operator held a facility domain (`llmgw ctl facility hold rack/r4-12`):
+    nothing new is placed in it; with `drain`, its replicas are replaced
+    elsewhere first and then stopped."""
+
+    domain: str  # KIND/NAME, KIND one of site, room, row, rack, pdu
+    drain: bool = False
+    reason: str = ""
+
+
+class DomainReleased(Event, tag="domain.released"):
+    """An operator released a held domain: placement may use it again."""
+
+    domain: str
+
+
+class FacilityApplied(Event, tag="facility.applied"):
+    """The catalog's `facility:` section, whole each time: the power cap in
+    watts of each domain that has one (a domain not named has none)."""
+
+    budgets: dict[str, float] = {}
+
+
 # --------------------------------------------------------------------------- agents (llmgw.agent.<node>.>)
 
 
@@ -283,6 +327,17 @@ class NodePorts(Event, tag="node.ports"):
 
     node: str
     taken: list[int] = []
+
+
+class NodePower(Event, tag="node.power"):
+    """What a node's GPUs draw, measured (NVML's power usage; a simulated
+    agent draws `--watts-per-gpu` per GPU in use), coalesced: sent when it
+    changes by enough to matter, at most every few seconds, so that the draw
+    placement counts is in the log and replay decides the same."""
+
+    node: str
+    watts: float = 0.0  # the node's GPUs together
+    gpus: dict[int, float] = {}  # per GPU index, where known
 
 
 # --------------------------------------------------------------------------- gateways (llmgw.gw.<gateway>.>)
@@ -467,6 +522,11 @@ AnyEvent = Union[
     NodePorts,
     LeaderElected,
     CredentialRevoked,
+    NodeLabeled,
+    DomainHeld,
+    DomainReleased,
+    FacilityApplied,
+    NodePower,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
@@ -489,6 +549,11 @@ ORIGIN: dict[type[Event], str] = {
     NodePorts: "agent",
     LeaderElected: "control",
     CredentialRevoked: "ctl",
+    NodeLabeled: "ctl",
+    DomainHeld: "ctl",
+    DomainReleased: "ctl",
+    FacilityApplied: "ctl",
+    NodePower: "agent",
 }
 
 
