@@ -564,13 +564,28 @@ async def cmd_delete(args, where: Where) -> int:
     return OK
 
 
+async def publish_event(bus, event: ev.Event) -> int:
+    """Publish one operator event on a bus already connected (as the operator); returns its sequence.
+    The console publishes its actions through this too."""
+    return await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"ctl-{uuid.uuid4().hex}")
+
+
 async def _publish(where: Where, event: ev.Event) -> int:
     """Publish one operator event; returns its sequence."""
     bus = await _connect(where)
     try:
-        return await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"ctl-{uuid.uuid4().hex}")
+        return await publish_event(bus, event)
     finally:
         await bus.close()
+
+
+def restart_problem(rid: str, rep: dict) -> str:
+    """Why a replica (its read-model row) is not restarted now; "" when it may be."""
+    if rep["state"] != "ready":
+        return f"replica {rid} is {rep['state']}, not ready: only a serving replica is restarted"
+    if rep["restart"] in ("queued", "replacing", "in place"):
+        return f"replica {rid} is restarting already ({rep['restart']})"
+    return ""
 
 
 def _no_replica(verb: str, rid: str, models: ReadModels) -> CtlError:
@@ -592,11 +607,9 @@ async def cmd_restart(args, where: Where) -> int:
         rep = models.replica(rid)
         if rep is None:
             raise _no_replica("restart", rid, models)
-        if rep["state"] != "ready":
-            raise CtlError(f"restart: replica {rid} is {rep['state']}, not ready: only a serving replica is restarted",
-                           BAD_INPUT)
-        if rep["restart"] in ("queued", "replacing", "in place"):
-            raise CtlError(f"restart: replica {rid} is restarting already ({rep['restart']})", BAD_INPUT)
+        problem = restart_problem(rid, rep)
+        if problem:
+            raise CtlError(f"restart: {problem}", BAD_INPUT)
         of_model[rid] = rep["model"]
     if args.max_surge < 0 or args.max_unavailable < 0:
         raise CtlError("restart: --max-surge and --max-unavailable are counts (0 or more)", BAD_INPUT)
@@ -647,8 +660,6 @@ async def cmd_retry(args, where: Where) -> int:
 async def cmd_explain(args, where: Where) -> int:
     """Folded from the log itself (the read models do not keep GPUs per
     profile): what the control plane's next pass would see."""
-    from ..core.placement import explain, render_explanation
-
     bus = await _connect(where)
     try:
         state = State()
@@ -658,30 +669,36 @@ async def cmd_explain(args, where: Where) -> int:
         await bus.close()
     if args.model not in state.models:
         raise _no_model("explain-placement", args.model, state.models)
-    model = state.models[args.model]
-    running = [r for r in state.replicas.values() if r.model == args.model and r.state != "stopped"]
+    lines, data = explanation(state, args.model)
+    print("\n".join(lines) if args.output == "text" else views.for_tools(data, args.output))
+    return OK
+
+
+def explanation(state: State, name: str) -> tuple[list[str], dict]:
+    """Why a model's next (or a further) replica would or would not go on each
+    node, as lines for people and as data: what explain-placement prints, and
+    the console's Explain view."""
+    from ..core.placement import explain, render_explanation
+
+    model = state.models[name]
+    running = [r for r in state.replicas.values() if r.model == name and r.state != "stopped"]
     ready = sum(r.state == "ready" for r in running)
     wants = model.desired if model.desired >= 0 else model.spec.min_replicas
     further = len(running) >= wants  # it has what it wants: this is about one more
-    explanation = explain(state, args.model)
-    if args.output == "text":
-        lines = render_explanation(explanation)
-        if further and lines:
-            lines[0] = lines[0].replace("the next replica would", "a further replica would").replace(
-                "no profile fits anywhere", "a further replica would fit nowhere"
-            )
-        about = (
-            f"model {args.model} has {ready} of {len(running)} replicas ready and wants {wants}: "
-            + ("it needs no other; below, where a further one (a scale-up) would go" if further
-               else f"below, where the next of the {wants - len(running)} it lacks would go")
+    explained = explain(state, name)
+    lines = render_explanation(explained)
+    if further and lines:
+        lines[0] = lines[0].replace("the next replica would", "a further replica would").replace(
+            "no profile fits anywhere", "a further replica would fit nowhere"
         )
-        print("\n".join([about, *lines]))
-    else:
-        data = msgspec.to_builtins(explanation)
-        data = {"replicas": {"ready": ready, "running": len(running), "wants": wants},
-                "about": "a further replica" if further else "the next replica", **data}
-        print(views.for_tools(data, args.output))
-    return OK
+    about = (
+        f"model {name} has {ready} of {len(running)} replicas ready and wants {wants}: "
+        + ("it needs no other; below, where a further one (a scale-up) would go" if further
+           else f"below, where the next of the {wants - len(running)} it lacks would go")
+    )
+    data = {"replicas": {"ready": ready, "running": len(running), "wants": wants},
+            "about": "a further replica" if further else "the next replica", **msgspec.to_builtins(explained)}
+    return [about, *lines], data
 
 
 async def cmd_logs(args, where: Where) -> int:

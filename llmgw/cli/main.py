@@ -6,6 +6,7 @@
     llmgw agent --simulate   a simulated node
     llmgw gateway            the OpenAI API, routed to ready replicas
     llmgw ctl apply -f FILE  publish a catalog; get, describe: read the read models
+    llmgw console            the web console: the fleet, its history, the operator's actions
     llmgw projections rebuild  make the read models afresh from the log
     llmgw creds issue|list|revoke  the bus credentials of nodes, gateways, operators
     llmgw replay [FILE]      fold the log and look at any moment of it
@@ -112,6 +113,8 @@ def cmd_up(args) -> None:
             gateway_port=None if args.no_gateway else args.gateway_port,
             engine_ports=args.engine_ports,
             gateway_listen=args.gateway_listen,
+            console_port=None if args.no_console else args.console_port,
+            console_listen=args.console_listen,
         )  # always with auth: bus/auth.py, under <state dir>/creds
     )
 
@@ -185,6 +188,38 @@ def cmd_gateway(args) -> None:
     _run_until_signalled(main)
 
 
+def cmd_console(args) -> None:
+    from ..bus.server import port_is_taken
+    from ..console import server
+    from ..console.config import ConsoleConfig
+    from .exits import Exit
+
+    where = locate(args.nats, args.db, args.creds)
+    if args.listen in ("127.0.0.1", "localhost") and port_is_taken(args.port):
+        _fail(f"llmgw console: the port {args.port} is taken: give another with --port", Exit.BAD_INPUT)
+    try:
+        token = server.token_from(args.token_file)
+    except OSError as e:
+        _fail(f"llmgw console: the token file {args.token_file}: {e.strerror or e}", Exit.BAD_INPUT)
+    config = ConsoleConfig(port=args.port, listen=args.listen)
+    _setup_logging(args.verbose)
+
+    def ready(console) -> None:
+        port = console.server.sockets[0].getsockname()[1]
+        print(f"llmgw console: {server.console_url(args.listen, port, token)}", flush=True)
+
+    async def main(stop: asyncio.Event) -> None:
+        try:
+            await server.serve(where.nats, str(where.db) if where.db else None, where.creds, token, config, stop,
+                               on_ready=ready)
+        except OSError as e:
+            if isinstance(e, ConnectionError):
+                raise
+            _fail(f"llmgw console: cannot listen on {args.listen}:{args.port}: {e.strerror or e}", Exit.BAD_INPUT)
+
+    _run_until_signalled(main)
+
+
 def default_node_name() -> str:
     """This machine's host name, as a node name (letters, digits, _ and -)."""
     import re
@@ -205,6 +240,14 @@ def cmd_agent(args) -> None:
     from ..agent.simulated import SimulatedAgent
     from ..bus.nats import NatsBus
 
+    labels = None
+    if args.agent_file:  # a simulated node's labels (its site, rack, PDU) from an agent file
+        from ..agent import agentfile
+
+        try:
+            labels = agentfile.load(args.agent_file).labels
+        except agentfile.AgentFileError as e:
+            _fail(f"llmgw agent: {e}", 2)
     _setup_logging(args.verbose)
 
     async def main(stop: asyncio.Event) -> None:
@@ -219,6 +262,7 @@ def cmd_agent(args) -> None:
             loading_after=args.loading_after,
             ready_after=args.ready_after,
             fail_models=frozenset(args.fail_model),
+            labels=labels,
         )
 
         # Tests and demos make a shard fail on request: a core NATS request
@@ -423,6 +467,8 @@ def version() -> str:
         return "unknown"
 
 
+from ..console.config import DEFAULT_PORT as CONSOLE_PORT  # noqa: E402
+
 NATS_HELP = "NATS URL(s), comma-separated (default: $LLMGW_NATS, else the local llmgw up's, else %s)" % DEFAULT_NATS
 
 # Per command: what it does (its --help's first lines), and examples.
@@ -447,6 +493,14 @@ ABOUT = {
         "Serve the OpenAI API (/v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings) and route\n"
         "each request to a ready replica. Stateless: run as many as needed.",
         ["llmgw gateway --port 8080", "llmgw gateway --nats nats://nats-1:4222 --port 0 --wait-timeout 30"],
+    ),
+    "console": (
+        "Serve the web console: the fleet by site, room, row, rack and PDU, its models, replicas, decisions,\n"
+        "preemptions and quotas, live; any moment of the log (time travel); why a model would go where; and\n"
+        "the operator's actions (labels, holds, restarts, retries), published as the operator. Only for whoever\n"
+        "opens the URL it prints (it carries the token); llmgw up runs one on --console-port.",
+        ["llmgw console", "llmgw console --port 9081 --token-file .llmgw/console.token",
+         "llmgw console --listen 0.0.0.0 --nats nats://nats-1:4222 --db /var/lib/llmgw/rm.db --creds ops.creds"],
     ),
     "projections": ("The SQLite read models that `llmgw ctl` reads.", ["llmgw projections rebuild"]),
     "projections rebuild": (
@@ -551,6 +605,15 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     up.add_argument("--no-gateway", action="store_true", help="run no gateway")
     up.add_argument("--engine-ports", type=_port_range, metavar="FIRST-LAST", help=ENGINE_PORTS_HELP)
+    up.add_argument(
+        "--console-port", type=int, default=CONSOLE_PORT, metavar="PORT",
+        help="the port of the web console (taken: up runs without one, saying so)",
+    )  # fmt: skip
+    up.add_argument(
+        "--console-listen", default="127.0.0.1", metavar="ADDR",
+        help="the address of the web console (0.0.0.0: every interface; it needs its token all the same)",
+    )  # fmt: skip
+    up.add_argument("--no-console", action="store_true", help="run no web console")
     up.set_defaults(func=cmd_up)
 
     control = sub.add_parser("control", help="run the control plane against a NATS you run")
@@ -607,6 +670,26 @@ def parser() -> argparse.ArgumentParser:
     gateway_config.add_arguments(gateway)  # --listen, --port, the limits and timeouts (llmgw/gateway/config.py)
     gateway.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
     gateway.set_defaults(func=cmd_gateway)
+
+    console = sub.add_parser("console", help="serve the web console: the fleet, any moment of its history, actions")
+    console.add_argument("--port", type=int, default=CONSOLE_PORT, metavar="PORT", help="the port it listens on")
+    console.add_argument(
+        "--listen", default="127.0.0.1", metavar="ADDR", help="the address it listens on (0.0.0.0: every interface)"
+    )
+    console.add_argument(
+        "--token-file", metavar="FILE",
+        help="read the token from FILE (made, readable by its owner alone, when missing); without it, a new token each run",
+    )  # fmt: skip
+    console.add_argument("--nats", metavar="URL", help=NATS_HELP)
+    console.add_argument(
+        "--db", metavar="PATH", help="the read models' SQLite file (default: $LLMGW_DB, else the local llmgw up's)"
+    )
+    console.add_argument(
+        "--creds", metavar="FILE",
+        help="the operator's NATS credential: it publishes as the operator (default: $LLMGW_CREDS, else the local llmgw up's)",
+    )  # fmt: skip
+    console.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
+    console.set_defaults(func=cmd_console)
 
     from . import ctl
 

@@ -23,6 +23,10 @@ the tools (`creds/operator.creds`, which `llmgw ctl`, `replay` and
 anonymous connections. With `--nats`, the components present those
 credentials to that server.
 
+Unless told `--no-console`, the web console (llmgw/console/) on
+`--console-port` (loopback unless `--console-listen` says otherwise), with
+the token in `<state dir>/console.token`: `up` prints its URL, token and all.
+
 One `llmgw up` per state dir: it holds `<state dir>/up.lock` (flock, with
 its pid in it) for its life; another on the same folder exits with 3 at once,
 naming that pid. A port taken (NATS's, the gateway's) exits with 2.
@@ -44,7 +48,7 @@ from ..ctl.locate import DB_FILE, remove_up_file, write_up_file
 RESTART_PAUSE_S = 1.0  # doubled for each quick death in a row, up to a minute
 HEALTHY_AFTER_S = 30.0
 STOP_TIMEOUT_S = 20.0  # the agent stops its engines first
-STOP_ORDER = ("gateway", "control", "agent", "projector")  # by the first word of a child's name
+STOP_ORDER = ("console", "gateway", "control", "agent", "projector")  # by the first word of a child's name
 
 
 class Child:
@@ -126,6 +130,8 @@ def up(
     gateway_port: int | None = 8080,
     engine_ports=None,  # agentfile.PortRange for the local agent; None: its agent file's
     gateway_listen: str = "127.0.0.1",
+    console_port: int | None = None,  # None: no console
+    console_listen: str = "127.0.0.1",
 ) -> int:
     import asyncio
 
@@ -152,6 +158,13 @@ def up(
     if gateway_port is not None and port_is_taken(gateway_port):
         print(f"llmgw up: the gateway's port {gateway_port} is taken: give another with --gateway-port", file=sys.stderr)
         return 2
+    if console_port is not None and port_is_taken(console_port):
+        # Unlike the gateway's: the console is a window on the fleet, not a
+        # part of it, and a second `up` on one machine (a test's) must not
+        # fail for the default port another one holds.
+        print(f"llmgw up: the console's port {console_port} is taken: running without a console "
+              f"(give another with --console-port)", file=sys.stderr, flush=True)
+        console_port = None
     from .main import default_node_name
 
     node = node_name or default_node_name()
@@ -208,6 +221,16 @@ def up(
             Child("gateway", [py, "-m", "llmgw", "gateway", "--nats", nats_url, "--port", str(gateway_port),
                               "--listen", gateway_listen, "--creds", creds["gateway"]])
         )  # fmt: skip
+    console_url = ""
+    if console_port is not None:
+        from ..console.server import console_url as url_of, token_from
+
+        token_file = state / "console.token"
+        console_url = url_of(console_listen, console_port, token_from(str(token_file)))
+        children.append(
+            Child("console", [py, "-m", "llmgw", "console", "--nats", nats_url, "--db", str(db), "--port", str(console_port),
+                              "--listen", console_listen, "--token-file", str(token_file), "--creds", creds["operator"]])
+        )  # fmt: skip
     stopping = False
 
     def on_signal(signum, frame) -> None:
@@ -234,6 +257,7 @@ def up(
         print(
             f"read models (SQLite): {db.resolve()}\n"
             + (f"gateway (OpenAI API): {gateway_url}/v1\n" if gateway_url else "")
+            + (f"console: {console_url}\n" if console_url else "")
             + f"credentials: {keys.folder.resolve()} (the tools': operator.creds)\n"
             + f"ready. In other shells, here (or with --nats {nats_url} --creds {Path(creds['operator']).resolve()}):\n"
             + ("  llmgw ctl get replicas --watch           # the demo model, starting\n" if demo else "")

@@ -113,10 +113,22 @@ class ReadModels:
         where = f"{where} AND {clause}" if where else f"WHERE {clause}"
         return where, (*args, after[0], after[0], after[1])
 
-    def decisions(self, *, model: str | None = None, limit: int = 50, after: tuple[int, int] | None = None) -> list[dict]:
-        """The latest `limit` decisions (0: all), oldest first; `after`: only those after (seq, idx)."""
+    @staticmethod
+    def _before(where: str, args: tuple, before: int | None) -> tuple[str, tuple]:
+        """Only rows of events up to sequence `before` (the console's time travel)."""
+        if before is None:
+            return where, args
+        return (f"{where} AND seq <= ?" if where else "WHERE seq <= ?"), (*args, before)
+
+    def decisions(
+        self, *, model: str | None = None, limit: int = 50, after: tuple[int, int] | None = None,
+        before: int | None = None,
+    ) -> list[dict]:
+        """The latest `limit` decisions (0: all), oldest first; `after`: only those after (seq, idx);
+        `before`: only those of events up to that sequence."""
         where, args = ("WHERE model = ?", (model,)) if model else ("", ())
         where, args = self._after(where, args, after)
+        where, args = self._before(where, args, before)
         limit_sql = "LIMIT ?" if limit else ""
         if limit:
             args = (*args, limit)
@@ -128,7 +140,10 @@ class ReadModels:
     def quotas(self) -> list[dict]:
         return self._rows("quotas", "SELECT * FROM quotas ORDER BY owner")
 
-    def preemptions(self, *, model: str | None = None, limit: int = 50, after: tuple[int, int] | None = None) -> list[dict]:
+    def preemptions(
+        self, *, model: str | None = None, limit: int = 50, after: tuple[int, int] | None = None,
+        before: int | None = None,
+    ) -> list[dict]:
         """The latest `limit` preemptions (0: all), oldest first; `model`: for it or taking from it;
         `after`: only those after (seq, idx)."""
         where, args = "", ()
@@ -136,6 +151,7 @@ class ReadModels:
             where = "WHERE (model = ? OR EXISTS (SELECT 1 FROM json_each(victims) v WHERE json_extract(v.value, '$.model') = ?))"
             args = (model, model)
         where, args = self._after(where, args, after)
+        where, args = self._before(where, args, before)
         limit_sql = "LIMIT ?" if limit else ""
         if limit:
             args = (*args, limit)

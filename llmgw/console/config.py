@@ -1,0 +1,25 @@
+"""The console's limits and timeouts, with their named defaults."""
+
+from __future__ import annotations
+
+import msgspec
+
+DEFAULT_PORT = 8081
+COOKIE = "llmgw_console"
+
+
+class ConsoleConfig(msgspec.Struct, kw_only=True, frozen=True):
+    port: int = DEFAULT_PORT
+    listen: str = "127.0.0.1"  # loopback: the console acts as the operator
+    # How often the server looks whether the log moved, for the live views (server-sent events).
+    tick_s: float = 0.25
+    keepalive_s: float = 15.0  # an SSE comment so that proxies keep the stream open
+    max_body: int = 64 * 1024  # an action's JSON body
+    header_timeout_s: float = 10.0  # a client that sends its request this slowly is dropped
+    decisions_limit: int = 200  # rows of the Decisions and Preemptions views
+    history_limit: int = 300  # events of a node's history
+    facts_limit: int = 60  # the events shown as the facts a decision was taken on
+    states_cached: int = 4  # folded past states kept (time travel back and forth over one point)
+
+
+CONFIG = ConsoleConfig()

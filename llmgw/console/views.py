@@ -1,0 +1,189 @@
+"""What each view of the console shows, as JSON-ready data, made from a
+folded State (now, or as it stood at any point of the log) and the read models.
+
+WHY the entity views (fleet, models, replicas, quotas) come from a State and
+not from the SQLite rows: time travel folds the log to a point with the pure
+core, and the same functions must render now and then alike; the rows are
+made with the projector's own row functions (projections/rows.py), so they
+have the read models' columns. The history tables (decisions, preemptions,
+a node's events) come from the read models, cut at the point.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import msgspec
+
+from ..core import events as ev
+from ..core.history import Record, _said, summary
+from ..core.state import State
+from ..ctl.readmodels import ReadModels
+from ..ctl.views import decision_words
+from ..projections.rows import COLUMNS, model_row, node_row, quota_rows, replica_row, shard_rows
+from . import facility_data as fac
+from .config import CONFIG
+
+
+def _as_dict(table: str, row: tuple) -> dict:
+    d = dict(zip(COLUMNS[table], row))
+    for k, v in d.items():
+        if isinstance(v, str) and v[:1] in "[{" and k in ("aliases", "profiles", "gpus", "labels", "strays",
+                                                          "guarantee", "limits", "usage", "borrowed"):
+            d[k] = json.loads(v)
+    return d
+
+
+def shard_models(state: State) -> dict[str, tuple[str, str]]:
+    """shard id -> (model, replica) for every shard of the state."""
+    return {s.id: (r.model, r.id) for r in state.replicas.values() for s in r.shards}
+
+
+def fleet(state: State, overlay: fac.Overlay | None) -> dict:
+    """Every node, compactly (2,000 of them go to the browser at once): its
+    location, a cell per GPU (the model on it), CPU and memory, and the
+    domains with what they hold and draw."""
+    owners = {name: m.spec.owner for name, m in state.models.items()}
+    of_shard = shard_models(state)
+    nodes = []
+    for n in sorted(state.nodes.values(), key=lambda n: n.name):
+        gpus = []
+        for g in n.gpus:
+            shard = n.used.get(g.index, "")
+            gpus.append(of_shard.get(shard, ("?", ""))[0] if shard else "")
+        models = sorted({m for m in gpus if m})
+        nodes.append({
+            "name": n.name, "state": n.state, "reason": n.reason, "loc": fac.location(n, overlay),
+            "gpus": gpus, "gpu_model": n.gpus[0].model if n.gpus else "",
+            "cpu": [n.cpu_used, n.cpu_cores], "mem": [n.memory_used, n.memory_gb],
+            "owners": sorted({owners.get(m, "") for m in models} - {""}), "strays": len(n.strays),
+        })
+    domains = [msgspec.to_builtins(d) for d in fac.domain_rows(state, overlay)]
+    return {"nodes": nodes, "domains": domains, "models": sorted(state.models), "owners": sorted(state.owners)}
+
+
+def node(state: State, overlay: fac.Overlay | None, name: str, models: ReadModels | None) -> dict | None:
+    n = state.nodes.get(name)
+    if n is None:
+        return None
+    row = _as_dict("nodes", node_row(n))
+    row["labels"] = fac.labels_of(n, overlay)
+    of_shard = shard_models(state)
+    for g in row["gpus"]:
+        g["model_running"], g["replica"] = of_shard.get(g["shard"], ("", "")) if g["shard"] else ("", "")
+    row["loc"] = fac.location(n, overlay)
+    row["memory_used"], row["cpu_used"] = n.memory_used, n.cpu_used
+    history = []
+    if models is not None:
+        try:
+            history = models.history("node", name)
+        except LookupError:
+            history = []
+        history = [e for e in history if e["seq"] <= state.seq]
+        for e in history:
+            for d in e["decisions"]:
+                d["words"] = decision_words(d)
+    said = [
+        {"seq": s, "at": e.at, "type": ev.tag_of(type(e)), "summary": facility_summary(e), "decisions": []}
+        for s, e in (overlay.said if overlay else ()) if isinstance(e, ev.NodeLabeled) and e.node == name
+    ]
+    row["history"] = sorted(history + said, key=lambda e: e["seq"])[-CONFIG.history_limit:]
+    return row
+
+
+def facility_summary(e: ev.Event) -> str:
+    if isinstance(e, ev.NodeLabeled):
+        parts = [f"{k}={v}" for k, v in sorted(e.set.items())] + [f"{k}-" for k in e.remove]
+        return f"node {e.node} labeled: {' '.join(parts)}"
+    if isinstance(e, ev.DomainHeld):
+        return f"domain {e.domain} held{' with drain' if e.drain else ''}" + (f": {e.reason}" if e.reason else "")
+    if isinstance(e, ev.DomainReleased):
+        return f"domain {e.domain} released"
+    return summary(e)
+
+
+def models_view(state: State) -> list[dict]:
+    out = []
+    counts: dict[str, list[int]] = {}
+    for r in state.replicas.values():
+        c = counts.setdefault(r.model, [0, 0])
+        c[0] += 1
+        c[1] += r.state == "ready"
+    usage = {o: msgspec.to_builtins(u) for o, u in state.usage.items()}
+    for name, m in sorted(state.models.items()):
+        d = _as_dict("models", model_row(m))
+        d["replicas"], d["ready"] = counts.get(name, [0, 0])
+        d["priority"] = m.spec.priority
+        d["usage"] = usage.get(m.spec.owner, {})
+        out.append(d)
+    return out
+
+
+def replicas_view(state: State) -> list[dict]:
+    out = []
+    for r in sorted(state.replicas.values(), key=lambda r: (r.model, r.id)):
+        d = _as_dict("replicas", replica_row(r, state))
+        shards = [_as_dict("shards", s) for s in shard_rows(r)]
+        d["nodes"] = [s["node"] for s in sorted(shards, key=lambda s: s["rank"])]
+        d["endpoint"] = next((s["endpoint"] for s in shards if s["rank"] == 0), "")
+        d["shards"] = shards
+        out.append(d)
+    return out
+
+
+def quotas_view(state: State) -> list[dict]:
+    return [_as_dict("quotas", row) for row in quota_rows(state).values()]
+
+
+def decision_at(records: Sequence[Record], state: State, upto: int) -> dict | None:
+    """The last decision at or before `upto`, in words with its reasons, and
+    the facts it was taken on: the events from the decision before it to its
+    basis (what the pass saw that the one before had not), and what the fold
+    voided of it."""
+    found = None
+    for i in range(len(records) - 1, -1, -1):
+        seq, subject, data = records[i]
+        if seq > upto:
+            continue
+        if subject.startswith("llmgw.control.") and b'"control.decided"' in data:
+            try:
+                e = ev.decode(data)
+            except msgspec.MsgspecError:
+                continue
+            if isinstance(e, ev.Decided):
+                found = (i, seq, e)
+                break
+    if found is None:
+        return None
+    i, seq, e = found
+    previous_basis = 0
+    for j in range(i - 1, -1, -1):
+        s, subject, data = records[j]
+        if subject.startswith("llmgw.control.") and b'"control.decided"' in data:
+            try:
+                p = ev.decode(data)
+            except msgspec.MsgspecError:
+                continue
+            if isinstance(p, ev.Decided):
+                previous_basis = p.basis
+                break
+    facts = []
+    for s, _subject, data in records:
+        if s <= previous_basis:
+            continue
+        if s > e.basis:
+            break
+        try:
+            f = ev.decode(data)
+        except msgspec.MsgspecError:
+            continue
+        if isinstance(f, (ev.Decided, ev.ModelLoad)):
+            continue
+        facts.append({"seq": s, "at": f.at, "type": ev.tag_of(type(f)), "summary": facility_summary(f)})
+    voided = [msgspec.to_builtins(v) for v in state.voided if v.seq == seq]
+    return {
+        "seq": seq, "at": e.at, "basis": e.basis, "leader": e.leader,
+        "actions": [_said(a) for a in e.actions], "voided": voided,
+        "facts": facts[-CONFIG.facts_limit:], "facts_total": len(facts),
+    }
