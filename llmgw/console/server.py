@@ -144,6 +144,8 @@ class Console:
                 await self._route(method, url.path, query, headers, body, writer)
             except HttpError as e:
                 await self._send(writer, e.status, {"error": str(e)})
+            except ConnectionError:  # the browser went away (a page closed, an event stream ended)
+                raise
             except Exception as e:  # one request's bug never stops the console
                 log.exception("console: %s %s", method, url.path)
                 await self._send(writer, 500, {"error": f"{type(e).__name__}: {e}"})
@@ -173,6 +175,9 @@ class Console:
                 raise HttpError(401, "a wrong token: use the URL llmgw up printed")
             cookie = f"{COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
             await self._send(writer, 303, b"", extra={"Location": "/", "Set-Cookie": cookie})
+            return
+        if path == "/favicon.ico":  # asked by every browser; none here
+            await self._send(writer, 404, b"")
             return
         if not self._authorized(headers):
             raise HttpError(401, "this console needs its token: open the URL llmgw up printed (…/?token=…)")

@@ -316,6 +316,7 @@ function afterPaint(view) {
       performance.mark(`llmgw-painted-${view}`);
     }
     document.body.dataset.painted = view;
+    document.body.dataset.renders = String(Number(document.body.dataset.renders || 0) + 1);
   }));
 }
 function scheduleRefresh(ms) {
