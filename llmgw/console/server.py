@@ -141,7 +141,7 @@ class Console:
             if length:
                 body = await reader.readexactly(length)
             try:
-                await self._route(method, url.path, query, headers, body, writer)
+                await self._route(method, url.path, query, headers, body, writer, reader)
             except HttpError as e:
                 await self._send(writer, e.status, {"error": str(e)})
             except ConnectionError:  # the browser went away (a page closed, an event stream ended)
@@ -169,7 +169,7 @@ class Console:
                     presented = v
         return bool(presented) and hmac.compare_digest(presented.encode(), self.token.encode())
 
-    async def _route(self, method: str, path: str, query: dict, headers: dict, body: bytes, writer) -> None:
+    async def _route(self, method: str, path: str, query: dict, headers: dict, body: bytes, writer, reader) -> None:
         if method == "GET" and path == "/" and "token" in query:
             if not hmac.compare_digest(query["token"].encode(), self.token.encode()):
                 raise HttpError(401, "a wrong token: use the URL llmgw up printed")
@@ -196,7 +196,7 @@ class Console:
         if method != "GET":
             raise HttpError(405, f"{method} is not served here")
         if path == "/api/events":
-            await self._events(writer)
+            await self._events(reader, writer)
             return
         if path.startswith("/api/"):
             await self._send(writer, 200, self.view(path.removeprefix("/api/"), query))
@@ -229,12 +229,14 @@ class Console:
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data)
         await writer.drain()
 
-    async def _events(self, writer) -> None:
-        """Server-sent events: the log's position whenever it moves."""
+    async def _events(self, reader, writer) -> None:
+        """Server-sent events: the log's position whenever it moves, until the
+        browser goes (a page closed leaves no stream behind: writes to a closed
+        socket do not fail, so the end is seen by the reader)."""
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n"
                      b"Connection: keep-alive\r\n\r\n")
         said, quiet = -1, 0.0
-        while True:
+        while not reader.at_eof() and not writer.is_closing():
             seq = self.state.seq
             if seq != said:
                 said, quiet = seq, 0.0

@@ -127,7 +127,6 @@ def replicas_view(state: State) -> list[dict]:
         shards = [_as_dict("shards", s) for s in shard_rows(r)]
         d["nodes"] = [s["node"] for s in sorted(shards, key=lambda s: s["rank"])]
         d["endpoint"] = next((s["endpoint"] for s in shards if s["rank"] == 0), "")
-        d["shards"] = shards
         out.append(d)
     return out
 

@@ -365,7 +365,9 @@ function listen() {
   const source = new EventSource("/api/events");
   source.addEventListener("moved", (e) => {
     const d = JSON.parse(e.data);
+    const moved = d.seq !== app.last;
     app.last = d.seq;
+    if (!moved) return;  // the stream's first word, when the view already shows this event
     $("#slider").max = Math.max(1, d.seq);
     if (!app.at) { $("#slider").value = d.seq; $("#live").textContent = `live: event ${d.seq}`; scheduleRefresh(150); }
     else followAction();

@@ -1,0 +1,228 @@
+"""What each view of the web console costs to render for 2,000 nodes: time to
+first paint, measured in the browser (Debian's headless Chromium, driven by
+Playwright), against a yardstick of 20 nodes served in the same run.
+
+How the fleets are made: a log generated through the real core. Nodes
+register (NodeRegistered, 8 GPUs each, with site/room/row/rack/pdu labels:
+2 sites x 2 rooms x 5 rows x 20 racks x 5 nodes, two PDUs per rack), the
+operator applies 24 models (1, 2, 4 and 8 GPUs per replica) sized to fill
+about 70% of the GPUs, `decide` places them (each pass a Decided with its
+basis, folded like the control plane's) and every shard reports ready. The
+console folds that log as it folds a live one (Console._on_message) and
+serves it over its real HTTP server; only the bus is absent (no action is
+published here).
+
+Each view is opened in a fresh page, the two fleets alternating, `--runs`
+times; the figure is the median of the time from navigation start to the
+view's first paint after its data came (the page marks `llmgw-painted-VIEW`
+in a requestAnimationFrame after the paint of the rendered view), and the
+size of its data. "fleet@past" is the fleet folded back to the middle of the
+log (time travel).
+
+    .venv/bin/python benchmarks/console.py [--nodes 2000] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import sys
+import threading
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from llmgw.bus.server import free_port  # noqa: E402
+from llmgw.console.config import ConsoleConfig  # noqa: E402
+from llmgw.console.server import Console  # noqa: E402
+from llmgw.core import events as ev  # noqa: E402
+from llmgw.core.decide import decide  # noqa: E402
+
+VIEWS = ["fleet", "fleet@past", "node", "models", "replicas", "decisions", "quotas", "explain"]
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def make_log(nodes: int) -> list[tuple[int, str, bytes]]:
+    records: list[tuple[int, str, bytes]] = []
+    from llmgw.core.fold import apply
+    from llmgw.core.state import State
+
+    state = State()
+    now = 1_800_000_000.0
+
+    def emit(event: ev.Event) -> None:
+        data = ev.encode(event)
+        seq = len(records) + 1
+        records.append((seq, ev.subject_for(event), data))
+        apply(state, seq, records[-1][1], data)
+
+    emit(ev.LeaderElected(at=now, term=1, leader="bench"))
+    per_rack = 5
+    for i in range(nodes):
+        rack = i // per_rack
+        site, room, row = rack // 200, (rack // 100) % 2, (rack // 20) % 5
+        labels = {"llmgw.io/site": f"site-{site}", "llmgw.io/room": f"room-{site}-{room}",
+                  "llmgw.io/row": f"row-{site}-{room}-{row}", "llmgw.io/rack": f"rack-{rack:03d}",
+                  "llmgw.io/pdu": f"pdu-{rack:03d}{'ab'[i % 2]}"}
+        emit(ev.NodeRegistered(at=now, node=f"node-{i:04d}", gpus=[ev.Gpu(index=g, model="H100", memory_gb=80.0)
+                                                                   for g in range(8)],
+                               memory_gb=1024.0, cpu_cores=128, labels=labels, agent="bench"))
+    gpus_per = [1, 2, 4, 8]
+    budget = int(nodes * 8 * 0.7)
+    count = 24
+    for m in range(count):
+        g = gpus_per[m % 4]
+        replicas = max(1, budget // count // g)
+        emit(ev.ModelApplied(at=now, model=ev.ModelSpec(
+            name=f"model-{m:02d}", owner=f"org/team-{m % 4}", min_replicas=replicas,
+            profiles=[ev.ProfileSpec(name=f"g{g}", gpus=g)])))
+    for _ in range(200):
+        now += 1.0
+        basis = state.seq
+        actions = decide(state, now)
+        if not actions:
+            break
+        emit(ev.Decided(at=now, basis=basis, actions=actions, leader="bench"))
+        generation = state.seq  # a shard's generation is the sequence of the decision that placed it
+        for a in actions:
+            if isinstance(a, ev.PlaceReplica):
+                for s in a.shards:
+                    emit(ev.ShardStatus(at=now, node=s.node, replica=a.replica, shard=s.shard, generation=generation,
+                                        state="ready", endpoint=f"http://{s.node}:{s.port}"))
+    return records
+
+
+async def project(records, db: Path) -> None:
+    """The read models of the log, made by the projector itself (as `llmgw up` runs it)."""
+    from llmgw.projections.projector import Projector
+
+    projector = Projector(None, db, max_batch=2000)
+    await projector.open(log_id="bench")
+    for i in range(0, len(records), 2000):
+        await projector.project(records[i : i + 2000])
+    await projector.close()
+
+
+class Served:
+    """A console over a generated log and its read models, on its own loop in a thread."""
+
+    def __init__(self, records, token: str, folder: Path) -> None:
+        self.port = free_port()
+        folder.mkdir(parents=True, exist_ok=True)
+        db = folder / "readmodels.db"
+        asyncio.run(project(records, db))
+        self.console = Console(None, db, token, ConsoleConfig(port=self.port))
+        for r in records:
+            self.console._on_message(*r)
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+
+            async def start() -> None:
+                self.console.server = await asyncio.start_server(self.console._serve, "127.0.0.1", self.port)
+                ready.set()
+
+            self.loop.run_until_complete(start())
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        ready.wait(30)
+
+    def stop(self) -> None:
+        async def end() -> None:
+            self.console.server.close()
+            await asyncio.sleep(2 * self.console.config.tick_s)  # the event streams see the browser gone
+            self.loop.stop()
+
+        asyncio.run_coroutine_threadsafe(end(), self.loop)
+        self.thread.join(10)
+
+
+def measure(browser, served: Served, token: str, view: str) -> tuple[float, int]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    base = f"http://127.0.0.1:{served.port}"
+    page.goto(f"{base}/?token={token}")  # the cookie, then the fleet once
+    page.wait_for_selector('body[data-painted="fleet"]', timeout=120_000)
+    name, _, when = view.partition("@")
+    target = {"node": "node/node-0000", "explain": "explain/model-00"}.get(name, name)
+    mid = served.console.state.seq // 2
+    if when:
+        page.goto(f"{base}/#{target}")  # where the page opens; the point in the log is set below
+        page.wait_for_selector(f'body[data-painted="{name}"]', timeout=120_000)
+        page.evaluate(f"performance.clearMarks(); app.rendered = {{}}; document.getElementById('atbox').value = '{mid}'")
+        start = page.evaluate("performance.now()")
+        page.click('#atform button[type="submit"]')
+        page.wait_for_selector(f'main[data-seq="{mid}"]', timeout=120_000)
+        page.wait_for_selector(f'body[data-painted="{name}"]', timeout=120_000)
+        page.wait_for_timeout(50)
+        painted = page.evaluate(f"performance.getEntriesByName('llmgw-painted-{name}').map(e => e.startTime)")
+        ms = (painted[-1] - start) if painted else float("nan")
+    else:
+        page.goto("about:blank")
+        page.goto(f"{base}/#{target}")
+        page.wait_for_selector(f'body[data-painted="{name}"]', timeout=120_000)
+        painted = page.evaluate(f"performance.getEntriesByName('llmgw-painted-{name}').map(e => e.startTime)")
+        ms = painted[0] if painted else float("nan")
+    size = page.evaluate(
+        "performance.getEntriesByType('resource').filter(e => e.name.includes('/api/') && !e.name.includes('/api/events'))"
+        ".reduce((s, e) => s + e.encodedBodySize, 0)")
+    context.close()
+    return ms, int(size)
+
+
+def main() -> None:
+    from playwright.sync_api import sync_playwright
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=2000, help="nodes of the big fleet")
+    ap.add_argument("--small", type=int, default=20, help="nodes of the yardstick fleet")
+    ap.add_argument("--runs", type=int, default=3, help="runs of each view on each fleet (the median is shown)")
+    args = ap.parse_args()
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    t = time.perf_counter()
+    big_log, small_log = make_log(args.nodes), make_log(args.small)
+    made = time.perf_counter() - t
+    token = "bench-token"
+    folder = Path(tempfile.mkdtemp(prefix="llmgw-console-bench-"))
+    big, small = Served(big_log, token, folder / "big"), Served(small_log, token, folder / "small")
+    s = big.console.state
+    print(f"fleets: {args.nodes} nodes ({len(s.replicas)} replicas, {sum(len(n.used) for n in s.nodes.values())} of "
+          f"{sum(len(n.gpus) for n in s.nodes.values())} GPUs used, {len(big_log)} events) and {args.small} nodes "
+          f"({len(small_log)} events); logs generated through the core in {made:.1f}s")
+    results: dict[tuple[str, str], list[float]] = {}
+    sizes: dict[tuple[str, str], int] = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=ARGS)
+        try:
+            for _ in range(args.runs):
+                for view in VIEWS:
+                    for label, served in (("big", big), ("small", small)):  # alternating A/B
+                        ms, size = measure(browser, served, token, view)
+                        results.setdefault((view, label), []).append(ms)
+                        sizes[(view, label)] = size
+        finally:
+            browser.close()
+            big.stop()
+            small.stop()
+            shutil.rmtree(folder, ignore_errors=True)
+    print(f"\n{'view':<12} {'first paint, ' + str(args.nodes) + ' nodes':>26} {'data':>9} "
+          f"{'first paint, ' + str(args.small) + ' nodes':>24} {'ratio':>7}")
+    for view in VIEWS:
+        b = statistics.median(results[(view, "big")])
+        sm = statistics.median(results[(view, "small")])
+        print(f"{view:<12} {b:>23.0f} ms {sizes[(view, 'big')] / 1024:>6.0f} KB {sm:>21.0f} ms {b / sm:>6.1f}x")
+    print("\n(first paint: navigation start to the paint after the view is drawn, median of "
+          f"{args.runs}; fleet@past: from asking for the middle of the log to its paint)")
+
+
+if __name__ == "__main__":
+    main()
