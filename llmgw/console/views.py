@@ -135,42 +135,39 @@ def quotas_view(state: State) -> list[dict]:
     return [_as_dict("quotas", row) for row in quota_rows(state).values()]
 
 
+def _seq_of(record: Record) -> int:
+    return record[0]
+
+
+def _decided(record: Record) -> ev.Decided | None:
+    """The record's decision, if it is one (the bytes are looked at first: most are not)."""
+    _seq, subject, data = record
+    if not (subject.startswith("llmgw.control.") and b'"control.decided"' in data):
+        return None
+    try:
+        e = ev.decode(data)
+    except msgspec.MsgspecError:
+        return None
+    return e if isinstance(e, ev.Decided) else None
+
+
 def decision_at(records: Sequence[Record], state: State, upto: int) -> dict | None:
     """The last decision at or before `upto`, in words with its reasons, and
     the facts it was taken on: the events from the decision before it to its
     basis (what the pass saw that the one before had not), and what the fold
     voided of it."""
-    found = None
-    for i in range(len(records) - 1, -1, -1):
-        seq, subject, data = records[i]
-        if seq > upto:
-            continue
-        if subject.startswith("llmgw.control.") and b'"control.decided"' in data:
-            try:
-                e = ev.decode(data)
-            except msgspec.MsgspecError:
-                continue
-            if isinstance(e, ev.Decided):
-                found = (i, seq, e)
-                break
+    import bisect
+
+    end = bisect.bisect_right(records, upto, key=_seq_of)
+    found = next(((i, d) for i in range(end - 1, -1, -1) if (d := _decided(records[i])) is not None), None)
     if found is None:
         return None
-    i, seq, e = found
-    previous_basis = 0
-    for j in range(i - 1, -1, -1):
-        s, subject, data = records[j]
-        if subject.startswith("llmgw.control.") and b'"control.decided"' in data:
-            try:
-                p = ev.decode(data)
-            except msgspec.MsgspecError:
-                continue
-            if isinstance(p, ev.Decided):
-                previous_basis = p.basis
-                break
+    i, e = found
+    seq = records[i][0]
+    before = next((d for j in range(i - 1, -1, -1) if (d := _decided(records[j])) is not None), None)
+    previous_basis = before.basis if before is not None else 0
     facts = []
-    for s, _subject, data in records:
-        if s <= previous_basis:
-            continue
+    for s, _subject, data in records[bisect.bisect_right(records, previous_basis, key=_seq_of):]:
         if s > e.basis:
             break
         try:

@@ -128,9 +128,13 @@ $("#golive").addEventListener("click", () => { $("#atbox").value = ""; setAt(nul
 
 // ------------------------------------------------------------------ views
 
+const ROWS_SHOWN = 500;  // a table draws this many rows until asked for all: 5,000 rows take seconds to lay out
 function table(head, rows) {
+  const cut = !app.allRows && rows.length > ROWS_SHOWN;
+  const shown = cut ? rows.slice(0, ROWS_SHOWN) : rows;
   return `<div class="scroll"><table><thead><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}</tr></thead><tbody>` +
-    (rows.length ? rows.join("") : `<tr><td colspan="${head.length}" class="muted">(none)</td></tr>`) + "</tbody></table></div>";
+    (shown.length ? shown.join("") : `<tr><td colspan="${head.length}" class="muted">(none)</td></tr>`) + "</tbody></table></div>" +
+    (cut ? `<p class="muted">${rows.length - ROWS_SHOWN} more row(s) <button data-all-rows="1">show all ${rows.length}</button></p>` : "");
 }
 function options(values, chosen, all) {
   return `<option value="">${esc(all)}</option>` +
@@ -176,15 +180,18 @@ function renderFleet(data) {
       }
       prev = k;
     }
-    let cells = "";
-    for (const m of n.gpus) {
-      if (m) { models.add(m); cells += `<i style="background:${colour(m)}" title="${esc(m)}"></i>`; }
-      else cells += "<i></i>";
-    }
+    // One element per node, a stripe per GPU (a gradient): 16,000 cells as elements cost seconds of layout.
+    const step = 100 / Math.max(1, n.gpus.length);
+    const stops = n.gpus.map((m, i) => {
+      if (m) models.add(m);
+      return `${m ? colour(m) : "#e5e7eb"} ${(i * step).toFixed(2)}% ${((i + 1) * step).toFixed(2)}%`;
+    }).join(",");
+    const cells = n.gpus.length ? `<span class="g" style="width:${n.gpus.length * 8}px;background:linear-gradient(to right,${stops})"` +
+      ` data-gpus="${esc(n.gpus.join("|"))}" title="${esc(n.gpus.map((m, i) => `GPU ${i}: ${m || "free"}`).join("\n"))}"></span>` : "";
     const cpu = n.cpu[1] ? ` cpu ${n.cpu[0]}/${n.cpu[1]}` : "";
     const mem = n.mem[1] ? ` mem ${gb(n.mem[0])}/${gb(n.mem[1])}G` : "";
     group.push(`<span class="n${n.state === "lost" ? " lost" : ""}${isHeld(n) ? " held" : ""}" data-node="${esc(n.name)}">` +
-      `<a href="#node/${encodeURIComponent(n.name)}">${esc(n.name)}</a><span class="g">${cells}</span><span class="r">${cpu}${mem}</span></span>`);
+      `<a href="#node/${encodeURIComponent(n.name)}">${esc(n.name)}</a>${cells}<span class="r">${cpu}${mem}</span></span>`);
   }
   flush();
   const used = data.nodes.reduce((s, n) => s + n.gpus.filter(Boolean).length, 0);
@@ -302,7 +309,7 @@ async function render() {
     main.innerHTML = html;
     main.dataset.view = view;
     main.dataset.seq = data ? data.seq : "";
-    if (data && data.last !== undefined) showTravel(data);
+    if (data && data.last !== undefined) { app.shown = data.last; showTravel(data); }
     afterPaint(view);
   } catch (e) {
     main.innerHTML = `<p class="err">${esc(e.message)}</p>`;
@@ -321,7 +328,11 @@ function afterPaint(view) {
 }
 function scheduleRefresh(ms) {
   if (app.refreshTimer) return;
-  app.refreshTimer = setTimeout(() => { app.refreshTimer = null; if (!app.at) render(); followAction(); }, ms);
+  app.refreshTimer = setTimeout(() => {
+    app.refreshTimer = null;
+    if (!app.at && !(app.shown >= app.last)) render();  // not when the view already shows the last event
+    followAction();
+  }, ms);
 }
 
 // ------------------------------------------------------------------ actions and filters (one listener each)
@@ -335,6 +346,7 @@ document.addEventListener("click", (e) => {
   else if (b.dataset.restart) act("restart", {replica: b.dataset.restart, in_place: false});
   else if (b.dataset.restartInplace) act("restart", {replica: b.dataset.restartInplace, in_place: true});
   else if (b.dataset.retry) act("retry", {model: b.dataset.retry});
+  else if (b.dataset.allRows) { app.allRows = true; render(); }
 });
 document.addEventListener("change", (e) => {
   const id = e.target.id;
@@ -357,7 +369,7 @@ document.addEventListener("submit", (e) => {
     render();
   }
 });
-window.addEventListener("hashchange", render);
+window.addEventListener("hashchange", () => { app.allRows = false; render(); });
 
 // ------------------------------------------------------------------ live
 
@@ -365,9 +377,8 @@ function listen() {
   const source = new EventSource("/api/events");
   source.addEventListener("moved", (e) => {
     const d = JSON.parse(e.data);
-    const moved = d.seq !== app.last;
-    app.last = d.seq;
-    if (!moved) return;  // the stream's first word, when the view already shows this event
+    app.last = Math.max(app.last, d.seq);
+    if (d.seq === app.shown) return;  // the stream's first word, when the view already shows this event
     $("#slider").max = Math.max(1, d.seq);
     if (!app.at) { $("#slider").value = d.seq; $("#live").textContent = `live: event ${d.seq}`; scheduleRefresh(150); }
     else followAction();
