@@ -640,7 +640,8 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--simulate", action="store_true", help="a simulated node: runs no engine")
     agent.add_argument("--name", help="the node's name (default: the host name; required with --simulate)")
     agent.add_argument(
-        "--agent-file", metavar="FILE", help="what this node has that NVML cannot say (YAML; see deploy/agent.example.yaml)"
+        "--agent-file", metavar="FILE",
+        help="what this node has that NVML cannot say (YAML; see deploy/agent.example.yaml); with --simulate, its labels",
     )
     agent.add_argument(
         "--state-dir", metavar="DIR", help="engines' logs and what the agent remembers across restarts (default: .llmgw/agent-NAME)"
