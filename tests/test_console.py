@@ -62,8 +62,8 @@ models:
 """
 
 
-def location(site: str, rack: str, pdu: str, pool: str = "main") -> str:
-    return (f"labels:\n  llmgw.io/site: {site}\n  llmgw.io/room: hall-1\n  llmgw.io/row: \"2\"\n"
+def location(site: str, rack: str, pdu: str, pool: str = "main", room: str = "hall-1", row: str = "2") -> str:
+    return (f"labels:\n  llmgw.io/site: {site}\n  llmgw.io/room: {room}\n  llmgw.io/row: \"{row}\"\n"
             f"  llmgw.io/rack: {rack}\n  llmgw.io/pdu: {pdu}\n  llmgw.io/pool: {pool}\n")
 
 
@@ -367,7 +367,7 @@ def test_a_phone_sized_screen_shows_the_fleet_without_breaking(browser, fleet):
 
 def test_views_follow_the_log_without_a_reload_and_time_travel_shows_before(page, fleet):
     marker = page.evaluate("window.__notReloaded = 1")  # noqa: F841 - gone if the page reloads
-    fleet.agent("gpu-5", location("par2", "r7", "pdu-7a"))
+    fleet.agent("gpu-5", location("par2", "r7", "pdu-7a", room="hall-7", row="7"))
     page.wait_for_selector('.n[data-node="gpu-5"]')
     page.wait_for_selector('.dom[data-domain="site/par2"]')
     assert page.evaluate("window.__notReloaded") == 1
