@@ -458,6 +458,31 @@ def test_restart_a_replica_from_the_console_replaces_it_and_shows_the_decision(p
     assert event["replicas"] == ["chat-1"] and event["in_place"] is False
 
 
+def test_the_preemptions_view_shows_who_gave_way_to_whom(page, fleet):
+    filler = fleet.folder / "filler.yaml"
+    filler.write_text("models:\n  - name: filler\n    priority: opportunistic\n    min_replicas: 2\n"
+                      "    profiles:\n      - {name: four, gpus: 4, pool: main}\n")
+    out = fleet.llmgw("ctl", "apply", "-f", str(filler))
+    assert out.returncode == 0, out.stderr
+    fleet.wait_for(lambda: any(r["model"] == "filler" and r["state"] == "ready" for r in fleet.ctl_json("replicas")),
+                   "filler was not placed")
+    vip = fleet.folder / "vip.yaml"
+    vip.write_text("models:\n  - name: vip\n    priority: critical\n    min_replicas: 1\n"
+                   "    profiles:\n      - {name: four, gpus: 4, pool: main}\n")
+    out = fleet.llmgw("ctl", "apply", "-f", str(vip))
+    assert out.returncode == 0, out.stderr
+    fleet.wait_for(lambda: any(p["model"] == "vip" for p in fleet.ctl_json("preemptions")), "vip preempted nobody")
+    taken = next(p for p in fleet.ctl_json("preemptions") if p["model"] == "vip")
+    show(page, "preemptions")
+    row = page.locator("main tbody tr", has_text="vip").first.inner_text()
+    victim = taken["victims"][0]
+    assert f"{victim['replica']} ({victim['tier']}: {victim['why']})" in row and taken["reason"][:30] in row
+    shot(page, fleet, "preemptions-real")
+    show(page, "models")
+    assert "critical" in page.locator('tr[data-model="vip"]').inner_text()
+    assert "opportunistic" in page.locator('tr[data-model="filler"]').inner_text()
+
+
 def test_retry_a_parked_model_from_the_console_unparks_it(page, fleet):
     # broken fits only on flaky-1, whose agent fails it: parked after five failed starts, backing off between.
     fleet.wait_for(lambda: next(m for m in fleet.ctl_json("models") if m["name"] == "broken")["parked"],
