@@ -490,7 +490,8 @@ def test_retry_a_parked_model_from_the_console_unparks_it(page, fleet):
     show(page, "models")
     page.wait_for_selector('button[data-retry="broken"]')
     page.click('button[data-retry="broken"]')
-    page.wait_for_selector("#actionsaid [data-action-seq]")
+    page.wait_for_selector("#actionsaid [data-action-seq], #actionsaid.bad")
+    assert page.locator("#actionsaid.bad").count() == 0, page.inner_text("#actionsaid")
     seq = int(page.get_attribute("#actionsaid [data-action-seq]", "data-action-seq"))
     event = next(e for e in fleet.log() if e["seq"] == seq)
     assert event["type"] == "model.retry" and event["name"] == "broken"
