@@ -101,11 +101,13 @@ class Console:
         # Past the end is now.
         if point[0] == "seq" and point[1] >= self.state.seq:
             return self.state, self.overlay, False
-        state = fold_until(records, point)
-        cached = self._past.get(state.seq)
-        if cached is not None:
-            self._past.move_to_end(state.seq)
+        cached = self._past.get(int(point[1])) if point[0] == "seq" else None
+        if cached is not None:  # the slider back and forth over one point folds it once
+            self._past.move_to_end(int(point[1]))
             return cached[0], cached[1], True
+        state = fold_until(records, point)
+        if state.seq >= self.state.seq:
+            return self.state, self.overlay, False
         overlay = fac.Overlay.of(records, state.seq)
         self._past[state.seq] = (state, overlay)
         while len(self._past) > self.config.states_cached:
