@@ -372,9 +372,8 @@ def test_views_follow_the_log_without_a_reload_and_time_travel_shows_before(page
     page.wait_for_selector('.dom[data-domain="site/par2"]')
     assert page.evaluate("window.__notReloaded") == 1
 
-    # Back to before the catalog: the same nodes (gpu-5 not yet), no GPU used, no replica.
-    page.fill("#atbox", str(fleet.before_catalog))
-    page.click('#atform button[type="submit"]')
+    # The slider back to before the catalog: the same nodes (gpu-5 not yet), no GPU used, no replica.
+    page.fill("#slider", str(fleet.before_catalog))  # sets the range and fires its change
     page.wait_for_selector(f'main[data-seq="{fleet.before_catalog}"]')
     page.wait_for_selector('body[data-painted="fleet"]')
     assert page.locator('.n[data-node="gpu-5"]').count() == 0

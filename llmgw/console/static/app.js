@@ -306,13 +306,15 @@ async function render() {
     else if (view === "quotas") html = renderQuotas(data = await api("quotas"));
     else if (view === "explain") { html = await renderExplain(param); data = {seq: app.last, last: app.last}; }
     else html = `<p>No view ${esc(view)}.</p>`;
-    main.innerHTML = html;
+    // Drawn again only when it differs: a log that moves all the time (power readings) must not
+    // replace the button under the operator's pointer.
+    if (html !== app.html) { main.innerHTML = html; app.html = html; }
     main.dataset.view = view;
     main.dataset.seq = data ? data.seq : "";
     if (data && data.last !== undefined) { app.shown = data.last; showTravel(data); }
     afterPaint(view);
   } catch (e) {
-    main.innerHTML = `<p class="err">${esc(e.message)}</p>`;
+    main.innerHTML = app.html = `<p class="err">${esc(e.message)}</p>`;
   }
 }
 function afterPaint(view) {
@@ -330,6 +332,8 @@ function scheduleRefresh(ms) {
   if (app.refreshTimer) return;
   app.refreshTimer = setTimeout(() => {
     app.refreshTimer = null;
+    const typing = document.activeElement && document.activeElement.matches("#main form input");
+    if (typing) { scheduleRefresh(1000); return; }  // never wipe what the operator is typing
     if (!app.at && !(app.shown >= app.last)) render();  // not when the view already shows the last event
     followAction();
   }, ms);
