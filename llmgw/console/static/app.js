@@ -69,7 +69,7 @@ async function followAction() {
     const d = await fetch(`/api/decisions?after=${p.seq}`, {credentials: "same-origin"}).then((r) => r.json());
     const rows = d.decisions || [];
     if (!rows.length) return;
-    $("#actionsaid").innerHTML = `${esc(p.said)}. The decision that followed (event ${rows[0].seq}):<ul>` +
+    $("#actionsaid").innerHTML = `<span data-action-seq="${p.seq}">${esc(p.said)}</span>. The decision that followed (event ${rows[0].seq}):<ul>` +
       rows.filter((r) => r.seq === rows[0].seq).map((r) =>
         `<li class="followed">${esc(r.words)}${r.reason ? ": " + esc(r.reason) : ""}` +
         `${r.voided ? ` <span class="voided">[voided: ${esc(r.voided)}]</span>` : ""}</li>`).join("") + "</ul>";
