@@ -20,7 +20,7 @@ from typing import Callable
 
 import msgspec
 
-from . import adoption, decisions
+from . import adoption, decisions, facility
 from . import events as ev
 from .catalog import NAME_RE, fingerprint, spec_problem
 from .ports import held_by_another_program, in_range, node_ports, range_problem
@@ -43,7 +43,9 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 9: a node's engine port range and the ports other programs hold (NodePorts);
 #    a shard failed on one of those is not a start failure of its model.
 # 10: who leads (LeaderElected: state.term, leader, leader_since).
-FOLD_VERSION = 10
+# 11: the facility (facility.py): location labels, holds, power caps and
+#     measured draw; a placement in a held domain or past a cap is voided.
+FOLD_VERSION = 11
 
 
 class Refused(ValueError):
@@ -261,6 +263,7 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
         registered_at=e.at,
         port_first=e.port_first,
         port_last=e.port_last,
+        operator_labels=dict(state.node_labels.get(e.node, {})),
     )
     node.taken = in_range(node, e.ports_taken)
     state.nodes[e.node] = node
@@ -325,6 +328,8 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
             if sh.memory_gb:
                 node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
             node.cpu_used -= sh.cpu_cores
+            if node.unmeasured:
+                node.unmeasured.pop(sid, None)
         count(state, rep.owner, shard_amount(sh), -1)
         if sh.after and node is not None:
             hand_back(state, node, sh)
@@ -356,6 +361,9 @@ def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
     node.taken = []
     node.memory_used = 0.0
     node.cpu_used = 0
+    # Its shards are gone from the books, and what it last measured is stale.
+    node.unmeasured.clear()
+    node.power_w, node.power_gpus = 0.0, {}
     for rep in list(state.replicas.values()):
         touched = False
         for sh in rep.shards:
@@ -405,7 +413,4 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.LeaderElected: _leader_elected,
     ev.CredentialRevoked: _credential_revoked,
 }
-# The facility's events are in the contract before the rules that read them
-# (core/facility.py); until then they are kept in the log and change nothing.
-for _cls in (ev.NodeLabeled, ev.DomainHeld, ev.DomainReleased, ev.FacilityApplied, ev.NodePower):
-    _HANDLERS[_cls] = lambda state, event, seq: None
+_HANDLERS.update(facility.HANDLERS)  # location labels, holds, power caps, measured draw

@@ -17,6 +17,9 @@ not is a `Reason` (data: the rule, what was needed, what the node has), and
     ports       it has a port free in its range (PORT_BASE..PORT_LIMIT unless
                 its agent says another), held neither by a shard or stray
                 nor by another program (Node.taken)
+    held        it is in no held facility domain (facility.py)
+    power       one more shard takes no domain it is in past its power cap
+    keep-within a multi-node replica's shards share a domain of that kind
 
 A multi-node profile (`nodes > 1`) takes one shard on each of that many
 distinct nodes of one fabric, rank 0 being the endpoint. A node without the
@@ -29,7 +32,8 @@ Among the nodes that fit, the choice is:
 
 - spread first: nodes that run none of the model's replicas, then those that
   run one, and so on, so that one node lost takes as few of its replicas as
-  it can.
+  it can. Where nodes say their rack and PDU, the rack with the fewest of
+  them comes first, then the PDU, then the node (facility.Levels).
 - then best fit: the node with the fewest free GPUs that still has enough,
   ties in name order. Small replicas fill the nodes already in use and whole
   nodes stay free for the 8-GPU profiles; first fit in name order would put
@@ -62,6 +66,7 @@ from functools import lru_cache
 
 import msgspec
 
+from . import facility
 from .events import Gpu, ProfileSpec, ShardPlacement
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
 
@@ -83,7 +88,7 @@ GPUS = "gpus"
 MEMORY = "memory"
 CPU = "cpu"
 PORTS = "ports"
-RULES = (READY, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS)
+RULES = (READY, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS) + facility.RULES
 _LABELS = {
     READY: "not ready",
     POOL: "pool",
@@ -145,6 +150,8 @@ class Explanation(msgspec.Struct, kw_only=True):
 
 def render(reason: Reason) -> str:
     """A reason in words, e.g. "GPUs: needs 4 free, has 2 free"."""
+    if reason.rule in facility.RULES:
+        return facility.render(reason.rule, reason.need, reason.have)
     label = _LABELS.get(reason.rule, reason.rule)
     if reason.rule == READY:
         return f"{label}: {reason.have}"
@@ -182,6 +189,8 @@ def needs(p: ProfileSpec) -> str:
         out += f", {p.cpu_cores} CPU cores"
     if p.pool:
         out += f", in pool {p.pool}"
+    if p.keep_within and p.nodes > 1:
+        out += f", all within one {p.keep_within}"
     return out
 
 
@@ -394,6 +403,7 @@ class Inventory:
         self._admitted: dict[int, list[_Group]] = {}
         self._by_fabric: dict[int, dict[str, list[_Group]]] = {}
         self._names: list[str] | None = None
+        self._fac = facility.PassFacility(state)  # facility: holds, power caps, racks and PDUs
 
     # ------------------------------------------------------------------ building
 
@@ -426,6 +436,7 @@ class Inventory:
                 g.buckets[len(v.free)].append(i)  # names in order: each bucket stays sorted
         self._groups = list(groups.values())
         self._fabric_groups = list(fabric_groups.values())
+        self._fac.build()
         return ready
 
     def ready(self) -> list[_View]:
@@ -473,6 +484,8 @@ class Inventory:
             first, last = port_range(node)
             have = f"none ({len(node.taken)} held by other programs)" if node.taken else "none"
             out += (Reason(rule=PORTS, need=f"a free one in {first}-{last}", have=have),)
+        if self._fac.active:  # facility: held domains, power caps
+            out += self._fac.reasons(node, p, self._gpus_for(v, p))
         return out
 
     # ------------------------------------------------------------------ placing
@@ -484,6 +497,7 @@ class Inventory:
     def _find(self, p: ProfileSpec, spread: dict[str, int]) -> list[_View] | None:
         self._build()
         groups = self._admitting(p)
+        spread = self._fac.levels(spread)  # facility: rack, then PDU, then node
         if p.nodes == 1:
             for limit in _limits(spread):
                 v = self._best(p, groups, spread, limit, ())
@@ -496,6 +510,7 @@ class Inventory:
         """Shards for one replica of this profile, taken from the inventory, or
         None when it fits nowhere. `spread`: how many of the model's replicas
         each node runs already; the fewer, the sooner a node is tried."""
+        self._fac.seen = {}
         chosen = self._find(p, spread)
         if chosen is None:
             return None
@@ -556,18 +571,30 @@ class Inventory:
                 by_fabric.setdefault(grp.fabric, []).append(grp)
             by_fabric = self._by_fabric[id(p)] = dict(sorted(by_fabric.items()))
         limits = _limits(spread)
+        fac = self._fac
         for i in range(len(limits)):
             for groups_in_fabric in by_fabric.values():
-                chosen: list[_View] = []
-                for limit in limits[: i + 1]:
-                    while len(chosen) < p.nodes:
-                        v = self._best(p, groups_in_fabric, spread, limit, chosen)
-                        if v is None:
-                            break
-                        chosen.append(v)
-                if len(chosen) == p.nodes:
-                    return chosen
+                # facility: keep_within tries one domain of its kind at a time
+                for domain in fac.within(p.keep_within, self._fabric_nodes(groups_in_fabric)) if p.keep_within else ("",):
+                    chosen: list[_View] = []
+                    taken = facility.Outside(fac, p.keep_within, domain, chosen) if domain else chosen
+                    for limit in limits[: i + 1]:
+                        while len(chosen) < p.nodes:
+                            v = self._best(p, groups_in_fabric, spread, limit, taken)
+                            if v is None:
+                                break
+                            chosen.append(v)
+                    if len(chosen) == p.nodes and fac.fit_together(
+                        [v.node for v in chosen], p, [self._gpus_for(v, p) for v in chosen]
+                    ):
+                        return chosen
         return None
+
+    def _fabric_nodes(self, groups: list[_Group]) -> list[str]:
+        """The names of the nodes filed in these groups (keep_within's domains are among theirs)."""
+        ready = self._ready
+        assert ready is not None
+        return [ready[o].name for grp in groups for bucket in grp.buckets for o in bucket]
 
     def _gpus_for(self, v: _View, p: ProfileSpec) -> list[int]:
         """The lowest-numbered free GPUs of the node that suit the profile."""
@@ -593,6 +620,7 @@ class Inventory:
         if p.memory_gb:
             v.mem_used = add_gb(v.mem_used, p.memory_gb)
         v.cpu_used += p.cpu_cores
+        self._fac.take(v.node, p, gpus)  # facility: its draw counts for its domains
         port = v.free_port()
         v.ports.add(port)  # type: ignore[union-attr]
         v.next_port = port + 1
@@ -622,6 +650,7 @@ class Inventory:
                     del old[bisect_left(old, v.ordinal)]
                     insort(grp.buckets[len(v.free)], v.ordinal)
             sign = -1 if give else 1
+            self._fac.shift(v.node, sh, give)  # facility: what it draws
             v.mem_used = add_gb(v.mem_used, sign * sh.memory_gb)
             v.cpu_used += sign * sh.cpu_cores
             # (A port another program holds stays out, whoever held it here:
@@ -634,6 +663,10 @@ class Inventory:
                     v.next_port = min(v.next_port, sh.port)
                 else:
                     v.ports.add(sh.port)
+
+    def rejections(self) -> list[str]:
+        """The facility's refusals the last `place` met, by domain, in words."""
+        return self._fac.rejections()
 
     def describe_nodes(self, names: Iterable[str]) -> str:
         """What these nodes have free in this pass, in words (a preemption keeps it)."""
@@ -668,6 +701,10 @@ class Inventory:
             if not rs:
                 fitting[v.fabric] = fitting.get(v.fabric, 0) + 1
         fabrics: tuple[Reason, ...] = ()
+        if p.nodes > 1 and p.keep_within and fitting:  # facility: one domain for all its shards
+            kept = self._fac.keep_within_reason(p, [nf.node for nf in nodes if nf.fits])
+            if kept is not None:
+                return ProfileFit(profile=p.name, needs=needs(p), fits=False, nodes=tuple(nodes), fabrics=(kept,))
         if p.nodes == 1:
             fits = bool(fitting)
         else:

@@ -51,6 +51,11 @@ class Shard(msgspec.Struct, kw_only=True):
     # Shards on its node that must exit before it starts: those of the
     # replica it replaces in place, whose GPUs and port it took over.
     after: list[str] = []
+    # Facility (facility.py): what it is counted as drawing until its node's
+    # agent measures it (its profile's power_w, else its GPUs' power limits),
+    # and whether a measurement of its node has covered it since it was ready.
+    power_w: float = 0.0
+    measured: bool = False
 
 
 class Replica(msgspec.Struct, kw_only=True):
@@ -79,6 +84,8 @@ class Replica(msgspec.Struct, kw_only=True):
     # (and up its tree) until it exits, whatever the catalog says meanwhile.
     owner: str = ""
     preempted_for: str = ""  # the model it was stopped to make room for
+    # The facility's refusals its placement met (PlaceReplica.rejections).
+    rejections: list[str] = []
 
 
 class Stray(msgspec.Struct, kw_only=True):
@@ -122,6 +129,17 @@ class Node(msgspec.Struct, kw_only=True):
     # said (NodeRegistered.ports_taken, NodePorts): never handed out while
     # listed. Apart from `ports`, which is what shards and strays hold.
     taken: list[int] = []
+    # Facility (facility.py). Location labels an operator set (`llmgw ctl
+    # label`), whole names, over the agent's `labels` (a copy of
+    # State.node_labels, which outlives registrations).
+    operator_labels: dict[str, str] = {}
+    # What its GPUs draw, as its agent last measured (NodePower), and when;
+    # and its live shards not covered by a measurement yet, with the draw
+    # each is counted at meanwhile (derived, like `used`).
+    power_w: float = 0.0
+    power_gpus: dict[int, float] = {}
+    power_at: float = 0.0
+    unmeasured: dict[str, float] = {}
 
 
 class Tally(msgspec.Struct, kw_only=True):
@@ -208,6 +226,14 @@ class ApiKey(msgspec.Struct, kw_only=True):
     tokens_per_minute: int = 0
 
 
+class Hold(msgspec.Struct, kw_only=True):
+    """A facility domain an operator held (`llmgw ctl facility hold`)."""
+
+    reason: str = ""
+    since: float = 0.0
+    drain: bool = False
+
+
 class Quarantined(msgspec.Struct, kw_only=True):
     seq: int
     subject: str
@@ -245,6 +271,12 @@ class State(msgspec.Struct, kw_only=True):
     term: int = 0
     leader: str = ""
     leader_since: float = 0.0
+    # Facility (facility.py): location labels set by operators, per node
+    # (whole names; kept for nodes not registered yet), held domains, and
+    # the power cap in watts of each domain that has one.
+    node_labels: dict[str, dict[str, str]] = {}
+    holds: dict[str, Hold] = {}
+    budgets: dict[str, float] = {}
     quarantine_count: int = 0
     quarantined: list[Quarantined] = []
     voided_count: int = 0
