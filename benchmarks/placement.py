@@ -21,6 +21,12 @@ taken, so the packing has to be decent for everything to fit.
     ms. Goal: <= 20 ms.
 (c) for scale, not a goal: the pass after one shard failed (a stop and a
     replacement), which builds the inventory of the whole fleet.
+(d) the facility (issue 14): the same fleet and catalog with locations (50
+    racks, 100 PDUs on 2,000 nodes) and power caps that bind (each GPU
+    limited to 700 W, each PDU capped at 100 kW of its 112, each rack at
+    200 kW of its 224), and measured draw once ready; (a) and (b) again, run
+    alternately with the same fleet without them, in the same run. Figure:
+    the cost of the facility rules as a ratio. Goal: <= 1.5x.
 
 Checks: every replica placed, nothing voided, the same state on every run,
 replaying the log gives the live state, and `verify` decides every recorded
@@ -50,6 +56,11 @@ from llmgw.core.state import State  # noqa: E402
 
 GOAL_PLACEMENTS = 5_000
 GOAL_STEADY_MS = 20.0
+GOAL_FACILITY_COST = 1.5
+RACKS, PDUS = 50, 100
+GPU_POWER_W = 700.0
+PDU_CAP_W = 100_000.0
+RACK_CAP_W = 200_000.0
 SEED = 20251130
 T0 = 1_760_000_000.0
 NODES_PER_FABRIC = 32
@@ -69,8 +80,11 @@ def digest(state: State) -> str:
 # ---------------------------------------------------------------------- the world
 
 
-def fleet(n: int) -> list[ev.NodeRegistered]:
+def fleet(n: int, located: bool = False) -> list[ev.NodeRegistered]:
+    """The fleet; `located`: in racks and PDUs (consecutive nodes share
+    them), GPUs limited to GPU_POWER_W."""
     out = []
+    per_rack, per_pdu = max(n // RACKS, 1), max(n // PDUS, 1)
     for i in range(n):
         h100 = i % 4 != 3
         model = "NVIDIA H100 80GB HBM3" if h100 else "NVIDIA A100-SXM4-80GB"
@@ -78,12 +92,17 @@ def fleet(n: int) -> list[ev.NodeRegistered]:
             ev.NodeRegistered(
                 at=T0 + i * 0.001,
                 node=f"gpu-{i:05d}",
-                gpus=[ev.Gpu(index=g, model=model, memory_gb=80.0) for g in range(8)],
+                gpus=[
+                    ev.Gpu(index=g, model=model, memory_gb=80.0, power_w=GPU_POWER_W if located else 0.0)
+                    for g in range(8)
+                ],
                 memory_gb=2048.0,
                 cpu_cores=192,
                 labels={
                     "llmgw.io/pool": "batch" if i % 10 == 9 else "serve",
                     "llmgw.io/fabric": f"ib-{i // NODES_PER_FABRIC:03d}",
+                    **({"llmgw.io/rack": f"r{i // per_rack:02d}", "llmgw.io/pdu": f"pdu-{i // per_pdu:03d}"}
+                       if located else {}),
                 },
                 agent=f"bench/{i}",
             )
@@ -167,11 +186,85 @@ def all_ready(log: Log) -> None:
             )
 
 
+def measured(log: Log, watts_per_gpu: float = 450.0) -> None:
+    """Every node's agent measures its draw once its shards are ready."""
+    at = T0 + 7300.0
+    for name, node in list(log.state.nodes.items()):
+        gpus = {g: watts_per_gpu for g in node.used}
+        log.publish(ev.NodePower(at=at, node=name, watts=sum(gpus.values()), gpus=gpus))
+
+
+def facility_comparison(a, specs: list[ev.ModelSpec]) -> tuple[float, float, list[tuple[str, bool]]]:
+    """(d): cold start and steady pass, without and with the facility, alternately."""
+    bases = {}
+    for located in (False, True):
+        base = Log()
+        for e in fleet(a.nodes, located):
+            base.publish(e)
+        if located:
+            budgets = {f"pdu/pdu-{p:03d}": PDU_CAP_W for p in range(PDUS)}
+            budgets.update({f"rack/r{r:02d}": RACK_CAP_W for r in range(RACKS)})
+            base.publish(ev.FacilityApplied(at=T0 + 30.0, budgets=budgets))
+        for spec in specs:
+            base.publish(ev.ModelApplied(at=T0 + 60.0, model=spec))
+        bases[located] = base
+    cold: dict[bool, list[float]] = {False: [], True: []}
+    logs: dict[bool, Log] = {}
+    for i in range(a.repeat):
+        for located in (False, True):
+            seconds, passes, log, _ = cold_start(bases[located], MAX_PASS_BYTES)
+            placed = len(log.state.replicas)
+            cold[located].append(placed / seconds)
+            logs[located] = log
+            say(f"    run {i + 1} {'with' if located else 'without':>7} the facility: {placed:,} placed in "
+                f"{seconds:.2f} s over {passes} passes: {placed / seconds:,.0f} placements/s")
+    fac = logs[True]
+    refused = sum(1 for r in fac.state.replicas.values() for x in r.rejections if " would draw " in x)
+    from llmgw.core.facility import domain_draws
+
+    caps = fac.state.budgets
+    draws = domain_draws(fac.state, caps)
+    at_cap = sum(1 for d, w in draws.items() if w > caps[d] - 8 * GPU_POWER_W)
+    past = sum(1 for d, w in draws.items() if w > caps[d] + 1e-6)
+    say(f"    with the facility: {refused:,} placements met a cap on their way; {at_cap} of {len(caps)} capped domains "
+        f"within one node's draw of their cap; {past} past it")
+    for located in (False, True):
+        all_ready(logs[located])
+        measured(logs[located])
+    steady: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(max(a.repeat, 3)):
+        for located in (False, True):
+            t = now()
+            actions = decide(logs[located].state, T0 + 9000.0 + i)
+            steady[located].append((now() - t) * 1000)
+            assert actions == [], f"a steady pass decided {len(actions)} action(s): {actions[:3]}"
+    say(f"    steady pass without: {', '.join(f'{ms:.2f}' for ms in steady[False])} ms; "
+        f"with: {', '.join(f'{ms:.2f}' for ms in steady[True])} ms")
+    cold_cost = max(cold[False]) / max(cold[True])
+    steady_cost = min(steady[True]) / min(steady[False])
+    replayed = State()
+    for seq, subject, data in fac.records:
+        apply(replayed, seq, subject, data)
+    checked, differences = verify(fac.records)
+    checks = [
+        ("facility: every replica placed", len(fac.state.replicas) == sum(s.min_replicas for s in specs)),
+        ("facility: nothing voided", fac.state.voided_count == 0),
+        ("facility: no domain past its cap", past == 0),
+        ("facility: caps bind", refused > 0),
+        ("facility: replay = live", replayed == fac.state),
+        ("facility: verify", checked > 0 and not differences),
+    ]
+    say(f"    cold start {max(cold[False]):,.0f} vs {max(cold[True]):,.0f} placements/s: {cold_cost:.2f}x; "
+        f"steady pass {min(steady[False]):.2f} vs {min(steady[True]):.2f} ms: {steady_cost:.2f}x")
+    return cold_cost, steady_cost, checks
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=2000)
     p.add_argument("--replicas", type=int, default=10_000)
     p.add_argument("--repeat", type=int, default=3, help="runs of each figure; the best is kept (default 3)")
+    p.add_argument("--facility-only", action="store_true", help="only (d): the facility's cost, side by side")
     a = p.parse_args(argv)
 
     rng = random.Random(SEED)
@@ -188,6 +281,16 @@ def main(argv: list[str] | None = None) -> None:
     say(f"fleet: {a.nodes:,} nodes x 8 GPUs; catalog: {len(specs)} models, {wanted:,} replicas "
         f"({multi:,} multi-node), {gpus_wanted:,} GPUs ({gpus_wanted / (a.nodes * 8):.0%} of the fleet); "
         f"set up in {now() - t:.1f} s")
+
+    if a.facility_only:
+        say("\n(d) the facility: locations and binding caps, side by side with the same fleet without them")
+        cold_cost, steady_cost, checks = facility_comparison(a, specs)
+        say(f"\n{'(d) facility cost, cold start:':44} {cold_cost:>10.2f}x (goal <= {GOAL_FACILITY_COST:g}x)  "
+            f"{'ok' if cold_cost <= GOAL_FACILITY_COST else 'MISSED'}")
+        say(f"{'(d) facility cost, steady pass:':44} {steady_cost:>10.2f}x (goal <= {GOAL_FACILITY_COST:g}x)  "
+            f"{'ok' if steady_cost <= GOAL_FACILITY_COST else 'MISSED'}")
+        say("checks: " + ", ".join(f"{name}: {'yes' if ok else 'NO'}" for name, ok in checks))
+        return
 
     say(f"\n(a) cold start: decide + encode + fold each pass, pass budget {MAX_PASS_BYTES // 1024} KiB")
     runs, digests = [], set()
@@ -253,6 +356,9 @@ def main(argv: list[str] | None = None) -> None:
     checked, differences = verify(log.records)
     say(f"    replay of {len(log.records):,} events and verify of {checked} passes in {now() - t:.1f} s")
 
+    say("\n(d) the facility: locations and binding caps, side by side with the same fleet without them")
+    cold_cost, steady_cost, fac_checks = facility_comparison(a, specs)
+
     w = 44
     say(f"\n== figures: {a.nodes:,} nodes, {wanted:,} replicas, best of {a.repeat} ==")
     say(f"{'(a) cold start, decide+encode+fold:':{w}} {cold_rate:>10,.0f} placements/s (goal >= {GOAL_PLACEMENTS:,})  "
@@ -261,12 +367,17 @@ def main(argv: list[str] | None = None) -> None:
     say(f"{'(b) steady pass, nothing to do:':{w}} {steady_ms:>10.2f} ms (goal <= {GOAL_STEADY_MS:g} ms)  "
         f"{'ok' if steady_ms <= GOAL_STEADY_MS else 'MISSED'}")
     say(f"{'(c) pass after one failure:':{w}} {min(after):>10.1f} ms")
+    say(f"{'(d) facility cost, cold start:':{w}} {cold_cost:>10.2f}x (goal <= {GOAL_FACILITY_COST:g}x)  "
+        f"{'ok' if cold_cost <= GOAL_FACILITY_COST else 'MISSED'}")
+    say(f"{'(d) facility cost, steady pass:':{w}} {steady_cost:>10.2f}x (goal <= {GOAL_FACILITY_COST:g}x)  "
+        f"{'ok' if steady_cost <= GOAL_FACILITY_COST else 'MISSED'}")
     checks = [
         ("every replica placed", placed == wanted and not waiting),
         ("nothing voided", log.state.voided_count == 0),
         ("same state every run", len(digests) == 1),
         ("replay = live", same_replay),
         ("verify: every pass decided again the same", checked > 0 and not differences),
+        *fac_checks,
     ]
     say("checks: " + ", ".join(f"{name}: {'yes' if ok else 'NO'}" for name, ok in checks))
 

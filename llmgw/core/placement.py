@@ -306,7 +306,9 @@ def _limits(spread: dict[str, int]) -> list[int]:
     then at most one, and so on; then any node."""
     if not spread:
         return [1]
-    return list(range(1, max(spread.values()) + 2))
+    # Only the counts some node has: a round for a count none has admits
+    # what the one before did (facility.Levels' counts are far apart).
+    return [c + 1 for c in sorted({0, *spread.values()})]
 
 
 class _View:
