@@ -46,6 +46,7 @@ from llmgw.core import events as ev  # noqa: E402
 from llmgw.core.decide import MAX_PASS_BYTES, decide  # noqa: E402
 from llmgw.core.fold import apply, copy_state, encode_state  # noqa: E402
 from llmgw.core.history import verify  # noqa: E402
+from llmgw.core.nodeindex import track  # noqa: E402
 from llmgw.core.state import State  # noqa: E402
 
 GOAL_PLACEMENTS = 5_000
@@ -233,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         one = Log()
         one.state = copy_state(log.state)
         one.records = log.records
+        track(one.state)  # the control plane's live state has its node index (nodeindex.py)
         rep = next(iter(one.state.replicas.values()))
         sh = rep.shards[0]
         apply(one.state, one.state.seq + 1, f"llmgw.agent.{sh.node}.shard.status",

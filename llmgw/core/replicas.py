@@ -10,6 +10,7 @@ replicas and compare, so every handler must change them through here.
 
 from __future__ import annotations
 
+from .nodeindex import touch
 from .quota import count, shard_amount
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, Tally, add_gb
 
@@ -139,6 +140,7 @@ def forget(state: State, rep: Replica) -> None:
         if node is None or sh.state in TERMINAL:
             continue
         release_ids(node, sh.id, sh.gpus, sh.port)
+        touch(state, sh.node)
         if sh.memory_gb:
             node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
         node.cpu_used -= sh.cpu_cores

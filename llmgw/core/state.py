@@ -220,7 +220,8 @@ class Voided(msgspec.Struct, kw_only=True):
     reason: str
 
 
-class State(msgspec.Struct, kw_only=True):
+class State(msgspec.Struct, kw_only=True, weakref=True):
+    # (weakref: placement's node index lives beside a state, not in it; see nodeindex.py)
     seq: int = 0  # the last stream sequence folded
     control_seq: int = 0  # the last sequence folded from llmgw.control.>
     models: dict[str, Model] = {}
