@@ -59,6 +59,7 @@ import re
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 from functools import lru_cache
+from itertools import filterfalse
 
 import msgspec
 
@@ -376,6 +377,8 @@ class Inventory:
         # pass: keyed by id() of the profile, which the state holds throughout.
         self._fixed: dict[tuple, tuple[Reason, ...]] = {}
         self._names: list[str] | None = None
+        self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
+        self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
 
     # ------------------------------------------------------------------ the index, and this pass's copy of it
 
@@ -402,6 +405,9 @@ class Inventory:
     def _move(self, v: _View, before: int) -> None:
         """The node's free GPU count changed in this pass: move it, in this pass's copy of its buckets."""
         after, name, mine = len(v.free), v.name, self._mine
+        if after > before:
+            self._full.clear()
+            self._first.clear()
         for grp in v.groups:
             own = mine.get(grp)
             if own is None:
@@ -519,14 +525,25 @@ class Inventory:
         replicas and not in `taken`."""
         views, mine = self._views, self._mine
         lists = [mine.get(grp) or grp.buckets for grp in groups]
+        # The nodes that run the model are skipped in C when every one of
+        # them is (the first round): a model's own replicas sit at the head
+        # of the buckets they were placed from, and looking at each of them
+        # in Python was most of a cold start.
+        skip_all = bool(spread) and limit == 1  # (spread counts are >= 1)
+        count = bool(spread) and limit > 1
         for k in range(p.gpus, self._index.top + 1):  # type: ignore[union-attr]
             best: _View | None = None
             for grp, buckets in zip(groups, lists):
-                for name in buckets[k]:
+                bucket = buckets[k]
+                if not bucket:
+                    continue
+                for name in filterfalse(spread.__contains__, bucket) if skip_all else bucket:
                     if best is not None and name >= best.name:
                         break  # this group has nothing earlier in name order
+                    if count and spread.get(name, 0) >= limit:
+                        continue
                     v = views.get(name) or self.view(name)
-                    if spread and spread.get(name, 0) >= limit or v in taken:
+                    if v in taken:
                         continue
                     if grp.kind is None and _mixed_reasons(p, v.node.gpus, v.free):
                         continue
@@ -543,9 +560,16 @@ class Inventory:
         enough nodes that fit among the least loaded with the model; within
         it, the least loaded first."""
         limits = _limits(spread)
+        # Fabrics before `start` are known too full for this profile in this
+        # pass (fabrics fill in name order: on a full fleet, most of them).
+        key = (id(by_fabric), p.gpus, p.nodes)
+        start = self._first.get(key, 0)
         for i in range(len(limits)):
-            for groups_in_fabric in by_fabric:
+            for j in range(start, len(by_fabric)):
+                groups_in_fabric = by_fabric[j]
                 if not self._may_hold(p, groups_in_fabric):
+                    if j == start:
+                        start = self._first[key] = j + 1
                     continue
                 chosen: list[_View] = []
                 for limit in limits[: i + 1]:
@@ -562,13 +586,18 @@ class Inventory:
         """Whether a fabric has, by GPU count alone, enough nodes for the
         profile: a fabric that has not is skipped without looking at a node
         (the same answer `_best` would give, sooner: most fabrics of a full
-        fleet are full)."""
+        fleet are full). A no is kept for the pass, until it frees GPUs
+        (`_move`): its placements only take."""
+        key = (id(groups), p.gpus, p.nodes)
+        if key in self._full:
+            return False
         want, need = p.nodes, p.gpus
         for grp in groups:
             for b in self._buckets(grp)[need:]:
                 want -= len(b)
                 if want <= 0:
                     return True
+        self._full.add(key)
         return False
 
     def _gpus_for(self, v: _View, p: ProfileSpec) -> list[int]:
