@@ -15,6 +15,7 @@ from typing import Callable
 from . import events as ev
 from .catalog import profile_named
 from .facility import count_unmeasured, counted, power_problem, shard_watts
+from .nodeindex import touch
 from .ports import placement_problem
 from .quota import add, count, need, over_limit, replica_amount, shard_amount
 from .replicas import RETIRING, TERMINAL, unwanted
@@ -133,6 +134,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         )
         node = nodes[s.node]
         count_unmeasured(node, shards[-1])
+        touch(state, s.node)
         if handed:
             for old_sh in handed.values():
                 if old_sh.node == s.node:

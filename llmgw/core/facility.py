@@ -30,6 +30,7 @@ writers, and `PassFacility` is the working copy one pass of decide takes from.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Iterable
 
 import msgspec
@@ -142,20 +143,34 @@ def count_unmeasured(node: Node, sh: Shard) -> None:
         node.unmeasured[sh.id] = sh.power_w
 
 
+def relocate(state: State, name: str) -> None:
+    """Keep `state.located` and `state.domain_nodes` (derived) as the
+    node's effective labels are now: at a registration and a NodeLabeled."""
+    node = state.nodes.get(name)
+    new = domains_of(node) if node is not None else ()
+    old = state.located.get(name, ())
+    if new == old:
+        return
+    index = state.domain_nodes
+    for d in old:
+        if d not in new:
+            names = index[d]
+            names.remove(name)
+            if not names:
+                del index[d]
+    for d in new:
+        if d not in old:
+            insort(index.setdefault(d, []), name)
+    if new:
+        state.located[name] = new
+    else:
+        state.located.pop(name, None)
+
+
 def domain_draws(state: State, domains: Iterable[str]) -> dict[str, float]:
     """The counted draw of each of these domains, over every node in it."""
-    want = set(domains)
-    out = dict.fromkeys(want, 0.0)
-    if not want:
-        return out
-    for node in state.nodes.values():
-        w = None
-        for d in domains_of(node):
-            if d in want:
-                if w is None:
-                    w = node_draw(node)
-                out[d] += w
-    return out
+    nodes, index = state.nodes, state.domain_nodes
+    return {d: sum(node_draw(nodes[n]) for n in index.get(d, ())) for d in set(domains)}
 
 
 def power_problem(state: State, adds: list[tuple[Node, float]], credit: dict[str, float]) -> str:
@@ -167,7 +182,7 @@ def power_problem(state: State, adds: list[tuple[Node, float]], credit: dict[str
         return ""
     extra: dict[str, float] = {}
     for node, w in adds:
-        for d in domains_of(node):
+        for d in state.located.get(node.name, ()):
             hold = state.holds.get(d)
             if hold is not None:
                 return f"{d} is held: {hold.reason or 'no reason given'}"
@@ -241,12 +256,8 @@ def draining(state: State, rep) -> str:
     """The drained, held domain one of a replica's shards is in ("": none)."""
     if not state.holds:
         return ""
-    nodes = state.nodes
     for sh in rep.shards:
-        node = nodes.get(sh.node)
-        if node is None:
-            continue
-        for d in domains_of(node):
+        for d in state.located.get(sh.node, ()):
             h = state.holds.get(d)
             if h is not None and h.drain:
                 return d
@@ -273,24 +284,25 @@ class Levels(dict):
         super().__init__(spread)
         racks: dict[str, int] = {}
         pdus: dict[str, int] = {}
-        rack_of, pdu_of = fac.rack_of, fac.pdu_of
+        rack_of, pdu_of, combos, unlabeled = fac._rack_index()
+        self._rack_of, self._pdu_of = rack_of, pdu_of
         for name, n in spread.items():
             r, p = rack_of.get(name, name), pdu_of.get(name, name)
             racks[r] = racks.get(r, 0) + n
             pdus[p] = pdus.get(p, 0) + n
-        self._racks, self._pdus, self._fac = racks, pdus, fac
+        self._racks, self._pdus = racks, pdus
         base = self._base = max(racks.values(), default=0) + 1
         present = {self._level(name) for name in spread}
-        if fac.unlabeled:
+        if unlabeled:
             present.add(0)
-        for r, p in fac.combos:
+        for r, p in combos:
             present.add((racks.get(r, 0) * base + pdus.get(p, 0)) * base)
         self._present = sorted(present)
 
     def _level(self, name: str) -> int:
-        fac, b = self._fac, self._base
-        r = self._racks.get(fac.rack_of.get(name, name), 0)
-        p = self._pdus.get(fac.pdu_of.get(name, name), 0)
+        b = self._base
+        r = self._racks.get(self._rack_of.get(name, name), 0)
+        p = self._pdus.get(self._pdu_of.get(name, name), 0)
         return (r * b + p) * b + dict.get(self, name, 0)
 
     def get(self, name, default=0):  # type: ignore[override]
@@ -304,60 +316,53 @@ class Levels(dict):
 class PassFacility:
     """What one pass of decide takes from the facility: which nodes are in
     held domains, and what each capped domain draws, with this pass's
-    placements and stops counted as they are decided."""
+    placements and stops counted as they are decided. Read from the
+    fold's derived index (state.located, state.domain_nodes): a fleet with
+    no location, hold or cap costs nothing here, and one with them costs
+    its capped domains' nodes once a pass."""
 
     def __init__(self, state: State) -> None:
         self.state = state
-        self.built = False
-        self.active = False  # anything to say at all: locations, holds or caps
-        self.capped = False
-        self.loc: dict[str, tuple[str, ...]] = {}  # node -> its domains
-        self.rack_of: dict[str, str] = {}
-        self.pdu_of: dict[str, str] = {}
-        self.combos: set[tuple[str, str]] = set()
-        self.unlabeled = False
-        self.draw: dict[str, float] = {}  # capped domain -> draw counted in this pass
-        self._held: dict[str, object] = {}  # node -> its held-domain Reasons (built lazily)
-        self._reason = None
+        self.active = bool(state.located or state.holds or state.budgets)  # anything to say at all
+        self.capped = bool(state.budgets)
+        self.loc = state.located  # node -> its domains (the fold's, read only)
+        self._draw: dict[str, float] | None = None  # capped domain -> draw counted in this pass
+        self._racks: tuple[dict[str, str], dict[str, str], set, bool] | None = None
+        self._held: dict[str, tuple] = {}  # node -> its held-domain Reasons (built lazily)
         # The facility's refusals the placement under way met, domain -> in
         # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
         self.seen: dict[str, str] = {}
-
-    def build(self) -> "PassFacility":
-        if self.built:
-            return self
-        self.built = True
-        state = self.state
-        budgets = state.budgets
-        draw = self.draw = dict.fromkeys(budgets, 0.0)
-        for name, node in state.nodes.items():
-            ds = domains_of(node)
-            if not ds:
-                if node.state == "ready":
-                    self.unlabeled = True
-                continue
-            self.loc[name] = ds
-            if budgets:
-                w = None
-                for d in ds:
-                    if d in draw:
-                        if w is None:
-                            w = node_draw(node)
-                        draw[d] += w
-            if node.state == "ready":
-                loc = dict(split_domain(d) for d in ds)
-                r, p = loc.get("rack", name), loc.get("pdu", name)
-                if "rack" in loc:
-                    self.rack_of[name] = r
-                if "pdu" in loc:
-                    self.pdu_of[name] = p
-                self.combos.add((r, p))
-        self.capped = bool(budgets)
-        self.active = bool(self.loc or state.holds or budgets)
         from .placement import Reason  # placement imports this module
 
         self._reason = Reason
-        return self
+
+    @property
+    def draw(self) -> dict[str, float]:
+        if self._draw is None:
+            self._draw = domain_draws(self.state, self.state.budgets)
+        return self._draw
+
+    def _rack_index(self) -> tuple[dict[str, str], dict[str, str], set, bool]:
+        """node -> rack, node -> PDU, the (rack, PDU) pairs of ready nodes,
+        and whether a ready node has neither (for Levels): once a pass."""
+        if self._racks is None:
+            rack_of: dict[str, str] = {}
+            pdu_of: dict[str, str] = {}
+            combos: set[tuple[str, str]] = set()
+            nodes = self.state.nodes
+            for name, ds in self.loc.items():
+                if nodes[name].state != "ready":
+                    continue
+                r = p = name
+                for d in ds:
+                    if d.startswith("rack/"):
+                        r = rack_of[name] = d[5:]
+                    elif d.startswith("pdu/"):
+                        p = pdu_of[name] = d[4:]
+                combos.add((r, p))
+            unlabeled = len(self.loc) < len(nodes)
+            self._racks = (rack_of, pdu_of, combos, unlabeled)
+        return self._racks
 
     # ------------------------------------------------------------------ rules, per node
 
@@ -427,7 +432,10 @@ class PassFacility:
 
     def levels(self, spread: dict[str, int]) -> dict[str, int]:
         """Spread by rack, then PDU, then node, where nodes say where they are."""
-        if not self.rack_of and not self.pdu_of:
+        if not self.loc:
+            return spread
+        rack_of, pdu_of, _, _ = self._rack_index()
+        if not rack_of and not pdu_of:
             return spread
         return Levels(spread, self)
 
@@ -513,6 +521,7 @@ def node_labeled(state: State, e: ev.NodeLabeled, seq: int) -> None:
     node = state.nodes.get(e.node)
     if node is not None:
         node.operator_labels = dict(labels)
+        relocate(state, e.node)
 
 
 def domain_held(state: State, e: ev.DomainHeld, seq: int) -> None:

@@ -23,6 +23,7 @@ import msgspec
 from . import adoption, decisions, facility
 from . import events as ev
 from .catalog import NAME_RE, fingerprint, spec_problem
+from .nodeindex import touch
 from .ports import held_by_another_program, in_range, node_ports, range_problem
 from .quota import count, replica_amount, shard_amount
 from .replicas import RETIRING, TERMINAL, derive_replica_state, hand_back, release_ids, started, unwanted
@@ -267,10 +268,12 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
     )
     node.taken = in_range(node, e.ports_taken)
     state.nodes[e.node] = node
+    facility.relocate(state, e.node)
     # Registered after its credential was revoked: with a new one (the server
     # refuses the old since before the revocation was in the log).
     state.revoked_nodes.pop(e.node, None)
     adoption.take_reports(state, node, e)
+    touch(state, e.node)
 
 
 def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
@@ -287,6 +290,7 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
             if stray is not None and stray.generation == e.generation:
                 del node.strays[e.shard]
                 release_ids(node, e.shard, stray.gpus, stray.port)
+                touch(state, e.node)
                 return
     rep = state.replicas.get(e.replica)
     if rep is None:
@@ -317,6 +321,7 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
         sh.reason = e.reason
         node = state.nodes.get(e.node)
         if node is not None:
+            touch(state, e.node)
             sid, used = sh.id, node.used
             for g in sh.gpus:
                 if used.get(g) == sid:
@@ -355,6 +360,7 @@ def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
         return
     node.state = "lost"
     node.reason = e.reason
+    touch(state, e.node)
     node.used.clear()
     node.ports.clear()
     node.strays.clear()

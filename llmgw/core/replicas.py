@@ -11,6 +11,7 @@ replicas and compare, so every handler must change them through here.
 from __future__ import annotations
 
 from .facility import count_unmeasured
+from .nodeindex import touch
 from .quota import count, shard_amount
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, Tally, add_gb
 
@@ -141,6 +142,7 @@ def forget(state: State, rep: Replica) -> None:
         if node is None or sh.state in TERMINAL:
             continue
         release_ids(node, sh.id, sh.gpus, sh.port)
+        touch(state, sh.node)
         if sh.memory_gb:
             node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
         node.cpu_used -= sh.cpu_cores

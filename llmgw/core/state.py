@@ -246,7 +246,8 @@ class Voided(msgspec.Struct, kw_only=True):
     reason: str
 
 
-class State(msgspec.Struct, kw_only=True):
+class State(msgspec.Struct, kw_only=True, weakref=True):
+    # (weakref: placement's node index lives beside a state, not in it; see nodeindex.py)
     seq: int = 0  # the last stream sequence folded
     control_seq: int = 0  # the last sequence folded from llmgw.control.>
     models: dict[str, Model] = {}
@@ -277,6 +278,11 @@ class State(msgspec.Struct, kw_only=True):
     node_labels: dict[str, dict[str, str]] = {}
     holds: dict[str, Hold] = {}
     budgets: dict[str, float] = {}
+    # Derived (facility.relocate), so that a pass and the fold's checks read
+    # a node's domains and a domain's nodes without a scan of the fleet:
+    # node -> its domains (only nodes with a location), domain -> its nodes.
+    located: dict[str, tuple[str, ...]] = {}
+    domain_nodes: dict[str, list[str]] = {}
     quarantine_count: int = 0
     quarantined: list[Quarantined] = []
     voided_count: int = 0
