@@ -33,7 +33,9 @@ Among the nodes that fit, the choice is:
 - spread first: nodes that run none of the model's replicas, then those that
   run one, and so on, so that one node lost takes as few of its replicas as
   it can. Where nodes say their rack and PDU, the rack with the fewest of
-  them comes first, then the PDU, then the node (facility.Levels).
+  them comes first, then the PDU, then the node (facility.Levels); for a
+  multi-node replica, the node alone (its rounds within each fabric would
+  be one per level, squared).
 - then best fit: the node with the fewest free GPUs that still has enough,
   ties in name order. Small replicas fill the nodes already in use and whole
   nodes stay free for the 8-GPU profiles; first fit in name order would put
@@ -478,9 +480,9 @@ class Inventory:
 
     def _find(self, p: ProfileSpec, spread: dict[str, int]) -> list[_View] | None:
         idx = self._build()
-        spread = self._fac.levels(spread)  # facility: rack, then PDU, then node
         if p.nodes == 1:
             groups = self._admitting(idx, p)
+            spread = self._fac.levels(spread)  # facility: rack, then PDU, then node
             for limit in _limits(spread):
                 v = self._best(p, groups, spread, limit, ())
                 if v is not None:
@@ -546,8 +548,7 @@ class Inventory:
         # of the buckets they were placed from, and looking at each of them
         # in Python was most of a cold start.
         skip_all = bool(spread) and limit == 1  # (spread counts are >= 1)
-        # (facility.Levels: a node that runs none may be in a rack that runs some.)
-        count = bool(spread) and (limit > 1 or isinstance(spread, facility.Levels))
+        count = bool(spread) and limit > 1
         for k in range(p.gpus, self._index.top + 1):  # type: ignore[union-attr]
             best: _View | None = None
             for grp, buckets in zip(groups, lists):
