@@ -305,37 +305,62 @@ class Levels(dict):
         self._seen: dict[str, int] = {}
         self._racks: dict[str, int] = {}
         self._pdus: dict[str, int] = {}
+        self._at: dict[int, set[str]] = {}  # level -> the nodes at it (0 aside)
+        self._over: dict[int, set[str]] = {}  # limit -> the nodes at or past it, as of the last refresh
         self.refresh()
 
     def refresh(self) -> "Levels":
         spread, seen = self._spread, self._seen
-        if spread == seen:
+        if len(spread) == len(seen) and spread == seen:
             return self
-        rack_of, pdu_of, _, _ = self._fac._rack_index()
-        racks, pdus = self._racks, self._pdus
+        rack_of, pdu_of = self._fac._rack_index()
+        racks, pdus, index = self._racks, self._pdus, self._fac.state.domain_nodes
         changed: set[str] = set()
-        for name in set(spread) | set(seen):
-            delta = spread.get(name, 0) - seen.get(name, 0)
-            if not delta:
-                continue
+        moved = dict(spread.items() - seen.items())
+        moved.update({name: 0 for name in seen.keys() - spread.keys()})
+        for name, now in moved.items():
+            delta = now - seen.get(name, 0)
             r, p = rack_of.get(name), pdu_of.get(name)
             changed.add(name)
             if r is not None:
                 racks[r] = racks.get(r, 0) + delta
-                changed.update(self._fac.state.domain_nodes.get(f"rack/{r}", ()))
+                changed.update(index.get(f"rack/{r}", ()))
             if p is not None:
                 pdus[p] = pdus.get(p, 0) + delta
-                changed.update(self._fac.state.domain_nodes.get(f"pdu/{p}", ()))
+                changed.update(index.get(f"pdu/{p}", ()))
         self._seen = dict(spread)
+        at = self._at
+        self._over = {}
         for name in changed:
             n = spread.get(name, 0)
             r, p = rack_of.get(name), pdu_of.get(name)
             level = ((racks.get(r, 0) if r is not None else n) * _BASE + (pdus.get(p, 0) if p is not None else n)) * _BASE + n
+            old = dict.get(self, name, 0)
+            if level == old:
+                continue
+            if old:
+                nodes = at[old]
+                nodes.discard(name)
+                if not nodes:
+                    del at[old]
             if level:
                 self[name] = level
+                at.setdefault(level, set()).add(name)
             else:
-                self.pop(name, None)
+                del self[name]
         return self
+
+    def values(self):  # type: ignore[override]
+        """The levels some node is at (placement's rounds of spread), without reading every node."""
+        return self._at.keys()
+
+    def over(self, limit: int) -> set[str]:
+        """The nodes at or past a round's limit: what that round passes over
+        (placement filters its buckets with it in C, not node by node)."""
+        out = self._over.get(limit)
+        if out is None:
+            out = self._over[limit] = set().union(*(nodes for level, nodes in self._at.items() if level >= limit))
+        return out
 
 
 class PassFacility:
@@ -352,9 +377,12 @@ class PassFacility:
         self.capped = bool(state.budgets)
         self.loc = state.located  # node -> its domains (the fold's, read only)
         self._draw: dict[str, float] | None = None  # capped domain -> draw counted in this pass
-        self._racks: tuple[dict[str, str], dict[str, str], set, bool] | None = None
+        self._racks: tuple[dict[str, str], dict[str, str]] | None = None
         self._held: dict[str, tuple] = {}  # node -> its held-domain Reasons (built lazily)
         self._levels: dict[int, Levels] = {}  # id(spread) -> its levels, kept up to date (Levels.refresh)
+        self._said: dict[tuple[str, float], object] = {}  # (domain, draw after) -> its power Reason
+        self._blocked: dict[tuple[float, int], set[str]] = {}  # see `blocked`
+        self._gpu_w: dict[str, float | None] = {}  # node -> the power limit all its GPUs share (None: not alike)
         # The facility's refusals the placement under way met, domain -> in
         # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
         self.seen: dict[str, str] = {}
@@ -368,26 +396,18 @@ class PassFacility:
             self._draw = domain_draws(self.state, self.state.budgets)
         return self._draw
 
-    def _rack_index(self) -> tuple[dict[str, str], dict[str, str], set, bool]:
-        """node -> rack, node -> PDU, the (rack, PDU) pairs of ready nodes,
-        and whether a ready node has neither (for Levels): once a pass."""
+    def _rack_index(self) -> tuple[dict[str, str], dict[str, str]]:
+        """node -> rack name and node -> PDU name, of the nodes that say them (for Levels): once a pass."""
         if self._racks is None:
             rack_of: dict[str, str] = {}
             pdu_of: dict[str, str] = {}
-            combos: set[tuple[str, str]] = set()
-            nodes = self.state.nodes
             for name, ds in self.loc.items():
-                if nodes[name].state != "ready":
-                    continue
-                r = p = name
                 for d in ds:
                     if d.startswith("rack/"):
-                        r = rack_of[name] = d[5:]
+                        rack_of[name] = d[5:]
                     elif d.startswith("pdu/"):
-                        p = pdu_of[name] = d[4:]
-                combos.add((r, p))
-            unlabeled = len(self.loc) < len(nodes)
-            self._racks = (rack_of, pdu_of, combos, unlabeled)
+                        pdu_of[name] = d[4:]
+            self._racks = (rack_of, pdu_of)
         return self._racks
 
     # ------------------------------------------------------------------ rules, per node
@@ -410,11 +430,15 @@ class PassFacility:
             for d in ds:
                 if d in draw:
                     if w is None:
-                        w = shard_watts(p, node, gpus)
-                    cap = self.state.budgets[d]
-                    if w and draw[d] + w > cap + 1e-6:
-                        have = f"would draw {watts(draw[d] + w)} of {watts(cap)}"
-                        out = out + (self._reason(rule=POWER, need=d, have=have),)
+                        w = self._watts(p, node, gpus)
+                    after = draw[d] + w
+                    if w and after > self.state.budgets[d] + 1e-6:
+                        # The same words for every node of the domain until its draw changes.
+                        r = self._said.get((d, after))
+                        if r is None:
+                            have = f"would draw {watts(after)} of {watts(self.state.budgets[d])}"
+                            r = self._said[(d, after)] = self._reason(rule=POWER, need=d, have=have)
+                        out = out + (r,)
         if out and len(self.seen) < MAX_REJECTIONS:
             seen = self.seen
             for r in out:
@@ -425,6 +449,63 @@ class PassFacility:
     def rejections(self) -> list[str]:
         """What the facility refused during the last placement, by domain."""
         return [self.seen[d] for d in sorted(self.seen)]
+
+    def refuses(self, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> bool:
+        """Whether `reasons` would say anything, without saying it: placement
+        asks this of every candidate it passes over (on a fleet whose caps
+        bind, most of them), and words for each cost more than the search."""
+        ds = self.loc.get(node.name)
+        if not ds:
+            return False
+        holds = self.state.holds
+        if holds:
+            for d in ds:
+                if d in holds:
+                    return self._noted(d, node, p, gpus)
+        if self.capped:
+            draw, budgets = self.draw, self.state.budgets
+            w = None
+            for d in ds:
+                if d in draw:
+                    if w is None:
+                        w = self._watts(p, node, gpus)
+                        if not w:
+                            return False
+                    if draw[d] + w > budgets[d] + 1e-6:
+                        return self._noted(d, node, p, gpus)
+        return False
+
+    def _noted(self, domain: str, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> bool:
+        """A refusal, noted in words for the placement under way (once per
+        domain), and remembered for the pass (`blocked`)."""
+        if domain not in self.seen and len(self.seen) < MAX_REJECTIONS:
+            self.reasons(node, p, gpus)
+        if p.power_w or self._gpu_w.get(node.name) is not None:
+            self.blocked(p).add(node.name)
+        return True
+
+    def blocked(self, p: ev.ProfileSpec) -> set[str]:
+        """Nodes known to refuse a shard of this draw in this pass: a domain's
+        draw only grows in a pass (until a stop is counted, `_add`), so a
+        node refused once is passed over at once after (placement skips them
+        in C; on a fleet whose caps bind, asking each again was most of a
+        cold start). Keyed by what the draw of one shard follows from."""
+        key = (p.power_w, p.gpus)
+        out = self._blocked.get(key)
+        if out is None:
+            out = self._blocked[key] = set()
+        return out
+
+    def _watts(self, p: ev.ProfileSpec, node: Node, gpus: list[int]) -> float:
+        """shard_watts, the same number, without reading the node's GPUs
+        each time where they all say one limit (asked per candidate node)."""
+        if p.power_w:
+            return p.power_w
+        w = self._gpu_w.get(node.name, -1.0)
+        if w == -1.0:
+            limits = {g.power_w for g in node.gpus}
+            w = self._gpu_w[node.name] = limits.pop() if len(limits) == 1 else None
+        return shard_watts(p, node, gpus) if w is None else w * len(gpus)
 
     def fit_together(self, nodes: list[Node], p: ev.ProfileSpec, gpus: list[list[int]]) -> bool:
         """Whether the shards of one multi-node replica, each fitting alone,
@@ -451,6 +532,8 @@ class PassFacility:
             self._add(node.name, -w if give else w)
 
     def _add(self, name: str, w: float) -> None:
+        if w < 0 and self._blocked:
+            self._blocked.clear()  # room made: what was refused may fit again
         draw = self.draw
         for d in self.loc.get(name, ()):
             if d in draw:
@@ -462,7 +545,7 @@ class PassFacility:
         """Spread by rack, then PDU, then node, where nodes say where they are."""
         if not self.loc:
             return spread
-        rack_of, pdu_of, _, _ = self._rack_index()
+        rack_of, pdu_of = self._rack_index()
         if not rack_of and not pdu_of:
             return spread
         levels = self._levels.get(id(spread))

@@ -541,7 +541,7 @@ class Inventory:
         """The fitting node with the fewest free GPUs that are enough, ties in
         name order, among those running fewer than `limit` of the model's
         replicas and not in `taken`."""
-        views, mine = self._views, self._mine
+        views, mine, fac = self._views, self._mine, self._fac
         lists = [mine.get(grp) or grp.buckets for grp in groups]
         # The nodes that run the model are skipped in C when every one of
         # them is (the first round): a model's own replicas sit at the head
@@ -549,13 +549,20 @@ class Inventory:
         # in Python was most of a cold start.
         skip_all = bool(spread) and limit == 1  # (spread counts are >= 1)
         count = bool(spread) and limit > 1
+        blocked = fac.blocked(p) if fac.active else None  # facility: nodes known refused in this pass
+        over = spread.over(limit) if count and isinstance(spread, facility.Levels) else None  # facility: spread
+        if over is not None:
+            count = False
         for k in range(p.gpus, self._index.top + 1):  # type: ignore[union-attr]
             best: _View | None = None
             for grp, buckets in zip(groups, lists):
                 bucket = buckets[k]
                 if not bucket:
                     continue
-                for name in filterfalse(spread.__contains__, bucket) if skip_all else bucket:
+                names = filterfalse(spread.__contains__, bucket) if skip_all else bucket
+                if over:
+                    names = filterfalse(over.__contains__, names)
+                for name in filterfalse(blocked.__contains__, names) if blocked else names:
                     if best is not None and name >= best.name:
                         break  # this group has nothing earlier in name order
                     if count and spread.get(name, 0) >= limit:
@@ -564,6 +571,8 @@ class Inventory:
                     if v in taken:
                         continue
                     if grp.kind is None and _mixed_reasons(p, v.node.gpus, v.free):
+                        continue
+                    if fac.active and fac.refuses(v.node, p, self._gpus_for(v, p)):  # facility: holds, caps
                         continue
                     if self._room_reasons(v, p):
                         continue
