@@ -42,6 +42,16 @@ class SnapshotStore:
         with gc_paused():
             return decode_state(snap.state)
 
+    def save(self, state: State, log_id: str) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")  # control planes may share a state dir
+        data = msgspec.msgpack.encode(Snapshot(fold_version=FOLD_VERSION, log_id=log_id, seq=state.seq, state=encode_state(state)))
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
 
 @contextmanager
 def gc_paused():
@@ -56,13 +66,3 @@ def gc_paused():
     finally:
         if was:
             gc.enable()
-
-    def save(self, state: State, log_id: str) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")  # control planes may share a state dir
-        data = msgspec.msgpack.encode(Snapshot(fold_version=FOLD_VERSION, log_id=log_id, seq=state.seq, state=encode_state(state)))
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
