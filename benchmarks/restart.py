@@ -128,6 +128,7 @@ def restart(store: SnapshotStore, last_seq: int, records: list, at: float) -> di
     t1 = now()
     for seq, subject, data in records:
         apply(state, seq, subject, data)
+    gc.freeze()  # as ControlPlane.run does once caught up
     t2 = now()
     actions = decide(state, at)
     decided = ev.encode(ev.Decided(at=at, basis=state.seq, actions=actions, leader="bench"))
