@@ -46,6 +46,7 @@ from ..core.decisions import describe_action
 from ..core.fold import apply
 from ..core.history import action_about
 from ..core.liveness import lost_nodes, mass_silence
+from ..core.nodeindex import track
 from ..core.state import State
 from ..telemetry import tracer
 from .config import ControlConfig
@@ -167,6 +168,7 @@ class ControlPlane:
             # of the cycle collector's way (the gateway does the same), so no
             # collection goes over a million live objects again.
             gc.freeze()
+            track(self.state)  # placement's node index, kept by the fold from here on (core/nodeindex.py)
             log.info("caught up at sequence %d; control plane %s follows, and campaigns for the lease", self.state.seq,
                      self.leader)
             while not stop.is_set():

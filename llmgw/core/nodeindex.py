@@ -233,11 +233,12 @@ def touch(state: State, name: str) -> None:
 
 
 def track(state: State) -> NodeIndex:
-    """Keep an index for this state from now on, built now: what a control
-    plane does once it has its state (restored from a snapshot, say), so its
-    first pass does not pay for the build."""
+    """Keep an index for this state from now on (built at its first
+    placement): what a control plane does once it has its state, restored
+    from a snapshot say, so that its passes do not each build a throwaway
+    one until the fold happens to touch a node."""
     touch(state, "")
-    return _INDEXES[id(state)].sync(state)
+    return _INDEXES[id(state)]
 
 
 def index_of(state: State) -> NodeIndex:
