@@ -263,7 +263,7 @@ def run(nodes: int, replicas: int, repeat: int, small_budget: bool) -> dict:
         one = Log()
         one.state = copy_state(log.state)
         one.records = log.records
-        track(one.state)  # the control plane's live state has its node index (nodeindex.py)
+        track(one.state).sync(one.state)  # the control plane's live state has its node index (nodeindex.py)
         rep = next(iter(one.state.replicas.values()))
         sh = rep.shards[0]
         apply(one.state, one.state.seq + 1, f"llmgw.agent.{sh.node}.shard.status",

@@ -399,7 +399,7 @@ def test_the_node_index_the_fold_keeps_is_the_one_built_afresh(data):
     scratch gives, and a pass on it decide what a pass on a copy decides
     (a copy has no index kept: its pass builds one)."""
     world = World(data, rogue=True)
-    track(world.live)
+    track(world.live).sync(world.live)
     for _ in world.run(STEPS):
         assert index_of(world.live).check(world.live) == []
         now = world.now + data.draw(st.integers(0, 100))

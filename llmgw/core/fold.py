@@ -71,7 +71,12 @@ def apply(state: State, seq: int, subject: str, data: bytes) -> State:
             end = 12 + len(node)
             if subject[:end] != prefix + node or subject[end : end + 1] != ".":
                 check_origin(subject, event)
-        elif not subject.startswith(prefix) or prefix is _GATEWAY:
+        elif prefix is _GATEWAY:
+            gateway = event.gateway
+            end = 9 + len(gateway)
+            if subject[:end] != prefix + gateway or subject[end : end + 1] != ".":
+                check_origin(subject, event)
+        elif not subject.startswith(prefix):
             check_origin(subject, event)
         elif prefix is _CONTROL:
             state.control_seq = seq
@@ -232,13 +237,21 @@ def _model_load(state: State, e: ev.ModelLoad, seq: int) -> None:
     model = state.models.get(e.model)
     if model is None:
         return  # a model removed meanwhile, or asked for by a typo: nothing to scale
-    model.load[e.gateway] = Load(in_flight=e.in_flight, queued=e.queued, at=e.at)
-    busy = e.in_flight + e.queued
-    last = max(e.last_used, e.at if busy else 0.0)
+    # (Most events of a real day's log are these: kept in place, not made anew.)
+    at, in_flight, queued = e.at, e.in_flight, e.queued
+    load = model.load.get(e.gateway)
+    if load is None:
+        model.load[e.gateway] = Load(in_flight=in_flight, queued=queued, at=at)
+    else:
+        load.in_flight, load.queued, load.at = in_flight, queued, at
+    last = e.last_used
+    if (in_flight or queued) and at > last:
+        last = at
     if last > model.last_used:
         model.last_used = last
-    if model.spec.target_load > 0:
-        note_peak(model, e.at, wants(model.spec, current_load(model, e.at)))
+    spec = model.spec
+    if spec.target_load > 0:
+        note_peak(model, at, wants(spec, current_load(model, at)))
 
 
 # --------------------------------------------------------------------------- agent events

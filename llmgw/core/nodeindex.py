@@ -19,6 +19,12 @@ group and order the candidates (ready, pool, fabric, kind, free GPU count);
 what a node has free besides (memory, cores, ports) is read from the node
 itself by the pass.
 
+The rule for the fold's handlers: one that changes a node's readiness,
+labels, GPUs or the GPUs its shards hold (`Node.used`) calls `touch(state,
+node)`. (A new handler that forgets is caught by the property test that
+compares the index with one built afresh after every step:
+tests/test_properties.py, test_the_node_index_the_fold_keeps_...)
+
 A state the fold never touched (built by hand, as in unit tests) has no
 index registered: each pass builds a throwaway one, as before. A state
 replayed or copied (verify, a snapshot, `copy_state`) is another object and
@@ -227,11 +233,12 @@ def touch(state: State, name: str) -> None:
 
 
 def track(state: State) -> NodeIndex:
-    """Keep an index for this state from now on, built now: what a control
-    plane does once it has its state (restored from a snapshot, say), so its
-    first pass does not pay for the build."""
+    """Keep an index for this state from now on (built at its first
+    placement): what a control plane does once it has its state, restored
+    from a snapshot say, so that its passes do not each build a throwaway
+    one until the fold happens to touch a node."""
     touch(state, "")
-    return _INDEXES[id(state)].sync(state)
+    return _INDEXES[id(state)]
 
 
 def index_of(state: State) -> NodeIndex:
