@@ -306,7 +306,7 @@ class Levels(dict):
         self._racks: dict[str, int] = {}
         self._pdus: dict[str, int] = {}
         self._at: dict[int, set[str]] = {}  # level -> the nodes at it (0 aside)
-        self._over: dict[int, set[str]] = {}  # limit -> the nodes at or past it, as of the last refresh
+        self._over: tuple = ()  # (limit, the nodes at or past it), as of the last refresh
         self.refresh()
 
     def refresh(self) -> "Levels":
@@ -330,7 +330,7 @@ class Levels(dict):
                 changed.update(index.get(f"pdu/{p}", ()))
         self._seen = dict(spread)
         at = self._at
-        self._over = {}
+        self._over = ()
         for name in changed:
             n = spread.get(name, 0)
             r, p = rack_of.get(name), pdu_of.get(name)
@@ -356,10 +356,23 @@ class Levels(dict):
 
     def over(self, limit: int) -> set[str]:
         """The nodes at or past a round's limit: what that round passes over
-        (placement filters its buckets with it in C, not node by node)."""
-        out = self._over.get(limit)
-        if out is None:
-            out = self._over[limit] = set().union(*(nodes for level, nodes in self._at.items() if level >= limit))
+        (placement filters its buckets with it in C, not node by node).
+        Rounds come in rising order: the set of the last one asked is
+        narrowed to the next (levels only leave it), made afresh only when
+        a lower limit is asked or the levels changed."""
+        had = self._over
+        if had and had[0] <= limit:
+            at_limit, out = had
+            if at_limit < limit:
+                for level, nodes in self._at.items():
+                    if at_limit <= level < limit:
+                        out.difference_update(nodes)
+        else:
+            out = set(self)
+            for level, nodes in self._at.items():
+                if level < limit:
+                    out.difference_update(nodes)
+        self._over = (limit, out)
         return out
 
 
