@@ -30,6 +30,7 @@ import msgspec
 from ..core import events as ev
 from ..core.catalog import NAME_RE
 from ..core.fold import apply
+from ..core.history import summary
 from ..core.state import State
 from ..ctl.readmodels import NoReadModels, ReadModels
 from ..ctl.views import decision_words
@@ -395,7 +396,7 @@ class Console:
             raise HttpError(404, f"no action {verb}")
         seq = await publish_event(self.bus, event)
         log.info("console: %s published as event %d", ev.tag_of(type(event)), seq)
-        return {"seq": seq, "event": ev.tag_of(type(event)), "summary": views.facility_summary(event)}
+        return {"seq": seq, "event": ev.tag_of(type(event)), "summary": summary(event)}
 
 
 async def serve(nats: str, db: str | None, creds: str | None, token: str, config: ConsoleConfig,

@@ -84,23 +84,13 @@ def node(state: State, overlay: fac.Overlay | None, name: str, models: ReadModel
         for e in history:
             for d in e["decisions"]:
                 d["words"] = decision_words(d)
-    said = [
-        {"seq": s, "at": e.at, "type": ev.tag_of(type(e)), "summary": facility_summary(e), "decisions": []}
+    # The core names a node's labeling among its events once it folds the facility (history.mentions).
+    said = [] if fac.core_has_facility() else [
+        {"seq": s, "at": e.at, "type": ev.tag_of(type(e)), "summary": summary(e), "decisions": []}
         for s, e in (overlay.said if overlay else ()) if isinstance(e, ev.NodeLabeled) and e.node == name
     ]
     row["history"] = sorted(history + said, key=lambda e: e["seq"])[-CONFIG.history_limit:]
     return row
-
-
-def facility_summary(e: ev.Event) -> str:
-    if isinstance(e, ev.NodeLabeled):
-        parts = [f"{k}={v}" for k, v in sorted(e.set.items())] + [f"{k}-" for k in e.remove]
-        return f"node {e.node} labeled: {' '.join(parts)}"
-    if isinstance(e, ev.DomainHeld):
-        return f"domain {e.domain} held{' with drain' if e.drain else ''}" + (f": {e.reason}" if e.reason else "")
-    if isinstance(e, ev.DomainReleased):
-        return f"domain {e.domain} released"
-    return summary(e)
 
 
 def models_view(state: State) -> list[dict]:
@@ -176,7 +166,7 @@ def decision_at(records: Sequence[Record], state: State, upto: int) -> dict | No
             continue
         if isinstance(f, (ev.Decided, ev.ModelLoad)):
             continue
-        facts.append({"seq": s, "at": f.at, "type": ev.tag_of(type(f)), "summary": facility_summary(f)})
+        facts.append({"seq": s, "at": f.at, "type": ev.tag_of(type(f)), "summary": summary(f)})
     voided = [msgspec.to_builtins(v) for v in state.voided if v.seq == seq]
     return {
         "seq": seq, "at": e.at, "basis": e.basis, "leader": e.leader,
