@@ -117,6 +117,11 @@ class Fleet:
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 
+    def ctl_json_of(self, *args: str):
+        out = self.llmgw("ctl", *args, "-o", "json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
     def log(self) -> list[dict]:
         """The log's events, as `llmgw replay --export` writes them."""
         path = self.folder / "log.jsonl"
@@ -407,7 +412,7 @@ def test_views_follow_the_log_without_a_reload_and_time_travel_shows_before(page
 # --------------------------------------------------------------------------- actions
 
 
-def test_label_and_hold_actions_publish_as_the_operator_and_the_console_shows_them(page, fleet):
+def test_label_and_hold_actions_publish_as_the_operator_and_change_the_fleet(page, fleet):
     show(page, "node/gpu-4")
     page.fill('#labelform input[name="rack"]', "r9")
     page.fill('#labelform input[name="pdu"]', "")
@@ -422,6 +427,11 @@ def test_label_and_hold_actions_publish_as_the_operator_and_the_console_shows_th
     show(page, "fleet")
     page.wait_for_selector('.dom[data-domain="rack/r9"]')
     assert "gpu-4" in page.inner_text("#fleet")
+    # The fold moved it: `llmgw ctl` sees gpu-4 in rack r9.
+    # (Removing the operator's pdu, which it never set, leaves the agent's: pdu-2b still.)
+    assert [n["name"] for n in fleet.ctl_json("nodes", "--domain", "rack/r9")] == ["gpu-4"]
+    assert "gpu-4" in [n["name"] for n in fleet.ctl_json("nodes", "--domain", "pdu/pdu-2b")]
+    assert page.locator('.dom[data-domain="rack/r9"] + .dom[data-domain="pdu/pdu-2b"] + .nodes [data-node="gpu-4"]').count() == 1
 
     # Hold rack r2, then release it.
     page.click('.dom[data-domain="rack/r2"] button[data-hold]')
@@ -430,6 +440,13 @@ def test_label_and_hold_actions_publish_as_the_operator_and_the_console_shows_th
     assert page.locator('.n.held[data-node="gpu-3"]').count() == 1
     held = [e for e in fleet.log() if e["type"] == "domain.held"]
     assert held and held[-1]["domain"] == "rack/r2" and held[-1]["drain"] is False
+    # Seen by `llmgw ctl facility`, and by placement: nothing new goes on rack r2's nodes.
+    domains = {d["domain"]: d for d in fleet.ctl_json_of("facility")}
+    assert domains["rack/r2"]["held"] and domains["rack/r2"]["hold_reason"] == "held from the console"
+    out = fleet.llmgw("ctl", "explain-placement", "chat")
+    assert out.returncode == 0, out.stderr
+    gpu3 = next(line for line in out.stdout.splitlines() if line.strip().startswith("gpu-3:"))
+    assert "held" in gpu3 and "rack/r2" in gpu3, gpu3
     choose(page, "#f-state", "held")
     assert set(page.locator(".n").evaluate_all("ns => ns.map(n => n.dataset.node)")) == {"gpu-3", "flaky-1"}
     choose(page, "#f-state", "")
@@ -438,6 +455,7 @@ def test_label_and_hold_actions_publish_as_the_operator_and_the_console_shows_th
     page.wait_for_selector('.dom[data-domain="rack/r2"]:not(.held)')
     released = [e for e in fleet.log() if e["type"] == "domain.released"]
     assert released and released[-1]["domain"] == "rack/r2"
+    assert not {d["domain"]: d for d in fleet.ctl_json_of("facility")}["rack/r2"]["held"]
 
 
 def test_restart_a_replica_from_the_console_replaces_it_and_shows_the_decision(page, fleet):

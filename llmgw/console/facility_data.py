@@ -53,7 +53,7 @@ class Overlay:
     core does not: labels set or removed per node, and the held domains."""
 
     def __init__(self) -> None:
-        self.labels: dict[str, dict[str, str | None]] = {}  # node -> label -> value (None: removed)
+        self.labels: dict[str, dict[str, str | None]] = {}  # node -> label -> value (None: the operator's removed)
         self.holds: dict[str, tuple[bool, str, float]] = {}  # domain -> (drain, reason, at)
         self.said: list[tuple[int, ev.Event]] = []  # every facility event, in order
 
@@ -95,13 +95,13 @@ def label_name(key: str) -> str:
 
 
 def labels_of(node: Node, overlay: Overlay | None) -> dict[str, str]:
-    if _core is not None or overlay is None or node.name not in overlay.labels:
-        return dict(node.labels)
+    """Its labels as placement sees them: an operator's over its agent's; an
+    operator's removed, its agent's show again (events.NodeLabeled)."""
+    if _core is not None:
+        return {**node.labels, **{k: v for k, v in getattr(node, "operator_labels", {}).items() if v}}
     out = dict(node.labels)
-    for k, v in overlay.labels[node.name].items():
-        if v is None:
-            out.pop(k, None)
-        else:
+    for k, v in (overlay.labels.get(node.name, {}) if overlay is not None else {}).items():
+        if v is not None:
             out[k] = v
     return out
 
