@@ -354,6 +354,10 @@ class Levels(dict):
         """The levels some node is at (placement's rounds of spread), without reading every node."""
         return self._at.keys()
 
+    def at(self, level: int) -> set[str]:
+        """The nodes at one level (not 0)."""
+        return self._at.get(level, set())
+
     def over(self, limit: int) -> set[str]:
         """The nodes at or past a round's limit: what that round passes over
         (placement filters its buckets with it in C, not node by node).
