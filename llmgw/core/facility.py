@@ -280,6 +280,10 @@ def drain_reason(state: State, domain: str) -> str:
 # --------------------------------------------------------------------------- one pass's working copy
 
 
+# A round of spread with at most this many nodes at its level is looked at
+# node by node (placement._best_among); a larger one, mostly full nodes late
+# in a cold start, is found among the buckets of free GPUs, filtered in C.
+FEW = 64
 # Levels: rack count, PDU count and node count as one number, each in its
 # own digits (a node or PDU never runs this many of one model's replicas).
 _BASE = 1 << 16

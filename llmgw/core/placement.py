@@ -484,8 +484,9 @@ class Inventory:
             groups = self._admitting(idx, p)
             spread = self._fac.levels(spread)  # facility: rack, then PDU, then node
             for limit in _limits(spread):
-                if limit > 1 and isinstance(spread, facility.Levels):
-                    v = self._best_among(p, groups, spread.at(limit - 1))  # facility: a round's few nodes
+                few = spread.at(limit - 1) if limit > 1 and isinstance(spread, facility.Levels) else None
+                if few is not None and len(few) <= facility.FEW:
+                    v = self._best_among(p, groups, few)  # facility: a round's few nodes
                 else:
                     v = self._best(p, groups, spread, limit, ())
                 if v is not None:
