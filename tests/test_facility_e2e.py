@@ -102,7 +102,7 @@ def test_label_cap_hold_drain_and_release_through_ctl(tmp_path, processes):
         assert moved
         # What its placement met on the way: gpu-3's PDU at its cap.
         page = ctl(up, "describe", "replica", moved[-1]["id"]).stdout
-        assert "Rejections: pdu/pb would draw" in page, page
+        assert "Facility: pdu/pb would draw" in page, page
         listing = ctl(up, "facility").stdout
         assert "rack/r1" in listing and "drain since" in listing and "maintenance" in listing
 

@@ -280,6 +280,10 @@ def drain_reason(state: State, domain: str) -> str:
 # --------------------------------------------------------------------------- one pass's working copy
 
 
+# A round of spread with at most this many nodes at its level is looked at
+# node by node (placement._best_among); a larger one, mostly full nodes late
+# in a cold start, is found among the buckets of free GPUs, filtered in C.
+FEW = 64
 # Levels: rack count, PDU count and node count as one number, each in its
 # own digits (a node or PDU never runs this many of one model's replicas).
 _BASE = 1 << 16
@@ -353,6 +357,10 @@ class Levels(dict):
     def values(self):  # type: ignore[override]
         """The levels some node is at (placement's rounds of spread), without reading every node."""
         return self._at.keys()
+
+    def at(self, level: int) -> set[str]:
+        """The nodes at one level (not 0)."""
+        return self._at.get(level, set())
 
     def over(self, limit: int) -> set[str]:
         """The nodes at or past a round's limit: what that round passes over

@@ -484,7 +484,11 @@ class Inventory:
             groups = self._admitting(idx, p)
             spread = self._fac.levels(spread)  # facility: rack, then PDU, then node
             for limit in _limits(spread):
-                v = self._best(p, groups, spread, limit, ())
+                few = spread.at(limit - 1) if limit > 1 and isinstance(spread, facility.Levels) else None
+                if few is not None and len(few) <= facility.FEW:
+                    v = self._best_among(p, groups, few)  # facility: a round's few nodes
+                else:
+                    v = self._best(p, groups, spread, limit, ())
                 if v is not None:
                     return [v]
             return None
@@ -581,6 +585,37 @@ class Inventory:
             if best is not None:
                 return best
         return None
+
+    def _best_among(self, p: ProfileSpec, groups: list[Group], names) -> _View | None:
+        """`_best` for one round of facility.Levels: the nodes at that level
+        (the earlier rounds' refused them all), usually a rack's or a PDU's
+        worth, are looked at themselves rather than found among every node
+        of the buckets; the same choice, fewest free GPUs then name."""
+        admitted = set(groups)
+        views, fac = self._views, self._fac
+        if fac.active:
+            names = names - fac.blocked(p)  # (in C: on a fleet whose caps bind, most of a round)
+        best: _View | None = None
+        best_key: tuple[int, str] | None = None
+        # In name order, as the buckets are: the refusals a placement notes
+        # (PlaceReplica.rejections) must not follow a set's order, which
+        # differs from one process to the next (replay --verify).
+        for name in sorted(names):
+            v = views.get(name) or self.view(name)
+            k = len(v.free)
+            if not v.ready or k < p.gpus or (best_key is not None and (k, name) >= best_key):
+                continue
+            grp = next((g for g in v.groups if g in admitted), None)
+            if grp is None:
+                continue
+            if grp.kind is None and _mixed_reasons(p, v.node.gpus, v.free):
+                continue
+            if fac.active and fac.refuses(v.node, p, self._gpus_for(v, p)):
+                continue
+            if self._room_reasons(v, p):
+                continue
+            best, best_key = v, (k, name)
+        return best
 
     def _fabric_pick(self, p: ProfileSpec, by_fabric: list[list[Group]], spread: dict[str, int]) -> list[_View] | None:
         """Nodes for a multi-node replica: the first fabric, in name order, with

@@ -380,7 +380,7 @@ def describe_text(kind: str, page: dict) -> str:
                  else _age(now["placed_at"])),
                 ("Ready", _age(now["ready_at"]) or "(not yet)"),
                 # What the facility refused on its way (held domains, power caps), as its placement met them.
-                ("Rejections", "; ".join(now.get("rejections", [])) or "(none)"),
+                ("Facility", "; ".join(now.get("rejections", [])) or "(none)"),
             ])
             out.append("Shards:")
             rows = [[s["id"], s["node"], str(s["rank"]), ",".join(map(str, s["gpus"])), str(s["port"]),
