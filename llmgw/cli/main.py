@@ -112,6 +112,7 @@ def cmd_up(args) -> None:
             gateway_port=None if args.no_gateway else args.gateway_port,
             engine_ports=args.engine_ports,
             gateway_listen=args.gateway_listen,
+            metrics_port=args.metrics_port,
         )  # always with auth: bus/auth.py, under <state dir>/creds
     )
 
@@ -125,6 +126,13 @@ def cmd_control(args) -> None:
     from ..telemetry import setup
 
     _component(args, "control", "control")
+    if args.metrics_listen not in ("", "off"):
+        from ..control.config import listen_address
+
+        try:
+            listen_address(args.metrics_listen)
+        except ValueError as e:
+            _fail(f"llmgw control: --metrics-listen: {e}", 2)
     _setup_logging(args.verbose)
     setup("llmgw-control")
 
@@ -134,7 +142,8 @@ def cmd_control(args) -> None:
             creds=args.creds,
         )  # fmt: skip
         snapshots = SnapshotStore(os.path.join(args.state_dir, "control", "snapshot.msgpack"))
-        config = ControlConfig(node_grace=args.node_grace, lease_ttl=args.lease_ttl)
+        metrics = "" if args.metrics_listen in ("", "off") else args.metrics_listen
+        config = ControlConfig(node_grace=args.node_grace, lease_ttl=args.lease_ttl, metrics_listen=metrics)
         plane = ControlPlane(bus, snapshots=snapshots, config=config)
         try:
             await plane.run(stop)
@@ -436,7 +445,10 @@ ABOUT = {
     "control": (
         "Run the control plane against a NATS you run: it folds the log, decides (placement, scaling, restarts,\n"
         "preemption) and publishes its decisions fenced, so a stale or second leader is refused.",
-        ["llmgw control --nats nats://nats-1:4222,nats://nats-2:4222 --stream-replicas 3"],
+        [
+            "llmgw control --nats nats://nats-1:4222,nats://nats-2:4222 --stream-replicas 3",
+            "llmgw control --metrics-listen 0.0.0.0:9464   # /metrics for a Prometheus elsewhere",
+        ],
     ),
     "agent": (
         "Run the node agent: it starts and watches this node's inference engines and reports them on the log.\n"
@@ -518,7 +530,7 @@ def _every_command(p: argparse.ArgumentParser, path: str = ""):
 
 
 def parser() -> argparse.ArgumentParser:
-    from ..control.config import LEASE_TTL_S, NODE_GRACE_S
+    from ..control.config import LEASE_TTL_S, METRICS_LISTEN, NODE_GRACE_S
     from ..gateway import config as gateway_config
     from .exits import table_text
 
@@ -550,6 +562,10 @@ def parser() -> argparse.ArgumentParser:
         help="the address of the gateway's OpenAI API (0.0.0.0: every interface)",
     )  # fmt: skip
     up.add_argument("--no-gateway", action="store_true", help="run no gateway")
+    up.add_argument(
+        "--metrics-port", type=int, default=0, metavar="PORT",
+        help="the port of the control plane's Prometheus /metrics, on 127.0.0.1 (default: a free one, printed)",
+    )  # fmt: skip
     up.add_argument("--engine-ports", type=_port_range, metavar="FIRST-LAST", help=ENGINE_PORTS_HELP)
     up.set_defaults(func=cmd_up)
 
@@ -566,6 +582,10 @@ def parser() -> argparse.ArgumentParser:
         "--lease-ttl", type=float, default=LEASE_TTL_S, metavar="S",
         help="seconds the leader's lease lives without renewal: a standby takes over within about this (the bucket's, once made)",
     )
+    control.add_argument(
+        "--metrics-listen", default=METRICS_LISTEN, metavar="ADDR:PORT",
+        help=f"serve the control plane's Prometheus /metrics there (default {METRICS_LISTEN}; 'off': none)",
+    )  # fmt: skip
     control.add_argument(
         "--stream-replicas", type=int, default=1, choices=(1, 3, 5), help="JetStream replicas of the streams it creates (3 in a cluster)"
     )

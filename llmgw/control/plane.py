@@ -47,7 +47,8 @@ from ..core.history import action_about
 from ..core.liveness import lost_nodes, mass_silence
 from ..core.state import State
 from ..telemetry import tracer
-from .config import ControlConfig
+from .config import ControlConfig, listen_address
+from .metrics import ControlMetrics
 from .snapshots import SnapshotStore
 
 log = logging.getLogger("llmgw.control")
@@ -111,6 +112,13 @@ class ControlPlane:
         self._lease_until = 0.0  # monotonic: we act as leader until then, unless renewed
         self._holder = ""  # who holds the lease, as last seen by a standby
         self.ready = asyncio.Event()  # set once caught up with the log
+        self.metrics = ControlMetrics(self)
+        self.metrics_port = 0  # where /metrics is served once running (0: not served)
+
+    @property
+    def snapshot_seq(self) -> int:
+        """The sequence of the last snapshot written or restored."""
+        return self._snapshot_seq
 
     # ----------------------------------------------------------------- folding
 
@@ -153,6 +161,7 @@ class ControlPlane:
                 log.info("restored a snapshot at sequence %d; folding %d more", restored.seq, last - restored.seq)
         follower = await self.bus.follow(self.state.seq + 1, self._on_message)
         beats = await self.bus.follow_heartbeats(self._on_beat)
+        metrics_server = await self._serve_metrics()
         self._watching_since = self.clock()
         background = [
             asyncio.create_task(self._lease_loop(stop)),
@@ -194,7 +203,24 @@ class ControlPlane:
             await self._resign()
             await follower.stop()
             await beats.stop()
+            if metrics_server is not None:
+                metrics_server.close()
             self._save_snapshot()
+
+    async def _serve_metrics(self) -> asyncio.AbstractServer | None:
+        """/metrics where config.metrics_listen says; a taken port is said
+        and the plane goes on without (its metrics are not worth its job)."""
+        if not self.config.metrics_listen:
+            return None
+        host, port = listen_address(self.config.metrics_listen)
+        try:
+            server = await self.metrics.serve(host, port)
+        except OSError as e:
+            log.warning("cannot serve /metrics on %s (%s): going on without", self.config.metrics_listen, e.strerror or e)
+            return None
+        self.metrics_port = server.sockets[0].getsockname()[1]
+        log.info("metrics (Prometheus) at http://%s:%d/metrics", host if ":" not in host else f"[{host}]", self.metrics_port)
+        return server
 
     # ----------------------------------------------------------------- the lease
 
@@ -320,6 +346,11 @@ class ControlPlane:
                     why = await probe(cfg.bus_probe_timeout)
                 except Exception as e:
                     why = f"{type(e).__name__}: {e}"
+            if not why:  # the log's end, for llmgw_control_log_lag_events
+                try:
+                    self.metrics.log_last = await asyncio.wait_for(self.bus.last_seq(), cfg.bus_probe_timeout)
+                except Exception:
+                    pass  # said by the next probe, if it is the bus
             if why:
                 if self._bus_ok_since is not None or why != self._bus_trouble:
                     log.warning("heartbeats cannot be read (%s): no node is declared lost until they can", why)
@@ -361,7 +392,9 @@ class ControlPlane:
         now = self.clock()
         await self._liveness(now)
         with _tracer.start_as_current_span("control.pass", attributes={"llmgw.basis": self.state.seq}) as span:
+            began = time.perf_counter()
             actions = decide(self.state, now)
+            self.metrics.pass_seconds.observe(time.perf_counter() - began)
             span.set_attribute("llmgw.actions", len(actions))
             if actions:
                 self.passes += 1
@@ -369,6 +402,7 @@ class ControlPlane:
                 landed = await self._publish(decided)
                 span.set_attribute("llmgw.landed", landed)
                 if landed:
+                    self.metrics.landed(actions)
                     self._trace_decisions(actions)
         await self._send_commands(now)
         self._maybe_snapshot(now)
