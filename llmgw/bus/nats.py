@@ -435,7 +435,7 @@ class NatsBus:
         if self.identity is not None and self.identity.role != "control":
             # Only the control plane may make streams; an agent may not even
             # look (it publishes facts, retried until the streams exist).
-            if self.identity.role == "agent":
+            if self.identity.role in ("agent", "fleet"):  # (a fleet simulator: many agents' facts)
                 self._kv = self._bucket(HEARTBEAT_BUCKET)
             else:
                 await self.wait_for_streams()

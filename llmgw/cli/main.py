@@ -204,46 +204,16 @@ def default_node_name() -> str:
 
 
 def cmd_agent(args) -> None:
-    if not args.simulate and not args.name and not (args.creds or os.environ.get("LLMGW_CREDS")):
+    if args.simulate:
+        from .simulate import cmd_simulated
+
+        return cmd_simulated(args)
+    if args.fleet is not None or args.fleet_file:
+        _fail("llmgw agent: --fleet and --fleet-file are for simulated nodes: add --simulate", 2)
+    if not args.name and not (args.creds or os.environ.get("LLMGW_CREDS")):
         args.name = default_node_name()
     args.name = _component(args, "agent", args.name)  # an agent's credential names its node
-    if not args.simulate:
-        return cmd_real_agent(args)
-    if not args.name:
-        _fail("llmgw agent: a simulated node needs --name", 2)
-    from ..agent.simulated import SimulatedAgent
-    from ..bus.nats import NatsBus
-
-    _setup_logging(args.verbose)
-
-    async def main(stop: asyncio.Event) -> None:
-        bus = await NatsBus.connect(
-            _nats_url(args), name=f"llmgw-agent-{args.name}", forever=True, stop=stop, creds=args.creds
-        )
-        agent = SimulatedAgent(
-            bus,
-            args.name,
-            args.gpus,
-            gpu_memory_gb=args.gpu_memory,
-            loading_after=args.loading_after,
-            ready_after=args.ready_after,
-            fail_models=frozenset(args.fail_model),
-        )
-
-        # Tests and demos make a shard fail on request: a core NATS request
-        # on llmgw.sim.<node>.fail with the shard id as its body.
-        async def on_fail(msg) -> None:
-            ok = await agent.fail(msg.data.decode(), "failed on request")
-            await msg.respond(b"failed" if ok else b"no such shard running")
-
-        sub = await bus.nc.subscribe(f"llmgw.sim.{args.name}.fail", cb=on_fail)
-        try:
-            await agent.run(stop)
-        finally:
-            await sub.unsubscribe()
-            await bus.close()
-
-    _run_until_signalled(main)
+    return cmd_real_agent(args)
 
 
 def cmd_real_agent(args) -> None:
@@ -452,8 +422,13 @@ ABOUT = {
     ),
     "agent": (
         "Run the node agent: it starts and watches this node's inference engines and reports them on the log.\n"
-        "With --simulate, a simulated node that runs no engine (for tests, demos and benchmarks).",
-        ["llmgw agent --agent-file deploy/agent.example.yaml", "llmgw agent --simulate --name gpu-1 --gpus 8"],
+        "With --simulate, a simulated node that runs no engine (for tests, demos and benchmarks); with --fleet N,\n"
+        "N of them in one process over one connection, on a fleet credential (llmgw creds issue fleet NAME).",
+        [
+            "llmgw agent --agent-file deploy/agent.example.yaml",
+            "llmgw agent --simulate --name gpu-1 --gpus 8",
+            "llmgw agent --simulate --fleet 2000 --name 'sim-{i:04d}' --gpus 8 --no-serve   # one process, one connection",
+        ],
     ),
     "gateway": (
         "Serve the OpenAI API (/v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings) and route\n"
@@ -595,7 +570,9 @@ def parser() -> argparse.ArgumentParser:
 
     agent = sub.add_parser("agent", help="run a node agent: the engines of this node (or, with --simulate, none)")
     agent.add_argument("--simulate", action="store_true", help="a simulated node: runs no engine")
-    agent.add_argument("--name", help="the node's name (default: the host name; required with --simulate)")
+    agent.add_argument(
+        "--name", help="the node's name (default: the host name; required with --simulate; with --fleet, a pattern: sim-{i:04d})"
+    )
     agent.add_argument(
         "--agent-file", metavar="FILE", help="what this node has that NVML cannot say (YAML; see deploy/agent.example.yaml)"
     )
@@ -615,6 +592,9 @@ def parser() -> argparse.ArgumentParser:
         "--fail-model", action="append", default=[], metavar="MODEL",
         help="simulated: shards of this model fail instead of becoming ready (repeat for more)",
     )  # fmt: skip
+    from .simulate import add_arguments as add_fleet_arguments
+
+    add_fleet_arguments(agent)
     agent.add_argument("--nats", metavar="URL", help=NATS_HELP)
     agent.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")
     agent.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
