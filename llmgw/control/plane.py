@@ -129,7 +129,13 @@ class ControlPlane:
         if subject.endswith(".node.registered"):
             # A registration follows a fresh connection: whatever we sent that
             # node before may be lost, so everything outstanding goes again.
-            self._resend_nodes.add(subject.split(".")[2])
+            node = subject.split(".")[2]
+            self._resend_nodes.add(node)
+            # And it is a sign of life (core/liveness.py counts it as seen): a
+            # node lost and registering again was lost again at once, on its
+            # old last heartbeat, when a pass came before its next one
+            # (benchmarks/fleet.py, a simulated node speaking again).
+            self._last_seen[node] = self.clock()
         self._changed.set()
         self._folded.set()
 
