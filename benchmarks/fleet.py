@@ -351,7 +351,7 @@ async def bench(args, root: Path) -> None:
         dt = t1 - t0
         results["traffic"] = (
             f"per node: {(hb1 - hb0) / dt / n:.2f} heartbeats/s, {(w1 - w0) / dt / n:.0f} B/s sent to NATS and "
-            f"{(r1 - r0) / dt / n:.0f} B/s received (TCP, heartbeats and their acks); the log grew {(m1 - m0) / dt / n:.4f} events/s and {(b1 - b0) / dt / n:.2f} B/s "
+            f"{(r1 - r0) / dt / n:.0f} B/s received (TCP, with --no-serve all of it NATS: heartbeats, unacked, and the ping-pong); the log grew {(m1 - m0) / dt / n:.4f} events/s and {(b1 - b0) / dt / n:.2f} B/s "
             f"(quiet window of {dt:.0f} s, heartbeat every {args.heartbeat:g} s)"
         )
         say(f"traffic: {results['traffic']}")

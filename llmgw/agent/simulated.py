@@ -55,6 +55,7 @@ class SimulatedAgent:
         clock: Callable[[], float] = time.time,
         serve: bool = True,
         register_on_reconnect: bool = True,
+        beats: bool = True,
     ) -> None:
         self.bus = bus
         self.name = name
@@ -85,6 +86,7 @@ class SimulatedAgent:
         self.serve = serve
         # A fleet sharing one connection registers its nodes itself, all at once, on a reconnect.
         self.register_on_reconnect = register_on_reconnect
+        self.beats = beats  # False: its fleet sends its heartbeats (llmgw/agent/fleet.py)
         self.silent = False  # as a machine that died: no heartbeat, no command heard (`silence`)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -105,7 +107,7 @@ class SimulatedAgent:
         try:
             while not stop.is_set():
                 try:
-                    if not self.silent:
+                    if self.beats and not self.silent:
                         await self.bus.beat(self.name, self.beat_body())
                 except Exception as e:
                     log.warning("heartbeat failed: %s", e)

@@ -669,6 +669,13 @@ class NatsBus:
             self._kv = self._bucket(HEARTBEAT_BUCKET)
         await self._kv.put(node, data)
 
+    async def beat_unacked(self, node: str, data: bytes) -> None:
+        """A heartbeat without waiting for the bucket's ack: the same message
+        on the same subject as `beat`, for a fleet simulator sending thousands
+        a second on one connection, where awaiting each ack timed them out
+        (a lost beat is what the grace is for)."""
+        await self.nc.publish(f"$KV.{HEARTBEAT_BUCKET}.{node}", data)
+
     async def follow_heartbeats(self, on_beat: Callable[[str], None]) -> _Kept:
         if self._kv is None:
             self._kv = await self.js.key_value(HEARTBEAT_BUCKET)
