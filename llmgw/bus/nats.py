@@ -686,8 +686,12 @@ class NatsBus:
             return (await self.js.stream_info(stream)).state.last_seq
 
         async def subscribe(start: int, deliver):
-            # The latest of each node first (as a KV watcher starts), then every beat.
-            config = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT) if start <= 1 else _from(start)
+            # The latest of each node first (as a KV watcher starts), then every beat;
+            # following again after a stall too: only each node's latest beat
+            # says anything, and re-reading every beat since the stall (70,000
+            # of them behind 2,000 nodes) never caught up with a bucket moving
+            # faster than it was read (benchmarks/fleet.py).
+            config = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
 
             async def cb(msg) -> None:
                 deliver(msg.metadata.sequence.stream, msg)
