@@ -38,19 +38,17 @@ import asyncio
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-import nats  # noqa: E402
-
+from llmgw.agent.fleet import ask  # noqa: E402
 from llmgw.bus import HEARTBEAT_BUCKET, auth  # noqa: E402
 from llmgw.bus.nats import NatsBus  # noqa: E402
 from llmgw.bus.server import free_port  # noqa: E402
@@ -238,13 +236,35 @@ async def log_info(bus: NatsBus) -> tuple[int, int]:
     return info.messages, info.bytes
 
 
-async def hook(url: str, creds: str, subject: str, body: bytes) -> bytes:
-    who = auth.identity(creds)
-    nc = await nats.connect(url, user_credentials=creds, inbox_prefix=who.inbox_prefix)
+async def beat_capacity(url: str, creds: str, seconds: float = 3.0, in_flight: int = 64) -> float:
+    """The yardstick: heartbeats a second the bucket stores here (acked puts,
+    `in_flight` at a time, as fast as it takes them), before the fleet runs.
+    JetStream fsyncs every message (sync_interval: always), so this is what
+    bounds nodes / heartbeat interval on this machine's disk."""
+    bus = await NatsBus.connect(url, name="bench-beats", creds=creds)
     try:
-        return (await nc.request(subject, body, timeout=30)).data
+        await bus.ensure_streams()
+        done = 0
+        end = time.monotonic() + seconds
+
+        async def worker(k: int) -> None:
+            nonlocal done
+            while time.monotonic() < end:
+                await bus.beat(f"yardstick-{k:03d}", b'{"at":0,"agent":"yardstick"}')
+                done += 1
+
+        for _ in range(600):  # until the control plane has made the bucket
+            try:
+                await bus.beat("yardstick-000", b"{}")
+                break
+            except Exception:
+                await asyncio.sleep(0.1)
+        end = time.monotonic() + seconds
+        began = time.monotonic()
+        await asyncio.gather(*(worker(k) for k in range(in_flight)))
+        return done / (time.monotonic() - began)
     finally:
-        await nc.close()
+        await bus.close()
 
 
 async def bench(args, root: Path) -> None:
@@ -252,6 +272,11 @@ async def bench(args, root: Path) -> None:
     up.start()
     say(f"llmgw up at {up.url} (state {up.state}); control plane metrics http://127.0.0.1:{up.metrics_port}/metrics")
     fleet_creds = str(auth.Keystore(up.state / "creds").issue("fleet", "bench"))
+    capacity = await beat_capacity(up.url, fleet_creds)
+    say(
+        f"yardstick: the heartbeat bucket stores {capacity:.0f} beats/s here (acked, 64 in flight): "
+        f"{args.nodes} nodes at one beat every {args.heartbeat:g} s need {args.nodes / args.heartbeat:.0f}/s"
+    )
     fleet_log = open(root / "fleet.log", "ab")
     fleet = subprocess.Popen(
         [PY, "-m", "llmgw", "agent", "--simulate", "--fleet", str(args.nodes), "--name", "sim-{i:05d}", "--gpus", str(args.gpus),
@@ -260,7 +285,7 @@ async def bench(args, root: Path) -> None:
         stdout=fleet_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=root, start_new_session=True,
     )  # fmt: skip
     watch = await Watch().start(up.url, up.tools)
-    results: dict[str, str] = {}
+    results: dict[str, str] = {"yardstick": f"{capacity:.0f} heartbeats/s stored by the bucket (need {args.nodes / args.heartbeat:.0f}/s)"}
     try:
         began = time.monotonic()
         n = args.nodes
@@ -301,7 +326,7 @@ async def bench(args, root: Path) -> None:
             r = next(r for r in sorted(watch.state.replicas.values(), key=lambda r: r.id) if r.state == "ready" and r.model.startswith("base"))
             shard = r.shards[0]
             fut = watch.first_after(watch.state.seq, places(r.model))
-            said = await hook(up.url, up.tools, f"llmgw.sim.{shard.node}.fail", shard.id.encode())
+            said = await ask(up.url, up.tools, shard.node, "fail", shard.id.encode())
             assert said == b"failed", said
             failed_at = await watch.until("the failure in the log", lambda: watch.state.replicas.get(r.id) is None or watch.state.replicas[r.id].state != "ready", 60)
             decided_at, _ = await asyncio.wait_for(fut, 60)
@@ -323,7 +348,7 @@ async def bench(args, root: Path) -> None:
             lost_fut = watch.first_after(watch.state.seq, lambda e, node=node: isinstance(e, ev.NodeLost) and e.node == node)
             futs[node] = (lost_fut, on_node)
             silenced[node] = time.monotonic()
-            assert await hook(up.url, up.tools, f"llmgw.sim.{node}.silence", b"on") == b"silent"
+            assert await ask(up.url, up.tools, node, "silence", b"on") == b"silent"
         for node, (lost_fut, on_node) in futs.items():
             lost_at, lost_seq = await asyncio.wait_for(lost_fut, NODE_GRACE_S * 6 + 60)
             lost_lat.append(lost_at - silenced[node])
@@ -338,7 +363,7 @@ async def bench(args, root: Path) -> None:
         results["loss"] = f"silent -> node.lost {ms(lost_lat)} (grace {NODE_GRACE_S:g} s); node.lost -> replacement pass {ms(replace_lat)}"
         say(f"node loss: {results['loss']}")
         for node in victims:
-            await hook(up.url, up.tools, f"llmgw.sim.{node}.silence", b"off")
+            await ask(up.url, up.tools, node, "silence", b"off")
         await watch.until("steady after the losses", lambda: ready_count(watch.state) >= want + 8 * args.applies, args.timeout)
         await asyncio.sleep(3)
         m_after, b_after = await log_info(watch.bus)
@@ -416,10 +441,11 @@ async def restart(args, up: Up, watch: Watch, results: dict) -> None:
     """Ctrl-C the whole `llmgw up` (NATS included), start it again on the same store."""
     before = {r.id: (r.model, tuple((s.node, tuple(s.gpus)) for s in r.shards)) for r in watch.state.replicas.values() if r.state == "ready"}
     last_seq = watch.state.seq
-    await watch.close()
     up.stop()
     began = up.start()
-    w = await Watch().start(up.url, up.tools)
+    # The same watcher: its connection reconnects by itself, and it follows on
+    # from the last sequence it folded (the log is the same store).
+    w = watch
     n = args.nodes
     registered_after: set[str] = set()
     placed_after: list[str] = []
@@ -464,7 +490,6 @@ async def restart(args, up: Up, watch: Watch, results: dict) -> None:
         say(f"restart: {results['restart']}")
     finally:
         w.waiters.clear()
-        await w.close()
 
 
 def main() -> None:

@@ -8,12 +8,10 @@ import asyncio
 import re
 import time
 
-import nats
 import pytest
 
 from llmgw.agent import fleet
 from llmgw.bus import read_log
-from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import free_port
 from llmgw.core import events as ev
 from llmgw.core.fold import apply
@@ -127,17 +125,6 @@ def _fold(nats_url: str, creds: str) -> State:
     return state
 
 
-async def _request(nats_url: str, creds: str, subject: str, body: bytes) -> bytes:
-    from llmgw.bus import auth
-
-    who = auth.identity(creds)
-    nc = await nats.connect(nats_url, user_credentials=creds, inbox_prefix=who.inbox_prefix)
-    try:
-        return (await nc.request(subject, body, timeout=10)).data
-    finally:
-        await nc.close()
-
-
 CATALOG = """\
 models:
   - name: small
@@ -184,10 +171,10 @@ def test_a_fleet_of_simulated_nodes_registers_serves_fails_and_falls_silent(tmp_
         assert all(r.shards[0].endpoint for r in ready)  # each serves its own engine
 
         victim = ready[0]
-        said = asyncio.run(_request(nats_url, ops, f"llmgw.sim.{victim.shards[0].node}.fail", victim.shards[0].id.encode()))
+        said = asyncio.run(fleet.ask(nats_url, ops, victim.shards[0].node, "fail", victim.shards[0].id.encode()))
         assert said == b"failed"
         lost_node = ready[1].shards[0].node
-        said = asyncio.run(_request(nats_url, ops, f"llmgw.sim.{lost_node}.silence", b"on"))
+        said = asyncio.run(fleet.ask(nats_url, ops, lost_node, "silence", b"on"))
         assert said == b"silent"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -166,6 +166,23 @@ def load_fleet_file(path: str | Path) -> list[NodeShape]:
         raise YamlFileError(str(e)) from None
 
 
+async def ask(url: str, creds: str | None, node: str, hook: str, body: bytes, timeout: float = 30.0) -> bytes:
+    """Ask a simulated node's test hook (`fail` SHARD, `silence` on|off) as
+    `creds` (the operator's may); its answer."""
+    import nats
+
+    from ..bus import auth
+
+    opts: dict = {}
+    if creds:
+        opts.update(user_credentials=str(creds), inbox_prefix=auth.identity(creds).inbox_prefix)
+    nc = await nats.connect(url, **opts)
+    try:
+        return (await nc.request(f"llmgw.sim.{node}.{hook}", body, timeout=timeout)).data
+    finally:
+        await nc.close()
+
+
 class Fleet:
     """N simulated nodes over a few shared connections (node i on bus i mod K)."""
 
