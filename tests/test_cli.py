@@ -168,7 +168,7 @@ def test_a_catalog_that_defines_nothing_or_misspells_a_field_is_refused(tmp_path
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing yet\n")
     out = run_llmgw("ctl", "--nats", "nats://127.0.0.1:1", "apply", "-f", str(empty), cwd=tmp_path)
-    assert out.returncode == Exit.BAD_INPUT and "defines no models, owners or api_keys" in out.stderr
+    assert out.returncode == Exit.BAD_INPUT and "defines no models, owners, api_keys or facility" in out.stderr
     typo = tmp_path / "typo.yaml"
     typo.write_text(CHAT.replace("min_replicas", "min_replica"))
     out = run_llmgw("ctl", "--nats", "nats://127.0.0.1:1", "apply", "-f", str(typo), cwd=tmp_path)
@@ -199,7 +199,7 @@ def test_kinds_by_any_name_and_did_you_mean_for_names(fleet):
         assert fleet.ctl("get", name, "-o", "name").stdout == plural
     for kind in ("replica", "replicas", "rs"):
         out = fleet.ctl("describe", kind, "chat-1")
-        assert out.returncode == 0 and "Replica:  chat-1" in out.stdout
+        assert out.returncode == 0 and re.search(r"^Replica: +chat-1$", out.stdout, re.M)  # (the key column as wide as its longest key)
     out = fleet.ctl("describe", "rs", "chat-9")
     assert out.returncode == Exit.NOT_FOUND and re.search(r"did you mean chat-\d( or chat-\d)?\?", out.stderr)
     out = fleet.ctl("describe", "model", "chta")

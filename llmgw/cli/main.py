@@ -203,6 +203,13 @@ def default_node_name() -> str:
     return name or "node"
 
 
+def _label_arg(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key or not value:
+        raise argparse.ArgumentTypeError(f"{text!r}: a label is KEY=VALUE (llmgw.io/rack=r4-12)")
+    return key, value
+
+
 def cmd_agent(args) -> None:
     if args.simulate:
         from .simulate import cmd_simulated
@@ -427,6 +434,7 @@ ABOUT = {
         [
             "llmgw agent --agent-file deploy/agent.example.yaml",
             "llmgw agent --simulate --name gpu-1 --gpus 8",
+            "llmgw agent --simulate --name gpu-2 --label llmgw.io/rack=r4-12 --label llmgw.io/pdu=pdu-a --watts-per-gpu 350",
             "llmgw agent --simulate --fleet 2000 --name 'sim-{i:04d}' --gpus 8 --no-serve   # one process, one connection",
         ],
     ),
@@ -591,6 +599,18 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument(
         "--fail-model", action="append", default=[], metavar="MODEL",
         help="simulated: shards of this model fail instead of becoming ready (repeat for more)",
+    )  # fmt: skip
+    agent.add_argument(
+        "--watts-per-gpu", type=float, default=0.0, metavar="W",
+        help="simulated: the draw measured of each GPU in use, sent as node.power (0: none measured)",
+    )  # fmt: skip
+    agent.add_argument(
+        "--gpu-power", type=float, default=0.0, metavar="W",
+        help="simulated: each GPU's power limit, its derived draw before a measurement (0: not said)",
+    )  # fmt: skip
+    agent.add_argument(
+        "--power-interval", type=float, default=5.0, metavar="S",
+        help="simulated: at most one node.power this often (a change held back is sent after it)",
     )  # fmt: skip
     from .simulate import add_arguments as add_fleet_arguments
 

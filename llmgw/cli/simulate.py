@@ -15,7 +15,7 @@ import asyncio
 import os
 
 from ..agent import fleet as fleet_mod
-from .main import _component, _fail, _nats_url, _run_until_signalled, _setup_logging
+from .main import _component, _fail, _label_arg, _nats_url, _run_until_signalled, _setup_logging
 
 FLEET_CREDENTIAL = "sim"  # the name of the fleet credential a local llmgw up issues
 
@@ -31,9 +31,9 @@ def add_arguments(agent) -> None:
         "--fleet-file", metavar="FILE", help="simulated: the fleet's nodes, GPU shapes and labels from a YAML file (llmgw/agent/fleet.py)"
     )
     agent.add_argument(
-        "--label", action="append", default=[], metavar="KEY=PATTERN",
-        help="simulated fleet: a label of every node, a pattern with {i}, {rack}, {pdu} "
-        "(default: llmgw.io/rack=rack-{rack:04d} and llmgw.io/pdu=pdu-{pdu:04d}; repeat for more)",
+        "--label", type=_label_arg, action="append", default=[], metavar="KEY=VALUE",
+        help="simulated: a node label, e.g. llmgw.io/rack=r4-12 (repeat for more); with --fleet a pattern with {i}, "
+        "{rack}, {pdu} (default there: llmgw.io/rack=rack-{rack:04d} and llmgw.io/pdu=pdu-{pdu:04d})",
     )  # fmt: skip
     agent.add_argument(
         "--nodes-per-rack", type=int, default=fleet_mod.NODES_PER_RACK, metavar="N", help="simulated fleet: nodes to a rack ({rack})"
@@ -58,14 +58,7 @@ def _shapes(args) -> list[fleet_mod.NodeShape]:
             return fleet_mod.load_fleet_file(args.fleet_file)
         except YamlFileError as e:
             _fail(f"llmgw agent: {e}", 2)
-    labels = None
-    if args.label:
-        labels = {}
-        for item in args.label:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                _fail(f"llmgw agent: --label: KEY=PATTERN, not {item!r}", 2)
-            labels[key] = value
+    labels = dict(args.label) if args.label else None
     try:
         return fleet_mod.shapes_from_pattern(
             args.fleet, args.name or fleet_mod.NAME_PATTERN, gpus=args.gpus, gpu_memory_gb=args.gpu_memory,
@@ -90,7 +83,11 @@ def cmd_simulated(args) -> None:
         args.name = _component(args, "agent", args.name)  # an agent's credential names its node
         if not args.name:
             _fail("llmgw agent: a simulated node needs --name", 2)
-        shapes = [fleet_mod.NodeShape(name=args.name, gpus=args.gpus, gpu_memory_gb=args.gpu_memory, gpu_model=args.gpu_model)]
+        shapes = [
+            fleet_mod.NodeShape(
+                name=args.name, gpus=args.gpus, gpu_memory_gb=args.gpu_memory, gpu_model=args.gpu_model, labels=dict(args.label)
+            )
+        ]
         label = args.name
     _setup_logging(args.verbose)
     url = _nats_url(args)
@@ -103,7 +100,8 @@ def cmd_simulated(args) -> None:
             fleet = fleet_mod.Fleet(
                 buses, shapes, spread=fleet_mod.START_SPREAD_S if many else 0.0,
                 loading_after=args.loading_after, ready_after=args.ready_after, fail_models=frozenset(args.fail_model),
-                heartbeat=args.heartbeat, serve=not args.no_serve,
+                heartbeat=args.heartbeat, serve=not args.no_serve, watts_per_gpu=args.watts_per_gpu,
+                power_limit_w=args.gpu_power, power_interval_s=args.power_interval,
             )  # fmt: skip
             await fleet.run(stop)
         finally:

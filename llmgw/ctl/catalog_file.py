@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .. import yamlfile
 from ..core.catalog import MODEL_NAME_RE
-from ..core.events import ApiKeyApplied, Limit, ModelSpec, OwnerApplied, ProfileSpec, Resources
+from ..core.events import ApiKeyApplied, FacilityApplied, Limit, ModelSpec, OwnerApplied, ProfileSpec, Resources
+from ..core.facility import domain_problem
 
 
 class CatalogError(ValueError):
@@ -41,6 +42,10 @@ class _Profile(BaseModel):
     pool: str = ""
     model: str = ""
     weight: float = Field(1.0, gt=0)  # routing: the share of requests its replicas get
+    # Facility (core/facility.py): the declared draw of one shard, in watts,
+    # and the domain kind every shard of a multi-node replica must share.
+    power_w: float = Field(0.0, ge=0)
+    keep_within: Literal["", "site", "room", "row", "rack", "pdu"] = ""
 
 
 class _Model(BaseModel):
@@ -116,17 +121,38 @@ class _Owner(BaseModel):
     limit: _Limit = _Limit()
 
 
+class _Facility(BaseModel):
+    """The facility: the power cap in watts of each domain that has one
+    (KIND/NAME: rack/r4-12, pdu/pdu-a)."""
+
+    model_config = ConfigDict(extra="forbid")
+    budgets: dict[str, float] = {}
+
+    @field_validator("budgets")
+    @classmethod
+    def _domains(cls, v: dict[str, float]) -> dict[str, float]:
+        for domain, watts in v.items():
+            problem = domain_problem(domain)
+            if problem:
+                raise ValueError(problem)
+            if not watts > 0:
+                raise ValueError(f"{domain}: a cap is a number of watts above 0, not {watts!r}")
+        return v
+
+
 class _Catalog(BaseModel):
     model_config = ConfigDict(extra="forbid")
     models: list[_Model] = []
     owners: list[_Owner] = []
     api_keys: list[_ApiKey] = []
+    facility: _Facility | None = None
 
 
 class Catalog(NamedTuple):
     models: list[ModelSpec]
     owners: list[OwnerApplied]  # `at` 0: set when published
     api_keys: list[ApiKeyApplied]
+    facility: FacilityApplied | None = None  # the file's `facility:` section, if it has one
 
 
 def load(path: str | Path) -> list[ModelSpec]:
@@ -170,4 +196,5 @@ def load_catalog(path: str | Path) -> Catalog:
         )
         for o in catalog.owners
     ]
-    return Catalog(models=models, owners=owners, api_keys=keys)
+    facility = FacilityApplied(at=0.0, budgets=dict(catalog.facility.budgets)) if catalog.facility else None
+    return Catalog(models=models, owners=owners, api_keys=keys, facility=facility)
