@@ -32,8 +32,9 @@ def test_a_pattern_names_nodes_and_puts_them_in_racks_and_pdus():
     assert all(s.gpus == 4 for s in shapes)
     custom = fleet.shapes_from_pattern(3, "n{i}", labels={"llmgw.io/rack": "r{rack}", "llmgw.io/pool": "prod"}, per_rack=2)
     assert [s.labels for s in custom] == [
-        {"llmgw.io/rack": "r1", "llmgw.io/pool": "prod"}, {"llmgw.io/rack": "r1", "llmgw.io/pool": "prod"},
-        {"llmgw.io/rack": "r2", "llmgw.io/pool": "prod"},
+        {"llmgw.io/rack": "r1", "llmgw.io/pdu": "pdu-0001", "llmgw.io/pool": "prod"},
+        {"llmgw.io/rack": "r1", "llmgw.io/pdu": "pdu-0001", "llmgw.io/pool": "prod"},
+        {"llmgw.io/rack": "r2", "llmgw.io/pdu": "pdu-0002", "llmgw.io/pool": "prod"},
     ]  # fmt: skip
     with pytest.raises(fleet.FleetError, match="comes twice"):
         fleet.shapes_from_pattern(2, "same")
@@ -149,6 +150,7 @@ def test_a_fleet_of_simulated_nodes_registers_serves_fails_and_falls_silent(tmp_
         agents = processes.start(
             "fleet", "agent", "--simulate", "--fleet", "12", "--name", "f-{i:02d}", "--gpus", "2", "--nats", nats_url,
             "--creds", creds, "--ready-after", "0.1", "--heartbeat", "0.5", "--nodes-per-rack", "4",
+            "--watts-per-gpu", "300", "--power-interval", "0.5", "--label", "llmgw.io/pool=pool-{rack}",
         )  # fmt: skip
         deadline = time.monotonic() + 60
         while "simulated nodes registered" not in processes.log("fleet") and time.monotonic() < deadline:
@@ -166,6 +168,13 @@ def test_a_fleet_of_simulated_nodes_registers_serves_fails_and_falls_silent(tmp_
         assert sorted(state.nodes) == [f"f-{i:02d}" for i in range(1, 13)]
         assert state.nodes["f-05"].labels["llmgw.io/rack"] == "rack-0002"
         assert state.nodes["f-05"].labels["llmgw.io/pdu"] == "pdu-0003"
+        assert state.nodes["f-05"].labels["llmgw.io/pool"] == "pool-2"  # --label: a pattern too
+        ready_now = [r for r in state.replicas.values() if r.state == "ready"]
+        deadline = time.monotonic() + 30
+        while not all(state.nodes[r.shards[0].node].power_w == 300 for r in ready_now) and time.monotonic() < deadline:
+            time.sleep(0.5)  # each node measures its draw as a single simulated agent does (node.power)
+            state = _fold(nats_url, ops)
+        assert all(state.nodes[r.shards[0].node].power_w == 300 for r in ready_now)
         ready = [r for r in state.replicas.values() if r.state == "ready"]
         assert len(ready) == 6 and len({r.shards[0].node for r in ready}) == 6  # spread: one a node
         assert all(r.shards[0].endpoint for r in ready)  # each serves its own engine

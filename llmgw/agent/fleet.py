@@ -97,13 +97,13 @@ def shapes_from_pattern(
     per_pdu: int = NODES_PER_PDU,
     first: int = 1,
 ) -> list[NodeShape]:
-    """`count` nodes named by `name` ({i} from `first`), labels as patterns too
-    (default: a rack and a PDU each, LABEL_PATTERNS)."""
+    """`count` nodes named by `name` ({i} from `first`), labels as patterns too:
+    a rack and a PDU each (LABEL_PATTERNS) and `labels` (which win for the same key)."""
     if count < 1:
         raise FleetError(f"--fleet: at least one node, not {count}")
     if per_rack < 1 or per_pdu < 1:
         raise FleetError("nodes per rack and per PDU: at least 1")
-    labels = LABEL_PATTERNS if labels is None else labels
+    labels = {**LABEL_PATTERNS, **(labels or {})}
     out = []
     for i in range(first, first + count):
         node = _fill(name, "the name", i, per_rack, per_pdu)

@@ -33,7 +33,7 @@ def add_arguments(agent) -> None:
     agent.add_argument(
         "--label", type=_label_arg, action="append", default=[], metavar="KEY=VALUE",
         help="simulated: a node label, e.g. llmgw.io/rack=r4-12 (repeat for more); with --fleet a pattern with {i}, "
-        "{rack}, {pdu} (default there: llmgw.io/rack=rack-{rack:04d} and llmgw.io/pdu=pdu-{pdu:04d})",
+        "{rack}, {pdu}, besides llmgw.io/rack=rack-{rack:04d} and llmgw.io/pdu=pdu-{pdu:04d} (a --label of that key replaces them)",
     )  # fmt: skip
     agent.add_argument(
         "--nodes-per-rack", type=int, default=fleet_mod.NODES_PER_RACK, metavar="N", help="simulated fleet: nodes to a rack ({rack})"
