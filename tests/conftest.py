@@ -193,3 +193,18 @@ def kill_engines(state_dir: Path) -> None:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+# --------------------------------------------------------------------------- Prometheus text
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample of a /metrics page (exactly these labels), None if absent.
+    Read with prometheus_client's parser, as a Prometheus server reads it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and s.labels == labels:
+                return s.value
+    return None

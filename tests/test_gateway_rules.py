@@ -329,12 +329,15 @@ def test_metrics_render_prometheus_text():
     m.used("m", "m-1", 10, 5)
     m.retried("m")
     text = m.render({"m": (2, 1)}, [("m", "m-1", 2, False)]).decode()
-    assert 'llmgw_gateway_requests_total{model="m",replica="m-1",code="200"} 2' in text
-    assert 'llmgw_gateway_request_seconds_bucket{model="m",replica="m-1",le="0.005"} 1' in text
-    assert 'llmgw_gateway_request_seconds_bucket{model="m",replica="m-1",le="+Inf"} 2' in text
-    assert 'llmgw_gateway_time_to_first_token_seconds_count{model="m",replica="m-1"} 1' in text
-    assert 'llmgw_gateway_tokens_total{model="m",replica="m-1",kind="completion"} 5' in text
-    assert 'llmgw_gateway_queued{model="m"} 1' in text and 'llmgw_gateway_breaker_open{model="m",replica="m-1"} 0' in text
+    from .conftest import sample
+
+    one = {"model": "m", "replica": "m-1"}
+    assert sample(text, "llmgw_gateway_requests_total", **one, code="200") == 2
+    assert sample(text, "llmgw_gateway_request_seconds_bucket", **one, le="0.005") == 1
+    assert sample(text, "llmgw_gateway_request_seconds_bucket", **one, le="+Inf") == 2
+    assert sample(text, "llmgw_gateway_time_to_first_token_seconds_count", **one) == 1
+    assert sample(text, "llmgw_gateway_tokens_total", **one, kind="completion") == 5
+    assert sample(text, "llmgw_gateway_queued", model="m") == 1 and sample(text, "llmgw_gateway_breaker_open", **one) == 0
     for line in text.splitlines():  # every sample line: name{labels} number
         if not line.startswith("#"):
             float(line.rsplit(" ", 1)[1])

@@ -54,6 +54,9 @@ class SimulatedAgent:
         fail_models: frozenset[str] = frozenset(),
         heartbeat: float = 1.0,
         clock: Callable[[], float] = time.time,
+        serve: bool = True,
+        register_on_reconnect: bool = True,
+        beats: bool = True,
         watts_per_gpu: float = 0.0,
         power_limit_w: float = 0.0,
         power_interval_s: float = power.MIN_INTERVAL_S,
@@ -88,6 +91,13 @@ class SimulatedAgent:
         self.term = 0  # the highest leader's term of a command seen (in memory: a simulated node has no state)
         self.stale_commands = 0  # commands of an older term, ignored
         self.log = ""  # the log the term counts in
+        # False: a ready shard serves no HTTP engine and reports no endpoint
+        # (a fleet of thousands in one process, where nothing asks them).
+        self.serve = serve
+        # A fleet sharing one connection registers its nodes itself, all at once, on a reconnect.
+        self.register_on_reconnect = register_on_reconnect
+        self.beats = beats  # False: its fleet sends its heartbeats (llmgw/agent/fleet.py)
+        self.silent = False  # as a machine that died: no heartbeat, no command heard (`silence`)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
@@ -98,18 +108,21 @@ class SimulatedAgent:
         # A registration follows every fresh connection: commands sent while
         # we were away may be lost, and the control plane re-sends on it.
         hooks = getattr(self.bus, "on_reconnect", None)
-        if hooks is not None:
+        if hooks is not None and self.register_on_reconnect:
             hooks.append(self._register)
         await self._register()
         self.registered.set()
-        log.info("node %s registered with %d GPUs", self.name, len(self.gpus))
+        # (said once per node alone; a fleet's thousands say it once for all)
+        log.log(logging.INFO if self.register_on_reconnect else logging.DEBUG, "node %s registered with %d GPUs", self.name, len(self.gpus))
         try:
             while not stop.is_set():
                 try:
-                    await self.bus.beat(self.name, msgspec.json.encode({"at": self.clock(), "agent": self.instance}))
+                    if self.beats and not self.silent:
+                        await self.bus.beat(self.name, self.beat_body())
                 except Exception as e:
                     log.warning("heartbeat failed: %s", e)
-                await self._measure()
+                if not self.silent:  # (a machine lost measures nothing either)
+                    await self._measure()
                 try:
                     await asyncio.wait_for(stop.wait(), self.heartbeat)
                 except asyncio.TimeoutError:
@@ -121,6 +134,17 @@ class SimulatedAgent:
             for engine in self.engines.values():
                 await engine.stop()
             self.engines.clear()
+
+    def beat_body(self) -> bytes:
+        return msgspec.json.encode({"at": self.clock(), "agent": self.instance})
+
+    async def silence(self, on: bool) -> None:
+        """Fall silent as a machine that died (no heartbeat, commands unheard:
+        the control plane declares the node lost after its grace), or speak
+        again, registering anew with what still runs."""
+        was, self.silent = self.silent, on
+        if was and not on:
+            await self._register()
 
     def drawn(self) -> dict[int, float]:
         """Watts per GPU index, as measured: watts_per_gpu on the GPUs of ready shards, 0 elsewhere."""
@@ -152,6 +176,8 @@ class SimulatedAgent:
         )
 
     def _on_command(self, data: bytes) -> None:
+        if self.silent:
+            return
         try:
             cmd = cmds.decode(data)
         except msgspec.MsgspecError as e:
@@ -207,7 +233,7 @@ class SimulatedAgent:
             await self._status(cmd.replica, cmd.shard, cmd.generation, "failed", reason="simulated failure")
             return
         endpoint = me = ""
-        if cmd.rank == 0:  # the replica's endpoint; the other ranks answer no one, as real ones
+        if cmd.rank == 0 and self.serve:  # the replica's endpoint; the other ranks answer no one, as real ones
             me = identity(cmd.model, cmd.shard, cmd.generation)
             says = f"simulated replica {cmd.replica} of {cmd.model} on node {self.name}"
             key = secrets.token_hex(32)

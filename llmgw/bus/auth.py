@@ -22,6 +22,15 @@ Roles and what their credential allows (`permissions`):
                 (LLMGW_LEADER), make the streams (JetStream API; never
                 deleting, purging, or changing the log's limits)
     projector   read the log
+    fleet F     a fleet simulator (`llmgw agent --simulate --fleet N`): many
+                simulated nodes over one connection, so it may publish
+                llmgw.agent.*.> and every node's heartbeat and engine keys,
+                and read every node's commands; nothing else (no ctl, no
+                control, no commands, no gateway subjects, no reading the
+                log). That a fact names the node of its subject is the fold's
+                check (core/events.py check_origin), as for every agent. For
+                tests and benchmarks only: it speaks for any node, so a fleet
+                of real nodes never holds one (each real agent has its own).
 
 Each user subscribes only under its own inbox prefix (`inbox_prefix`), so
 nobody reads another's replies (JetStream acks, request answers).
@@ -50,7 +59,7 @@ from pathlib import Path
 
 from . import COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, LEADER_BUCKET, STREAM
 
-ROLES = ("agent", "gateway", "operator", "control", "projector")
+ROLES = ("agent", "gateway", "operator", "control", "projector", "fleet")
 # Roles of which a fleet has one each, issued under the role's own name.
 SINGLE = {"control": "control", "projector": "projector"}
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -59,7 +68,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # subject ($JS.API.DIRECT.GET.<stream>.<subject>: the bucket is made with
 # direct access, KeyValueConfig(direct=True)); gateways read and watch all.
 LOGS_PREFIX = "llmgw.agent-logs"  # llmgw/agent/logs.py
-SIM_PREFIX = "llmgw.sim"  # the simulated agent's test hooks (llmgw.sim.<node>.fail)
+SIM_PREFIX = "llmgw.sim"  # the simulated agents' test hooks (llmgw.sim.<node>.fail, .silence)
 CREDS_ENV = "LLMGW_CREDS"
 CA_ENV = "LLMGW_NATS_CA"  # the CA that signed the servers' certificates (tls:// URLs)
 TAG_ROLE, TAG_NAME = "llmgw-role:", "llmgw-name:"
@@ -162,6 +171,18 @@ def permissions(role: str, name: str) -> Permissions:
             sub_allow=(f"{COMMAND_PREFIX}.{name}", f"{LOGS_PREFIX}.{name}", f"{SIM_PREFIX}.{name}.>", inbox),
             responses=True,
         )
+    if role == "fleet":
+        kv = f"KV_{ENGINE_KEYS_BUCKET}"
+        return Permissions(
+            pub_allow=(
+                "llmgw.agent.*.>",
+                f"$KV.{HEARTBEAT_BUCKET}.*",
+                f"$KV.{ENGINE_KEYS_BUCKET}.*.>",
+                f"$JS.API.DIRECT.GET.{kv}.$KV.{ENGINE_KEYS_BUCKET}.>",
+            ),
+            sub_allow=(f"{COMMAND_PREFIX}.*", f"{LOGS_PREFIX}.*", f"{SIM_PREFIX}.*.>", inbox),
+            responses=True,
+        )
     if role == "gateway":
         return Permissions(
             pub_allow=(f"llmgw.gw.{name}.>", *_log_reader(), *_engine_keys_reader()),
@@ -173,6 +194,7 @@ def permissions(role: str, name: str) -> Permissions:
                 "llmgw.ctl.>",
                 f"{LOGS_PREFIX}.*",
                 f"{SIM_PREFIX}.*.fail",
+                f"{SIM_PREFIX}.*.silence",  # a simulated node falls silent (its machine lost), or speaks again
                 *_log_reader(),
                 f"$JS.API.STREAM.MSG.GET.{STREAM}",
                 *_bucket_reader(LEADER_BUCKET),  # `ctl get leader`: who holds the lease, how far standbys follow

@@ -115,6 +115,7 @@ def cmd_up(args) -> None:
             gateway_listen=args.gateway_listen,
             console_port=None if args.no_console else args.console_port,
             console_listen=args.console_listen,
+            metrics_port=args.metrics_port,
         )  # always with auth: bus/auth.py, under <state dir>/creds
     )
 
@@ -128,6 +129,13 @@ def cmd_control(args) -> None:
     from ..telemetry import setup
 
     _component(args, "control", "control")
+    if args.metrics_listen not in ("", "off"):
+        from ..control.config import listen_address
+
+        try:
+            listen_address(args.metrics_listen)
+        except ValueError as e:
+            _fail(f"llmgw control: --metrics-listen: {e}", 2)
     _setup_logging(args.verbose)
     setup("llmgw-control")
 
@@ -137,7 +145,8 @@ def cmd_control(args) -> None:
             creds=args.creds,
         )  # fmt: skip
         snapshots = SnapshotStore(os.path.join(args.state_dir, "control", "snapshot.msgpack"))
-        config = ControlConfig(node_grace=args.node_grace, lease_ttl=args.lease_ttl)
+        metrics = "" if args.metrics_listen in ("", "off") else args.metrics_listen
+        config = ControlConfig(node_grace=args.node_grace, lease_ttl=args.lease_ttl, metrics_listen=metrics)
         plane = ControlPlane(bus, snapshots=snapshots, config=config)
         try:
             await plane.run(stop)
@@ -237,58 +246,16 @@ def _label_arg(text: str) -> tuple[str, str]:
 
 
 def cmd_agent(args) -> None:
-    if not args.simulate and not args.name and not (args.creds or os.environ.get("LLMGW_CREDS")):
+    if args.simulate:
+        from .simulate import cmd_simulated
+
+        return cmd_simulated(args)
+    if args.fleet is not None or args.fleet_file:
+        _fail("llmgw agent: --fleet and --fleet-file are for simulated nodes: add --simulate", 2)
+    if not args.name and not (args.creds or os.environ.get("LLMGW_CREDS")):
         args.name = default_node_name()
     args.name = _component(args, "agent", args.name)  # an agent's credential names its node
-    if not args.simulate:
-        return cmd_real_agent(args)
-    if not args.name:
-        _fail("llmgw agent: a simulated node needs --name", 2)
-    from ..agent.simulated import SimulatedAgent
-    from ..bus.nats import NatsBus
-
-    labels = None
-    if args.agent_file:  # a simulated node's labels (its site, rack, PDU) from an agent file
-        from ..agent import agentfile
-
-        try:
-            labels = agentfile.load(args.agent_file).labels
-        except agentfile.AgentFileError as e:
-            _fail(f"llmgw agent: {e}", 2)
-    _setup_logging(args.verbose)
-
-    async def main(stop: asyncio.Event) -> None:
-        bus = await NatsBus.connect(
-            _nats_url(args), name=f"llmgw-agent-{args.name}", forever=True, stop=stop, creds=args.creds
-        )
-        agent = SimulatedAgent(
-            bus,
-            args.name,
-            args.gpus,
-            gpu_memory_gb=args.gpu_memory,
-            loading_after=args.loading_after,
-            ready_after=args.ready_after,
-            fail_models=frozenset(args.fail_model),
-            labels={**(labels or {}), **dict(args.label)},  # the agent file's, then --label's
-            watts_per_gpu=args.watts_per_gpu,
-            power_limit_w=args.gpu_power,
-            power_interval_s=args.power_interval,
-        )
-
-        # Tests and demos make a shard fail on request: a core NATS request
-        # on llmgw.sim.<node>.fail with the shard id as its body.
-        async def on_fail(msg) -> None:
-            ok = await agent.fail(msg.data.decode(), "failed on request")
-            await msg.respond(b"failed" if ok else b"no such shard running")
-
-        sub = await bus.nc.subscribe(f"llmgw.sim.{args.name}.fail", cb=on_fail)
-        try:
-            await agent.run(stop)
-        finally:
-            await sub.unsubscribe()
-            await bus.close()
-
-    _run_until_signalled(main)
+    return cmd_real_agent(args)
 
 
 def cmd_real_agent(args) -> None:
@@ -492,13 +459,21 @@ ABOUT = {
     "control": (
         "Run the control plane against a NATS you run: it folds the log, decides (placement, scaling, restarts,\n"
         "preemption) and publishes its decisions fenced, so a stale or second leader is refused.",
-        ["llmgw control --nats nats://nats-1:4222,nats://nats-2:4222 --stream-replicas 3"],
+        [
+            "llmgw control --nats nats://nats-1:4222,nats://nats-2:4222 --stream-replicas 3",
+            "llmgw control --metrics-listen 0.0.0.0:9464   # /metrics for a Prometheus elsewhere",
+        ],
     ),
     "agent": (
         "Run the node agent: it starts and watches this node's inference engines and reports them on the log.\n"
-        "With --simulate, a simulated node that runs no engine (for tests, demos and benchmarks).",
-        ["llmgw agent --agent-file deploy/agent.example.yaml", "llmgw agent --simulate --name gpu-1 --gpus 8",
-         "llmgw agent --simulate --name gpu-2 --label llmgw.io/rack=r4-12 --label llmgw.io/pdu=pdu-a --watts-per-gpu 350"],
+        "With --simulate, a simulated node that runs no engine (for tests, demos and benchmarks); with --fleet N,\n"
+        "N of them in one process over one connection, on a fleet credential (llmgw creds issue fleet NAME).",
+        [
+            "llmgw agent --agent-file deploy/agent.example.yaml",
+            "llmgw agent --simulate --name gpu-1 --gpus 8",
+            "llmgw agent --simulate --name gpu-2 --label llmgw.io/rack=r4-12 --label llmgw.io/pdu=pdu-a --watts-per-gpu 350",
+            "llmgw agent --simulate --fleet 2000 --name 'sim-{i:04d}' --gpus 8 --no-serve   # one process, one connection",
+        ],
     ),
     "gateway": (
         "Serve the OpenAI API (/v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings) and route\n"
@@ -583,7 +558,7 @@ def _every_command(p: argparse.ArgumentParser, path: str = ""):
 
 
 def parser() -> argparse.ArgumentParser:
-    from ..control.config import LEASE_TTL_S, NODE_GRACE_S
+    from ..control.config import LEASE_TTL_S, METRICS_LISTEN, NODE_GRACE_S
     from ..gateway import config as gateway_config
     from .exits import table_text
 
@@ -615,6 +590,10 @@ def parser() -> argparse.ArgumentParser:
         help="the address of the gateway's OpenAI API (0.0.0.0: every interface)",
     )  # fmt: skip
     up.add_argument("--no-gateway", action="store_true", help="run no gateway")
+    up.add_argument(
+        "--metrics-port", type=int, default=0, metavar="PORT",
+        help="the port of the control plane's Prometheus /metrics, on 127.0.0.1 (default: a free one, printed)",
+    )  # fmt: skip
     up.add_argument("--engine-ports", type=_port_range, metavar="FIRST-LAST", help=ENGINE_PORTS_HELP)
     up.add_argument(
         "--console-port", type=int, default=CONSOLE_PORT, metavar="PORT",
@@ -641,6 +620,10 @@ def parser() -> argparse.ArgumentParser:
         help="seconds the leader's lease lives without renewal: a standby takes over within about this (the bucket's, once made)",
     )
     control.add_argument(
+        "--metrics-listen", default=METRICS_LISTEN, metavar="ADDR:PORT",
+        help=f"serve the control plane's Prometheus /metrics there (default {METRICS_LISTEN}; 'off': none)",
+    )  # fmt: skip
+    control.add_argument(
         "--stream-replicas", type=int, default=1, choices=(1, 3, 5), help="JetStream replicas of the streams it creates (3 in a cluster)"
     )
     control.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")
@@ -649,7 +632,9 @@ def parser() -> argparse.ArgumentParser:
 
     agent = sub.add_parser("agent", help="run a node agent: the engines of this node (or, with --simulate, none)")
     agent.add_argument("--simulate", action="store_true", help="a simulated node: runs no engine")
-    agent.add_argument("--name", help="the node's name (default: the host name; required with --simulate)")
+    agent.add_argument(
+        "--name", help="the node's name (default: the host name; required with --simulate; with --fleet, a pattern: sim-{i:04d})"
+    )
     agent.add_argument(
         "--agent-file", metavar="FILE",
         help="what this node has that NVML cannot say (YAML; see deploy/agent.example.yaml); with --simulate, its labels",
@@ -682,10 +667,9 @@ def parser() -> argparse.ArgumentParser:
         "--power-interval", type=float, default=5.0, metavar="S",
         help="simulated: at most one node.power this often (a change held back is sent after it)",
     )  # fmt: skip
-    agent.add_argument(
-        "--label", type=_label_arg, action="append", default=[], metavar="KEY=VALUE",
-        help="simulated: a node label, e.g. llmgw.io/rack=r4-12 (repeat for more)",
-    )  # fmt: skip
+    from .simulate import add_arguments as add_fleet_arguments
+
+    add_fleet_arguments(agent)
     agent.add_argument("--nats", metavar="URL", help=NATS_HELP)
     agent.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")
     agent.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")

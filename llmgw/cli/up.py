@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from ..bus.auth import DEFAULTS as AUTH, CredentialError, Keystore
-from ..bus.server import NatsServer, PortTaken, port_is_taken
+from ..bus.server import NatsServer, PortTaken, free_port, port_is_taken
 from ..ctl.locate import DB_FILE, remove_up_file, write_up_file
 
 RESTART_PAUSE_S = 1.0  # doubled for each quick death in a row, up to a minute
@@ -132,6 +132,7 @@ def up(
     gateway_listen: str = "127.0.0.1",
     console_port: int | None = None,  # None: no console
     console_listen: str = "127.0.0.1",
+    metrics_port: int = 0,  # the control plane's /metrics on 127.0.0.1; 0: a free one
 ) -> int:
     import asyncio
 
@@ -165,6 +166,10 @@ def up(
         print(f"llmgw up: the console's port {console_port} is taken: running without a console "
               f"(give another with --console-port)", file=sys.stderr, flush=True)
         console_port = None
+    if metrics_port and port_is_taken(metrics_port):
+        print(f"llmgw up: the metrics port {metrics_port} is taken: give another with --metrics-port", file=sys.stderr)
+        return 2
+    metrics_port = metrics_port or free_port()
     from .main import default_node_name
 
     node = node_name or default_node_name()
@@ -195,7 +200,8 @@ def up(
     children = [
         Child(
             "control plane",
-            [py, "-m", "llmgw", "control", "--nats", nats_url, "--state-dir", str(state), "--creds", creds["control"]],
+            [py, "-m", "llmgw", "control", "--nats", nats_url, "--state-dir", str(state), "--creds", creds["control"],
+             "--metrics-listen", f"127.0.0.1:{metrics_port}"],
         ),
         # The read models: it waits for the streams the control plane creates.
         Child("projector", [py, "-m", "llmgw.projections", "--nats", nats_url, "--db", str(db), "--creds", creds["projector"]]),
@@ -258,6 +264,7 @@ def up(
             f"read models (SQLite): {db.resolve()}\n"
             + (f"gateway (OpenAI API): {gateway_url}/v1\n" if gateway_url else "")
             + (f"console: {console_url}\n" if console_url else "")
+            + f"control plane metrics (Prometheus): http://127.0.0.1:{metrics_port}/metrics\n"
             + f"credentials: {keys.folder.resolve()} (the tools': operator.creds)\n"
             + f"ready. In other shells, here (or with --nats {nats_url} --creds {Path(creds['operator']).resolve()}):\n"
             + ("  llmgw ctl get replicas --watch           # the demo model, starting\n" if demo else "")

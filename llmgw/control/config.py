@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from ..core.liveness import MASS_SILENCE
+from ..gateway.config import address as listen_address  # "ADDR:PORT", as the gateway's --metrics-listen
 
 NODE_GRACE_S = 10.0  # without a heartbeat (while they could be read) before a node is lost
 RESEND_AFTER_S = 5.0  # an outstanding command is sent again after this long
@@ -23,6 +24,11 @@ CAMPAIGN_EVERY_S = 0.2
 STANDBY_REPORT_EVERY_S = 1.0  # a standby says how far it has folded
 BUS_PROBE_EVERY_S = 1.0  # whether the heartbeats can be read now
 BUS_PROBE_TIMEOUT_S = 2.0
+# /metrics (Prometheus) of `llmgw control`: on loopback unless told otherwise
+# (it names every node and model); 9464 is the port OpenTelemetry's
+# Prometheus exporters use. "" or "off": none. (The class's default is none:
+# a control plane embedded in a test or a benchmark serves nothing unasked.)
+METRICS_LISTEN = "127.0.0.1:9464"
 
 
 class ControlConfig(msgspec.Struct, kw_only=True):
@@ -39,3 +45,4 @@ class ControlConfig(msgspec.Struct, kw_only=True):
     bus_probe_every: float = BUS_PROBE_EVERY_S
     bus_probe_timeout: float = BUS_PROBE_TIMEOUT_S
     mass_silence: float = MASS_SILENCE  # more than this share of the nodes silent at once is the bus
+    metrics_listen: str = ""  # ADDR:PORT of /metrics; "" none (the CLI's default: METRICS_LISTEN)

@@ -49,7 +49,8 @@ from ..core.liveness import lost_nodes, mass_silence
 from ..core.nodeindex import track
 from ..core.state import State
 from ..telemetry import tracer
-from .config import ControlConfig
+from .config import ControlConfig, listen_address
+from .metrics import ControlMetrics
 from .snapshots import SnapshotStore
 
 log = logging.getLogger("llmgw.control")
@@ -113,6 +114,13 @@ class ControlPlane:
         self._lease_until = 0.0  # monotonic: we act as leader until then, unless renewed
         self._holder = ""  # who holds the lease, as last seen by a standby
         self.ready = asyncio.Event()  # set once caught up with the log
+        self.metrics = ControlMetrics(self)
+        self.metrics_port = 0  # where /metrics is served once running (0: not served)
+
+    @property
+    def snapshot_seq(self) -> int:
+        """The sequence of the last snapshot written or restored."""
+        return self._snapshot_seq
 
     # ----------------------------------------------------------------- folding
 
@@ -123,7 +131,13 @@ class ControlPlane:
         if subject.endswith(".node.registered"):
             # A registration follows a fresh connection: whatever we sent that
             # node before may be lost, so everything outstanding goes again.
-            self._resend_nodes.add(subject.split(".")[2])
+            node = subject.split(".")[2]
+            self._resend_nodes.add(node)
+            # And it is a sign of life (core/liveness.py counts it as seen): a
+            # node lost and registering again was lost again at once, on its
+            # old last heartbeat, when a pass came before its next one
+            # (benchmarks/fleet.py, a simulated node speaking again).
+            self._last_seen[node] = self.clock()
         self._changed.set()
         self._folded.set()
 
@@ -155,6 +169,7 @@ class ControlPlane:
                 log.info("restored a snapshot at sequence %d; folding %d more", restored.seq, last - restored.seq)
         follower = await self.bus.follow(self.state.seq + 1, self._on_message)
         beats = await self.bus.follow_heartbeats(self._on_beat)
+        metrics_server = await self._serve_metrics()
         self._watching_since = self.clock()
         background = [
             asyncio.create_task(self._lease_loop(stop)),
@@ -201,7 +216,24 @@ class ControlPlane:
             await self._resign()
             await follower.stop()
             await beats.stop()
+            if metrics_server is not None:
+                metrics_server.close()
             self._save_snapshot()
+
+    async def _serve_metrics(self) -> asyncio.AbstractServer | None:
+        """/metrics where config.metrics_listen says; a taken port is said
+        and the plane goes on without (its metrics are not worth its job)."""
+        if not self.config.metrics_listen:
+            return None
+        host, port = listen_address(self.config.metrics_listen)
+        try:
+            server = await self.metrics.serve(host, port)
+        except OSError as e:
+            log.warning("cannot serve /metrics on %s (%s): going on without", self.config.metrics_listen, e.strerror or e)
+            return None
+        self.metrics_port = server.sockets[0].getsockname()[1]
+        log.info("metrics (Prometheus) at http://%s:%d/metrics", host if ":" not in host else f"[{host}]", self.metrics_port)
+        return server
 
     # ----------------------------------------------------------------- the lease
 
@@ -327,6 +359,11 @@ class ControlPlane:
                     why = await probe(cfg.bus_probe_timeout)
                 except Exception as e:
                     why = f"{type(e).__name__}: {e}"
+            if not why:  # the log's end, for llmgw_control_log_lag_events
+                try:
+                    self.metrics.log_last = await asyncio.wait_for(self.bus.last_seq(), cfg.bus_probe_timeout)
+                except Exception:
+                    pass  # said by the next probe, if it is the bus
             if why:
                 if self._bus_ok_since is not None or why != self._bus_trouble:
                     log.warning("heartbeats cannot be read (%s): no node is declared lost until they can", why)
@@ -368,7 +405,9 @@ class ControlPlane:
         now = self.clock()
         await self._liveness(now)
         with _tracer.start_as_current_span("control.pass", attributes={"llmgw.basis": self.state.seq}) as span:
+            began = time.perf_counter()
             actions = decide(self.state, now)
+            self.metrics.pass_seconds.observe(time.perf_counter() - began)
             span.set_attribute("llmgw.actions", len(actions))
             if actions:
                 self.passes += 1
@@ -376,6 +415,7 @@ class ControlPlane:
                 landed = await self._publish(decided)
                 span.set_attribute("llmgw.landed", landed)
                 if landed:
+                    self.metrics.landed(actions)
                     self._trace_decisions(actions)
         await self._send_commands(now)
         self._maybe_snapshot(now)

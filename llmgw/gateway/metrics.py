@@ -1,5 +1,7 @@
-"""The gateway's metrics in Prometheus' text format (version 0.0.4). Pure:
-the counters are plain numbers the shell adds to, and `render` writes them.
+"""The gateway's metrics in Prometheus' text format. The counters are plain
+numbers the shell adds to on every request (no lock, no object per series:
+the hot path), and `render` has prometheus_client write them, as the
+control plane's are (llmgw/control/metrics.py): one way of doing metrics.
 
     llmgw_gateway_requests_total{model,replica,code}       requests answered
     llmgw_gateway_request_seconds{model,replica}           latency, received to last byte
@@ -20,6 +22,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -35,14 +40,6 @@ class Histogram:
         self.counts[bisect_left(LATENCY_BUCKETS, v)] += 1
         self.sum += v
         self.count += 1
-
-
-def _escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(names: tuple[str, ...], values: tuple) -> str:
-    return ",".join(f'{n}="{_escape(str(v))}"' for n, v in zip(names, values))
 
 
 class Metrics:
@@ -89,73 +86,79 @@ class Metrics:
         models: set[str] | None = None,
         connections: int | None = None,
     ) -> bytes:
-        """The text format; `loads` is model -> (in flight, queued), `backends`
-        (model, replica, outstanding, breaker open) for each routable replica;
-        only the rows of `models` when given."""
+        """The text format, written by prometheus_client; `loads` is model ->
+        (in flight, queued), `backends` (model, replica, outstanding, breaker
+        open) for each routable replica; only the rows of `models` when given."""
+        return generate_latest(_Scrape(self, loads, backends, models, connections))
+
+    def families(self, loads, backends, models, connections):
         keep = (lambda m: True) if models is None else models.__contains__
-        out: list[str] = []
         p = "llmgw_gateway_"
-        out.append(f"# HELP {p}requests_total Requests answered, by model, replica and HTTP status.")
-        out.append(f"# TYPE {p}requests_total counter")
+        requests = CounterMetricFamily(f"{p}requests", "Requests answered, by model, replica and HTTP status.", labels=["model", "replica", "code"])
         for (m, r, c), n in sorted(self.requests.items()):
-            if not keep(m):
-                continue
-            out.append(f"{p}requests_total{{{_labels(('model', 'replica', 'code'), (m, r, c))}}} {n}")
+            if keep(m):
+                requests.add_metric([m, r, str(c)], n)
+        yield requests
         for name, what, hists in (
             ("request_seconds", "From the request received to its answer's last byte.", self.latency),
             ("time_to_first_token_seconds", "Streamed answers: from the request received to the first chunk.", self.ttft),
         ):
-            out.append(f"# HELP {p}{name} {what}")
-            out.append(f"# TYPE {p}{name} histogram")
+            family = HistogramMetricFamily(f"{p}{name}", what, labels=["model", "replica"])
             for (m, r), h in sorted(hists.items()):
                 if not keep(m):
                     continue
-                labels = _labels(("model", "replica"), (m, r))
-                total = 0
+                buckets, total = [], 0
                 for bound, n in zip(LATENCY_BUCKETS, h.counts):
                     total += n
-                    out.append(f'{p}{name}_bucket{{{labels},le="{bound:g}"}} {total}')
-                out.append(f'{p}{name}_bucket{{{labels},le="+Inf"}} {h.count}')
-                out.append(f"{p}{name}_sum{{{labels}}} {h.sum:.6f}")
-                out.append(f"{p}{name}_count{{{labels}}} {h.count}")
-        out.append(f"# HELP {p}tokens_total Tokens of the answered requests: prompt and completion.")
-        out.append(f"# TYPE {p}tokens_total counter")
+                    buckets.append((f"{bound:g}", total))
+                buckets.append(("+Inf", h.count))
+                family.add_metric([m, r], buckets, sum_value=h.sum)
+            yield family
+        tokens = CounterMetricFamily(f"{p}tokens", "Tokens of the answered requests: prompt and completion.", labels=["model", "replica", "kind"])
         for (m, r, k), n in sorted(self.tokens.items()):
-            if not keep(m):
-                continue
-            out.append(f"{p}tokens_total{{{_labels(('model', 'replica', 'kind'), (m, r, k))}}} {n}")
-        out.append(f"# HELP {p}retries_total Requests tried again on another replica (a failure before the first byte).")
-        out.append(f"# TYPE {p}retries_total counter")
+            if keep(m):
+                tokens.add_metric([m, r, k], n)
+        yield tokens
+        retries = CounterMetricFamily(
+            f"{p}retries", "Requests tried again on another replica (a failure before the first byte).", labels=["model"]
+        )
         for m, n in sorted(self.retries.items()):
-            if not keep(m):
-                continue
-            out.append(f'{p}retries_total{{model="{_escape(m)}"}} {n}')
+            if keep(m):
+                retries.add_metric([m], n)
+        yield retries
         if loads is not None:
-            loads = {m: v for m, v in loads.items() if keep(m)}
-            out.append(f"# HELP {p}in_flight Requests sent to a replica and not yet answered.")
-            out.append(f"# TYPE {p}in_flight gauge")
-            for m, (f, _) in sorted(loads.items()):
-                out.append(f'{p}in_flight{{model="{_escape(m)}"}} {f}')
-            out.append(f"# HELP {p}queued Requests waiting for a ready replica.")
-            out.append(f"# TYPE {p}queued gauge")
-            for m, (_, q) in sorted(loads.items()):
-                out.append(f'{p}queued{{model="{_escape(m)}"}} {q}')
+            in_flight = GaugeMetricFamily(f"{p}in_flight", "Requests sent to a replica and not yet answered.", labels=["model"])
+            queued = GaugeMetricFamily(f"{p}queued", "Requests waiting for a ready replica.", labels=["model"])
+            for m, (f, q) in sorted(loads.items()):
+                if keep(m):
+                    in_flight.add_metric([m], f)
+                    queued.add_metric([m], q)
+            yield in_flight
+            yield queued
         if backends is not None:
-            backends = [b for b in backends if keep(b[0])]
-            out.append(f"# HELP {p}replica_outstanding Requests in flight to each routable replica from this gateway.")
-            out.append(f"# TYPE {p}replica_outstanding gauge")
-            for m, r, n, _ in sorted(backends):
-                out.append(f"{p}replica_outstanding{{{_labels(('model', 'replica'), (m, r))}}} {n}")
-            out.append(f"# HELP {p}breaker_open 1 while the replica's breaker keeps requests from it.")
-            out.append(f"# TYPE {p}breaker_open gauge")
-            for m, r, _, is_open in sorted(backends):
-                out.append(f"{p}breaker_open{{{_labels(('model', 'replica'), (m, r))}}} {int(is_open)}")
+            outstanding = GaugeMetricFamily(
+                f"{p}replica_outstanding", "Requests in flight to each routable replica from this gateway.", labels=["model", "replica"]
+            )
+            breaker = GaugeMetricFamily(f"{p}breaker_open", "1 while the replica's breaker keeps requests from it.", labels=["model", "replica"])
+            for m, r, n, is_open in sorted(backends):
+                if keep(m):
+                    outstanding.add_metric([m, r], n)
+                    breaker.add_metric([m, r], int(is_open))
+            yield outstanding
+            yield breaker
         if connections is not None:
-            out.append(f"# HELP {p}connections Open client connections.")
-            out.append(f"# TYPE {p}connections gauge")
-            out.append(f"{p}connections {connections}")
-            out.append(f"# HELP {p}edge_refused_total Connections cut by a limit of the HTTP edge, by the limit.")
-            out.append(f"# TYPE {p}edge_refused_total counter")
+            yield GaugeMetricFamily(f"{p}connections", "Open client connections.", value=connections)
+            refused = CounterMetricFamily(f"{p}edge_refused", "Connections cut by a limit of the HTTP edge, by the limit.", labels=["why"])
             for why, n in sorted(self.refused.items()):
-                out.append(f'{p}edge_refused_total{{why="{_escape(why)}"}} {n}')
-        return ("\n".join(out) + "\n").encode()
+                refused.add_metric([why], n)
+            yield refused
+
+
+class _Scrape:
+    """One scrape's figures, as prometheus_client's exposition reads a registry."""
+
+    def __init__(self, metrics: Metrics, *args) -> None:
+        self.metrics, self.args = metrics, args
+
+    def collect(self):
+        return self.metrics.families(*self.args)
