@@ -172,7 +172,8 @@ def add_parser(sub) -> None:
     get = verb("get", "list models, nodes, replicas, decisions, quotas or preemptions; who leads (leader, live)")
     get.add_argument(
         "kind", type=kind_type(views.KINDS), metavar="KIND",
-        help="models, nodes, replicas, decisions, quotas, preemptions or leader (or singular, or mo, no, rs, dec, q, pre, lead)",
+        help="models, nodes, replicas, decisions, quotas, preemptions, leader or policy "
+        "(or singular, or mo, no, rs, dec, q, pre, lead, pol)",
     )  # fmt: skip
     get.add_argument(
         "-o", "--output", choices=views.OUTPUTS, default="table",
@@ -301,6 +302,8 @@ async def _catalog(bus) -> tuple[State, dict[tuple[str, str], int]]:
             latest[("apikey", event.name)] = seq
         elif isinstance(event, (ev.OwnerApplied, ev.OwnerRemoved)):
             latest[("owner", event.name)] = seq
+        elif isinstance(event, ev.PolicyApplied):
+            latest[("policy", "")] = seq
     return state, latest
 
 
@@ -479,9 +482,9 @@ async def cmd_apply(args, where: Where) -> int:
         catalog = load_catalog(args.file)  # before connecting: a bad file publishes nothing
     except CatalogError as e:
         raise CtlError(f"apply: {e}", BAD_INPUT)
-    if not (catalog.models or catalog.owners or catalog.api_keys):
+    if not (catalog.models or catalog.owners or catalog.api_keys or catalog.policy):
         raise CtlError(
-            f"apply: {args.file} defines no models, owners or api_keys: nothing to apply "
+            f"apply: {args.file} defines no models, owners, api_keys or policy: nothing to apply "
             f"(to remove something, `llmgw ctl delete`)",
             BAD_INPUT,
         )
@@ -523,6 +526,15 @@ async def cmd_apply(args, where: Where) -> int:
             seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
             print(f"api key {key.name} {'configured' if had else 'created'} for {key.owner} (event {seq})")
             wait_for = max(wait_for, seq)
+        if catalog.policy is not None:
+            if catalog.policy == state.policy:
+                print("policy unchanged")
+                wait_for = max(wait_for, latest.get(("policy", ""), 0))
+            else:
+                event = ev.PolicyApplied(at=time.time(), policy=catalog.policy)
+                seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
+                print(f"policy configured (event {seq})")
+                wait_for = max(wait_for, seq)
     finally:
         await bus.close()
     sys.stdout.flush()
@@ -770,9 +782,27 @@ async def cmd_get_leader(args, where: Where) -> int:
     return OK
 
 
+async def cmd_get_policy(args, where: Where) -> int:
+    """The policy the rules decide with: folded from the operators' events
+    (exact, and no read model to keep), with each field's default beside it."""
+    from ..core.policy import DEFAULT, FIELDS
+
+    bus = await _connect(where)
+    try:
+        state, latest = await _catalog(bus)
+    finally:
+        await bus.close()
+    seq = latest.get(("policy", ""), 0)
+    rows = [{"field": f, "value": getattr(state.policy, f), "default": getattr(DEFAULT, f), "seq": seq} for f in FIELDS]
+    print(views.render("policy", rows, args.output, headers=not args.no_headers, width=views.terminal_width()), flush=True)
+    return OK
+
+
 async def cmd_get(args, where: Where) -> int:
     if args.kind == "leader":
         return await cmd_get_leader(args, where)
+    if args.kind == "policy":
+        return await cmd_get_policy(args, where)
     fresh = await _fresh(where, args.timeout)
     models = fresh.models
     rows = _listing(models, args)

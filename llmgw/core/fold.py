@@ -23,6 +23,7 @@ import msgspec
 from . import adoption, decisions
 from . import events as ev
 from .catalog import NAME_RE, fingerprint, spec_problem
+from .policy import problem as policy_problem
 from .ports import held_by_another_program, in_range, node_ports, range_problem
 from .quota import count, replica_amount, shard_amount
 from .replicas import RETIRING, TERMINAL, derive_replica_state, hand_back, release_ids, started, unwanted
@@ -43,7 +44,8 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 9: a node's engine port range and the ports other programs hold (NodePorts);
 #    a shard failed on one of those is not a start failure of its model.
 # 10: who leads (LeaderElected: state.term, leader, leader_since).
-FOLD_VERSION = 10
+# 11: the policy (PolicyApplied: state.policy), which the rules read.
+FOLD_VERSION = 11
 
 
 class Refused(ValueError):
@@ -196,6 +198,13 @@ def _owner_applied(state: State, e: ev.OwnerApplied, seq: int) -> None:
 
 def _owner_removed(state: State, e: ev.OwnerRemoved, seq: int) -> None:
     state.owners.pop(e.name, None)
+
+
+def _policy_applied(state: State, e: ev.PolicyApplied, seq: int) -> None:
+    problem = policy_problem(e.policy)
+    if problem:
+        raise Refused(problem)
+    state.policy = e.policy
 
 
 def _api_key_applied(state: State, e: ev.ApiKeyApplied, seq: int) -> None:
@@ -404,6 +413,7 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.NodePorts: node_ports,
     ev.LeaderElected: _leader_elected,
     ev.CredentialRevoked: _credential_revoked,
+    ev.PolicyApplied: _policy_applied,
 }
 # The facility's events are in the contract before the rules that read them
 # (core/facility.py); until then they are kept in the log and change nothing.

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .. import yamlfile
 from ..core.catalog import MODEL_NAME_RE
 from ..core.events import ApiKeyApplied, Limit, ModelSpec, OwnerApplied, ProfileSpec, Resources
+from ..core.policy import DEFAULT, Policy
 
 
 class CatalogError(ValueError):
@@ -116,17 +117,35 @@ class _Owner(BaseModel):
     limit: _Limit = _Limit()
 
 
+class _Policy(BaseModel):
+    """The fleet-wide numbers of the rules (llmgw/core/policy.py says what
+    each one does); a field not given keeps its default."""
+
+    model_config = ConfigDict(extra="forbid")
+    min_lifetime_s: float = Field(DEFAULT.min_lifetime_s, ge=0)
+    hold_s: float = Field(DEFAULT.hold_s, ge=0)
+    eviction_grace_s: float = Field(DEFAULT.eviction_grace_s, ge=0)
+    max_victims: int = Field(DEFAULT.max_victims, ge=0)
+    restart_max_surge: int = Field(DEFAULT.restart_max_surge, ge=1)
+    backoff_first_s: float = Field(DEFAULT.backoff_first_s, ge=0)
+    backoff_max_s: float = Field(DEFAULT.backoff_max_s, ge=0)
+    park_after: int = Field(DEFAULT.park_after, ge=1)
+    adopt_wait_s: float = Field(DEFAULT.adopt_wait_s, ge=0)
+
+
 class _Catalog(BaseModel):
     model_config = ConfigDict(extra="forbid")
     models: list[_Model] = []
     owners: list[_Owner] = []
     api_keys: list[_ApiKey] = []
+    policy: _Policy | None = None
 
 
 class Catalog(NamedTuple):
     models: list[ModelSpec]
     owners: list[OwnerApplied]  # `at` 0: set when published
     api_keys: list[ApiKeyApplied]
+    policy: Policy | None = None  # None: the file has no `policy:` section (the policy is left as it is)
 
 
 def load(path: str | Path) -> list[ModelSpec]:
@@ -170,4 +189,5 @@ def load_catalog(path: str | Path) -> Catalog:
         )
         for o in catalog.owners
     ]
-    return Catalog(models=models, owners=owners, api_keys=keys)
+    policy = Policy(**catalog.policy.model_dump()) if catalog.policy is not None else None
+    return Catalog(models=models, owners=owners, api_keys=keys, policy=policy)
