@@ -29,7 +29,7 @@ from ..core import events as ev
 from ..core.fold import apply
 from ..core.state import State
 from ..ctl import views
-from ..ctl.catalog_file import CatalogError, load_catalog
+from ..ctl.catalog_file import CatalogError, items, load_catalog
 from ..ctl.config import CONFIG
 from ..ctl.locate import Where, locate
 from ..ctl.progress import Progress
@@ -105,10 +105,13 @@ ABOUT = {
                   "apply -f deploy/catalog.cpu.yaml --wait", "describe replica smollm2-1"),
     ),
     "ctl apply": (
-        "Publish the models, owners and API keys of a catalog file that changed. A file with an error names\n"
-        "the file, line and field of every error and publishes nothing. Returns once the read models include\n"
-        "the change; with --wait, once every model of the file is placed and ready (or says why not).",
-        _examples("apply -f deploy/catalog.cpu.yaml", "apply -f catalog.yaml --wait --timeout 600"),
+        "Publish the models, owners, API keys and policy of a catalog file that changed. A file with an error\n"
+        "names the file, line and field of every error and publishes nothing. Returns once the read models\n"
+        "include the change; with --wait, once every model of the file is placed and ready (or says why not).\n"
+        "With --dry-run, publishes nothing and prints what the file changes (before → after) and what the\n"
+        "control plane would then decide, in order, until the fleet settles.",
+        _examples("apply -f deploy/catalog.cpu.yaml", "apply -f catalog.yaml --wait --timeout 600",
+                  "apply -f catalog.yaml --dry-run", "apply -f catalog.yaml --dry-run -o json --ready-after 30"),
     ),
     "ctl delete": (
         "Remove a model (its replicas are drained and stopped), an owner or an API key from the catalog.\n"
@@ -129,7 +132,8 @@ ABOUT = {
     "ctl restart": (
         "Replace replicas with new ones: each beside itself first (surge), then drained; or stopped first\n"
         "(--in-place). With --wait, returns once they are replaced and their models ready again.",
-        _examples("restart qwen-8b-1 qwen-8b-2 --max-surge 1", "restart smollm2-1 --in-place --wait"),
+        _examples("restart qwen-8b-1 qwen-8b-2 --max-surge 1", "restart smollm2-1 --in-place --wait",
+                  "restart qwen-8b-1 --dry-run"),
     ),
     "ctl retry": (
         "Try again a model parked after its replicas kept failing to start (fix the cause first: its\n"
@@ -161,6 +165,7 @@ def add_parser(sub) -> None:
     apply_ = verb("apply", "publish the models, owners and API keys of a catalog file that changed")
     apply_.add_argument("-f", "--file", required=True, metavar="FILE", help="the catalog (YAML; see deploy/catalog.example.yaml)")
     _wait_flags(apply_, "every model of the file is placed and ready")
+    dry_run_flags(apply_)
 
     delete = verb("delete", "remove a model, an owner or an API key from the catalog")
     delete.add_argument(
@@ -211,6 +216,7 @@ def add_parser(sub) -> None:
         "--max-unavailable", type=int, default=0, metavar="N", help="stopped first at once (0 and 0: one at a time)"
     )
     _wait_flags(restart, "they are replaced and their models ready again")
+    dry_run_flags(restart)
 
     retry = verb("retry", "try again a model parked after its replicas kept failing to start")
     retry.add_argument("model", metavar="MODEL", help="the parked model")
@@ -252,6 +258,21 @@ def _wait_flags(p: argparse.ArgumentParser, effect: str) -> None:
         help=f"seconds to wait (default: {CONFIG.projected_timeout_s:g} for the read models, "
         f"{CONFIG.effect_timeout_s:g} with --wait)",
     )  # fmt: skip
+
+
+def dry_run_flags(p: argparse.ArgumentParser) -> None:
+    """--dry-run and its options, for every command that changes the fleet."""
+    p.add_argument(
+        "--dry-run", action="store_true",
+        help="publish nothing: fold the log, apply the change to a copy of the state and print what the control "
+        "plane would decide until it settles (placements, stops, restarts, preemptions, waits), with simulated agents",
+    )  # fmt: skip
+    p.add_argument(
+        "--ready-after", type=float, default=None, metavar="S",
+        help="--dry-run: a placed shard is ready this long after (default: its profile's typical start time in the "
+        "log, else 1 s)",
+    )  # fmt: skip
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="--dry-run: text for people, or json")
 
 
 def say(text: str) -> None:
@@ -489,57 +510,64 @@ async def cmd_apply(args, where: Where) -> int:
             BAD_INPUT,
         )
     specs = catalog.models
+    if getattr(args, "dry_run", False):
+        return await _dry_run(args, where, "apply", lambda state: _apply_as_if(state, catalog))
     bus = await _connect(where)
     ids = (f"ctl-{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
     wait_for = 0
     try:
         state, latest = await _catalog(bus)
-        for spec in specs:
-            current = state.models.get(spec.name)
-            if current is not None and current.spec == spec:
-                print(f"model {spec.name} unchanged")
-                wait_for = max(wait_for, latest.get(("model", spec.name), 0))
+        for item in items(state, catalog):
+            label = f"{item.kind} {item.name}".rstrip()
+            whose = f" for {item.now.owner}" if item.kind == "api key" else ""
+            if item.event is None:
+                print(f"{label} unchanged")
+                wait_for = max(wait_for, latest.get((item.kind.replace("api key", "apikey"), item.name), 0))
                 continue
-            event = ev.ModelApplied(at=time.time(), model=spec)
+            event = msgspec.structs.replace(item.event, at=time.time())
             seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
-            print(f"model {spec.name} {'configured' if current else 'created'} (event {seq})")
+            print(f"{label} {'configured' if item.had is not None else 'created'}{whose} (event {seq})")
             wait_for = max(wait_for, seq)
-        for owner in catalog.owners:
-            had = state.owners.get(owner.name)
-            if had is not None and (had.guarantee, had.limit) == (owner.guarantee, owner.limit):
-                print(f"owner {owner.name} unchanged")
-                wait_for = max(wait_for, latest.get(("owner", owner.name), 0))
-                continue
-            event = msgspec.structs.replace(owner, at=time.time())
-            seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
-            print(f"owner {owner.name} {'configured' if had else 'created'} (event {seq})")
-            wait_for = max(wait_for, seq)
-        for key in catalog.api_keys:
-            had = state.api_keys.get(key.name)
-            same = had is not None and (had.owner, had.key_sha256, had.requests_per_minute, had.tokens_per_minute) == (
-                key.owner, key.key_sha256, key.requests_per_minute, key.tokens_per_minute)
-            if same:
-                print(f"api key {key.name} unchanged")
-                wait_for = max(wait_for, latest.get(("apikey", key.name), 0))
-                continue
-            event = msgspec.structs.replace(key, at=time.time())
-            seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
-            print(f"api key {key.name} {'configured' if had else 'created'} for {key.owner} (event {seq})")
-            wait_for = max(wait_for, seq)
-        if catalog.policy is not None:
-            if catalog.policy == state.policy:
-                print("policy unchanged")
-                wait_for = max(wait_for, latest.get(("policy", ""), 0))
-            else:
-                event = ev.PolicyApplied(at=time.time(), policy=catalog.policy)
-                seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
-                print(f"policy configured (event {seq})")
-                wait_for = max(wait_for, seq)
     finally:
         await bus.close()
     sys.stdout.flush()
     check = _all([lambda m, name=spec.name: model_effect(m, name) for spec in specs])
     await _took_effect(args, where, wait_for, "the catalog", check)
+    return OK
+
+
+def _apply_as_if(state: State, catalog) -> tuple[list[ev.Event], list]:
+    """What `apply` would publish for the file, and what it changes, field by field."""
+    from ..core.whatif import Changed, field_changes
+
+    events, changes = [], []
+    for item in items(state, catalog):
+        if item.event is not None:
+            events.append(item.event)
+            changes.append(Changed(kind=item.kind, name=item.name, verb="configured" if item.had is not None else "created",
+                                   fields=field_changes(item.had, item.now)))
+    return events, changes
+
+
+async def _dry_run(args, where: Where, what: str, as_if: Callable[[State], tuple[list[ev.Event], list]]) -> int:
+    """Fold the live log, fold what a command would publish on a copy of the
+    state, decide until it settles (core/whatif.py), print what would happen.
+    Publishes nothing. `as_if(state)` gives the events the command would
+    publish and the changes to show (a facility hold: its DomainHeld, no changes)."""
+    from ..core.whatif import Timing, dry_run
+    from ..ctl.whatif_view import render
+
+    bus = await _connect(where)
+    try:
+        state = State()
+        for seq, subject, data in await read_log(bus):
+            apply(state, seq, subject, data)
+    finally:
+        await bus.close()
+    events, changes = as_if(state)
+    timing = Timing(fixed=args.ready_after).learn(state)
+    report = dry_run(state, events, time.time(), timing=timing, changes=changes)
+    print(render(report, what, args.output), flush=True)
     return OK
 
 
@@ -616,6 +644,8 @@ async def cmd_restart(args, where: Where) -> int:
         at=time.time(), replicas=args.replicas, in_place=args.in_place,
         max_surge=args.max_surge, max_unavailable=args.max_unavailable,
     )
+    if args.dry_run:
+        return await _dry_run(args, where, f"restart {' '.join(args.replicas)}", lambda state: ([event], []))
     seq = await _publish(where, event)
     print(f"restart of {', '.join(args.replicas)} asked (event {seq}); `llmgw ctl get replicas` shows how it stands",
           flush=True)

@@ -20,8 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .. import yamlfile
 from ..core.catalog import MODEL_NAME_RE
-from ..core.events import ApiKeyApplied, Limit, ModelSpec, OwnerApplied, ProfileSpec, Resources
+from ..core.events import ApiKeyApplied, Event, Limit, ModelApplied, ModelSpec, OwnerApplied, PolicyApplied, ProfileSpec, Resources
 from ..core.policy import DEFAULT, Policy
+from ..core.state import ApiKey, Owner, State
 
 
 class CatalogError(ValueError):
@@ -146,6 +147,43 @@ class Catalog(NamedTuple):
     owners: list[OwnerApplied]  # `at` 0: set when published
     api_keys: list[ApiKeyApplied]
     policy: Policy | None = None  # None: the file has no `policy:` section (the policy is left as it is)
+
+
+class Item(NamedTuple):
+    """One thing a catalog file defines, against what the log has now."""
+
+    kind: str  # model, owner, api key, policy
+    name: str
+    had: object | None  # as the state has it (ModelSpec, Owner, ApiKey, Policy); None: not yet
+    now: object  # as the file says, in the same type
+    event: Event | None  # what publishing it takes (`at` 0: stamped when published); None: unchanged
+
+
+def items(state: State, catalog: Catalog) -> list[Item]:
+    """What `ctl apply` publishes for a file, in order: the policy and the
+    owners first (the rules and limits the models are then placed under),
+    then each model and API key, with the event that changes it (None when
+    unchanged). `apply` publishes these events; `apply --dry-run` folds them
+    on a copy of the state instead."""
+    out = []
+    if catalog.policy is not None:
+        same = catalog.policy == state.policy
+        out.append(Item("policy", "", state.policy, catalog.policy,
+                        None if same else PolicyApplied(at=0.0, policy=catalog.policy)))
+    for o in catalog.owners:
+        had_o = state.owners.get(o.name)
+        now_o = Owner(guarantee=o.guarantee, limit=o.limit)
+        out.append(Item("owner", o.name, had_o, now_o, None if had_o == now_o else o))
+    for spec in catalog.models:
+        current = state.models.get(spec.name)
+        had = current.spec if current is not None else None
+        out.append(Item("model", spec.name, had, spec, None if had == spec else ModelApplied(at=0.0, model=spec)))
+    for k in catalog.api_keys:
+        had_k = state.api_keys.get(k.name)
+        now_k = ApiKey(owner=k.owner, key_sha256=k.key_sha256, requests_per_minute=k.requests_per_minute,
+                       tokens_per_minute=k.tokens_per_minute)
+        out.append(Item("api key", k.name, had_k, now_k, None if had_k == now_k else k))
+    return out
 
 
 def load(path: str | Path) -> list[ModelSpec]:
