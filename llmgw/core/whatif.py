@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import msgspec
 
@@ -104,8 +104,7 @@ class Sim:
         self.stop_s = stop_s
         self.timers: list[tuple[float, int, ev.Event]] = []
         self._n = itertools.count()
-        self.folded: list[tuple[int, ev.Event]] = []  # what this Sim folded, in order (for meters)
-        self.keep = False
+        self.on_fold: Callable[[State, ev.Event], None] | None = None  # called after each event folded
 
     def fold(self, event: ev.Event) -> int:
         self.seq += 1
@@ -115,10 +114,10 @@ class Sim:
         except Refused as e:
             quarantine(state, self.seq, ev.subject_for(event), str(e))
         state.seq = self.seq
-        if type(event) is ev.Decided or type(event) is ev.NodeLost:
+        if ev.ORIGIN[type(event)] == "control":
             state.control_seq = self.seq
-        if self.keep:
-            self.folded.append((self.seq, event))
+        if self.on_fold is not None:
+            self.on_fold(state, event)
         return self.seq
 
     def decide_pass(self, now: float, leader: str = "what-if") -> list[ev.Action]:

@@ -147,6 +147,7 @@ class Catalog(NamedTuple):
     owners: list[OwnerApplied]  # `at` 0: set when published
     api_keys: list[ApiKeyApplied]
     policy: Policy | None = None  # None: the file has no `policy:` section (the policy is left as it is)
+    given: tuple[str, ...] = ()  # the sections the file has (models, owners, api_keys, policy), even empty
 
 
 class Item(NamedTuple):
@@ -228,4 +229,4 @@ def load_catalog(path: str | Path) -> Catalog:
         for o in catalog.owners
     ]
     policy = Policy(**catalog.policy.model_dump()) if catalog.policy is not None else None
-    return Catalog(models=models, owners=owners, api_keys=keys, policy=policy)
+    return Catalog(models=models, owners=owners, api_keys=keys, policy=policy, given=tuple(sorted(catalog.model_fields_set)))
