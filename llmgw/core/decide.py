@@ -36,7 +36,11 @@ from .scaling import backoff_until, decided, desired, why_desired
 from .state import Model, Replica, State
 from .times import utc
 
-__all__ = ["decide", "restart_state", "Outcome", "MAX_PASS_BYTES", "ADOPT_WAIT_S"]
+__all__ = ["decide", "restart_state", "Outcome", "MAX_PASS_BYTES", "ADOPT_WAIT_S", "YOUNG_VICTIMS"]
+
+# In the waiting reason of a model whose victims are within their minimum
+# lifetime: what tells a simulation (core/whatif.py) to wake at their end.
+YOUNG_VICTIMS = "would make room but became ready less than"
 
 
 def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Action]:
@@ -234,7 +238,7 @@ def _why_young_victims(p: Pass, m: ModelPass) -> str:
     lifetime = p.state.policy.min_lifetime_s
     when = max(c.rep.ready_at for _, c in later) + lifetime
     return (
-        f"no room; {ids} would make room but became ready less than {lifetime:g}s ago "
+        f"no room; {ids} {YOUNG_VICTIMS} {lifetime:g}s ago "
         f"(a replica is not preempted before it has served that long): they may give way from {utc(when)}"
     )
 

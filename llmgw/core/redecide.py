@@ -40,6 +40,9 @@ from .whatif import Sim, Timing, next_wake
 FOLLOW_SLACK_S = 2.0
 # Passes in a row at one moment (a pass bounded by its message's size goes on in the next).
 PASSES_AT_ONCE = 20
+# Going its own way, the what-if decides after the facts of a burst, as a
+# control plane does: once no other recorded fact follows within this long.
+TICK_S = 0.1
 TOP_REASONS = 3
 
 
@@ -321,6 +324,9 @@ class _Run:
         self.diverged: Divergence | None = None
         self.defined: set[tuple[str, str]] = set()  # catalog things the window's log defines
         self.next_decided: list[int] = []  # per index, the index of the next recorded pass (or `last`)
+        self.bases: dict[int, list[int]] = {}  # basis -> indexes of the recorded passes decided on it
+        self.pending: dict[int, list[ev.Action]] = {}  # index of a recorded pass -> the what-if's, on its basis
+        self.dirty = False  # going its own way: facts folded since its last pass
         self._index()
         self.installed = False
 
@@ -332,6 +338,12 @@ class _Run:
             seq, subject, data = self.records[i]
             if subject.startswith("llmgw.control.") and b'"control.decided"' in data:
                 nxt = i
+                try:
+                    d = ev.decode(data)
+                except msgspec.MsgspecError:
+                    d = None
+                if isinstance(d, ev.Decided):
+                    self.bases.setdefault(d.basis, []).insert(0, i)
             elif subject.startswith("llmgw.ctl."):
                 try:
                     e = ev.decode(data)
@@ -400,7 +412,15 @@ class _Run:
             self.sim.seq = seq - 1
         self.sim.fold(e)
 
+    def _on_basis(self, seq: int) -> None:
+        """Following: decide on the state the recorded passes of this basis
+        were decided on (the log may hold facts between it and them)."""
+        for j in self.bases.get(seq, ()):
+            d = ev.decode(self.records[j][2])
+            self.pending[j] = decide(self.sim.state, d.at)  # type: ignore[attr-defined]
+
     def _decide(self, t: float) -> None:
+        self.dirty = False
         for _ in range(PASSES_AT_ONCE):
             acts = self.sim.decide_pass(t)
             if not acts:
@@ -408,14 +428,28 @@ class _Run:
             self.passes += 1
 
     def _run_until(self, t_end: float) -> None:
-        """The simulated facts and the rules' deadlines up to `t_end`, each followed by a pass."""
+        """The simulated facts and the rules' deadlines up to `t_end`. A
+        deadline is decided on at once (it is the moment a rule's answer
+        changes); simulated facts, like recorded ones, once a burst of them
+        is over (nothing more within TICK_S)."""
         while True:
-            nxt = [x for x in (self.sim.next_timer(), next_wake(self.sim.state, self.clock)) if x is not None]
+            timer = self.sim.next_timer()
+            wake = next_wake(self.sim.state, self.clock)
+            if self.dirty:
+                quiet = self.clock + TICK_S
+                if (timer is None or timer > quiet) and (wake is None or wake > quiet) and t_end > quiet:
+                    self.clock = quiet
+                    self._decide(quiet)
+                    continue
+            nxt = [x for x in (timer, wake) if x is not None]
             if not nxt or min(nxt) > t_end:
                 return
             self.clock = max(self.clock, min(nxt))
-            self.sim.advance(self.clock)
-            self._decide(self.clock)
+            if timer is not None and timer <= self.clock:
+                self.sim.advance(self.clock)
+                self.dirty = True
+            if wake is not None and wake <= self.clock:
+                self._decide(self.clock)
 
     def _diverge(self, at: float, seq: int, i: int, mine: list[ev.Action]) -> None:
         j = self.next_decided[i - self.first]
@@ -457,6 +491,9 @@ class _Run:
             for e in self.install(self.clock):
                 self.same = False
                 self._fold(e)
+        first_seq = self.records[self.first][0] if self.first < self.last else 0
+        for basis in sorted(b for b in self.bases if b < first_seq):
+            self._on_basis(basis)
         for i in range(self.first, self.last):
             seq, subject, data = self.records[i]
             try:
@@ -466,12 +503,15 @@ class _Run:
                 if self.following:
                     apply(self.sim.state, seq, subject, data)  # quarantined, as recorded
                     self.sim.seq = seq
+                    self._on_basis(seq)
                 continue
             t = e.at
             if self.following and not self.same:
                 self._follow_deadlines(i, t)
             if self.following:
                 self._follow(i, seq, e)
+                if self.following:
+                    self._on_basis(seq)
             else:
                 self._run_until(t)
                 self.clock = max(self.clock, t)
@@ -479,12 +519,16 @@ class _Run:
         end = at_of(self.records[self.last - 1][2]) if self.last > self.first else self.clock
         if not self.following:
             self._run_until(end)
+            if self.dirty:
+                self._decide(end)
 
     def _follow(self, i: int, seq: int, e: ev.Event) -> None:
         self.clock = max(self.clock, e.at)
         cls = type(e)
         if cls is ev.Decided:
-            mine = decide(self.sim.state, e.at)
+            mine = self.pending.pop(i, None)
+            if mine is None:
+                mine = decide(self.sim.state, e.at)
             if mine == e.actions:
                 self._fold(e, seq)
                 self.passes += 1
@@ -541,7 +585,7 @@ class _Run:
                 self.sim.fold(x)
         else:
             self.sim.fold(e)
-        self._decide(e.at)
+        self.dirty = True
 
 
 def _running_on(state: State, node: str) -> list[ev.RunningShard]:

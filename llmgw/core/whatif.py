@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from . import events as ev
-from .decide import decide
+from .decide import YOUNG_VICTIMS, decide
 from .decisions import describe_action
 from .fold import Refused, copy_state, evolve, quarantine
 from .quota import _within
@@ -187,7 +187,9 @@ def next_wake(state: State, now: float) -> float | None:
     on-demand model's idle time is over."""
     policy = state.policy
     times: list[float] = []
-    waiting = any(m.waiting for m in state.models.values())
+    # Only a model that waits for young victims can be helped by a lifetime
+    # ending (and reading every replica costs: this runs between passes).
+    waiting = any(YOUNG_VICTIMS in m.waiting for m in state.models.values())
     for m in state.models.values():
         if m.held_for:
             times.append(m.held_until)
@@ -201,6 +203,9 @@ def next_wake(state: State, now: float) -> float | None:
         if m.spec.on_demand and m.last_used:
             times.append(m.last_used + m.spec.idle_s)
             times.append(m.last_used + policy.eviction_grace_s)
+    if not waiting and not any(t.retiring or t.assembling for t in state.tallies.values()):
+        later = [t for t in times if t > now]
+        return min(later) if later else None
     for r in state.replicas.values():
         if waiting and r.ready_at:
             times.append(r.ready_at + policy.min_lifetime_s)
