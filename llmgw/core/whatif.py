@@ -178,13 +178,14 @@ class Sim:
                                                  generation=sh.generation, state="ready", endpoint=endpoint))
 
 
-def next_wake(state: State, now: float) -> float | None:
+def next_wake(state: State, now: float, traffic: bool = True) -> float | None:
     """The next moment after `now` at which time alone may change what
     `decide` says (None: none): a ready replica's minimum lifetime ends
     (a waiting model may preempt it), a hold or a back-off ends, an adopted
-    replica's wait for its shards ends, a restart's drain grace ends, a
-    gateway's load goes stale, a peak leaves the scale-down delay, an
-    on-demand model's idle time is over."""
+    replica's wait for its shards ends, a restart's drain grace ends; and,
+    with `traffic`, a gateway's load goes stale, a peak leaves the
+    scale-down delay, an on-demand model's idle time is over (a dry run
+    holds the traffic as it stands: `hold_load`)."""
     policy = state.policy
     times: list[float] = []
     # Only a model that waits for young victims can be helped by a lifetime
@@ -195,6 +196,8 @@ def next_wake(state: State, now: float) -> float | None:
             times.append(m.held_until)
         if m.start_failures and not m.parked:
             times.append(backoff_until(m, policy))
+        if not traffic:
+            continue
         for load in m.load.values():
             if load.in_flight or load.queued:
                 times.append(load.at + LOAD_FRESH_S + 1e-3)
@@ -323,6 +326,16 @@ def past_guarantee(state: State) -> dict[str, ev.Resources]:
     return out
 
 
+def hold_load(state: State, since: float, t: float) -> None:
+    """The gateways' load as it stood at `since`, still reported at `t`: a
+    dry run says what a change does to the fleet, not what traffic going
+    quiet would (the gateways repeat a load every few seconds)."""
+    for m in state.models.values():
+        for load in m.load.values():
+            if since - load.at <= LOAD_FRESH_S:
+                load.at = t
+
+
 def dry_run(
     state: State, as_if: list[ev.Event], now: float, *, timing: Timing | None = None,
     changes: list[Changed] | None = None, max_passes: int = MAX_PASSES, horizon_s: float = HORIZON_S,
@@ -340,12 +353,13 @@ def dry_run(
     passes = 0
     settled = False
     while passes < max_passes:
+        hold_load(sim.state, now, t)
         acts = sim.decide_pass(t)
         passes += 1
         if acts:
             out.extend(happenings(acts, round(t - now, 3)))
             continue
-        nxt = [x for x in (sim.next_timer(), next_wake(sim.state, t)) if x is not None]
+        nxt = [x for x in (sim.next_timer(), next_wake(sim.state, t, traffic=False)) if x is not None]
         if not nxt or min(nxt) - now > horizon_s:
             settled = True
             break
