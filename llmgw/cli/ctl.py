@@ -301,6 +301,18 @@ async def _connect(where: Where):
     return bus
 
 
+async def _live_state(where: Where) -> State:
+    """The state folded from the whole log, as the control plane has it (not the read models)."""
+    bus = await _connect(where)
+    try:
+        state = State()
+        for seq, subject, data in await read_log(bus):
+            apply(state, seq, subject, data)
+    finally:
+        await bus.close()
+    return state
+
+
 async def _catalog(bus) -> tuple[State, dict[tuple[str, str], int]]:
     """The catalog as the log has it, and the sequence of each model's latest
     event: folded from the operators' events alone (llmgw.ctl.>), which are
@@ -557,13 +569,7 @@ async def _dry_run(args, where: Where, what: str, as_if: Callable[[State], tuple
     from ..core.whatif import Timing, dry_run
     from ..ctl.whatif_view import render
 
-    bus = await _connect(where)
-    try:
-        state = State()
-        for seq, subject, data in await read_log(bus):
-            apply(state, seq, subject, data)
-    finally:
-        await bus.close()
+    state = await _live_state(where)
     events, changes = as_if(state)
     timing = Timing(fixed=args.ready_after).learn(state)
     report = dry_run(state, events, time.time(), timing=timing, changes=changes)
@@ -691,13 +697,7 @@ async def cmd_explain(args, where: Where) -> int:
     profile): what the control plane's next pass would see."""
     from ..core.placement import explain, render_explanation
 
-    bus = await _connect(where)
-    try:
-        state = State()
-        for seq, subject, data in await read_log(bus):
-            apply(state, seq, subject, data)
-    finally:
-        await bus.close()
+    state = await _live_state(where)
     if args.model not in state.models:
         raise _no_model("explain-placement", args.model, state.models)
     model = state.models[args.model]
