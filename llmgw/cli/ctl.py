@@ -100,7 +100,7 @@ ABOUT = {
         "The local llmgw up is found by itself (.llmgw/up.json here or in a folder above); elsewhere give\n"
         "--nats URL (or $LLMGW_NATS) and --db PATH (or $LLMGW_DB).\n\n"
         "kinds: models (model, mo), nodes (node, no), replicas (replica, rs), decisions (decision, dec),\n"
-        "quotas (quota, q), preemptions (preemption, pre)",
+        "quotas (quota, q), preemptions (preemption, pre), leader (lead), policy (pol)",
         _examples("get replicas", "get rs -o wide", "get decisions --watch --limit 3",
                   "apply -f deploy/catalog.cpu.yaml --wait", "describe replica smollm2-1"),
     ),
@@ -119,11 +119,14 @@ ABOUT = {
         _examples("delete model qwen-8b --wait", "delete apikey team-a"),
     ),
     "ctl get": (
-        "List things from the read models: models, nodes, replicas, decisions, quotas or preemptions, by any of\n"
-        "their names (plural, singular or short: mo, no, rs, dec, q, pre). It first waits (up to --timeout)\n"
+        "List things from the read models: models, nodes, replicas, decisions, quotas or preemptions; and,\n"
+        "live from the log, who leads (leader) and the numbers the rules decide with (policy, beside their\n"
+        "defaults). Kinds go by any of their names (plural, singular or short: mo, no, rs, dec, q, pre, lead,\n"
+        "pol). It first waits (up to --timeout)\n"
         "for the read models to reach the end of the log. Tables fit the terminal; -o wide shows all of them.",
         _examples("get replicas", "get rs --model smollm2 -o wide", "get no -o name", "get decisions --limit 10",
-                  "get dec --watch", "get models -o json | jq '.[].ready'", "get replicas --no-headers | wc -l"),
+                  "get dec --watch", "get models -o json | jq '.[].ready'", "get replicas --no-headers | wc -l",
+                  "get policy"),
     ),
     "ctl describe": (
         "One model, replica or node: its state now and its history, every decision with its reason.",
