@@ -122,8 +122,8 @@ ABOUT = {
         "List things from the read models: models, nodes, replicas, decisions, quotas or preemptions; and,\n"
         "live from the log, who leads (leader) and the numbers the rules decide with (policy, beside their\n"
         "defaults). Kinds go by any of their names (plural, singular or short: mo, no, rs, dec, q, pre, lead,\n"
-        "pol). It first waits (up to --timeout)\n"
-        "for the read models to reach the end of the log. Tables fit the terminal; -o wide shows all of them.",
+        "pol). It first waits (up to --timeout) for the read models to reach the end of the log. Tables fit\n"
+        "the terminal; -o wide shows all of them.",
         _examples("get replicas", "get rs --model smollm2 -o wide", "get no -o name", "get decisions --limit 10",
                   "get dec --watch", "get models -o json | jq '.[].ready'", "get replicas --no-headers | wc -l",
                   "get policy"),
