@@ -20,7 +20,10 @@ simulated and the randomness seeded: the same N gives the same file.
 `decide` is called once per window of simulated time in which anything
 happened (a control plane decides after each burst), not after every event.
 
-    python benchmarks/fleetgen.py --events 1000000 [--out FILE]
+    python benchmarks/fleetgen.py --events 1000000 [--mix status|realistic|decisions] [--out FILE]
+
+`--mix` picks other proportions of events (benchmarks/fleetmix.py): this
+module's own is status-heavy.
 """
 
 from __future__ import annotations
@@ -157,6 +160,7 @@ class Fleet:
         self.kinds: Counter = Counter()
         self.passes = 0
         self.decide_s = 0.0
+        self.window = WINDOW
         rng = self.rng
         self.agents: dict[str, Agent] = {}
         for i in range(BIG_NODES + SMALL_NODES):
@@ -224,7 +228,7 @@ class Fleet:
                 self.run_until(next_pass)
                 if self.dirty:
                     self.control_pass()
-                next_pass += WINDOW
+                next_pass += self.window
         except Full:
             pass
         # The end of the log leaves something to decide: a new model that wants a replica.
@@ -510,17 +514,27 @@ def final_model(name: str) -> ev.ModelSpec:
 # ---------------------------------------------------------------------- the file and its cache
 
 
-def cache_path(n_events: int, seed: int = SEED) -> Path:
-    return CACHE_DIR / f"fleet-v{GEN_VERSION}-s{seed}-n{n_events}.jsonl"
+# The mixes of events a log may have: this module's, and fleetmix.py's.
+MIXES = ("status", "realistic", "decisions")
 
 
-def generate(path: Path, n_events: int, seed: int = SEED) -> dict:
+def cache_path(n_events: int, seed: int = SEED, mix: str = "status") -> Path:
+    kind = "" if mix == "status" else f"-{mix}"
+    return CACHE_DIR / f"fleet-v{GEN_VERSION}{kind}-s{seed}-n{n_events}.jsonl"
+
+
+def generate(path: Path, n_events: int, seed: int = SEED, mix: str = "status") -> dict:
     """Write the log to `path`; returns what it holds, for the benchmark to print."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     t = time.perf_counter()
     with open(tmp, "wb", buffering=1 << 20) as out:
-        fleet = Fleet(n_events, out, seed)
+        if mix == "status":
+            fleet = Fleet(n_events, out, seed)
+        else:
+            import fleetmix  # (it builds on this module)
+
+            fleet = fleetmix.MixedFleet(n_events, out, seed, fleetmix.MIXES[mix])
         fleet.run()
     os.replace(tmp, path)
     state = fleet.state
@@ -528,6 +542,7 @@ def generate(path: Path, n_events: int, seed: int = SEED) -> dict:
     used = sum(len(n.used) for n in state.nodes.values())
     info = {
         "version": GEN_VERSION,
+        "mix": mix,
         "seed": seed,
         "events": fleet.seq,
         "generate_s": round(time.perf_counter() - t, 2),
@@ -552,32 +567,35 @@ def generate(path: Path, n_events: int, seed: int = SEED) -> dict:
     return info
 
 
-def cached(n_events: int, seed: int = SEED) -> tuple[Path, dict, bool]:
+def cached(n_events: int, seed: int = SEED, mix: str = "status") -> tuple[Path, dict, bool]:
     """The log for N events, generated unless the cache has it: (path, info, generated now).
 
     Keyed by N, seed and GEN_VERSION only: a log recorded by an older core stays
     a valid log (the log is forever). Delete benchmarks/.cache/ to record anew."""
-    path = cache_path(n_events, seed)
+    path = cache_path(n_events, seed, mix)
     meta = path.with_suffix(".json")
     if path.exists() and meta.exists():
         try:
             return path, json.loads(meta.read_text()), False
         except ValueError:
             pass
-    return path, generate(path, n_events, seed), True
+    return path, generate(path, n_events, seed, mix), True
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--events", type=int, default=1_000_000)
-    p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--events", type=int, default=1_000_000, help="events in the log (default 1,000,000)")
+    p.add_argument("--seed", type=int, default=SEED, help="the randomness: the same seed and N give the same file")
+    p.add_argument("--mix", choices=MIXES, default="status",
+                   help="status: this module's status-heavy log; realistic: a day of a real fleet; decisions: a "
+                        "decision-heavy one (fleetmix.py says how their proportions were chosen)")
     p.add_argument("--out", type=Path, help="write here instead of the cache")
     a = p.parse_args(argv)
     if a.out:
-        info = generate(a.out, a.events, a.seed)
+        info = generate(a.out, a.events, a.seed, a.mix)
         path = a.out
     else:
-        path, info, _ = cached(a.events, a.seed)
+        path, info, _ = cached(a.events, a.seed, a.mix)
     print(path)
     print(json.dumps(info, indent=1))
 

@@ -1,6 +1,8 @@
 """How fast the log folds: from a file, from JetStream, and at a restart.
 
-    python benchmarks/replay.py [--events N] [--auth]     (default 1,000,000)
+    python benchmarks/replay.py [--events N] [--auth] [--mixes status,realistic,decisions] [--fold-only]
+
+(default 1,000,000 events per log)
 
 With --auth the server runs as `llmgw up` runs it (bus/auth.py: JWT auth,
 every reader a user of its role): the log is read as the projector, the
@@ -8,7 +10,11 @@ restart is the control plane's credential.
 
 (a) the pure fold (`llmgw.core.fold.apply`) of a recorded log read from a file
     in the format of `llmgw.replay.logfile`; reading+parsing and folding are
-    timed apart. Goal: >= 300,000 events/s.
+    timed apart, and beside it, in the same run, msgspec decoding the same
+    events alone (the yardstick: the machine's speed drifts). For each mix
+    of `--mixes` (fleetgen.py's status-heavy log, fleetmix.py's realistic
+    day and decision-heavy one). Goals (issue 18): >= 300,000 events/s on
+    the status-heavy and the realistic mix, >= 150,000 on decision-heavy.
 (b) a full replay from JetStream: a real nats-server (`NatsServer`, a free
     port, a temp dir), the streams from `NatsBus.ensure_streams()`, the log
     published to it (`publish_async`, one Nats-Msg-Id each; loading is
@@ -56,6 +62,7 @@ from llmgw.core.state import State  # noqa: E402
 from llmgw.replay import logfile  # noqa: E402
 
 GOAL_FOLD = 300_000
+GOAL_FOLD_DECISIONS = 150_000
 GOAL_REPLAY = 120_000
 GOAL_RESTART = 1.0
 SNAPSHOT_BEHIND = 1000
@@ -380,12 +387,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeat", type=int, default=3,
                    help="fold and read (a) and (b) this many times and keep the best (default 3: the cores are noisy)")
     p.add_argument("--auth", action="store_true", help="the server with auth on, each reader a user of its role (as llmgw up)")
+    p.add_argument("--mixes", default=",".join(fleetgen.MIXES),
+                   help="the logs (a) folds, comma-separated, of status, realistic, decisions (default all three; "
+                        "(b) and (c) read the status one)")
+    p.add_argument("--fold-only", action="store_true", help="(a) only: no nats-server, no JetStream replay or restart")
     a = p.parse_args(argv)
     n = a.events
     # A plain kill runs the finally blocks too, so the nats-server is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t_start = now()
 
+    mixes = [m for m in a.mixes.split(",") if m]
+    for m in mixes:
+        if m not in fleetgen.MIXES:
+            p.error(f"--mixes: no mix {m!r} (there are {', '.join(fleetgen.MIXES)})")
     say(f"recorded log: {n:,} events")
     path, info, generated = fleetgen.cached(n)
     say(f"    {path} ({path.stat().st_size / 1e6:.0f} MB), "
@@ -406,7 +421,18 @@ def main(argv: list[str] | None = None) -> None:
         if not results["a_same"]:
             say("    WARNING: the fold of the file differs from the generator's own state: the fold has changed "
                 "since the log was recorded (or the file is damaged); delete benchmarks/.cache/ to record it anew")
-        asyncio.run(bench_nats(records, state, snapshot, tmp, a.repeat, results, auth=a.auth))
+        for mix in mixes:
+            if mix == "status":
+                results["mix_status"] = (results["a_fold"], results["a_decode"], results["a_same"], info)
+                continue
+            mpath, minfo, _ = fleetgen.cached(n, mix=mix)
+            say(f"\n    the {mix} mix: {mpath.name}, simulated {minfo['simulated_hours']} h: "
+                + ", ".join(f"{k} {v:,} ({v / minfo['events']:.1%})" for k, v in minfo["kinds"].items()))
+            sub: dict = {}
+            _, mstate = bench_file(mpath, tmp / f"snapshot-{mix}.msgpack", a.repeat, sub)
+            results[f"mix_{mix}"] = (sub["a_fold"], sub["a_decode"], digest(mstate) == minfo["state_sha256"], minfo)
+        if not a.fold_only:
+            asyncio.run(bench_nats(records, state, snapshot, tmp, a.repeat, results, auth=a.auth))
 
     total = now() - t_start
     r = results
@@ -419,6 +445,16 @@ def main(argv: list[str] | None = None) -> None:
         f"{r['a_fold'] / r['a_decode']:.2f})")
     say(f"{'(a) read+parse+fold from file:':{w}} {r['a_total']:>10,.0f} events/s (read+parse alone "
         f"{r['a_parse']:,.0f}/s)")
+    for mix in mixes:
+        fold, decode, _same, minfo = r[f"mix_{mix}"]
+        goal = GOAL_FOLD_DECISIONS if mix == "decisions" else GOAL_FOLD
+        decided = minfo["kinds"].get("control.decided", 0) / minfo["events"]
+        say(f"{f'(a) fold, {mix} mix:':{w}} {fold:>10,.0f} events/s (goal >= {goal:,})  {verdict(fold >= goal)}  "
+            f"[decode alone {decode:,.0f}/s, fold / decode = {fold / decode:.2f}; {decided:.1%} decisions]")
+    if a.fold_only:
+        checks = [(f"fold of the {m} log = generator's state", r[f"mix_{m}"][2]) for m in mixes]
+        say("checks: " + ", ".join(f"{name}: {'yes' if ok else 'NO'}" for name, ok in checks))
+        return
     say(f"{'(b) JetStream replay, NatsBus.follow + fold:':{w}} {r['b_fold']:>10,.0f} events/s "
         f"(goal >= {GOAL_REPLAY:,})  {verdict(r['b_fold'] >= GOAL_REPLAY)}")
     say(f"{'(b) bare ordered consumer, count only:':{w}} {r['b_bare']:>10,.0f} msgs/s "

@@ -97,6 +97,18 @@ PRIORITIES = ("critical", "standard", "opportunistic")
 # Owners as paths: an organisation, two of its teams, another one, and none.
 OWNERS = ("lab", "lab/vision", "lab/nlp", "shop", "")
 OWNER_NAMES = ("lab", "lab/vision", "lab/nlp", "shop")
+# The facility (World(facility=True)): where nodes are (agents' labels and
+# operators' ctl label), power limits of GPUs, profiles' declared draw and
+# keep_within, caps, holds (some draining) and measured draw: every
+# dimension core/facility.py reads. Few names, so that domains are shared.
+RACKS = ("r1", "r1", "r2", "r3", "")
+PDUS = ("pa", "pa", "pb", "")
+ROWS = ("", "", "row-1")
+GPU_POWER_W = (0.0, 300.0, 700.0)
+PROFILE_POWER_W = (0.0, 0.0, 250.0, 900.0)
+KEEP_WITHIN = ("", "", "rack", "pdu", "row")
+DOMAINS = ("rack/r1", "rack/r2", "rack/r3", "pdu/pa", "pdu/pb", "row/row-1", "rack/r9")
+CAPS_W = (400.0, 1000.0, 1500.0, 3000.0, 8000.0)
 
 Record = tuple[int, str, bytes]
 
@@ -146,13 +158,18 @@ class NodeFacts:
 
 
 @st.composite
-def node_facts(draw) -> NodeFacts:
+def node_facts(draw, facility: bool = False) -> NodeFacts:
     labels = {"zone": "a"}
     pool, fabric = draw(sampled_from(POOLS)), draw(sampled_from(FABRICS))
     if pool:
         labels["llmgw.io/pool"] = pool
     if fabric:
         labels["llmgw.io/fabric"] = fabric
+    if facility:
+        for kind, names in (("rack", RACKS), ("pdu", PDUS), ("row", ROWS)):
+            name = draw(sampled_from(names))
+            if name:
+                labels[f"llmgw.io/{kind}"] = name
     return NodeFacts(
         memory_gb=draw(sampled_from(HOST_MEMORY_GB)), cpu_cores=draw(sampled_from(CPU_CORES)), labels=labels,
         ports=draw(sampled_from(PORT_RANGES)),
@@ -160,14 +177,31 @@ def node_facts(draw) -> NodeFacts:
 
 
 @st.composite
-def fleets(draw) -> dict[str, list[ev.Gpu]]:
-    """1-6 nodes, 1-8 GPUs each: node name -> its GPUs (as its agent reports them)."""
+def fleets(draw, facility: bool = False) -> dict[str, list[ev.Gpu]]:
+    """1-6 nodes, 1-8 GPUs each: node name -> its GPUs (as its agent reports them);
+    with `facility`, GPUs that say their power limit."""
     names = draw(st.lists(sampled_from(NODE_NAMES), min_size=1, max_size=6, unique=True))
-    return {name: draw(node_gpus()) for name in names}
+    out = {name: draw(node_gpus()) for name in names}
+    if facility:
+        for name, gpus in out.items():
+            w = draw(sampled_from(GPU_POWER_W))
+            out[name] = [msgspec.structs.replace(g, power_w=w) for g in gpus]
+    return out
 
 
 @st.composite
-def profile_specs(draw, name: str, plain: bool = False) -> ev.ProfileSpec:
+def profile_specs(draw, name: str, plain: bool = False, facility: bool = False) -> ev.ProfileSpec:
+    p = draw(_profile_specs(name, plain))
+    if facility:
+        p = msgspec.structs.replace(
+            p, power_w=draw(sampled_from(PROFILE_POWER_W)),
+            keep_within=draw(sampled_from(KEEP_WITHIN)) if p.nodes > 1 else "",
+        )
+    return p
+
+
+@st.composite
+def _profile_specs(draw, name: str, plain: bool = False) -> ev.ProfileSpec:
     if plain:  # GPUs only, as most profiles are: replicas that fit and come up, to restart
         return ev.ProfileSpec(
             name=name,
@@ -191,14 +225,14 @@ def profile_specs(draw, name: str, plain: bool = False) -> ev.ProfileSpec:
 
 
 @st.composite
-def model_specs(draw, name: str, plain: bool = False) -> ev.ModelSpec:
+def model_specs(draw, name: str, plain: bool = False, facility: bool = False) -> ev.ModelSpec:
     count = draw(st.integers(1, 3))
     names = draw(st.permutations(["p0", "p1", "p2"]))[:count]
     min_replicas = draw(st.integers(0, 4))
     target_load, on_demand, delay, idle, drain = draw(sampled_from(SCALINGS))
     return ev.ModelSpec(
         name=name,
-        profiles=[draw(profile_specs(p, plain)) for p in names],
+        profiles=[draw(profile_specs(p, plain, facility)) for p in names],
         min_replicas=min_replicas,
         max_replicas=draw(sampled_from([0, 0, min_replicas + 1, min_replicas + 3])),
         target_load=target_load,
@@ -224,10 +258,17 @@ def owner_events(draw, name: str, at: float) -> ev.OwnerApplied:
 
 
 @st.composite
-def catalogs(draw, plain: bool = False) -> dict[str, ev.ModelSpec]:
+def catalogs(draw, plain: bool = False, facility: bool = False) -> dict[str, ev.ModelSpec]:
     """1-5 models, each with 1-3 profiles (with `plain`, asking for GPUs only)."""
     names = draw(st.lists(sampled_from(MODEL_NAMES), min_size=1, max_size=5, unique=True))
-    return {name: draw(model_specs(name, plain)) for name in names}
+    return {name: draw(model_specs(name, plain, facility)) for name in names}
+
+
+@st.composite
+def budgets(draw) -> dict[str, float]:
+    """Power caps for some domains (some that no node is in)."""
+    domains = draw(st.lists(sampled_from(DOMAINS), max_size=3, unique=True))
+    return {d: draw(sampled_from(CAPS_W)) for d in domains}
 
 
 # --------------------------------------------------------------------------- the world
@@ -259,6 +300,7 @@ class World:
     plain: bool = False  # profiles ask for GPUs only (see profile_specs)
     min_steps: int = 1  # after the warm start, if any
     forgetful: bool = True  # registrations leave out half of what runs (else one in eight)
+    facility: bool = False  # locations, power, caps, holds and drains (see RACKS)
     fleet: dict[str, list[ev.Gpu]] = field(default_factory=dict)
     facts: dict[str, NodeFacts] = field(default_factory=dict)
     catalog: dict[str, ev.ModelSpec] = field(default_factory=dict)
@@ -282,9 +324,11 @@ class World:
             self.owner_names = self.draw(
                 st.lists(sampled_from(OWNER_NAMES), max_size=len(OWNER_NAMES), unique=True), "owners"
             )
-        self.fleet = self.fleet or self.draw(fleets(), "fleet")
-        self.facts = self.facts or {name: self.draw(node_facts(), f"facts of {name}") for name in sorted(self.fleet)}
-        self.catalog = self.catalog or self.draw(catalogs(self.plain), "catalog")
+        self.fleet = self.fleet or self.draw(fleets(self.facility), "fleet")
+        self.facts = self.facts or {
+            name: self.draw(node_facts(self.facility), f"facts of {name}") for name in sorted(self.fleet)
+        }
+        self.catalog = self.catalog or self.draw(catalogs(self.plain, self.facility), "catalog")
         self.states = [encode_state(self.live)]
 
     def draw(self, strategy, label: str | None = None):
@@ -320,6 +364,8 @@ class World:
             kinds.append("rogue")
         if self.malformed:
             kinds.append("malformed")
+        if self.facility:
+            kinds += ["label", "hold", "hold", "release", "budget", "power", "power", "up", "up", "up", "decide"]
         return kinds
 
     def step(self) -> Step:
@@ -343,6 +389,10 @@ class World:
                 step = Step(kind="register", before=self.states[-1])
                 self._step_register(step, name)
                 yield step
+            if self.facility:
+                step = Step(kind="budget", before=self.states[-1])
+                self._step_budget(step)
+                yield step
             for name in sorted(self.catalog):
                 step = Step(kind="apply", before=self.states[-1])
                 self._emit(step, ev.ModelApplied(at=self.tick(), model=self.catalog[name]))
@@ -358,8 +408,54 @@ class World:
         name = self.draw(sampled_from(sorted(self.catalog)))
         spec = self.catalog[name]
         if self.draw(st.booleans()):
-            spec = self.draw(model_specs(name, self.plain))  # a changed spec
+            spec = self.draw(model_specs(name, self.plain, self.facility))  # a changed spec
         self._emit(step, ev.ModelApplied(at=self.tick(), model=spec))
+
+    # ------------------------------------------------------------------ the facility
+
+    def _step_label(self, step: Step) -> None:
+        """An operator sets or removes a node's rack or PDU (`llmgw ctl label`)."""
+        name = self.draw(sampled_from(sorted(self.fleet)))
+        kind = self.draw(sampled_from(("rack", "pdu")))
+        if self.draw(st.booleans()):
+            names = RACKS if kind == "rack" else PDUS
+            event = ev.NodeLabeled(at=self.tick(), node=name, set={kind: self.draw(sampled_from([n for n in names if n]))})
+        else:
+            event = ev.NodeLabeled(at=self.tick(), node=name, remove=[kind])
+        self._emit(step, event)
+
+    def _step_hold(self, step: Step) -> None:
+        """An operator holds a domain, draining it or not (`llmgw ctl facility hold`):
+        often one where ready replicas run, so that drains have something to move."""
+        from llmgw.core.facility import domains_of
+
+        busy = sorted({
+            d for r in self.live.replicas.values() if r.state == "ready" for sh in r.shards
+            if sh.node in self.live.nodes for d in domains_of(self.live.nodes[sh.node])
+        })
+        domains = busy if busy and self.draw(st.integers(0, 3)) else DOMAINS
+        self._emit(step, ev.DomainHeld(
+            at=self.tick(), domain=self.draw(sampled_from(domains)), drain=self.draw(st.integers(0, 2)) > 0,
+            reason=self.draw(sampled_from(("maintenance", ""))),
+        ))
+
+    def _step_release(self, step: Step) -> None:
+        held = sorted(self.live.holds)
+        domain = self.draw(sampled_from(held)) if held and self.draw(st.integers(0, 3)) else self.draw(sampled_from(DOMAINS))
+        self._emit(step, ev.DomainReleased(at=self.tick(), domain=domain))
+
+    def _step_budget(self, step: Step) -> None:
+        """The catalog's facility section applied (whole): caps for some domains."""
+        self._emit(step, ev.FacilityApplied(at=self.tick(), budgets=self.draw(budgets(), "budgets")))
+
+    def _step_power(self, step: Step) -> None:
+        """An agent's measurement: its GPUs in use draw something, the others a little."""
+        name = self.draw(sampled_from(sorted(self.fleet)))
+        node = self.live.nodes.get(name)
+        used = set(node.used) if node is not None else set()
+        busy = self.draw(sampled_from((0.0, 150.0, 400.0, 800.0)), "watts per busy GPU")
+        gpus = {g.index: busy if g.index in used else self.draw(sampled_from((0.0, 50.0))) for g in self.fleet[name]}
+        self._emit(step, ev.NodePower(at=self.tick(), node=name, watts=sum(gpus.values()), gpus=gpus))
 
     def _step_owner(self, step: Step) -> None:
         """An owner applied (again), with another guarantee or limit."""

@@ -52,12 +52,13 @@ class Fleet:
         memory_gb: float = 0.0,
         cpu_cores: int = 0,
         labels: dict[str, str] | None = None,
+        power_w: float = 0.0,
     ) -> None:
         self.publish(
             ev.NodeRegistered(
                 at=self.tick(),
                 node=node,
-                gpus=[ev.Gpu(index=i, model=gpu_model, memory_gb=mem) for i in range(gpus)],
+                gpus=[ev.Gpu(index=i, model=gpu_model, memory_gb=mem, power_w=power_w) for i in range(gpus)],
                 memory_gb=memory_gb,
                 cpu_cores=cpu_cores,
                 labels=labels or {},

@@ -8,7 +8,8 @@ from pathlib import Path
 CORE = Path(__file__).resolve().parent.parent / "llmgw" / "core"
 
 # Standard modules the core may use: none of them does I/O, reads a clock or draws random numbers.
-ALLOWED = {"__future__", "typing", "collections", "dataclasses", "hashlib", "re", "enum", "itertools", "functools", "bisect", "heapq", "math"}
+# (weakref: placement's node index lives beside a state and goes with it, see core/nodeindex.py.)
+ALLOWED = {"__future__", "typing", "collections", "dataclasses", "hashlib", "re", "enum", "itertools", "functools", "bisect", "heapq", "math", "weakref"}
 ALLOWED_THIRD_PARTY = {"msgspec"}
 
 

@@ -37,7 +37,7 @@ from llmgw.replay import logfile
 from .conftest import REPO
 from .scenario import model, publish, until
 
-ENTITY_TABLES = ("models", "nodes", "replicas", "shards", "quotas")
+ENTITY_TABLES = ("models", "nodes", "replicas", "shards", "quotas", "domains")
 
 
 def query(db: Path, sql: str, *args) -> list[tuple]:

@@ -20,6 +20,7 @@ from llmgw.core.catalog import profile_named
 from llmgw.core.decide import decide
 from llmgw.core.fold import apply, copy_state, decode_state, encode_state, evolve
 from llmgw.core.history import verify
+from llmgw.core.nodeindex import index_of, track
 from llmgw.core.placement import Inventory, explain, replicas_per_node
 from llmgw.core.scaling import desired
 from llmgw.core.quota import add, need, over_limit, shard_amount
@@ -388,6 +389,21 @@ def test_decide_is_deterministic_and_does_not_touch_the_state(data):
         assert one == two
         assert decide(world.live, now) == one
         assert encode_state(world.live) == before, "decide changed the state it was given"
+
+
+@SETTINGS
+@given(st.data())
+def test_the_node_index_the_fold_keeps_is_the_one_built_afresh(data):
+    """Placement's node index is filed again only for the nodes the fold
+    touched (nodeindex.py): after every step it must be what a build from
+    scratch gives, and a pass on it decide what a pass on a copy decides
+    (a copy has no index kept: its pass builds one)."""
+    world = World(data, rogue=True)
+    track(world.live).sync(world.live)
+    for _ in world.run(STEPS):
+        assert index_of(world.live).check(world.live) == []
+        now = world.now + data.draw(st.integers(0, 100))
+        assert decide(world.live, now) == decide(copy_state(world.live), now)
 
 
 @SETTINGS

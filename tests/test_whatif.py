@@ -275,3 +275,27 @@ def test_a_dry_run_of_a_restart_says_in_which_order():
     kinds = [(h.kind, h.replica) for h in report.happenings if h.kind in ("restart", "stop", "place", "ready")]
     assert kinds[:3] == [("restart", "judge-1"), ("stop", "judge-1"), ("place", "judge-2")]
     assert ("ready", "judge-2") in kinds
+
+
+def test_a_dry_run_of_a_facility_hold_with_drain_moves_what_runs_there_first():
+    """What `ctl facility hold DOMAIN --drain --dry-run` folds: its
+    DomainHeld, as any other command's events."""
+    state = State()
+    sim = Sim(state, Timing(fixed=1.0))
+    for node, rack in (("n1", "r1"), ("n2", "r2")):
+        sim.fold(ev.NodeRegistered(at=0, node=node, gpus=[ev.Gpu(index=i) for i in range(4)],
+                                   labels={"llmgw.io/rack": rack}))
+    sim.fold(ev.ModelApplied(at=0, model=ev.ModelSpec(name="m", min_replicas=2, profiles=[ev.ProfileSpec(name="p")])))
+    for t in range(3):
+        sim.decide_pass(float(t))
+        sim.advance(float(t) + 1.5)
+    on = {r.id: r.shards[0].node for r in state.replicas.values()}
+    assert sorted(on.values()) == ["n1", "n2"]  # spread over the racks
+    report = dry_run(state, [ev.DomainHeld(at=0.0, domain="rack/r1", drain=True, reason="PDU swap")], 10.0)
+    moved = next(rid for rid, node in on.items() if node == "n1")
+    places = [h for h in report.happenings if h.kind == "place"]
+    stops = [h for h in report.happenings if h.kind == "stop"]
+    assert places and all(s.startswith("n2:") for h in places for s in h.shards)
+    assert [h.replica for h in stops] == [moved]
+    assert report.happenings.index(places[0]) < report.happenings.index(stops[0])  # replaced first
+    assert report.settled and {m.model: m.ready_after for m in report.models} == {"m": 2}

@@ -62,8 +62,9 @@ def last_seq(url: str) -> int:
 def test_a_dry_run_publishes_nothing_and_says_what_applying_then_does(nats_server, processes, tmp_path):
     url = nats_server.url
     processes.start("control", "control", "--nats", url, "--state-dir", str(tmp_path / "state"))
-    for name in ("gpu-1", "gpu-2"):
-        processes.start(name, "agent", "--simulate", "--name", name, "--gpus", "4", "--ready-after", "0.2", "--nats", url)
+    for name, rack in (("gpu-1", "r1"), ("gpu-2", "r2")):
+        processes.start(name, "agent", "--simulate", "--name", name, "--gpus", "4", "--ready-after", "0.2",
+                        f"--label=llmgw.io/rack={rack}", "--nats", url)
     wait_for(url, lambda s: len(s.nodes) == 2)
     base, full = tmp_path / "base.yaml", tmp_path / "full.yaml"
     base.write_text(BASE)
@@ -93,6 +94,15 @@ def test_a_dry_run_publishes_nothing_and_says_what_applying_then_does(nats_serve
     pre = next(h for h in report["happenings"] if h["kind"] == "preempt")
     place = next(h for h in report["happenings"] if h["kind"] == "place" and h["model"] == "judge")
     assert report["settled"]
+
+    # A facility hold, dry: the batch replicas on rack r1 have nowhere to go
+    # (the fleet is full), so they stay, and nothing is published.
+    hold = run_llmgw("ctl", "--nats", url, "facility", "hold", "rack/r1", "--drain", "--dry-run", "-o", "json")
+    assert hold.returncode == 0, hold.stderr
+    assert json.loads(hold.stdout)["basis"] == before
+    release = run_llmgw("ctl", "--nats", url, "facility", "release", "rack/r1", "--dry-run")
+    assert release.returncode == 1 and "not held" in release.stderr  # NOT_FOUND: it is not held
+    assert last_seq(url) == before
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(BASE.replace("hold_s: 5", "hold_secs: 5"))

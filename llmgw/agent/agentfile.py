@@ -8,7 +8,7 @@ field (as a catalog's does) and the agent does not start.
     # only where NVML finds no GPU: a CPU-only machine declares its (none, or
     # pretend) GPUs here; NVML's answer wins where there is one
     gpus:
-      - {index: 0, model: "NVIDIA H100 80GB HBM3", memory_gb: 80}
+      - {index: 0, model: "NVIDIA H100 80GB HBM3", memory_gb: 80, power_w: 700}
     cpu_cores: 32          # for shards; default: the cores this process may use
     memory_gb: 512         # for shards; default: the machine's memory
     hcas: [mlx5_0, mlx5_1] # reported as the label llmgw.io/hcas (comma-separated)
@@ -81,6 +81,9 @@ class GpuDecl(BaseModel):
     index: int = Field(ge=0)
     model: str = ""
     memory_gb: float = Field(0.0, ge=0)
+    # Its power limit in watts: what a shard on it is counted as drawing
+    # until the agent measures one (core/facility.py). 0: not said.
+    power_w: float = Field(0.0, ge=0)
 
 
 class PortRange(BaseModel):

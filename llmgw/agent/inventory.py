@@ -16,6 +16,7 @@ from typing import Callable
 
 from ..core import events as ev
 from .agentfile import AgentFile
+from .power import nvml_power_limit
 
 log = logging.getLogger("llmgw.agent")
 
@@ -52,7 +53,7 @@ def nvml_gpus() -> list[ev.Gpu] | None:
             if isinstance(name, bytes):
                 name = name.decode(errors="replace")
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-            gpus.append(ev.Gpu(index=i, model=name, memory_gb=round(memory / 2**30, 1)))
+            gpus.append(ev.Gpu(index=i, model=name, memory_gb=round(memory / 2**30, 1), power_w=nvml_power_limit(handle)))
         return gpus or None
     except Exception as e:
         log.warning("NVML could not list the GPUs (%s); using the agent file", e)
@@ -89,7 +90,7 @@ def discover(agent_file: AgentFile, nvml: Callable[[], list[ev.Gpu] | None] = nv
             log.warning("NVML finds %d GPU(s): the GPUs of the agent file are not used", len(found))
         gpus, source = found, "nvml"
     else:
-        gpus = [ev.Gpu(index=g.index, model=g.model, memory_gb=g.memory_gb) for g in agent_file.gpus]
+        gpus = [ev.Gpu(index=g.index, model=g.model, memory_gb=g.memory_gb, power_w=g.power_w) for g in agent_file.gpus]
         source = "agent file"
     return Inventory(
         gpus=gpus,

@@ -66,6 +66,7 @@ from ..bus import Bus, engine_key_name, publish_fact, until_taken
 from ..core import commands as cmds
 from ..core import events as ev
 from . import logs as engine_logs
+from . import power
 from . import ports as engine_ports
 from . import supervisor as sv
 from .agentfile import AgentFile
@@ -142,6 +143,7 @@ class NodeAgent:
         self._outbox: asyncio.Queue = asyncio.Queue()
         self._numbers = itertools.count(1)
         self.taken: list[int] = []  # ports of its range another program holds, as last said
+        self.power = power.Coalescer()  # which power readings become NodePower events
 
     # ----------------------------------------------------------------- the service
 
@@ -177,6 +179,7 @@ class NodeAgent:
                 except Exception as e:
                     log.warning("heartbeat failed: %s", e)
                 self._ports_freed()
+                self._power()
                 try:
                     await asyncio.wait_for(stop.wait(), self.heartbeat)
                 except asyncio.TimeoutError:
@@ -395,6 +398,18 @@ class NodeAgent:
             self.taken = sorted({*self.taken, port})
             self._outbox.put_nowait(ev.NodePorts(at=self.clock(), node=self.name, taken=list(self.taken)))
 
+    def _power(self) -> None:
+        """Once a heartbeat: what the GPUs draw, as a NodePower when it
+        changed by enough (power.Coalescer); only where NVML found the GPUs."""
+        if self.inventory.gpu_source != "nvml":
+            return
+        gpus = power.nvml_power()
+        if gpus is None:
+            return
+        watts = round(sum(gpus.values()), 1)
+        if self.power.due(watts, self.clock()):
+            self._outbox.put_nowait(ev.NodePower(at=self.clock(), node=self.name, watts=watts, gpus=gpus))
+
     def _ports_freed(self) -> None:
         """Once a heartbeat: those of the ports said taken that are free again are said free."""
         if not self.taken:
@@ -548,6 +563,7 @@ class NodeAgent:
 
     def registration(self) -> ev.NodeRegistered:
         inv = self.inventory
+        self.power.reset()  # a registration forgets what was measured: the next reading is sent
         running = [
             ev.RunningShard(
                 shard=r.shard, replica=r.replica, model=r.model, profile=r.profile, generation=r.generation,

@@ -30,6 +30,7 @@ import msgspec
 from ..bus import Bus, engine_key_name, publish_fact
 from ..core import commands as cmds
 from ..core import events as ev
+from . import power
 from .engines import identity
 from .sim_engine import SimEngine
 
@@ -53,10 +54,19 @@ class SimulatedAgent:
         fail_models: frozenset[str] = frozenset(),
         heartbeat: float = 1.0,
         clock: Callable[[], float] = time.time,
+        watts_per_gpu: float = 0.0,
+        power_limit_w: float = 0.0,
+        power_interval_s: float = power.MIN_INTERVAL_S,
     ) -> None:
         self.bus = bus
         self.name = name
-        self.gpus = [ev.Gpu(index=i, model=gpu_model, memory_gb=gpu_memory_gb) for i in range(gpus)]
+        self.gpus = [
+            ev.Gpu(index=i, model=gpu_model, memory_gb=gpu_memory_gb, power_w=power_limit_w) for i in range(gpus)
+        ]
+        # What it draws, measured as NVML would: watts_per_gpu for each GPU
+        # of a ready shard (0: it measures nothing and sends no NodePower).
+        self.watts_per_gpu = watts_per_gpu
+        self.power = power.Coalescer(min_interval_s=power_interval_s)
         # 0: not said, which placement takes as no limit. Labels such as
         # llmgw.io/pool and llmgw.io/fabric (needed for multi-node profiles) come from the caller.
         self.memory_gb = memory_gb
@@ -99,6 +109,7 @@ class SimulatedAgent:
                     await self.bus.beat(self.name, msgspec.json.encode({"at": self.clock(), "agent": self.instance}))
                 except Exception as e:
                     log.warning("heartbeat failed: %s", e)
+                await self._measure()
                 try:
                     await asyncio.wait_for(stop.wait(), self.heartbeat)
                 except asyncio.TimeoutError:
@@ -111,7 +122,22 @@ class SimulatedAgent:
                 await engine.stop()
             self.engines.clear()
 
+    def drawn(self) -> dict[int, float]:
+        """Watts per GPU index, as measured: watts_per_gpu on the GPUs of ready shards, 0 elsewhere."""
+        busy = {g for s in self.running.values() if s.state == "ready" for g in s.gpus}
+        return {g.index: self.watts_per_gpu if g.index in busy else 0.0 for g in self.gpus}
+
+    async def _measure(self) -> None:
+        """A NodePower when the draw changed by enough (power.Coalescer)."""
+        if not self.watts_per_gpu:
+            return
+        gpus = self.drawn()
+        watts = sum(gpus.values())
+        if self.power.due(watts, self.clock()):
+            await self._emit(ev.NodePower(at=self.clock(), node=self.name, watts=watts, gpus=gpus))
+
     async def _register(self) -> None:
+        self.power.reset()
         await self._emit(
             ev.NodeRegistered(
                 at=self.clock(),
@@ -192,6 +218,7 @@ class SimulatedAgent:
             endpoint = engine.endpoint
         shard.state, shard.endpoint, shard.identity = "ready", endpoint, me
         await self._status(cmd.replica, cmd.shard, cmd.generation, "ready", endpoint=endpoint, identity=me)
+        await self._measure()  # after the report: a measurement covers the shards ready when it is folded
 
     async def _close(self, shard_id: str) -> None:
         engine = self.engines.pop(shard_id, None)

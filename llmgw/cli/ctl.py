@@ -34,6 +34,7 @@ from ..ctl.config import CONFIG
 from ..ctl.locate import Where, locate
 from ..ctl.progress import Progress
 from ..ctl.readmodels import NoReadModels, ReadModels
+from . import facility as facility_cli
 from .exits import Exit
 
 OK, NOT_FOUND, BAD_INPUT, UNREACHABLE, BEHIND, NOT_AS_WANTED = (
@@ -100,7 +101,7 @@ ABOUT = {
         "The local llmgw up is found by itself (.llmgw/up.json here or in a folder above); elsewhere give\n"
         "--nats URL (or $LLMGW_NATS) and --db PATH (or $LLMGW_DB).\n\n"
         "kinds: models (model, mo), nodes (node, no), replicas (replica, rs), decisions (decision, dec),\n"
-        "quotas (quota, q), preemptions (preemption, pre), leader (lead), policy (pol)",
+        "quotas (quota, q), preemptions (preemption, pre), domains (domain, dom), leader (lead), policy (pol)",
         _examples("get replicas", "get rs -o wide", "get decisions --watch --limit 3",
                   "apply -f deploy/catalog.cpu.yaml --wait", "describe replica smollm2-1"),
     ),
@@ -152,6 +153,7 @@ ABOUT = {
         "when the model has fewer than it wants, else a further one. Folded from the log itself.",
         _examples("explain-placement llama-70b", "explain-placement smollm2 -o json"),
     ),
+    **facility_cli.ABOUT,
 }
 
 
@@ -180,8 +182,8 @@ def add_parser(sub) -> None:
     get = verb("get", "list models, nodes, replicas, decisions, quotas or preemptions; who leads (leader, live)")
     get.add_argument(
         "kind", type=kind_type(views.KINDS), metavar="KIND",
-        help="models, nodes, replicas, decisions, quotas, preemptions, leader or policy "
-        "(or singular, or mo, no, rs, dec, q, pre, lead, pol)",
+        help="models, nodes, replicas, decisions, quotas, preemptions, domains, leader or policy "
+        "(or singular, or mo, no, rs, dec, q, pre, dom, lead, pol)",
     )  # fmt: skip
     get.add_argument(
         "-o", "--output", choices=views.OUTPUTS, default="table",
@@ -191,6 +193,7 @@ def add_parser(sub) -> None:
     get.add_argument("--no-headers", action="store_true", help="tables and wide: no header line")
     get.add_argument("-w", "--watch", action="store_true", help="then print each change as it is projected (Ctrl-C ends)")
     get.add_argument("--model", help="only this model's replicas, decisions or preemptions")
+    get.add_argument("--domain", metavar="KIND/NAME", help="nodes: only those in this facility domain (rack/r4-12)")
     get.add_argument("--limit", type=int, default=50, metavar="N", help="decisions, preemptions: the latest N (0: all)")
     get.add_argument(
         "--timeout", type=float, default=CONFIG.catch_up_timeout_s, metavar="S",
@@ -233,6 +236,8 @@ def add_parser(sub) -> None:
     explain = verb("explain-placement", "for every node, why a replica of a model would or would not go there")
     explain.add_argument("model", metavar="MODEL", help="the model (in the catalog)")
     explain.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text", help="text for people, json or yaml")
+
+    facility_cli.add_parsers(verb, lambda p: _where_flags(p, argparse.SUPPRESS), _wait_flags, dry_run_flags)
 
     from .main import cmd_ctl
 
@@ -518,9 +523,9 @@ async def cmd_apply(args, where: Where) -> int:
         catalog = load_catalog(args.file)  # before connecting: a bad file publishes nothing
     except CatalogError as e:
         raise CtlError(f"apply: {e}", BAD_INPUT)
-    if not (catalog.models or catalog.owners or catalog.api_keys or catalog.policy):
+    if not (catalog.models or catalog.owners or catalog.api_keys or catalog.facility or catalog.policy):
         raise CtlError(
-            f"apply: {args.file} defines no models, owners, api_keys or policy: nothing to apply "
+            f"apply: {args.file} defines no models, owners, api_keys, facility or policy: nothing to apply "
             f"(to remove something, `llmgw ctl delete`)",
             BAD_INPUT,
         )
@@ -543,6 +548,15 @@ async def cmd_apply(args, where: Where) -> int:
             seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
             print(f"{label} {'configured' if item.had is not None else 'created'}{whose} (event {seq})")
             wait_for = max(wait_for, seq)
+        if catalog.facility is not None:
+            # Whole each time: a cap the file no longer names is lifted.
+            if catalog.facility.budgets == state.budgets:
+                print("facility unchanged")
+            else:
+                event = msgspec.structs.replace(catalog.facility, at=time.time())
+                seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
+                print(f"facility configured: {len(event.budgets)} power cap(s) (event {seq})")
+                wait_for = max(wait_for, seq)
     finally:
         await bus.close()
     sys.stdout.flush()
@@ -561,6 +575,10 @@ def _apply_as_if(state: State, catalog) -> tuple[list[ev.Event], list]:
             events.append(item.event)
             changes.append(Changed(kind=item.kind, name=item.name, verb="configured" if item.had is not None else "created",
                                    fields=field_changes(item.had, item.now)))
+    if catalog.facility is not None and catalog.facility.budgets != state.budgets:
+        events.append(catalog.facility)  # whole, as apply publishes it
+        changes.append(Changed(kind="facility", name="budgets", verb="configured",
+                               fields=field_changes(dict(state.budgets), dict(catalog.facility.budgets))))
     return events, changes
 
 
@@ -775,7 +793,10 @@ def _listing(models: ReadModels, args, after: tuple[int, int] | None = None) -> 
     if args.kind == "models":
         return models.models()
     if args.kind == "nodes":
-        return models.nodes()
+        rows = models.nodes()
+        return [n for n in rows if facility_cli.in_domain(n, args.domain)] if args.domain else rows
+    if args.kind == "domains":
+        return models.domains()
     if args.kind == "replicas":
         return models.replicas(args.model)
     if args.kind == "quotas":
@@ -836,6 +857,12 @@ async def cmd_get(args, where: Where) -> int:
         return await cmd_get_leader(args, where)
     if args.kind == "policy":
         return await cmd_get_policy(args, where)
+    if args.domain:
+        from ..core.facility import domain_problem
+
+        problem = domain_problem(args.domain)
+        if problem or args.kind != "nodes":
+            raise CtlError(f"get: --domain: {problem or 'only nodes are listed by domain'}", BAD_INPUT)
     fresh = await _fresh(where, args.timeout)
     models = fresh.models
     rows = _listing(models, args)
@@ -913,6 +940,8 @@ VERBS = {
     "retry": cmd_retry,
     "explain-placement": cmd_explain,
     "logs": cmd_logs,
+    "label": facility_cli.cmd_label,
+    "facility": facility_cli.cmd_facility,
 }
 
 

@@ -194,6 +194,13 @@ def default_node_name() -> str:
     return name or "node"
 
 
+def _label_arg(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key or not value:
+        raise argparse.ArgumentTypeError(f"{text!r}: a label is KEY=VALUE (llmgw.io/rack=r4-12)")
+    return key, value
+
+
 def cmd_agent(args) -> None:
     if not args.simulate and not args.name and not (args.creds or os.environ.get("LLMGW_CREDS")):
         args.name = default_node_name()
@@ -219,6 +226,10 @@ def cmd_agent(args) -> None:
             loading_after=args.loading_after,
             ready_after=args.ready_after,
             fail_models=frozenset(args.fail_model),
+            labels=dict(args.label),
+            watts_per_gpu=args.watts_per_gpu,
+            power_limit_w=args.gpu_power,
+            power_interval_s=args.power_interval,
         )
 
         # Tests and demos make a shard fail on request: a core NATS request
@@ -441,7 +452,8 @@ ABOUT = {
     "agent": (
         "Run the node agent: it starts and watches this node's inference engines and reports them on the log.\n"
         "With --simulate, a simulated node that runs no engine (for tests, demos and benchmarks).",
-        ["llmgw agent --agent-file deploy/agent.example.yaml", "llmgw agent --simulate --name gpu-1 --gpus 8"],
+        ["llmgw agent --agent-file deploy/agent.example.yaml", "llmgw agent --simulate --name gpu-1 --gpus 8",
+         "llmgw agent --simulate --name gpu-2 --label llmgw.io/rack=r4-12 --label llmgw.io/pdu=pdu-a --watts-per-gpu 350"],
     ),
     "gateway": (
         "Serve the OpenAI API (/v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings) and route\n"
@@ -598,6 +610,22 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument(
         "--fail-model", action="append", default=[], metavar="MODEL",
         help="simulated: shards of this model fail instead of becoming ready (repeat for more)",
+    )  # fmt: skip
+    agent.add_argument(
+        "--watts-per-gpu", type=float, default=0.0, metavar="W",
+        help="simulated: the draw measured of each GPU in use, sent as node.power (0: none measured)",
+    )  # fmt: skip
+    agent.add_argument(
+        "--gpu-power", type=float, default=0.0, metavar="W",
+        help="simulated: each GPU's power limit, its derived draw before a measurement (0: not said)",
+    )  # fmt: skip
+    agent.add_argument(
+        "--power-interval", type=float, default=5.0, metavar="S",
+        help="simulated: at most one node.power this often (a change held back is sent after it)",
+    )  # fmt: skip
+    agent.add_argument(
+        "--label", type=_label_arg, action="append", default=[], metavar="KEY=VALUE",
+        help="simulated: a node label, e.g. llmgw.io/rack=r4-12 (repeat for more)",
     )  # fmt: skip
     agent.add_argument("--nats", metavar="URL", help=NATS_HELP)
     agent.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")

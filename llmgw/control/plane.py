@@ -27,6 +27,7 @@ the fleet falls silent at once.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import json
 import logging
@@ -45,6 +46,7 @@ from ..core.decisions import describe_action
 from ..core.fold import apply
 from ..core.history import action_about
 from ..core.liveness import lost_nodes, mass_silence
+from ..core.nodeindex import track
 from ..core.state import State
 from ..telemetry import tracer
 from .config import ControlConfig
@@ -162,6 +164,11 @@ class ControlPlane:
             while not await self._folded_to(last, timeout=60.0):
                 log.warning("still catching up with the log: at %d of %d", self.state.seq, last)
             self.ready.set()
+            # The state caught up is what this process keeps for its life: out
+            # of the cycle collector's way (the gateway does the same), so no
+            # collection goes over a million live objects again.
+            gc.freeze()
+            track(self.state)  # placement's node index, kept by the fold from here on (core/nodeindex.py)
             log.info("caught up at sequence %d; control plane %s follows, and campaigns for the lease", self.state.seq,
                      self.leader)
             while not stop.is_set():

@@ -8,7 +8,9 @@ anew under the same name holds other events under the same sequences.
 
 from __future__ import annotations
 
+import gc
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
@@ -37,7 +39,8 @@ class SnapshotStore:
             return None
         if snap.fold_version != FOLD_VERSION or snap.log_id != log_id or snap.seq > last_seq:
             return None
-        return decode_state(snap.state)
+        with gc_paused():
+            return decode_state(snap.state)
 
     def save(self, state: State, log_id: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,3 +51,18 @@ class SnapshotStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+
+
+@contextmanager
+def gc_paused():
+    """Python's cycle collector off while a large state is built: decoding
+    one makes a million objects, none of them garbage, and each collection
+    it triggered went over all that were made so far (at 16,000 nodes, a
+    decode took 2.5x as long with it on)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

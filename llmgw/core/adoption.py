@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from . import events as ev
 from .catalog import profile_named
+from .facility import shard_watts
 from .quota import count, shard_amount
 from .replicas import derive_live_state, derive_replica_state, forget, hold, replica_number, tally
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, Stray, add_gb
@@ -156,6 +157,8 @@ def _merge(
             # more than the node has does not make the node hold more than it has).
             memory_gb=_at_most(profile.memory_gb, add_gb(node.memory_gb, -node.memory_used), node.memory_gb),
             cpu_cores=int(_at_most(profile.cpu_cores, node.cpu_cores - node.cpu_used, node.cpu_cores)),
+            # Its draw counts as a placed one's does until its node measures it.
+            power_w=shard_watts(profile, node, r.gpus),
         )
         rep.shards.append(sh)
         count(state, rep.owner, shard_amount(sh), +1)

@@ -8,6 +8,7 @@ import re
 import msgspec
 
 from .events import ModelSpec, ProfileSpec
+from .facility import KINDS
 
 # Node names appear as a token in NATS subjects; model names in replica ids.
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -58,4 +59,9 @@ def spec_problem(spec: ModelSpec) -> str:
         # its exit: a negative amount would make room that is not there.
         if p.memory_gb < 0 or p.cpu_cores < 0:
             return f"model {spec.name}, profile {p.name}: memory_gb and cpu_cores must be >= 0"
+        # (Counted into a domain's draw: a negative one would make power that is not there.)
+        if p.power_w < 0:
+            return f"model {spec.name}, profile {p.name}: power_w must be >= 0"
+        if p.keep_within and p.keep_within not in KINDS:
+            return f"model {spec.name}, profile {p.name}: keep_within must be one of {', '.join(KINDS)}"
     return ""

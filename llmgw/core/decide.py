@@ -25,6 +25,7 @@ them, and a fleet with nothing to do costs one look at each model and node.
 
 from __future__ import annotations
 
+from . import drains
 from . import events as ev
 from . import preempt
 from .passes import MAX_PASS_BYTES, ModelPass, Outcome, Pass, drain_s, place_one, why_no_fit
@@ -104,6 +105,7 @@ def _models_to_look_at(state: State, now: float) -> set[str]:
         n = desired(model, now)
         if live != n or n != decided(model) or model.waiting or model.restart_queue:
             look.add(name)
+    look |= drains.models_draining(state)  # replicas to move out of a drained domain
     return look
 
 

@@ -14,6 +14,8 @@ from typing import Callable
 
 from . import events as ev
 from .catalog import profile_named
+from .facility import count_unmeasured, counted, power_problem, shard_watts
+from .nodeindex import touch
 from .ports import placement_problem
 from .quota import add, count, need, over_limit, replica_amount, shard_amount
 from .replicas import RETIRING, TERMINAL, unwanted
@@ -101,6 +103,19 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         why = placement_problem(node, s.port)
         if why:
             return why
+    # Holds and power caps, checked again in log order (a hold, a cap or a
+    # measurement may have come since the decision). What the replica it
+    # replaces hands over on a node is credited, as decide released it.
+    draws = [shard_watts(profile, nodes[s.node], s.gpus) if profile is not None else 0.0 for s in placements]
+    if state.holds or state.budgets:
+        handed_w: dict[str, float] = {}
+        for sh in handed.values():
+            node = nodes.get(sh.node)
+            if node is not None:
+                handed_w[sh.node] = handed_w.get(sh.node, 0.0) + counted(node, sh)
+        why = power_problem(state, [(nodes[s.node], w) for s, w in zip(placements, draws)], handed_w)
+        if why:
+            return why
     shards = []
     for s in placements:
         sid, port, gpus_taken = s.shard, s.port, s.gpus
@@ -114,9 +129,12 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
                 generation=seq,
                 memory_gb=memory,
                 cpu_cores=cores,
+                power_w=draws[len(shards)],
             )
         )
         node = nodes[s.node]
+        count_unmeasured(node, shards[-1])
+        touch(state, s.node)
         if handed:
             for old_sh in handed.values():
                 if old_sh.node == s.node:
@@ -152,6 +170,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         placed_at=e.at,
         replaced=a.replaces,
         owner=model.spec.owner,
+        rejections=list(a.rejections),
     )
     if model.spec.owner:
         for sh in shards:

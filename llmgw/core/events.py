@@ -393,6 +393,10 @@ class PlaceReplica(Struct, tag_field="action", tag="place"):
     # A replica stopped in the same pass whose GPUs and ports this one takes
     # over: its shards start once the old ones on their node have exited.
     replaces: str = ""
+    # The facility's refusals this placement met on its way, by domain
+    # (`rack/r4-12 is held: maintenance`): kept on the replica for
+    # `ctl describe replica`, since the state that caused them passes.
+    rejections: list[str] = []
 
 
 class StopReplica(Struct, tag_field="action", tag="stop"):

@@ -20,10 +20,11 @@ from typing import Callable
 
 import msgspec
 
-from . import adoption, decisions
+from . import adoption, decisions, facility
 from . import events as ev
 from .catalog import NAME_RE, fingerprint, spec_problem
 from .policy import problem as policy_problem
+from .nodeindex import touch
 from .ports import held_by_another_program, in_range, node_ports, range_problem
 from .quota import count, replica_amount, shard_amount
 from .replicas import RETIRING, TERMINAL, derive_replica_state, hand_back, release_ids, started, unwanted
@@ -44,8 +45,10 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 9: a node's engine port range and the ports other programs hold (NodePorts);
 #    a shard failed on one of those is not a start failure of its model.
 # 10: who leads (LeaderElected: state.term, leader, leader_since).
-# 11: the policy (PolicyApplied: state.policy), which the rules read.
-FOLD_VERSION = 11
+# 11: the facility (facility.py): location labels, holds, power caps and
+#     measured draw; a placement in a held domain or past a cap is voided.
+# 12: the policy (PolicyApplied: state.policy), which the rules read.
+FOLD_VERSION = 12
 
 
 class Refused(ValueError):
@@ -70,7 +73,12 @@ def apply(state: State, seq: int, subject: str, data: bytes) -> State:
             end = 12 + len(node)
             if subject[:end] != prefix + node or subject[end : end + 1] != ".":
                 check_origin(subject, event)
-        elif not subject.startswith(prefix) or prefix is _GATEWAY:
+        elif prefix is _GATEWAY:
+            gateway = event.gateway
+            end = 9 + len(gateway)
+            if subject[:end] != prefix + gateway or subject[end : end + 1] != ".":
+                check_origin(subject, event)
+        elif not subject.startswith(prefix):
             check_origin(subject, event)
         elif prefix is _CONTROL:
             state.control_seq = seq
@@ -238,13 +246,21 @@ def _model_load(state: State, e: ev.ModelLoad, seq: int) -> None:
     model = state.models.get(e.model)
     if model is None:
         return  # a model removed meanwhile, or asked for by a typo: nothing to scale
-    model.load[e.gateway] = Load(in_flight=e.in_flight, queued=e.queued, at=e.at)
-    busy = e.in_flight + e.queued
-    last = max(e.last_used, e.at if busy else 0.0)
+    # (Most events of a real day's log are these: kept in place, not made anew.)
+    at, in_flight, queued = e.at, e.in_flight, e.queued
+    load = model.load.get(e.gateway)
+    if load is None:
+        model.load[e.gateway] = Load(in_flight=in_flight, queued=queued, at=at)
+    else:
+        load.in_flight, load.queued, load.at = in_flight, queued, at
+    last = e.last_used
+    if (in_flight or queued) and at > last:
+        last = at
     if last > model.last_used:
         model.last_used = last
-    if model.spec.target_load > 0:
-        note_peak(model, e.at, wants(model.spec, current_load(model, e.at)))
+    spec = model.spec
+    if spec.target_load > 0:
+        note_peak(model, at, wants(spec, current_load(model, at)))
 
 
 # --------------------------------------------------------------------------- agent events
@@ -270,13 +286,16 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
         registered_at=e.at,
         port_first=e.port_first,
         port_last=e.port_last,
+        operator_labels=dict(state.node_labels.get(e.node, {})),
     )
     node.taken = in_range(node, e.ports_taken)
     state.nodes[e.node] = node
+    facility.relocate(state, e.node)
     # Registered after its credential was revoked: with a new one (the server
     # refuses the old since before the revocation was in the log).
     state.revoked_nodes.pop(e.node, None)
     adoption.take_reports(state, node, e)
+    touch(state, e.node)
 
 
 def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
@@ -293,6 +312,7 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
             if stray is not None and stray.generation == e.generation:
                 del node.strays[e.shard]
                 release_ids(node, e.shard, stray.gpus, stray.port)
+                touch(state, e.node)
                 return
     rep = state.replicas.get(e.replica)
     if rep is None:
@@ -323,6 +343,7 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
         sh.reason = e.reason
         node = state.nodes.get(e.node)
         if node is not None:
+            touch(state, e.node)
             sid, used = sh.id, node.used
             for g in sh.gpus:
                 if used.get(g) == sid:
@@ -334,6 +355,8 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
             if sh.memory_gb:
                 node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
             node.cpu_used -= sh.cpu_cores
+            if node.unmeasured:
+                node.unmeasured.pop(sid, None)
         count(state, rep.owner, shard_amount(sh), -1)
         if sh.after and node is not None:
             hand_back(state, node, sh)
@@ -359,12 +382,16 @@ def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
         return
     node.state = "lost"
     node.reason = e.reason
+    touch(state, e.node)
     node.used.clear()
     node.ports.clear()
     node.strays.clear()
     node.taken = []
     node.memory_used = 0.0
     node.cpu_used = 0
+    # Its shards are gone from the books, and what it last measured is stale.
+    node.unmeasured.clear()
+    node.power_w, node.power_gpus = 0.0, {}
     for rep in list(state.replicas.values()):
         touched = False
         for sh in rep.shards:
@@ -415,7 +442,4 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.CredentialRevoked: _credential_revoked,
     ev.PolicyApplied: _policy_applied,
 }
-# The facility's events are in the contract before the rules that read them
-# (core/facility.py); until then they are kept in the log and change nothing.
-for _cls in (ev.NodeLabeled, ev.DomainHeld, ev.DomainReleased, ev.FacilityApplied, ev.NodePower):
-    _HANDLERS[_cls] = lambda state, event, seq: None
+_HANDLERS.update(facility.HANDLERS)  # location labels, holds, power caps, measured draw

@@ -29,7 +29,7 @@ def mentions(event: ev.Event) -> set[Entity]:
     elif isinstance(event, ev.ShardStatus):
         out.update({("node", event.node), ("replica", event.replica)})
         out.add(("model", event.replica.rpartition("-")[0]))
-    elif isinstance(event, (ev.NodeLost, ev.NodePorts)):
+    elif isinstance(event, (ev.NodeLost, ev.NodePorts, ev.NodeLabeled, ev.NodePower)):
         out.add(("node", event.node))
     elif isinstance(event, ev.ReplicasRestart):
         for r in event.replicas:
@@ -129,6 +129,19 @@ def summary(event: ev.Event, about: Entity | None = None) -> str:
         return f"control plane {event.leader} leads: term {event.term}{after}"
     if isinstance(event, ev.CredentialRevoked):
         return f"credential of {event.role} {event.name} revoked"
+    if isinstance(event, ev.NodeLabeled):
+        said = [f"{k}={v}" for k, v in sorted(event.set.items())] + [f"{k}-" for k in event.remove]
+        return f"node {event.node} labeled: {' '.join(said)}"
+    if isinstance(event, ev.DomainHeld):
+        how = " for draining" if event.drain else ""
+        return f"{event.domain} held{how}: {event.reason or 'no reason given'}"
+    if isinstance(event, ev.DomainReleased):
+        return f"{event.domain} released"
+    if isinstance(event, ev.FacilityApplied):
+        caps = ", ".join(f"{d} {w:g} W" for d, w in sorted(event.budgets.items())) or "none"
+        return f"facility applied: power caps {caps}"
+    if isinstance(event, ev.NodePower):
+        return f"node {event.node} draws {event.watts:g} W"
     if isinstance(event, ev.Decided):
         acts = [a for a in event.actions if about is None or about in _action_mentions(a)]
         return "; ".join(_said(a) for a in acts)

@@ -152,6 +152,7 @@ def place_one(p: Pass, m: ModelPass, replica: str, reason: str, replaces: str = 
                 shards=shards,
                 reason=reason,
                 replaces=replaces,
+                rejections=p.inv.rejections(),
             )
     return None
 

@@ -17,6 +17,9 @@ not is a `Reason` (data: the rule, what was needed, what the node has), and
     ports       it has a port free in its range (PORT_BASE..PORT_LIMIT unless
                 its agent says another), held neither by a shard or stray
                 nor by another program (Node.taken)
+    held        it is in no held facility domain (facility.py)
+    power       one more shard takes no domain it is in past its power cap
+    keep-within a multi-node replica's shards share a domain of that kind
 
 A multi-node profile (`nodes > 1`) takes one shard on each of that many
 distinct nodes of one fabric, rank 0 being the endpoint. A node without the
@@ -29,7 +32,10 @@ Among the nodes that fit, the choice is:
 
 - spread first: nodes that run none of the model's replicas, then those that
   run one, and so on, so that one node lost takes as few of its replicas as
-  it can.
+  it can. Where nodes say their rack and PDU, the rack with the fewest of
+  them comes first, then the PDU, then the node (facility.Levels); for a
+  multi-node replica, the node alone (its rounds within each fabric would
+  be one per level, squared).
 - then best fit: the node with the fewest free GPUs that still has enough,
   ties in name order. Small replicas fill the nodes already in use and whole
   nodes stay free for the 8-GPU profiles; first fit in name order would put
@@ -56,21 +62,22 @@ three cannot disagree.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from bisect import bisect_left, insort
+from collections.abc import Iterable
 from functools import lru_cache
+from itertools import filterfalse
 
 import msgspec
 
+from . import facility
 from .events import Gpu, ProfileSpec, ShardPlacement
+from .nodeindex import FABRIC_LABEL, POOL_LABEL, Group, NodeIndex, index_of, kind_of
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
 
 # The engine ports of a node whose agent names no range (NodeRegistered's
 # port_first and port_last 0); the agent file's `engine_ports` defaults to it.
 PORT_BASE = 20000
 PORT_LIMIT = 29999
-POOL_LABEL = "llmgw.io/pool"
-FABRIC_LABEL = "llmgw.io/fabric"
 
 # The rules, in the order their reasons are listed: what a person can fix
 # fastest (a label, a node down) first.
@@ -83,7 +90,7 @@ GPUS = "gpus"
 MEMORY = "memory"
 CPU = "cpu"
 PORTS = "ports"
-RULES = (READY, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS)
+RULES = (READY, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS) + facility.RULES
 _LABELS = {
     READY: "not ready",
     POOL: "pool",
@@ -145,6 +152,8 @@ class Explanation(msgspec.Struct, kw_only=True):
 
 def render(reason: Reason) -> str:
     """A reason in words, e.g. "GPUs: needs 4 free, has 2 free"."""
+    if reason.rule in facility.RULES:
+        return facility.render(reason.rule, reason.need, reason.have)
     label = _LABELS.get(reason.rule, reason.rule)
     if reason.rule == READY:
         return f"{label}: {reason.have}"
@@ -182,6 +191,8 @@ def needs(p: ProfileSpec) -> str:
         out += f", {p.cpu_cores} CPU cores"
     if p.pool:
         out += f", in pool {p.pool}"
+    if p.keep_within and p.nodes > 1:
+        out += f", all within one {p.keep_within}"
     return out
 
 
@@ -297,25 +308,28 @@ def _limits(spread: dict[str, int]) -> list[int]:
     then at most one, and so on; then any node."""
     if not spread:
         return [1]
-    return list(range(1, max(spread.values()) + 2))
+    # Only the counts some node has: a round for a count none has admits
+    # what the one before did (facility.Levels' counts are far apart).
+    return [c + 1 for c in sorted({0, *spread.values()})]
 
 
 class _View:
-    """What one node has free in this pass: its GPUs, memory, cores and ports."""
+    """What one node has free in this pass: its GPUs, memory, cores and ports.
+    Made when the pass first looks at the node, from the node as folded."""
 
     __slots__ = (
-        "name", "node", "ordinal", "free", "kind", "pool", "fabric", "mem_used", "cpu_used", "ports", "next_port",
+        "name", "node", "ready", "free", "kind", "pool", "fabric", "mem_used", "cpu_used", "ports", "next_port",
         "groups",
     )
 
-    def __init__(self, name: str, node: Node, ordinal: int) -> None:
+    def __init__(self, name: str, node: Node, groups: tuple[Group, ...]) -> None:
         self.name = name
         self.node = node
-        self.ordinal = ordinal  # its place in name order among the ready nodes
+        self.ready = node.state == "ready"  # a node that is not: explained, never placed on
         gpus, used = node.gpus, node.used
         # Only GPUs the node has: a stray may report one it does not.
         self.free = sorted(g.index for g in gpus if g.index not in used) if used else sorted(g.index for g in gpus)
-        self.kind = _kind(gpus)
+        self.kind = kind_of(gpus)
         labels = node.labels
         self.pool = labels.get(POOL_LABEL, "")
         self.fabric = labels.get(FABRIC_LABEL, "")
@@ -323,7 +337,7 @@ class _View:
         self.cpu_used = node.cpu_used
         self.ports: set[int] | None = None  # built when first asked
         self.next_port = node.port_first or PORT_BASE
-        self.groups: tuple[_Group, ...] = ()  # the index's groups it is filed in
+        self.groups = groups  # the index's groups it is filed in
 
     def free_port(self) -> int:
         """The lowest port of the node's range not held by a shard, a stray
@@ -348,103 +362,84 @@ def port_range(node: Node) -> tuple[int, int]:
     return (node.port_first or PORT_BASE, node.port_last or PORT_LIMIT)
 
 
-def _kind(gpus: list[Gpu]) -> tuple[str, float, int] | None:
-    """(model, memory, count) when a node's GPUs are all alike, else None."""
-    if not gpus:
-        return ("", 0.0, 0)
-    first = gpus[0]
-    model, memory = first.model, first.memory_gb
-    for g in gpus:
-        if g.model != model or g.memory_gb != memory:
-            return None
-    return (model, memory, len(gpus))
-
-
-class _Group:
-    """Ready nodes alike in pool and GPUs (and fabric, in the index for
-    multi-node profiles), by free GPU count: for each count, their ordinals
-    in name order."""
-
-    __slots__ = ("pool", "fabric", "kind", "buckets")
-
-    def __init__(self, pool: str, fabric: str, kind: tuple[str, float, int] | None, top: int) -> None:
-        self.pool = pool
-        self.fabric = fabric
-        self.kind = kind
-        self.buckets: list[list[int]] = [[] for _ in range(top + 1)]
+# Groups that admit a profile, per index: keyed by what label_reasons and
+# _kind_reasons read of a profile, so that a cache outlives a pass.
+def _admit_key(p: ProfileSpec) -> tuple:
+    return (p.pool, p.nodes > 1, p.gpu_model, p.gpu_memory_gb, p.gpus)
 
 
 class Inventory:
-    """What is free, for one pass of decide, and where a replica fits in it."""
+    """What is free, for one pass of decide, and where a replica fits in it.
+
+    An overlay on the state's node index (nodeindex.py): a node's `_View` is
+    made when the pass first looks at it, and a bucket the pass changes is
+    copied first (`_own`), so the index shared with the next pass is never
+    changed by this one.
+
+    Hook points: `_room_reasons` is the per-node check every candidate
+    passes (what the node's other shards hold); `_best` orders the
+    candidates of one round of spread (`_limits`)."""
 
     def __init__(self, state: State) -> None:
         self._state = state
+        self._index: NodeIndex | None = None  # synced at first need
         self._views: dict[str, _View] = {}
-        self._ready: list[_View] | None = None  # in name order; built at first need
-        # Two indexes over the same nodes: by (pool, GPUs) for single-node
-        # profiles, and by (pool, fabric, GPUs) for multi-node ones. One keyed
-        # by fabric too would have a single-node placement look through a
-        # group per fabric, hundreds, for nothing.
-        self._groups: list[_Group] = []
-        self._fabric_groups: list[_Group] = []
-        self._top = 0
+        # group -> its buckets as this pass sees them, where the pass changed any
+        self._mine: dict[Group, list[list[str]]] = {}
         # Answers that depend only on a profile and a kind of node, for this
         # pass: keyed by id() of the profile, which the state holds throughout.
         self._fixed: dict[tuple, tuple[Reason, ...]] = {}
-        self._admitted: dict[int, list[_Group]] = {}
-        self._by_fabric: dict[int, dict[str, list[_Group]]] = {}
         self._names: list[str] | None = None
+        self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
+        self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
+        self._fac = facility.PassFacility(state)  # facility: holds, power caps, racks and PDUs
 
-    # ------------------------------------------------------------------ building
+    # ------------------------------------------------------------------ the index, and this pass's copy of it
 
-    def _build(self) -> list[_View]:
-        if self._ready is not None:
-            return self._ready
-        nodes = self._state.nodes
-        names = sorted(n for n, node in nodes.items() if node.state == "ready")
-        ready = self._ready = []
-        groups: dict[tuple, _Group] = {}
-        fabric_groups: dict[tuple, _Group] = {}
-        top = max((len(nodes[n].gpus) for n in names), default=0)
-        self._top = top
-        for i, name in enumerate(names):
-            v = _View(name, nodes[name], i)
-            self._views[name] = v
-            ready.append(v)
-            key = (v.pool, v.kind)
-            grp = groups.get(key)
-            if grp is None:
-                grp = groups[key] = _Group(v.pool, "", v.kind, top)
-            v.groups = (grp,)
-            if v.fabric:
-                key = (v.pool, v.fabric, v.kind)
-                fgrp = fabric_groups.get(key)
-                if fgrp is None:
-                    fgrp = fabric_groups[key] = _Group(v.pool, v.fabric, v.kind, top)
-                v.groups = (grp, fgrp)
-            for g in v.groups:
-                g.buckets[len(v.free)].append(i)  # names in order: each bucket stays sorted
-        self._groups = list(groups.values())
-        self._fabric_groups = list(fabric_groups.values())
-        return ready
+    def _build(self) -> NodeIndex:
+        idx = self._index
+        if idx is None:
+            idx = self._index = index_of(self._state)
+        return idx
 
     def ready(self) -> list[_View]:
         """The ready nodes, in name order."""
-        return self._build()
+        return [self.view(n) for n in self._build().ready_names]
 
     def view(self, name: str) -> _View:
-        self._build()
         v = self._views.get(name)
-        if v is None:  # a node that is not ready: explained, never placed on
-            v = self._views[name] = _View(name, self._state.nodes[name], -1)
+        if v is None:
+            entry = self._build().entries.get(name)
+            v = self._views[name] = _View(name, self._state.nodes[name], entry.groups if entry else ())
         return v
+
+    def _buckets(self, grp: Group) -> list[list[str]]:
+        return self._mine.get(grp) or grp.buckets
+
+    def _move(self, v: _View, before: int) -> None:
+        """The node's free GPU count changed in this pass: move it, in this pass's copy of its buckets."""
+        after, name, mine = len(v.free), v.name, self._mine
+        if after > before:
+            self._full.clear()
+            self._first.clear()
+        for grp in v.groups:
+            own = mine.get(grp)
+            if own is None:
+                own = mine[grp] = list(grp.buckets)
+            shared = grp.buckets
+            for k in (before, after):
+                if own[k] is shared[k]:
+                    own[k] = list(shared[k])
+            old = own[before]
+            del old[bisect_left(old, name)]
+            insort(own[after], name)
 
     # ------------------------------------------------------------------ the rules, per node
 
     def reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
         """Every rule this node breaks for one shard of the profile; () when it fits."""
         node = v.node
-        if node.state != "ready":
+        if not v.ready:
             have = node.state + (f": {node.reason}" if node.reason else "")
             return (Reason(rule=READY, need="a ready node", have=have),)
         return self._fixed_reasons(v, p) + self._room_reasons(v, p)
@@ -473,6 +468,8 @@ class Inventory:
             first, last = port_range(node)
             have = f"none ({len(node.taken)} held by other programs)" if node.taken else "none"
             out += (Reason(rule=PORTS, need=f"a free one in {first}-{last}", have=have),)
+        if self._fac.active:  # facility: held domains, power caps
+            out += self._fac.reasons(node, p, self._gpus_for(v, p))
         return out
 
     # ------------------------------------------------------------------ placing
@@ -482,20 +479,22 @@ class Inventory:
         return self._find(p, spread) is not None
 
     def _find(self, p: ProfileSpec, spread: dict[str, int]) -> list[_View] | None:
-        self._build()
-        groups = self._admitting(p)
+        idx = self._build()
         if p.nodes == 1:
+            groups = self._admitting(idx, p)
+            spread = self._fac.levels(spread)  # facility: rack, then PDU, then node
             for limit in _limits(spread):
                 v = self._best(p, groups, spread, limit, ())
                 if v is not None:
                     return [v]
             return None
-        return self._fabric_pick(p, groups, spread)
+        return self._fabric_pick(p, self._by_fabric(idx, p), spread)
 
     def place(self, p: ProfileSpec, replica: str, spread: dict[str, int]) -> list[ShardPlacement] | None:
         """Shards for one replica of this profile, taken from the inventory, or
         None when it fits nowhere. `spread`: how many of the model's replicas
         each node runs already; the fewer, the sooner a node is tried."""
+        self._fac.seen = {}
         chosen = self._find(p, spread)
         if chosen is None:
             return None
@@ -506,36 +505,74 @@ class Inventory:
             shards.append(ShardPlacement(shard=f"{replica}.{rank}", node=v.name, rank=rank, gpus=gpus, port=port))
         return shards
 
-    def _admitting(self, p: ProfileSpec) -> list[_Group]:
-        """The groups whose labels and GPUs suit the profile, were their GPUs all free."""
-        out = self._admitted.get(id(p))
-        if out is None:
-            out = []
-            for grp in self._groups if p.nodes == 1 else self._fabric_groups:
-                if label_reasons(p, grp.pool, grp.fabric):
-                    continue
-                if grp.kind is not None and _kind_reasons(p, grp.kind, grp.kind[2]):
-                    continue
-                out.append(grp)
-            self._admitted[id(p)] = out
+    def _admitting(self, idx: NodeIndex, p: ProfileSpec) -> list[Group]:
+        """The groups whose labels and GPUs suit the profile, were their GPUs
+        all free. Kept with the index until it gains a group."""
+        key = _admit_key(p)
+        cached = idx.admitted.get(key)
+        if cached is not None and cached[0] == idx.version:
+            return cached[1]
+        out = []
+        for grp in (idx.groups if p.nodes == 1 else idx.fabric_groups).values():
+            if label_reasons(p, grp.pool, grp.fabric):
+                continue
+            if grp.kind is not None and _kind_reasons(p, grp.kind, grp.kind[2]):
+                continue
+            out.append(grp)
+        if p.nodes > 1:
+            out.sort(key=lambda g: g.fabric)  # stable: each fabric's groups in the order they were made
+        idx.admitted[key] = (idx.version, out)
         return out
 
-    def _best(self, p: ProfileSpec, groups: list[_Group], spread: dict[str, int], limit: int, taken) -> _View | None:
+    def _by_fabric(self, idx: NodeIndex, p: ProfileSpec) -> list[list[Group]]:
+        """The admitting groups of a multi-node profile, by fabric in name order."""
+        key = ("fabric", *_admit_key(p))
+        cached = idx.admitted.get(key)
+        if cached is not None and cached[0] == idx.version:
+            return cached[1]
+        by: dict[str, list[Group]] = {}
+        for grp in self._admitting(idx, p):  # label_reasons let no group without a fabric through
+            by.setdefault(grp.fabric, []).append(grp)
+        out = list(by.values())
+        idx.admitted[key] = (idx.version, out)
+        return out
+
+    def _best(self, p: ProfileSpec, groups: list[Group], spread: dict[str, int], limit: int, taken) -> _View | None:
         """The fitting node with the fewest free GPUs that are enough, ties in
         name order, among those running fewer than `limit` of the model's
         replicas and not in `taken`."""
-        ready = self._ready
-        assert ready is not None
-        for k in range(p.gpus, self._top + 1):
+        views, mine, fac = self._views, self._mine, self._fac
+        lists = [mine.get(grp) or grp.buckets for grp in groups]
+        # The nodes that run the model are skipped in C when every one of
+        # them is (the first round): a model's own replicas sit at the head
+        # of the buckets they were placed from, and looking at each of them
+        # in Python was most of a cold start.
+        skip_all = bool(spread) and limit == 1  # (spread counts are >= 1)
+        count = bool(spread) and limit > 1
+        blocked = fac.blocked(p) if fac.active else None  # facility: nodes known refused in this pass
+        over = spread.over(limit) if count and isinstance(spread, facility.Levels) else None  # facility: spread
+        if over is not None:
+            count = False
+        for k in range(p.gpus, self._index.top + 1):  # type: ignore[union-attr]
             best: _View | None = None
-            for grp in groups:
-                for o in grp.buckets[k]:
-                    if best is not None and o >= best.ordinal:
+            for grp, buckets in zip(groups, lists):
+                bucket = buckets[k]
+                if not bucket:
+                    continue
+                names = filterfalse(spread.__contains__, bucket) if skip_all else bucket
+                if over:
+                    names = filterfalse(over.__contains__, names)
+                for name in filterfalse(blocked.__contains__, names) if blocked else names:
+                    if best is not None and name >= best.name:
                         break  # this group has nothing earlier in name order
-                    v = ready[o]
-                    if spread and spread.get(v.name, 0) >= limit or v in taken:
+                    if count and spread.get(name, 0) >= limit:
+                        continue
+                    v = views.get(name) or self.view(name)
+                    if v in taken:
                         continue
                     if grp.kind is None and _mixed_reasons(p, v.node.gpus, v.free):
+                        continue
+                    if fac.active and fac.refuses(v.node, p, self._gpus_for(v, p)):  # facility: holds, caps
                         continue
                     if self._room_reasons(v, p):
                         continue
@@ -545,29 +582,60 @@ class Inventory:
                 return best
         return None
 
-    def _fabric_pick(self, p: ProfileSpec, groups: list[_Group], spread: dict[str, int]) -> list[_View] | None:
+    def _fabric_pick(self, p: ProfileSpec, by_fabric: list[list[Group]], spread: dict[str, int]) -> list[_View] | None:
         """Nodes for a multi-node replica: the first fabric, in name order, with
         enough nodes that fit among the least loaded with the model; within
         it, the least loaded first."""
-        by_fabric: dict[str, list[_Group]] | None = self._by_fabric.get(id(p))
-        if by_fabric is None:
-            by_fabric = {}
-            for grp in groups:  # label_reasons let no group without a fabric through
-                by_fabric.setdefault(grp.fabric, []).append(grp)
-            by_fabric = self._by_fabric[id(p)] = dict(sorted(by_fabric.items()))
         limits = _limits(spread)
+        # Fabrics before `start` are known too full for this profile in this
+        # pass (fabrics fill in name order: on a full fleet, most of them).
+        key = (id(by_fabric), p.gpus, p.nodes)
+        start = self._first.get(key, 0)
+        fac = self._fac
         for i in range(len(limits)):
-            for groups_in_fabric in by_fabric.values():
-                chosen: list[_View] = []
-                for limit in limits[: i + 1]:
-                    while len(chosen) < p.nodes:
-                        v = self._best(p, groups_in_fabric, spread, limit, chosen)
-                        if v is None:
-                            break
-                        chosen.append(v)
-                if len(chosen) == p.nodes:
-                    return chosen
+            for j in range(start, len(by_fabric)):
+                groups_in_fabric = by_fabric[j]
+                if not self._may_hold(p, groups_in_fabric):
+                    if j == start:
+                        start = self._first[key] = j + 1
+                    continue
+                # facility: keep_within tries one domain of its kind at a time
+                for domain in fac.within(p.keep_within, self._fabric_nodes(groups_in_fabric)) if p.keep_within else ("",):
+                    chosen: list[_View] = []
+                    taken = facility.Outside(fac, p.keep_within, domain, chosen) if domain else chosen
+                    for limit in limits[: i + 1]:
+                        while len(chosen) < p.nodes:
+                            v = self._best(p, groups_in_fabric, spread, limit, taken)
+                            if v is None:
+                                break
+                            chosen.append(v)
+                    if len(chosen) == p.nodes and fac.fit_together(
+                        [v.node for v in chosen], p, [self._gpus_for(v, p) for v in chosen]
+                    ):
+                        return chosen
         return None
+
+    def _fabric_nodes(self, groups: list[Group]) -> list[str]:
+        """The names of the nodes filed in these groups (keep_within's domains are among theirs)."""
+        return [name for grp in groups for bucket in self._buckets(grp) for name in bucket]
+
+    def _may_hold(self, p: ProfileSpec, groups: list[Group]) -> bool:
+        """Whether a fabric has, by GPU count alone, enough nodes for the
+        profile: a fabric that has not is skipped without looking at a node
+        (the same answer `_best` would give, sooner: most fabrics of a full
+        fleet are full). A no is kept for the pass, until it frees GPUs
+        (`_move`): its placements only take."""
+        key = (id(groups), p.gpus, p.nodes)
+        if key in self._full:
+            return False
+        want, need = p.nodes, p.gpus
+        for grp in groups:
+            for b in self._buckets(grp)[need:]:
+                want -= len(b)
+                if want <= 0:
+                    return True
+        self._full.add(key)
+        return False
 
     def _gpus_for(self, v: _View, p: ProfileSpec) -> list[int]:
         """The lowest-numbered free GPUs of the node that suit the profile."""
@@ -586,13 +654,11 @@ class Inventory:
         if gpus:
             taken = set(gpus)
             v.free = [g for g in v.free if g not in taken]
-            for grp in v.groups:
-                old = grp.buckets[before]
-                del old[bisect_left(old, v.ordinal)]
-                insort(grp.buckets[len(v.free)], v.ordinal)
+            self._move(v, before)
         if p.memory_gb:
             v.mem_used = add_gb(v.mem_used, p.memory_gb)
         v.cpu_used += p.cpu_cores
+        self._fac.take(v.node, p, gpus)  # facility: its draw counts for its domains
         port = v.free_port()
         v.ports.add(port)  # type: ignore[union-attr]
         v.next_port = port + 1
@@ -609,19 +675,20 @@ class Inventory:
 
     def _shift(self, shards: list[Shard], give: bool) -> None:
         self._build()
+        nodes = self._state.nodes
         for sh in shards:
-            v = self._views.get(sh.node)
-            if v is None or v.ordinal < 0 or sh.state in TERMINAL_SHARD_STATES:
+            if sh.node not in nodes or sh.state in TERMINAL_SHARD_STATES:
+                continue
+            v = self.view(sh.node)
+            if not v.ready:
                 continue
             held = {g for g in sh.gpus if v.node.used.get(g) == sh.id}
             before = len(v.free)
             v.free = sorted(set(v.free) | held) if give else [g for g in v.free if g not in held]
             if len(v.free) != before:
-                for grp in v.groups:
-                    old = grp.buckets[before]
-                    del old[bisect_left(old, v.ordinal)]
-                    insort(grp.buckets[len(v.free)], v.ordinal)
+                self._move(v, before)
             sign = -1 if give else 1
+            self._fac.shift(v.node, sh, give)  # facility: what it draws
             v.mem_used = add_gb(v.mem_used, sign * sh.memory_gb)
             v.cpu_used += sign * sh.cpu_cores
             # (A port another program holds stays out, whoever held it here:
@@ -634,6 +701,10 @@ class Inventory:
                     v.next_port = min(v.next_port, sh.port)
                 else:
                     v.ports.add(sh.port)
+
+    def rejections(self) -> list[str]:
+        """The facility's refusals the last `place` met, by domain, in words."""
+        return self._fac.rejections()
 
     def describe_nodes(self, names: Iterable[str]) -> str:
         """What these nodes have free in this pass, in words (a preemption keeps it)."""
@@ -668,6 +739,10 @@ class Inventory:
             if not rs:
                 fitting[v.fabric] = fitting.get(v.fabric, 0) + 1
         fabrics: tuple[Reason, ...] = ()
+        if p.nodes > 1 and p.keep_within and fitting:  # facility: one domain for all its shards
+            kept = self._fac.keep_within_reason(p, [nf.node for nf in nodes if nf.fits])
+            if kept is not None:
+                return ProfileFit(profile=p.name, needs=needs(p), fits=False, nodes=tuple(nodes), fabrics=(kept,))
         if p.nodes == 1:
             fits = bool(fitting)
         else:

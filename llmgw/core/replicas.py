@@ -10,6 +10,8 @@ replicas and compare, so every handler must change them through here.
 
 from __future__ import annotations
 
+from .facility import count_unmeasured
+from .nodeindex import touch
 from .quota import count, shard_amount
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, Tally, add_gb
 
@@ -23,6 +25,7 @@ def hold(node: Node, sh: Shard) -> None:
     if sh.memory_gb:
         node.memory_used = add_gb(node.memory_used, sh.memory_gb)
     node.cpu_used += sh.cpu_cores
+    count_unmeasured(node, sh)
 
 
 def release_ids(node: Node, holder: str, gpus: list[int], port: int) -> None:
@@ -139,9 +142,11 @@ def forget(state: State, rep: Replica) -> None:
         if node is None or sh.state in TERMINAL:
             continue
         release_ids(node, sh.id, sh.gpus, sh.port)
+        touch(state, sh.node)
         if sh.memory_gb:
             node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
         node.cpu_used -= sh.cpu_cores
+        node.unmeasured.pop(sh.id, None)
         count(state, rep.owner, shard_amount(sh), -1)
         if sh.after:
             hand_back(state, node, sh)

@@ -14,6 +14,7 @@ placements in the pass (see `retire`).
 
 from __future__ import annotations
 
+from . import drains
 from . import events as ev
 from .passes import ModelPass, Outcome, Pass, drain_s, place_one
 from .quota import add, replica_amount
@@ -83,7 +84,8 @@ def retire(p: Pass, m: ModelPass, outcome: Outcome) -> int:
                 p.add(ev.RefuseRestart(replica=rep.id, reason=why))
                 refused += 1
             else:
-                p.add(ev.RefuseRestart(replica=rep.id, reason=_fits_nowhere(spec)))
+                why = drains.refusal(p.state, rep) or _fits_nowhere(spec)
+                p.add(ev.RefuseRestart(replica=rep.id, reason=why))
                 refused += 1
         elif outcome is Outcome.NOT_TRIED and p.now - rep.retiring_at > spec.drain_grace_s:
             why = f"restarted in place: no replacement beside it within {spec.drain_grace_s:g}s"
@@ -117,6 +119,9 @@ def begin_restarts(p: Pass, m: ModelPass) -> int:
         for r in sorted(m.serving, key=lambda r: replica_number(r.id))
         if r.restart == "" and r.id not in asked and model.fingerprints.get(r.profile) != r.fingerprint
     ]
+    # Replicas in a domain held for draining: moved as restarts with surge.
+    moving = {rep.id: why for rep, why in drains.to_move(p, m, set(queued))}
+    queued += list(moving)
     replaced = 0
     if not queued:
         return replaced
@@ -130,7 +135,12 @@ def begin_restarts(p: Pass, m: ModelPass) -> int:
         rep = state.replicas[rid]
         if rep.state != "ready" or rep.restart in RETIRING or rep not in m.serving:
             continue
-        if rep.restart_in_place or beside <= 0:
+        if rid in moving:
+            # Out of a drained domain: always beside itself, never an outage;
+            # at least one at a time whatever the model's pace.
+            if beside <= 0 and m.retiring:
+                continue
+        elif rep.restart_in_place or beside <= 0:
             if instead >= max(unavailable, 1 if rep.restart_in_place else 0):
                 break
             why = "restarted in place, as asked" if rep.restart_in_place else "restarted in place (max_unavailable)"
@@ -151,7 +161,7 @@ def begin_restarts(p: Pass, m: ModelPass) -> int:
             m.serving.remove(rep)
             instead += 1
             continue
-        why = "asked by an operator" if rid in asked else f"profile {rep.profile} of {spec.name} changed"
+        why = "asked by an operator" if rid in asked else moving.get(rid) or f"profile {rep.profile} of {spec.name} changed"
         p.add(ev.RestartReplica(replica=rid, reason=why))
         m.retiring.append(rep)
         m.serving.remove(rep)
@@ -200,6 +210,10 @@ def _kept_till_exit(rep: Replica, placed: ev.PlaceReplica) -> list[Shard]:
             port=sh.port if (sh.node, sh.port) not in ports else 0,
             memory_gb=0.0 if sh.node in nodes else sh.memory_gb,
             cpu_cores=0 if sh.node in nodes else sh.cpu_cores,
+            # Its draw too (facility.counted), as the fold credits it: on a
+            # node the replacement took, handed over; elsewhere its own.
+            power_w=0.0 if sh.node in nodes else sh.power_w,
+            measured=sh.measured,
         )
         for sh in rep.shards
     ]

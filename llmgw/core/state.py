@@ -1,7 +1,11 @@
 """The folded state: everything the control plane knows, built only from the log.
 
 Plain msgspec Structs, so a snapshot is one `msgspec.msgpack.encode` and two
-states compare with `==` (the property tests lean on that). Dicts keep the
+states compare with `==` (the property tests lean on that). The state is a
+tree, never a cycle, so its structs are not tracked by Python's cycle
+collector (`gc=False`): at 16,000 nodes the collector's passes over a
+million live objects were a third of a cold start and most of a
+snapshot's decode (issue 18), and nothing of the state needs it. Dicts keep the
 order in which the log created their entries, which is deterministic; rules
 that must not depend on it sort explicitly.
 """
@@ -34,7 +38,7 @@ TERMINAL_SHARD_STATES = ("failed", "stopped")
 KEEP_LAST = 100
 
 
-class Shard(msgspec.Struct, kw_only=True):
+class Shard(msgspec.Struct, kw_only=True, gc=False):
     id: str
     node: str
     rank: int
@@ -52,9 +56,14 @@ class Shard(msgspec.Struct, kw_only=True):
     # Shards on its node that must exit before it starts: those of the
     # replica it replaces in place, whose GPUs and port it took over.
     after: list[str] = []
+    # Facility (facility.py): what it is counted as drawing until its node's
+    # agent measures it (its profile's power_w, else its GPUs' power limits),
+    # and whether a measurement of its node has covered it since it was ready.
+    power_w: float = 0.0
+    measured: bool = False
 
 
-class Replica(msgspec.Struct, kw_only=True):
+class Replica(msgspec.Struct, kw_only=True, gc=False):
     id: str
     model: str
     profile: str
@@ -80,9 +89,11 @@ class Replica(msgspec.Struct, kw_only=True):
     # (and up its tree) until it exits, whatever the catalog says meanwhile.
     owner: str = ""
     preempted_for: str = ""  # the model it was stopped to make room for
+    # The facility's refusals its placement met (PlaceReplica.rejections).
+    rejections: list[str] = []
 
 
-class Stray(msgspec.Struct, kw_only=True):
+class Stray(msgspec.Struct, kw_only=True, gc=False):
     """A running shard no model claims. It keeps its GPUs and port until it
     exits: handing its port to a new shard would make that one fail to bind,
     fail its replica, and be placed on the same port again, without end."""
@@ -94,7 +105,7 @@ class Stray(msgspec.Struct, kw_only=True):
     stopping: bool = False
 
 
-class Node(msgspec.Struct, kw_only=True):
+class Node(msgspec.Struct, kw_only=True, gc=False):
     name: str
     gpus: list[Gpu]
     memory_gb: float = 0.0
@@ -123,9 +134,20 @@ class Node(msgspec.Struct, kw_only=True):
     # said (NodeRegistered.ports_taken, NodePorts): never handed out while
     # listed. Apart from `ports`, which is what shards and strays hold.
     taken: list[int] = []
+    # Facility (facility.py). Location labels an operator set (`llmgw ctl
+    # label`), whole names, over the agent's `labels` (a copy of
+    # State.node_labels, which outlives registrations).
+    operator_labels: dict[str, str] = {}
+    # What its GPUs draw, as its agent last measured (NodePower), and when;
+    # and its live shards not covered by a measurement yet, with the draw
+    # each is counted at meanwhile (derived, like `used`).
+    power_w: float = 0.0
+    power_gpus: dict[int, float] = {}
+    power_at: float = 0.0
+    unmeasured: dict[str, float] = {}
 
 
-class Tally(msgspec.Struct, kw_only=True):
+class Tally(msgspec.Struct, kw_only=True, gc=False):
     """How a model's replicas stand, kept by the fold so that a pass of
     `decide` knows which models need a look without reading every replica.
 
@@ -142,7 +164,7 @@ class Tally(msgspec.Struct, kw_only=True):
     assembling: int = 0  # adopted, with shards still to be reported (Replica.want_shards)
 
 
-class Load(msgspec.Struct, kw_only=True):
+class Load(msgspec.Struct, kw_only=True, gc=False):
     """One gateway's last word on a model's load."""
 
     in_flight: int = 0
@@ -157,7 +179,7 @@ class Peak(msgspec.Struct, kw_only=True, array_like=True):
     wants: int
 
 
-class Model(msgspec.Struct, kw_only=True):
+class Model(msgspec.Struct, kw_only=True, gc=False):
     spec: ModelSpec
     # Fingerprint per profile name, computed once when the spec is folded.
     fingerprints: dict[str, str] = {}
@@ -197,31 +219,40 @@ RUNTIME = (
 )
 
 
-class Owner(msgspec.Struct, kw_only=True):
+class Owner(msgspec.Struct, kw_only=True, gc=False):
     guarantee: Resources = msgspec.field(default_factory=Resources)
     limit: Limit = msgspec.field(default_factory=Limit)
 
 
-class ApiKey(msgspec.Struct, kw_only=True):
+class ApiKey(msgspec.Struct, kw_only=True, gc=False):
     owner: str
     key_sha256: str
     requests_per_minute: int = 0
     tokens_per_minute: int = 0
 
 
-class Quarantined(msgspec.Struct, kw_only=True):
+class Hold(msgspec.Struct, kw_only=True, gc=False):
+    """A facility domain an operator held (`llmgw ctl facility hold`)."""
+
+    reason: str = ""
+    since: float = 0.0
+    drain: bool = False
+
+
+class Quarantined(msgspec.Struct, kw_only=True, gc=False):
     seq: int
     subject: str
     error: str
 
 
-class Voided(msgspec.Struct, kw_only=True):
+class Voided(msgspec.Struct, kw_only=True, gc=False):
     seq: int
     action: str
     reason: str
 
 
-class State(msgspec.Struct, kw_only=True):
+class State(msgspec.Struct, kw_only=True, weakref=True):
+    # (weakref: placement's node index lives beside a state, not in it; see nodeindex.py)
     seq: int = 0  # the last stream sequence folded
     control_seq: int = 0  # the last sequence folded from llmgw.control.>
     models: dict[str, Model] = {}
@@ -246,6 +277,17 @@ class State(msgspec.Struct, kw_only=True):
     term: int = 0
     leader: str = ""
     leader_since: float = 0.0
+    # Facility (facility.py): location labels set by operators, per node
+    # (whole names; kept for nodes not registered yet), held domains, and
+    # the power cap in watts of each domain that has one.
+    node_labels: dict[str, dict[str, str]] = {}
+    holds: dict[str, Hold] = {}
+    budgets: dict[str, float] = {}
+    # Derived (facility.relocate), so that a pass and the fold's checks read
+    # a node's domains and a domain's nodes without a scan of the fleet:
+    # node -> its domains (only nodes with a location), domain -> its nodes.
+    located: dict[str, tuple[str, ...]] = {}
+    domain_nodes: dict[str, list[str]] = {}
     quarantine_count: int = 0
     quarantined: list[Quarantined] = []
     voided_count: int = 0

@@ -20,7 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .. import yamlfile
 from ..core.catalog import MODEL_NAME_RE
-from ..core.events import ApiKeyApplied, Event, Limit, ModelApplied, ModelSpec, OwnerApplied, PolicyApplied, ProfileSpec, Resources
+from ..core.events import (
+    ApiKeyApplied, Event, FacilityApplied, Limit, ModelApplied, ModelSpec, OwnerApplied, PolicyApplied, ProfileSpec,
+    Resources,
+)
+from ..core.facility import domain_problem
 from ..core.policy import DEFAULT, Policy
 from ..core.state import ApiKey, Owner, State
 
@@ -43,6 +47,10 @@ class _Profile(BaseModel):
     pool: str = ""
     model: str = ""
     weight: float = Field(1.0, gt=0)  # routing: the share of requests its replicas get
+    # Facility (core/facility.py): the declared draw of one shard, in watts,
+    # and the domain kind every shard of a multi-node replica must share.
+    power_w: float = Field(0.0, ge=0)
+    keep_within: Literal["", "site", "room", "row", "rack", "pdu"] = ""
 
 
 class _Model(BaseModel):
@@ -134,12 +142,32 @@ class _Policy(BaseModel):
     adopt_wait_s: float = Field(DEFAULT.adopt_wait_s, ge=0)
 
 
+class _Facility(BaseModel):
+    """The facility: the power cap in watts of each domain that has one
+    (KIND/NAME: rack/r4-12, pdu/pdu-a)."""
+
+    model_config = ConfigDict(extra="forbid")
+    budgets: dict[str, float] = {}
+
+    @field_validator("budgets")
+    @classmethod
+    def _domains(cls, v: dict[str, float]) -> dict[str, float]:
+        for domain, watts in v.items():
+            problem = domain_problem(domain)
+            if problem:
+                raise ValueError(problem)
+            if not watts > 0:
+                raise ValueError(f"{domain}: a cap is a number of watts above 0, not {watts!r}")
+        return v
+
+
 class _Catalog(BaseModel):
     model_config = ConfigDict(extra="forbid")
     models: list[_Model] = []
     owners: list[_Owner] = []
     api_keys: list[_ApiKey] = []
     policy: _Policy | None = None
+    facility: _Facility | None = None
 
 
 class Catalog(NamedTuple):
@@ -148,6 +176,7 @@ class Catalog(NamedTuple):
     api_keys: list[ApiKeyApplied]
     policy: Policy | None = None  # None: the file has no `policy:` section (the policy is left as it is)
     given: tuple[str, ...] = ()  # the sections the file has (models, owners, api_keys, policy), even empty
+    facility: FacilityApplied | None = None  # the file's `facility:` section, if it has one
 
 
 class Item(NamedTuple):
@@ -187,6 +216,23 @@ def items(state: State, catalog: Catalog) -> list[Item]:
     return out
 
 
+# Profile fields added after catalogs were first applied: left out of the
+# spec when the file does not give them. msgspec leaves a default out of
+# the encoding only when it is the very default object, and a float from
+# the file (0.0) is not: with power_w written out, every profile of an
+# unchanged catalog got a new fingerprint, and applying it again would
+# have restarted every replica (found by replay --what-if of a recorded log).
+_LATER_PROFILE_FIELDS = ("power_w", "keep_within")
+
+
+def _profile(p: _Profile) -> ProfileSpec:
+    fields = p.model_dump()
+    for name in _LATER_PROFILE_FIELDS:
+        if name not in p.model_fields_set:
+            fields.pop(name, None)
+    return ProfileSpec(**fields)
+
+
 def load(path: str | Path) -> list[ModelSpec]:
     """The models of a catalog file."""
     return load_catalog(path).models
@@ -208,7 +254,7 @@ def load_catalog(path: str | Path) -> Catalog:
             if names.count(n) > 1:
                 raise CatalogError(f"{path}: {kind} {n} is defined twice")
     models = [
-        ModelSpec(**{**m.model_dump(), "profiles": [ProfileSpec(**p.model_dump()) for p in m.profiles]})
+        ModelSpec(**{**m.model_dump(), "profiles": [_profile(p) for p in m.profiles]})
         for m in catalog.models
     ]
     keys = [
@@ -228,5 +274,7 @@ def load_catalog(path: str | Path) -> Catalog:
         )
         for o in catalog.owners
     ]
+    facility = FacilityApplied(at=0.0, budgets=dict(catalog.facility.budgets)) if catalog.facility else None
     policy = Policy(**catalog.policy.model_dump()) if catalog.policy is not None else None
-    return Catalog(models=models, owners=owners, api_keys=keys, policy=policy, given=tuple(sorted(catalog.model_fields_set)))
+    return Catalog(models=models, owners=owners, api_keys=keys, facility=facility, policy=policy,
+                   given=tuple(sorted(catalog.model_fields_set)))

@@ -20,7 +20,8 @@ from ..projections.db import POSITION_NAME
 # The JSON columns of each table (projections/0001_initial.sql).
 _JSON = {
     "models": ("aliases", "profiles"),
-    "nodes": ("gpus", "labels", "strays"),
+    "nodes": ("gpus", "labels", "strays", "location"),
+    "replicas": ("rejections",),
     "shards": ("gpus",),
     "quotas": ("guarantee", "limits", "usage", "borrowed"),
     "preemptions": ("victims",),
@@ -87,6 +88,14 @@ class ReadModels:
 
     def nodes(self) -> list[dict]:
         return self._rows("nodes", "SELECT * FROM nodes ORDER BY name")
+
+    def domains(self) -> list[dict]:
+        """The facility's domains (core/facility.py DomainRow), by kind and name."""
+        rows = self._rows("domains", "SELECT * FROM domains")
+        order = {k: i for i, k in enumerate(("site", "room", "row", "rack", "pdu"))}
+        for r in rows:
+            r["held"], r["drain"] = bool(r["held"]), bool(r["drain"])
+        return sorted(rows, key=lambda r: (order.get(r["kind"], 9), r["name"]))
 
     def replicas(self, model: str | None = None) -> list[dict]:
         """Replicas with their shards (in rank order) and endpoint (rank 0's)."""

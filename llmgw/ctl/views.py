@@ -15,9 +15,11 @@ from collections.abc import Callable
 
 import yaml
 
+from ..core.facility import KINDS as KINDS_OF_PLACE
+from ..core.facility import watts as _watts
 from ..text import table, when
 
-KINDS = ("models", "nodes", "replicas", "decisions", "quotas", "preemptions", "leader", "policy")
+KINDS = ("models", "nodes", "replicas", "decisions", "quotas", "preemptions", "domains", "leader", "policy")
 # Every name a kind goes by, as kubectl takes them: plural, singular, short.
 KIND_NAMES = {
     "models": ("model", "mo"),
@@ -26,6 +28,7 @@ KIND_NAMES = {
     "decisions": ("decision", "dec"),
     "quotas": ("quota", "q"),
     "preemptions": ("preemption", "pre"),
+    "domains": ("domain", "dom"),
     "leader": ("leaders", "lead"),
     "policy": ("policies", "pol"),
 }
@@ -36,6 +39,11 @@ OUTPUTS = ("table", "wide", "name", "json", "yaml")
 
 def _age(at: float) -> str:
     return when(at) if at else ""
+
+
+def _location(location: dict) -> str:
+    """A node's location, broadest first: site=dc1,rack=r4-12,pdu=pdu-a."""
+    return ",".join(f"{k}={location[k]}" for k in KINDS_OF_PLACE if k in location)
 
 
 def _labels(labels: dict) -> str:
@@ -88,10 +96,22 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
     ),
     "nodes": (
         "name",
-        ["NAME", "STATE", "GPUS", "MEMORY", "CPUS", "LABELS", "STRAYS", "REASON"],
+        ["NAME", "STATE", "GPUS", "MEMORY", "CPUS", "LOCATION", "LABELS", "STRAYS", "REASON"],
         lambda n: [
             n["name"], n["state"], f"{n['gpus_used']}/{n['gpus_total']} used", f"{n['memory_gb']:g} GB",
-            str(n["cpu_cores"]), _labels(n["labels"]), str(len(n["strays"])), n["reason"],
+            str(n["cpu_cores"]), _location(n.get("location", {})), _labels(n["labels"]), str(len(n["strays"])),
+            n["reason"],
+        ],
+    ),
+    # `ctl facility` (and `get domains`): core/facility.py's DomainRow.
+    "domains": (
+        "domain",
+        ["DOMAIN", "NODES", "GPUS", "DRAW", "CAP", "HELD", "REASON"],
+        lambda d: [
+            d["domain"], str(d["nodes"]), f"{d['gpus_used']} used, {d['gpus_free']} free", _watts(d["draw_w"]),
+            _watts(d["cap_w"]) if d["cap_w"] else "none",
+            ("drain" if d["drain"] else "held") + f" since {when(d['held_at'])}" if d["held"] else "no",
+            d["hold_reason"],
         ],
     ),
     "replicas": (
@@ -146,7 +166,8 @@ WIDE: dict[str, tuple[list[str], Callable[[dict], list[str]]]] = {
         ["ALIASES", "PARKED", "APPLIED"],
         lambda m: [",".join(m["aliases"]), m["parked"], _age(m["applied_at"])],
     ),
-    "nodes": (["AGENT", "REGISTERED"], lambda n: [n["agent"], _age(n["registered_at"])]),
+    "nodes": (["AGENT", "REGISTERED", "DRAW"], lambda n: [n["agent"], _age(n["registered_at"]), _watts(n.get("power_w", 0.0))]),
+    "domains": (["KIND", "NAME"], lambda d: [d["kind"], d["name"]]),
     "replicas": (
         ["FINGERPRINT", "PLACED", "READY AT", "WHY PLACED"],
         lambda r: [r["fingerprint"], _age(r["placed_at"]), _age(r["ready_at"]), r["reason"] if r["state"] == "ready" else ""],
@@ -366,6 +387,8 @@ def describe_text(kind: str, page: dict) -> str:
                 ("Placed", f"{_age(now['placed_at'])}, because {now['reason']}" if now["state"] == "ready" and now["reason"]
                  else _age(now["placed_at"])),
                 ("Ready", _age(now["ready_at"]) or "(not yet)"),
+                # What the facility refused on its way (held domains, power caps), as its placement met them.
+                ("Rejections", "; ".join(now.get("rejections", [])) or "(none)"),
             ])
             out.append("Shards:")
             rows = [[s["id"], s["node"], str(s["rank"]), ",".join(map(str, s["gpus"])), str(s["port"]),
@@ -381,6 +404,8 @@ def describe_text(kind: str, page: dict) -> str:
                 ("Agent", now["agent"]), ("GPUs", f"{now['gpus_used']} used of {now['gpus_total']}"),
                 ("Memory", f"{now['memory_gb']:g} GB"), ("CPU cores", now["cpu_cores"]),
                 ("Labels", _labels(now["labels"]) or "(none)"), ("Registered", _age(now["registered_at"])),
+                ("Location", _location(now.get("location", {})) or "(none)"),
+                ("Draw", _watts(now.get("power_w", 0.0))),
             ])
             out.append("GPUs:")
             rows = [[str(g["index"]), g["model"], f"{g['memory_gb']:g} GB", g["shard"] or "free"] for g in now["gpus"]]

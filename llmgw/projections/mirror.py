@@ -33,7 +33,7 @@ class Changes:
 
     __slots__ = (
         "gone_models", "models", "gone_nodes", "nodes", "gone_shards", "gone_replicas", "replicas", "shards",
-        "gone_quotas", "quotas",
+        "gone_quotas", "quotas", "gone_domains", "domains",
     )
 
     def __init__(self) -> None:
@@ -47,6 +47,8 @@ class Changes:
         self.shards: list[tuple] = []
         self.gone_quotas: list[tuple] = []
         self.quotas: list[tuple] = []
+        self.gone_domains: list[tuple] = []
+        self.domains: list[tuple] = []
 
 
 class Mirror:
@@ -61,6 +63,8 @@ class Mirror:
         self.ids: dict[tuple[str, str], int] = {}  # (kind, name) -> entities.id
         self.quotas: dict[str, tuple] = {}
         self._quota_basis: bytes | None = None  # owners and usage the quota rows were made from
+        self.domains: dict[str, tuple] = {}
+        self._domain_basis: bytes | None = None  # holds and caps the domain rows were made from
 
     async def load(self, conn: aiosqlite.Connection) -> None:
         self.__init__()
@@ -77,6 +81,7 @@ class Mirror:
             self.on_node.setdefault(row[2], set()).add(row[1])
         self.ids = {(kind, name): id_ for id_, kind, name in await select("entities")}
         self.quotas = {row[0]: row for row in await select("quotas")}
+        self.domains = {row[0]: row for row in await select("domains")}
 
     def changes(self, state: State, batch: rows.Batch) -> Changes:
         """The writes that bring the database from what it holds to `state`
@@ -97,7 +102,20 @@ class Mirror:
         for rid in sorted(replicas):
             self._replica(state, rid, out)
         self._quotas(state, out)
+        self._domains(state, batch, out)
         return out
+
+    def _domains(self, state: State, batch: rows.Batch, out: Changes) -> None:
+        """Domain rows change with the nodes in them (GPUs used, draw,
+        location) and with holds and caps: made again only when either did
+        (they read every node)."""
+        basis = _encode((state.holds, state.budgets))
+        if not batch.nodes and basis == self._domain_basis:
+            return
+        self._domain_basis = basis
+        new = rows.domain_rows(state)
+        for d in sorted(set(self.domains) | set(new)):
+            self._put(self.domains, d, new.get(d), out.domains, out.gone_domains)
 
     def _quotas(self, state: State, out: Changes) -> None:
         """Quota rows change with the owners and what they hold: made again

@@ -31,6 +31,7 @@ import msgspec
 
 from ..core import events as ev
 from ..core.catalog import max_replicas
+from ..core import facility
 from ..core.decisions import describe_action
 from ..core.fold import apply
 from ..core.history import action_about, mentions, summary
@@ -53,12 +54,13 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "models": ("name", "owner", "min_replicas", "max_replicas", "aliases", "profiles", "waiting", "applied_at",
                "desired", "parked"),
     "nodes": ("name", "state", "reason", "gpus_total", "gpus_used", "gpus", "labels", "memory_gb", "cpu_cores",
-              "agent", "strays", "registered_at"),
+              "agent", "strays", "registered_at", "location", "power_w"),
     "replicas": ("id", "model", "profile", "fingerprint", "state", "reason", "placed_at", "ready_at", "stopping_at",
-                 "restart", "restart_reason"),
+                 "restart", "restart_reason", "rejections"),
     "shards": ("id", "replica", "node", "rank", "gpus", "port", "generation", "state", "reason", "endpoint"),
     "quotas": ("owner", "guarantee", "limits", "usage", "borrowed"),
     "preemptions": ("seq", "idx", "at", "model", "victims", "reason", "inventory", "voided"),
+    "domains": tuple(facility.DomainRow.__struct_fields__),
 }
 
 _json = msgspec.json.Encoder()
@@ -289,6 +291,7 @@ class EntityRows(msgspec.Struct):
     replicas: dict[str, tuple]
     shards: dict[str, tuple]
     quotas: dict[str, tuple]
+    domains: dict[str, tuple]
 
 
 def all_entity_rows(state: State) -> EntityRows:
@@ -304,6 +307,7 @@ def all_entity_rows(state: State) -> EntityRows:
         replicas={rid: replica_row(r, state) for rid, r in state.replicas.items()},
         shards=shards,
         quotas=quota_rows(state),
+        domains=domain_rows(state),
     )
 
 
@@ -342,14 +346,21 @@ def node_row(n: Node) -> tuple:
         n.agent,
         _json_text(n.strays),
         n.registered_at,
+        _json_text(facility.location(n)),
+        facility.node_draw(n),
     )
 
 
 def replica_row(r: Replica, state: State) -> tuple:
     return (
         r.id, r.model, r.profile, r.fingerprint, r.state, r.reason, r.placed_at, r.ready_at, r.stopping_at,
-        restart_state(state, r), r.restart_reason,
+        restart_state(state, r), r.restart_reason, _json_text(r.rejections),
     )
+
+
+def domain_rows(state: State) -> dict[str, tuple]:
+    """The facility's domains, keyed by domain (facility.domain_rows)."""
+    return {r.domain: msgspec.structs.astuple(r) for r in facility.domain_rows(state)}
 
 
 def shard_rows(r: Replica) -> list[tuple]:

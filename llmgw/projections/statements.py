@@ -26,7 +26,7 @@ from . import rows
 from .mirror import Changes
 
 # Entity tables are written by upsert on their primary key.
-_UPSERT = {"models", "nodes", "replicas", "shards", "quotas"}
+_UPSERT = {"models", "nodes", "replicas", "shards", "quotas", "domains"}
 # (the statement up to VALUES, columns per row) of every insert.
 INSERT = {
     table: (f"INSERT {'OR REPLACE ' if table in _UPSERT else ''}INTO {table} ({', '.join(cols)}) VALUES ", len(cols))
@@ -38,6 +38,7 @@ DELETE = {
     "replicas": "DELETE FROM replicas WHERE id = ?",
     "shards": "DELETE FROM shards WHERE id = ?",
     "quotas": "DELETE FROM quotas WHERE owner = ?",
+    "domains": "DELETE FROM domains WHERE domain = ?",
 }
 MAX_PARAMS = 990
 _SMALLER = (256, 64, 16, 4, 1)
@@ -107,6 +108,7 @@ async def write(conn: aiosqlite.Connection, batch: rows.Batch, changes: Changes)
         ("replicas", changes.gone_replicas, changes.replicas),
         ("shards", (), changes.shards),
         ("quotas", changes.gone_quotas, changes.quotas),
+        ("domains", changes.gone_domains, changes.domains),
     ):
         if gone:
             await conn.executemany(DELETE[table], gone)

@@ -1,0 +1,169 @@
+"""Properties of the facility's rules (issue 14) over generated fleets with
+locations (agents' labels and operators'), GPU power limits, declared
+draw, caps, holds and drains, and measured draw (tests/fleet_strategies.py,
+World(facility=True)): every dimension core/facility.py reads.
+
+- no placement takes a capped domain past its cap (as the fold counts it,
+  crediting what a replica replaced in place hands over);
+- nothing new is placed in a held domain;
+- every multi-node replica placed keeps within its profile's domain;
+- a drain never stops a replica while that leaves its model below its
+  desired count (its replacement serves first);
+- decide's own count agrees with the fold's: a fresh decision is never
+  voided for a hold or a cap;
+- replay gives the live state, and verify decides every pass again the same.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmgw.core import events as ev
+from llmgw.core import facility
+from llmgw.core.catalog import profile_named
+from llmgw.core.fold import apply
+from llmgw.core.history import verify
+from llmgw.core.scaling import desired
+from llmgw.core.state import State
+
+from .fleet_strategies import Step, World
+
+STEPS = int(os.environ.get("LLMGW_PROPERTY_STEPS", "40"))
+SETTINGS = settings(
+    max_examples=int(os.environ.get("LLMGW_PROPERTY_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+pytestmark = pytest.mark.timeout(900)
+
+
+def replay(records) -> State:
+    state = State()
+    for seq, subject, data in records:
+        apply(state, seq, subject, data)
+    return state
+
+
+def applied_placements(step: Step, after: State) -> list[ev.PlaceReplica]:
+    """The placements of a Decided step that the fold applied (not voided)."""
+    if not isinstance(step.event, ev.Decided):
+        return []
+    before = step.state_before()
+    return [
+        a for a in step.event.actions
+        if isinstance(a, ev.PlaceReplica) and a.replica in after.replicas and a.replica not in before.replicas
+    ]
+
+
+def assert_facility_rules_kept(step: Step, after: State) -> None:
+    placed = applied_placements(step, after)
+    if not placed:
+        return
+    before = step.state_before()
+    nodes = after.nodes
+    touched: set[str] = set()
+    for a in placed:
+        rep = after.replicas[a.replica]
+        for s in rep.shards:
+            ds = facility.domains_of(nodes[s.node])
+            held = [d for d in ds if d in before.holds]
+            assert not held, f"{a.replica} placed on {s.node} in held {held}"
+            if s.power_w:  # a shard that draws nothing takes no domain past its cap (it may be there already)
+                touched.update(d for d in ds if d in after.budgets)
+        spec = after.models[rep.model].spec
+        profile = profile_named(spec, rep.profile)
+        if profile is not None and profile.keep_within and len(rep.shards) > 1:
+            within = {facility.location(nodes[s.node]).get(profile.keep_within, "") for s in rep.shards}
+            assert len(within) == 1 and "" not in within, f"{a.replica} spans {within} ({profile.keep_within})"
+    if not touched:
+        return
+    # What the replicas replaced in place still count for, handed over to their replacements.
+    credit = dict.fromkeys(touched, 0.0)
+    for a in placed:
+        old = after.replicas.get(a.replaces) if a.replaces else None
+        if old is None:
+            continue
+        took = {s.node for s in a.shards}
+        for sh in old.shards:
+            if sh.node in took and sh.state not in ("failed", "stopped"):
+                for d in facility.domains_of(nodes[sh.node]):
+                    if d in credit:
+                        credit[d] += facility.counted(nodes[sh.node], sh)
+    draws = facility.domain_draws(after, touched)
+    for d in touched:
+        assert draws[d] - credit[d] <= after.budgets[d] + 1e-6, (
+            f"{d} counted at {draws[d]:g} W (less {credit[d]:g} handed over) past its cap of {after.budgets[d]:g} W")
+
+
+def assert_fresh_decisions_not_voided_for_the_facility(step: Step, after: State) -> None:
+    if not (step.fresh and isinstance(step.event, ev.Decided)):
+        return
+    before = step.state_before()
+    new = after.voided[len(before.voided):] if after.voided_count - before.voided_count <= len(after.voided) else []
+    for v in new:
+        assert "is held:" not in v.reason and " would draw " not in v.reason, v
+
+
+def assert_drains_keep_models_serving(step: Step, after: State) -> None:
+    """A replica restarted out of a drained domain is stopped only once its
+    model has its desired count ready without it."""
+    if not (step.fresh and isinstance(step.event, ev.Decided)):
+        return
+    before = step.state_before()
+    for a in step.event.actions:
+        if not isinstance(a, ev.StopReplica) or a.reason != "restarted: its replacement serves":
+            continue
+        rep = before.replicas.get(a.replica)
+        if rep is None or not rep.restart_reason.endswith(tuple(
+                f"is held for draining: {h.reason or 'no reason given'}" for h in before.holds.values())):
+            continue
+        model = before.models[rep.model]
+        ready = sum(1 for r in before.replicas.values()
+                    if r.model == rep.model and r.id != rep.id and r.state == "ready" and r.restart not in
+                    ("replacing", "in place"))
+        assert ready >= desired(model, step.event.at), f"{a.replica} stopped with {ready} ready of its model"
+
+
+@SETTINGS
+@given(st.data())
+def test_placements_keep_holds_caps_and_keep_within(data):
+    world = World(data, facility=True, stale=False, malformed=False)
+    for step in world.run(STEPS):
+        assert_facility_rules_kept(step, world.live)
+        assert_fresh_decisions_not_voided_for_the_facility(step, world.live)
+
+
+@SETTINGS
+@given(st.data())
+def test_stale_and_rogue_decisions_never_break_holds_or_caps(data):
+    # Decisions taken on an older state (a hold or a cap came since) and
+    # made-up ones: the fold voids what no longer holds.
+    world = World(data, facility=True, rogue=True)
+    for step in world.run(STEPS):
+        assert_facility_rules_kept(step, world.live)
+
+
+@SETTINGS
+@given(st.data())
+def test_a_drain_never_takes_a_model_below_desired(data):
+    world = World(data, facility=True, stale=False, malformed=False, warm=True, plain=True, min_steps=20,
+                  forgetful=False)
+    for step in world.run(STEPS + 20):
+        assert_drains_keep_models_serving(step, world.live)
+        assert_facility_rules_kept(step, world.live)
+
+
+@SETTINGS
+@given(st.data())
+def test_replay_gives_the_live_state_and_verify_decides_the_same(data):
+    world = World(data, facility=True, stale=False)
+    passes = 0
+    for step in world.run(STEPS):
+        passes += isinstance(step.event, ev.Decided)
+    assert replay(world.log) == world.live
+    checked, differences = verify(world.log)
+    assert (checked, differences) == (passes, [])
