@@ -199,7 +199,7 @@ def test_kinds_by_any_name_and_did_you_mean_for_names(fleet):
         assert fleet.ctl("get", name, "-o", "name").stdout == plural
     for kind in ("replica", "replicas", "rs"):
         out = fleet.ctl("describe", kind, "chat-1")
-        assert out.returncode == 0 and "Replica:  chat-1" in out.stdout
+        assert out.returncode == 0 and re.search(r"^Replica: +chat-1$", out.stdout, re.M)
     out = fleet.ctl("describe", "rs", "chat-9")
     assert out.returncode == Exit.NOT_FOUND and re.search(r"did you mean chat-\d( or chat-\d)?\?", out.stderr)
     out = fleet.ctl("describe", "model", "chta")
