@@ -168,7 +168,7 @@ def test_a_catalog_that_defines_nothing_or_misspells_a_field_is_refused(tmp_path
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing yet\n")
     out = run_llmgw("ctl", "--nats", "nats://127.0.0.1:1", "apply", "-f", str(empty), cwd=tmp_path)
-    assert out.returncode == Exit.BAD_INPUT and "defines no models, owners, api_keys or facility" in out.stderr
+    assert out.returncode == Exit.BAD_INPUT and "defines no models, owners, api_keys, facility or policy" in out.stderr
     typo = tmp_path / "typo.yaml"
     typo.write_text(CHAT.replace("min_replicas", "min_replica"))
     out = run_llmgw("ctl", "--nats", "nats://127.0.0.1:1", "apply", "-f", str(typo), cwd=tmp_path)

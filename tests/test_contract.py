@@ -8,6 +8,7 @@ import pytest
 
 from llmgw import contract
 from llmgw.core import events as ev
+from llmgw.core.policy import Policy
 
 
 def test_schema_files_match_the_code():
@@ -97,6 +98,7 @@ def test_unknown_fields_from_a_newer_publisher_are_ignored(cls):
         ev.DomainReleased: ev.DomainReleased(at=1.0, domain="rack/r1"),
         ev.FacilityApplied: ev.FacilityApplied(at=1.0, budgets={"pdu/pdu-a": 12000.0}),
         ev.NodePower: ev.NodePower(at=1.0, node="n", watts=700.0, gpus={0: 350.0, 1: 350.0}),
+        ev.PolicyApplied: ev.PolicyApplied(at=1.0, policy=Policy(min_lifetime_s=30.0)),
     }[cls]
     data = msgspec.json.decode(ev.encode(sample))
     data["from_the_future"] = 42

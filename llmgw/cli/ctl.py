@@ -29,7 +29,7 @@ from ..core import events as ev
 from ..core.fold import apply
 from ..core.state import State
 from ..ctl import views
-from ..ctl.catalog_file import CatalogError, load_catalog
+from ..ctl.catalog_file import CatalogError, items, load_catalog
 from ..ctl.config import CONFIG
 from ..ctl.locate import Where, locate
 from ..ctl.progress import Progress
@@ -101,15 +101,18 @@ ABOUT = {
         "The local llmgw up is found by itself (.llmgw/up.json here or in a folder above); elsewhere give\n"
         "--nats URL (or $LLMGW_NATS) and --db PATH (or $LLMGW_DB).\n\n"
         "kinds: models (model, mo), nodes (node, no), replicas (replica, rs), decisions (decision, dec),\n"
-        "quotas (quota, q), preemptions (preemption, pre), domains (domain, dom)",
+        "quotas (quota, q), preemptions (preemption, pre), domains (domain, dom), leader (lead), policy (pol)",
         _examples("get replicas", "get rs -o wide", "get decisions --watch --limit 3",
                   "apply -f deploy/catalog.cpu.yaml --wait", "describe replica smollm2-1"),
     ),
     "ctl apply": (
-        "Publish the models, owners and API keys of a catalog file that changed. A file with an error names\n"
-        "the file, line and field of every error and publishes nothing. Returns once the read models include\n"
-        "the change; with --wait, once every model of the file is placed and ready (or says why not).",
-        _examples("apply -f deploy/catalog.cpu.yaml", "apply -f catalog.yaml --wait --timeout 600"),
+        "Publish the models, owners, API keys and policy of a catalog file that changed. A file with an error\n"
+        "names the file, line and field of every error and publishes nothing. Returns once the read models\n"
+        "include the change; with --wait, once every model of the file is placed and ready (or says why not).\n"
+        "With --dry-run, publishes nothing and prints what the file changes (before → after) and what the\n"
+        "control plane would then decide, in order, until the fleet settles.",
+        _examples("apply -f deploy/catalog.cpu.yaml", "apply -f catalog.yaml --wait --timeout 600",
+                  "apply -f catalog.yaml --dry-run", "apply -f catalog.yaml --dry-run -o json --ready-after 30"),
     ),
     "ctl delete": (
         "Remove a model (its replicas are drained and stopped), an owner or an API key from the catalog.\n"
@@ -117,11 +120,14 @@ ABOUT = {
         _examples("delete model qwen-8b --wait", "delete apikey team-a"),
     ),
     "ctl get": (
-        "List things from the read models: models, nodes, replicas, decisions, quotas or preemptions, by any of\n"
-        "their names (plural, singular or short: mo, no, rs, dec, q, pre). It first waits (up to --timeout)\n"
-        "for the read models to reach the end of the log. Tables fit the terminal; -o wide shows all of them.",
+        "List things from the read models: models, nodes, replicas, decisions, quotas or preemptions; and,\n"
+        "live from the log, who leads (leader) and the numbers the rules decide with (policy, beside their\n"
+        "defaults). Kinds go by any of their names (plural, singular or short: mo, no, rs, dec, q, pre, lead,\n"
+        "pol). It first waits (up to --timeout) for the read models to reach the end of the log. Tables fit\n"
+        "the terminal; -o wide shows all of them.",
         _examples("get replicas", "get rs --model smollm2 -o wide", "get no -o name", "get decisions --limit 10",
-                  "get dec --watch", "get models -o json | jq '.[].ready'", "get replicas --no-headers | wc -l"),
+                  "get dec --watch", "get models -o json | jq '.[].ready'", "get replicas --no-headers | wc -l",
+                  "get policy"),
     ),
     "ctl describe": (
         "One model, replica or node: its state now and its history, every decision with its reason.",
@@ -130,7 +136,8 @@ ABOUT = {
     "ctl restart": (
         "Replace replicas with new ones: each beside itself first (surge), then drained; or stopped first\n"
         "(--in-place). With --wait, returns once they are replaced and their models ready again.",
-        _examples("restart qwen-8b-1 qwen-8b-2 --max-surge 1", "restart smollm2-1 --in-place --wait"),
+        _examples("restart qwen-8b-1 qwen-8b-2 --max-surge 1", "restart smollm2-1 --in-place --wait",
+                  "restart qwen-8b-1 --dry-run"),
     ),
     "ctl retry": (
         "Try again a model parked after its replicas kept failing to start (fix the cause first: its\n"
@@ -163,6 +170,7 @@ def add_parser(sub) -> None:
     apply_ = verb("apply", "publish the models, owners and API keys of a catalog file that changed")
     apply_.add_argument("-f", "--file", required=True, metavar="FILE", help="the catalog (YAML; see deploy/catalog.example.yaml)")
     _wait_flags(apply_, "every model of the file is placed and ready")
+    dry_run_flags(apply_)
 
     delete = verb("delete", "remove a model, an owner or an API key from the catalog")
     delete.add_argument(
@@ -174,8 +182,8 @@ def add_parser(sub) -> None:
     get = verb("get", "list models, nodes, replicas, decisions, quotas or preemptions; who leads (leader, live)")
     get.add_argument(
         "kind", type=kind_type(views.KINDS), metavar="KIND",
-        help="models, nodes, replicas, decisions, quotas, preemptions, domains or leader "
-        "(or singular, or mo, no, rs, dec, q, pre, dom, lead)",
+        help="models, nodes, replicas, decisions, quotas, preemptions, domains, leader or policy "
+        "(or singular, or mo, no, rs, dec, q, pre, dom, lead, pol)",
     )  # fmt: skip
     get.add_argument(
         "-o", "--output", choices=views.OUTPUTS, default="table",
@@ -214,6 +222,7 @@ def add_parser(sub) -> None:
         "--max-unavailable", type=int, default=0, metavar="N", help="stopped first at once (0 and 0: one at a time)"
     )
     _wait_flags(restart, "they are replaced and their models ready again")
+    dry_run_flags(restart)
 
     retry = verb("retry", "try again a model parked after its replicas kept failing to start")
     retry.add_argument("model", metavar="MODEL", help="the parked model")
@@ -228,7 +237,7 @@ def add_parser(sub) -> None:
     explain.add_argument("model", metavar="MODEL", help="the model (in the catalog)")
     explain.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text", help="text for people, json or yaml")
 
-    facility_cli.add_parsers(verb, lambda p: _where_flags(p, argparse.SUPPRESS), _wait_flags)
+    facility_cli.add_parsers(verb, lambda p: _where_flags(p, argparse.SUPPRESS), _wait_flags, dry_run_flags)
 
     from .main import cmd_ctl
 
@@ -259,6 +268,21 @@ def _wait_flags(p: argparse.ArgumentParser, effect: str) -> None:
     )  # fmt: skip
 
 
+def dry_run_flags(p: argparse.ArgumentParser) -> None:
+    """--dry-run and its options, for every command that changes the fleet."""
+    p.add_argument(
+        "--dry-run", action="store_true",
+        help="publish nothing: fold the log, apply the change to a copy of the state and print what the control "
+        "plane would decide until it settles (placements, stops, restarts, preemptions, waits), with simulated agents",
+    )  # fmt: skip
+    p.add_argument(
+        "--ready-after", type=float, default=None, metavar="S",
+        help="--dry-run: a placed shard is ready this long after (default: its profile's typical start time in the "
+        "log, else 1 s)",
+    )  # fmt: skip
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="--dry-run: text for people, or json")
+
+
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -285,6 +309,18 @@ async def _connect(where: Where):
     return bus
 
 
+async def _live_state(where: Where) -> State:
+    """The state folded from the whole log, as the control plane has it (not the read models)."""
+    bus = await _connect(where)
+    try:
+        state = State()
+        for seq, subject, data in await read_log(bus):
+            apply(state, seq, subject, data)
+    finally:
+        await bus.close()
+    return state
+
+
 async def _catalog(bus) -> tuple[State, dict[tuple[str, str], int]]:
     """The catalog as the log has it, and the sequence of each model's latest
     event: folded from the operators' events alone (llmgw.ctl.>), which are
@@ -307,6 +343,8 @@ async def _catalog(bus) -> tuple[State, dict[tuple[str, str], int]]:
             latest[("apikey", event.name)] = seq
         elif isinstance(event, (ev.OwnerApplied, ev.OwnerRemoved)):
             latest[("owner", event.name)] = seq
+        elif isinstance(event, ev.PolicyApplied):
+            latest[("policy", "")] = seq
     return state, latest
 
 
@@ -485,49 +523,30 @@ async def cmd_apply(args, where: Where) -> int:
         catalog = load_catalog(args.file)  # before connecting: a bad file publishes nothing
     except CatalogError as e:
         raise CtlError(f"apply: {e}", BAD_INPUT)
-    if not (catalog.models or catalog.owners or catalog.api_keys or catalog.facility):
+    if not (catalog.models or catalog.owners or catalog.api_keys or catalog.facility or catalog.policy):
         raise CtlError(
-            f"apply: {args.file} defines no models, owners, api_keys or facility: nothing to apply "
+            f"apply: {args.file} defines no models, owners, api_keys, facility or policy: nothing to apply "
             f"(to remove something, `llmgw ctl delete`)",
             BAD_INPUT,
         )
     specs = catalog.models
+    if getattr(args, "dry_run", False):
+        return await _dry_run(args, where, "apply", lambda state: _apply_as_if(state, catalog))
     bus = await _connect(where)
     ids = (f"ctl-{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
     wait_for = 0
     try:
         state, latest = await _catalog(bus)
-        for spec in specs:
-            current = state.models.get(spec.name)
-            if current is not None and current.spec == spec:
-                print(f"model {spec.name} unchanged")
-                wait_for = max(wait_for, latest.get(("model", spec.name), 0))
+        for item in items(state, catalog):
+            label = f"{item.kind} {item.name}".rstrip()
+            whose = f" for {item.now.owner}" if item.kind == "api key" else ""
+            if item.event is None:
+                print(f"{label} unchanged")
+                wait_for = max(wait_for, latest.get((item.kind.replace("api key", "apikey"), item.name), 0))
                 continue
-            event = ev.ModelApplied(at=time.time(), model=spec)
+            event = msgspec.structs.replace(item.event, at=time.time())
             seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
-            print(f"model {spec.name} {'configured' if current else 'created'} (event {seq})")
-            wait_for = max(wait_for, seq)
-        for owner in catalog.owners:
-            had = state.owners.get(owner.name)
-            if had is not None and (had.guarantee, had.limit) == (owner.guarantee, owner.limit):
-                print(f"owner {owner.name} unchanged")
-                wait_for = max(wait_for, latest.get(("owner", owner.name), 0))
-                continue
-            event = msgspec.structs.replace(owner, at=time.time())
-            seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
-            print(f"owner {owner.name} {'configured' if had else 'created'} (event {seq})")
-            wait_for = max(wait_for, seq)
-        for key in catalog.api_keys:
-            had = state.api_keys.get(key.name)
-            same = had is not None and (had.owner, had.key_sha256, had.requests_per_minute, had.tokens_per_minute) == (
-                key.owner, key.key_sha256, key.requests_per_minute, key.tokens_per_minute)
-            if same:
-                print(f"api key {key.name} unchanged")
-                wait_for = max(wait_for, latest.get(("apikey", key.name), 0))
-                continue
-            event = msgspec.structs.replace(key, at=time.time())
-            seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
-            print(f"api key {key.name} {'configured' if had else 'created'} for {key.owner} (event {seq})")
+            print(f"{label} {'configured' if item.had is not None else 'created'}{whose} (event {seq})")
             wait_for = max(wait_for, seq)
         if catalog.facility is not None:
             # Whole each time: a cap the file no longer names is lifted.
@@ -543,6 +562,39 @@ async def cmd_apply(args, where: Where) -> int:
     sys.stdout.flush()
     check = _all([lambda m, name=spec.name: model_effect(m, name) for spec in specs])
     await _took_effect(args, where, wait_for, "the catalog", check)
+    return OK
+
+
+def _apply_as_if(state: State, catalog) -> tuple[list[ev.Event], list]:
+    """What `apply` would publish for the file, and what it changes, field by field."""
+    from ..core.whatif import Changed, field_changes
+
+    events, changes = [], []
+    for item in items(state, catalog):
+        if item.event is not None:
+            events.append(item.event)
+            changes.append(Changed(kind=item.kind, name=item.name, verb="configured" if item.had is not None else "created",
+                                   fields=field_changes(item.had, item.now)))
+    if catalog.facility is not None and catalog.facility.budgets != state.budgets:
+        events.append(catalog.facility)  # whole, as apply publishes it
+        changes.append(Changed(kind="facility", name="budgets", verb="configured",
+                               fields=field_changes(dict(state.budgets), dict(catalog.facility.budgets))))
+    return events, changes
+
+
+async def _dry_run(args, where: Where, what: str, as_if: Callable[[State], tuple[list[ev.Event], list]]) -> int:
+    """Fold the live log, fold what a command would publish on a copy of the
+    state, decide until it settles (core/whatif.py), print what would happen.
+    Publishes nothing. `as_if(state)` gives the events the command would
+    publish and the changes to show (a facility hold: its DomainHeld, no changes)."""
+    from ..core.whatif import Timing, dry_run
+    from ..ctl.whatif_view import render
+
+    state = await _live_state(where)
+    events, changes = as_if(state)
+    timing = Timing(fixed=args.ready_after).learn(state)
+    report = dry_run(state, events, time.time(), timing=timing, changes=changes)
+    print(render(report, what, args.output), flush=True)
     return OK
 
 
@@ -632,6 +684,8 @@ async def cmd_restart(args, where: Where) -> int:
         at=time.time(), replicas=args.replicas, in_place=args.in_place,
         max_surge=args.max_surge, max_unavailable=args.max_unavailable,
     )
+    if args.dry_run:
+        return await _dry_run(args, where, f"restart {' '.join(args.replicas)}", lambda state: ([event], []))
     seq = await _publish(where, event)
     print(f"restart of {', '.join(args.replicas)} asked (event {seq}); `llmgw ctl get replicas` shows how it stands",
           flush=True)
@@ -675,13 +729,7 @@ async def cmd_retry(args, where: Where) -> int:
 async def cmd_explain(args, where: Where) -> int:
     """Folded from the log itself (the read models do not keep GPUs per
     profile): what the control plane's next pass would see."""
-    bus = await _connect(where)
-    try:
-        state = State()
-        for seq, subject, data in await read_log(bus):
-            apply(state, seq, subject, data)
-    finally:
-        await bus.close()
+    state = await _live_state(where)
     if args.model not in state.models:
         raise _no_model("explain-placement", args.model, state.models)
     lines, data = explanation(state, args.model)
@@ -805,9 +853,27 @@ async def cmd_get_leader(args, where: Where) -> int:
     return OK
 
 
+async def cmd_get_policy(args, where: Where) -> int:
+    """The policy the rules decide with: folded from the operators' events
+    (exact, and no read model to keep), with each field's default beside it."""
+    from ..core.policy import DEFAULT, FIELDS
+
+    bus = await _connect(where)
+    try:
+        state, latest = await _catalog(bus)
+    finally:
+        await bus.close()
+    seq = latest.get(("policy", ""), 0)
+    rows = [{"field": f, "value": getattr(state.policy, f), "default": getattr(DEFAULT, f), "seq": seq} for f in FIELDS]
+    print(views.render("policy", rows, args.output, headers=not args.no_headers, width=views.terminal_width()), flush=True)
+    return OK
+
+
 async def cmd_get(args, where: Where) -> int:
     if args.kind == "leader":
         return await cmd_get_leader(args, where)
+    if args.kind == "policy":
+        return await cmd_get_policy(args, where)
     if args.domain:
         from ..core.facility import domain_problem
 

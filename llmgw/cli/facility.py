@@ -46,7 +46,7 @@ ABOUT = {
 }
 
 
-def add_parsers(verb, where_flags, wait_flags) -> None:
+def add_parsers(verb, where_flags, wait_flags, dry_run_flags) -> None:
     """The verbs, on ctl's subparsers (`verb(name, help)` makes one)."""
     label = verb("label", "set (KIND=NAME) or remove (KIND-) a node's location labels")
     label.add_argument("node", metavar="NODE", help="the node (`llmgw ctl get nodes` lists them)")
@@ -68,10 +68,28 @@ def add_parsers(verb, where_flags, wait_flags) -> None:
     hold.add_argument("--drain", action="store_true", help="also move its replicas elsewhere (each replaced first)")
     hold.add_argument("--reason", default="", metavar="TEXT", help="why, shown wherever the hold refuses a placement")
     wait_flags(hold, "with --drain, no replica is left to move out of it (moved, or staying with a reason)")
+    dry_run_flags(hold)
     release = subs.add_parser("release", help="let placement use a held domain again")
     where_flags(release)
     release.add_argument("domain", metavar="DOMAIN", help="the held domain, KIND/NAME")
     wait_flags(release, "(nothing more to wait for: the read models show it released)")
+    dry_run_flags(release)
+
+
+async def _dry_run_facility(args, where_, action: str) -> int:
+    """`facility hold|release --dry-run`: what the hold (or release) would
+    make the control plane do, nothing published (cli/ctl.py's _dry_run)."""
+    from .ctl import NOT_FOUND, CtlError, _dry_run
+
+    def as_if(state):
+        if action == "release":
+            if args.domain not in state.holds:
+                raise CtlError(f"facility release: {args.domain} is not held", NOT_FOUND)
+            return [ev.DomainReleased(at=0.0, domain=args.domain)], []
+        return [ev.DomainHeld(at=0.0, domain=args.domain, drain=args.drain, reason=args.reason)], []
+
+    how = " --drain" if action == "hold" and args.drain else ""
+    return await _dry_run(args, where_, f"facility {action} {args.domain}{how}", as_if)
 
 
 def parse_labels(items: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -147,6 +165,8 @@ async def cmd_facility(args, where) -> int:
     problem = facility.domain_problem(args.domain)
     if problem:
         raise CtlError(f"facility {action}: {problem}", BAD_INPUT)
+    if args.dry_run:
+        return await _dry_run_facility(args, where, action)
     models = (await _fresh(where, CONFIG.catch_up_timeout_s)).models
     rows = {r["domain"]: r for r in models.domains()}
     if action == "release":

@@ -496,10 +496,14 @@ ABOUT = {
     ),
     "replay": (
         "Fold the log (the live one, or a file written by --export) and show the state at any moment,\n"
-        "the history of one model, replica or node, or check every recorded decision (--verify).",
+        "the history of one model, replica or node, or check every recorded decision (--verify).\n"
+        "--what-if CATALOG decides the history again under another catalog and policy and reports, model by\n"
+        "model, recorded vs what-if, and the first decision that diverged (deterministic: the same file on the\n"
+        "same log gives the same report, byte for byte). Exit 0 when nothing differs, 5 when something does.",
         [
             "llmgw replay", "llmgw replay --model qwen-8b", "llmgw replay --at 2026-05-01T12:00:00",
             "llmgw replay --verify", "llmgw replay --export day.jsonl && llmgw replay day.jsonl --json",
+            "llmgw replay day.jsonl --what-if catalog.yaml --from 120 --to 2026-05-01T13:00:00",
         ],
     ),
     "creds": (
@@ -736,6 +740,17 @@ def parser() -> argparse.ArgumentParser:
     replay.add_argument("--quarantined", action="store_true", help="list the quarantined events")
     replay.add_argument("--export", metavar="FILE", help="write the log to a file")
     replay.add_argument("--json", action="store_true", help="JSON for tools instead of tables")
+    replay.add_argument(
+        "--what-if", metavar="CATALOG", dest="what_if",
+        help="decide the history again under this catalog file (its models, owners and policy: sections replace the "
+        "log's) and report recorded vs what-if side by side, with the first decision that diverged",
+    )  # fmt: skip
+    replay.add_argument("--from", metavar="SEQ|TIME", dest="from_", help="--what-if: from this sequence or time (default: the log's start)")
+    replay.add_argument("--to", metavar="SEQ|TIME", help="--what-if: to this sequence or time (default: the log's end)")
+    replay.add_argument(
+        "--ready-after", type=float, default=None, metavar="S",
+        help="--what-if: a placed shard is ready this long after (default: as the log shows for its profile)",
+    )  # fmt: skip
     replay.set_defaults(func=cmd_replay)
 
     events = sub.add_parser("events", help="the event contract: check or write events/schema/")

@@ -32,11 +32,16 @@ from .passes import MAX_PASS_BYTES, ModelPass, Outcome, Pass, drain_s, place_one
 from .quota import need, over_limit
 from .replicas import replica_number
 from .restarts import begin_restarts, restart_state, retire
-from .scaling import PARK_AFTER, backoff_until, decided, desired, why_desired
+from .policy import DEFAULT
+from .scaling import backoff_until, decided, desired, why_desired
 from .state import Model, Replica, State
 from .times import utc
 
-__all__ = ["decide", "restart_state", "Outcome", "MAX_PASS_BYTES", "ADOPT_WAIT_S"]
+__all__ = ["decide", "restart_state", "Outcome", "MAX_PASS_BYTES", "ADOPT_WAIT_S", "YOUNG_VICTIMS"]
+
+# In the waiting reason of a model whose victims are within their minimum
+# lifetime: what tells a simulation (core/whatif.py) to wake at their end.
+YOUNG_VICTIMS = "would make room but became ready less than"
 
 
 def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Action]:
@@ -82,7 +87,7 @@ def _room_freed(state: State, name: str) -> bool:
 
 # How long the shards of a multi-node replica rebuilt from registrations may
 # take to all be reported (their agents register one by one).
-ADOPT_WAIT_S = 120.0
+ADOPT_WAIT_S = DEFAULT.adopt_wait_s  # the default of state.policy.adopt_wait_s
 
 
 def _models_to_look_at(state: State, now: float) -> set[str]:
@@ -232,9 +237,10 @@ def _why_young_victims(p: Pass, m: ModelPass) -> str:
     if not later:
         return ""
     ids = ", ".join(c.rep.id for _, c in later)
-    when = max(c.rep.ready_at for _, c in later) + preempt.MIN_LIFETIME_S
+    lifetime = p.state.policy.min_lifetime_s
+    when = max(c.rep.ready_at for _, c in later) + lifetime
     return (
-        f"no room; {ids} would make room but became ready less than {preempt.MIN_LIFETIME_S:g}s ago "
+        f"no room; {ids} {YOUNG_VICTIMS} {lifetime:g}s ago "
         f"(a replica is not preempted before it has served that long): they may give way from {utc(when)}"
     )
 
@@ -254,14 +260,14 @@ def _blocked(p: Pass, model: Model) -> str:
     if hold:
         return hold
     k = model.start_failures
-    if k >= PARK_AFTER:
+    if k >= p.state.policy.park_after:
         why = (
             f"parked: {k} replicas in a row failed to start (the last: {model.last_failure}); "
             f"`llmgw ctl retry {model.spec.name}` tries again"
         )
         p.add(ev.ParkModel(model=model.spec.name, reason=why))
         return why
-    until = backoff_until(model)
+    until = backoff_until(model, p.state.policy)
     if p.now < until:
         return (
             f"backing off: {k} replica(s) in a row failed to start (the last: {model.last_failure}); "
@@ -282,9 +288,10 @@ def _why_stop(state: State, rep: Replica, now: float) -> str:
         return f"model {rep.model} was removed from the catalog"
     if rep.state == "failed":
         return f"replaced: {rep.reason}"
-    if rep.want_shards and now - rep.placed_at > ADOPT_WAIT_S:
+    wait = state.policy.adopt_wait_s
+    if rep.want_shards and now - rep.placed_at > wait:
         return (
             f"adopted with {len(rep.shards)} of its {rep.want_shards} shards; "
-            f"the others were not reported within {ADOPT_WAIT_S:g}s"
+            f"the others were not reported within {wait:g}s"
         )
     return ""

@@ -19,6 +19,8 @@ from typing import Literal, Union
 
 import msgspec
 
+from .policy import Policy
+
 SCHEMA_VERSION = 1
 
 
@@ -253,6 +255,14 @@ class FacilityApplied(Event, tag="facility.applied"):
     watts of each domain that has one (a domain not named has none)."""
 
     budgets: dict[str, float] = {}
+
+
+class PolicyApplied(Event, tag="policy.applied"):
+    """The catalog's `policy:` section, whole each time: the fleet-wide
+    numbers the rules decide with (core/policy.py; a field not given has
+    its default)."""
+
+    policy: Policy = msgspec.field(default_factory=Policy)
 
 
 # --------------------------------------------------------------------------- agents (llmgw.agent.<node>.>)
@@ -531,6 +541,7 @@ AnyEvent = Union[
     DomainReleased,
     FacilityApplied,
     NodePower,
+    PolicyApplied,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
@@ -558,6 +569,7 @@ ORIGIN: dict[type[Event], str] = {
     DomainReleased: "ctl",
     FacilityApplied: "ctl",
     NodePower: "agent",
+    PolicyApplied: "ctl",
 }
 
 

@@ -23,6 +23,7 @@ import msgspec
 from . import adoption, decisions, facility
 from . import events as ev
 from .catalog import NAME_RE, fingerprint, spec_problem
+from .policy import problem as policy_problem
 from .nodeindex import touch
 from .ports import held_by_another_program, in_range, node_ports, range_problem
 from .quota import count, replica_amount, shard_amount
@@ -46,7 +47,8 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 10: who leads (LeaderElected: state.term, leader, leader_since).
 # 11: the facility (facility.py): location labels, holds, power caps and
 #     measured draw; a placement in a held domain or past a cap is voided.
-FOLD_VERSION = 11
+# 12: the policy (PolicyApplied: state.policy), which the rules read.
+FOLD_VERSION = 12
 
 
 class Refused(ValueError):
@@ -204,6 +206,13 @@ def _owner_applied(state: State, e: ev.OwnerApplied, seq: int) -> None:
 
 def _owner_removed(state: State, e: ev.OwnerRemoved, seq: int) -> None:
     state.owners.pop(e.name, None)
+
+
+def _policy_applied(state: State, e: ev.PolicyApplied, seq: int) -> None:
+    problem = policy_problem(e.policy)
+    if problem:
+        raise Refused(problem)
+    state.policy = e.policy
 
 
 def _api_key_applied(state: State, e: ev.ApiKeyApplied, seq: int) -> None:
@@ -431,5 +440,6 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.NodePorts: node_ports,
     ev.LeaderElected: _leader_elected,
     ev.CredentialRevoked: _credential_revoked,
+    ev.PolicyApplied: _policy_applied,
 }
 _HANDLERS.update(facility.HANDLERS)  # location labels, holds, power caps, measured draw

@@ -43,15 +43,17 @@ from . import events as ev
 from .events import Resources
 from .replicas import RETIRING, replica_number
 from .placement import Inventory
+from .policy import DEFAULT
 from .quota import borrowed, governing, need, over_limit, plus, within_guarantee
 from .scaling import current_load, desired
 from .state import Model, Replica, State
 
 CLASSES = {"opportunistic": 0, "standard": 1, "critical": 2}
-MAX_VICTIMS = 3
-EVICTION_GRACE_S = 300.0  # idle this long, an on-demand replica of a lower class goes first
-MIN_LIFETIME_S = 120.0
-HOLD_S = 120.0  # how long a model that gave room may not take it back
+# The defaults of what the rules read from state.policy (policy.py).
+MAX_VICTIMS = DEFAULT.max_victims
+EVICTION_GRACE_S = DEFAULT.eviction_grace_s  # idle this long, an on-demand replica of a lower class goes first
+MIN_LIFETIME_S = DEFAULT.min_lifetime_s
+HOLD_S = DEFAULT.hold_s  # how long a model that gave room may not take it back
 
 TIERS = {
     0: "idle on-demand replica of a lower class",
@@ -122,6 +124,7 @@ class VictimIndex:
                 continue
             by_model.setdefault(rep.model, []).append(rep)
         out = []
+        policy = state.policy
         for name, reps in by_model.items():
             model = state.models.get(name)
             if model is None:
@@ -135,9 +138,9 @@ class VictimIndex:
             above = max(len(reps) - spec.min_replicas, 0)
             idle = now - model.last_used if model.last_used else 0.0
             idle_on_demand = spec.on_demand and current_load(model, now) == 0 and (
-                not model.last_used or idle >= EVICTION_GRACE_S)
+                not model.last_used or idle >= policy.eviction_grace_s)
             for i, rep in enumerate(reps):
-                young = bool(rep.ready_at) and now - rep.ready_at < MIN_LIFETIME_S
+                young = bool(rep.ready_at) and now - rep.ready_at < policy.min_lifetime_s
                 # Multi-node: its own decision. One being rebuilt from what
                 # agents report (want_shards) is multi-node before all its
                 # shards are back, not a single-node replica.
@@ -293,7 +296,7 @@ def held(state: State, model: Model, now: float) -> str:
     # for as long as the hold lasted.
     return (
         f"held: it gave room to {model.held_for} (preempted for it), which is still short; "
-        f"until {model.held_for} has what it asked for, {HOLD_S:g}s after the preemption at the latest"
+        f"until {model.held_for} has what it asked for, {state.policy.hold_s:g}s after the preemption at the latest"
     )
 
 
@@ -328,7 +331,7 @@ def choose(
     index._skip[id(ordered)] = skip
     for i in range(skip, len(ordered)):
         tier, c = ordered[i]
-        if len(chosen) == MAX_VICTIMS:
+        if len(chosen) == index.state.policy.max_victims:
             break
         if c.model == name or c.rep.id in taken:
             continue
@@ -400,7 +403,7 @@ def decision(
     )
     out: list[ev.Action] = [
         ev.Preempt(model=name, victims=victims, reason=reason, inventory=inv.describe_nodes(nodes),
-                   hold_until=now + HOLD_S)
+                   hold_until=now + index.state.policy.hold_s)
     ]
     for v in victims:
         index.taken.add(v.replica)

@@ -19,7 +19,6 @@ from . import events as ev
 from .passes import ModelPass, Outcome, Pass, drain_s, place_one
 from .quota import add, replica_amount
 from .replicas import RETIRING, replica_number
-from .scaling import PARK_AFTER
 from .state import Replica, Shard, State
 
 
@@ -67,7 +66,7 @@ def retire(p: Pass, m: ModelPass, outcome: Outcome) -> int:
             p.add(ev.StopReplica(replica=rep.id, reason="restarted: its replacement serves", drain_s=drain_s(spec, rep)))
         elif m.have >= n:
             continue  # its replacement is placed and starting: wait for it
-        elif model.parked or model.start_failures >= PARK_AFTER:
+        elif model.parked or model.start_failures >= p.state.policy.park_after:
             # (Parked in this very pass too: refused at once rather than the
             # next pass, so the model never reads "waits: parked" while the
             # replica it could not replace serves on.)
@@ -128,7 +127,7 @@ def begin_restarts(p: Pass, m: ModelPass) -> int:
         return replaced
     surge, unavailable = model.restart_surge, model.restart_unavailable
     if surge <= 0 and unavailable <= 0:
-        surge = 1
+        surge = state.policy.restart_max_surge
     beside = surge - len(m.retiring)
     # Stopped for a replacement that does not serve yet: still unavailable.
     instead = sum(1 for r in m.live if r.replaced and r.state != "ready")

@@ -23,6 +23,7 @@ import math
 
 from .catalog import max_replicas
 from .events import ModelSpec
+from .policy import DEFAULT, Policy
 from .state import Model, Peak
 
 LOAD_REPEAT_S = 10.0
@@ -32,9 +33,10 @@ LOAD_FRESH_S = 30.0
 # doubling, at most 5 minutes; after PARK_AFTER in a row the model is parked
 # until an operator retries it. A broken definition (a missing model file, a
 # bad argument) fails every time: trying it for ever only fills the log.
-BACKOFF_FIRST_S = 5.0
-BACKOFF_MAX_S = 300.0
-PARK_AFTER = 5
+# (The defaults of state.policy's backoff_first_s, backoff_max_s, park_after.)
+BACKOFF_FIRST_S = DEFAULT.backoff_first_s
+BACKOFF_MAX_S = DEFAULT.backoff_max_s
+PARK_AFTER = DEFAULT.park_after
 
 
 def current_load(model: Model, now: float) -> int:
@@ -123,9 +125,9 @@ def note_peak(model: Model, at: float, asked: int) -> None:
     peaks.append(Peak(at=at, wants=asked))
 
 
-def backoff_until(model: Model) -> float:
+def backoff_until(model: Model, policy: Policy = DEFAULT) -> float:
     """When a model whose replicas failed to start may be tried again (0: now)."""
     n = model.start_failures
     if n <= 0:
         return 0.0
-    return model.failed_at + min(BACKOFF_FIRST_S * 2 ** (n - 1), BACKOFF_MAX_S)
+    return model.failed_at + min(policy.backoff_first_s * 2 ** (n - 1), policy.backoff_max_s)

@@ -17,6 +17,7 @@ from typing import Literal
 import msgspec
 
 from .events import Gpu, Limit, ModelSpec, Resources
+from .policy import Policy
 
 # Shard and replica states, typed as the events' are (ShardState): msgspec
 # refuses a snapshot with any other. A replica's state follows from its
@@ -291,6 +292,8 @@ class State(msgspec.Struct, kw_only=True, weakref=True):
     quarantined: list[Quarantined] = []
     voided_count: int = 0
     voided: list[Voided] = []
+    # The numbers the rules decide with, as the last PolicyApplied said.
+    policy: Policy = msgspec.field(default_factory=Policy)
 
 
 def add_gb(a: float, b: float) -> float:

@@ -20,8 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .. import yamlfile
 from ..core.catalog import MODEL_NAME_RE
-from ..core.events import ApiKeyApplied, FacilityApplied, Limit, ModelSpec, OwnerApplied, ProfileSpec, Resources
+from ..core.events import (
+    ApiKeyApplied, Event, FacilityApplied, Limit, ModelApplied, ModelSpec, OwnerApplied, PolicyApplied, ProfileSpec,
+    Resources,
+)
 from ..core.facility import domain_problem
+from ..core.policy import DEFAULT, Policy
+from ..core.state import ApiKey, Owner, State
 
 
 class CatalogError(ValueError):
@@ -121,6 +126,22 @@ class _Owner(BaseModel):
     limit: _Limit = _Limit()
 
 
+class _Policy(BaseModel):
+    """The fleet-wide numbers of the rules (llmgw/core/policy.py says what
+    each one does); a field not given keeps its default."""
+
+    model_config = ConfigDict(extra="forbid")
+    min_lifetime_s: float = Field(DEFAULT.min_lifetime_s, ge=0)
+    hold_s: float = Field(DEFAULT.hold_s, ge=0)
+    eviction_grace_s: float = Field(DEFAULT.eviction_grace_s, ge=0)
+    max_victims: int = Field(DEFAULT.max_victims, ge=0)
+    restart_max_surge: int = Field(DEFAULT.restart_max_surge, ge=1)
+    backoff_first_s: float = Field(DEFAULT.backoff_first_s, ge=0)
+    backoff_max_s: float = Field(DEFAULT.backoff_max_s, ge=0)
+    park_after: int = Field(DEFAULT.park_after, ge=1)
+    adopt_wait_s: float = Field(DEFAULT.adopt_wait_s, ge=0)
+
+
 class _Facility(BaseModel):
     """The facility: the power cap in watts of each domain that has one
     (KIND/NAME: rack/r4-12, pdu/pdu-a)."""
@@ -145,6 +166,7 @@ class _Catalog(BaseModel):
     models: list[_Model] = []
     owners: list[_Owner] = []
     api_keys: list[_ApiKey] = []
+    policy: _Policy | None = None
     facility: _Facility | None = None
 
 
@@ -152,7 +174,63 @@ class Catalog(NamedTuple):
     models: list[ModelSpec]
     owners: list[OwnerApplied]  # `at` 0: set when published
     api_keys: list[ApiKeyApplied]
+    policy: Policy | None = None  # None: the file has no `policy:` section (the policy is left as it is)
+    given: tuple[str, ...] = ()  # the sections the file has (models, owners, api_keys, policy), even empty
     facility: FacilityApplied | None = None  # the file's `facility:` section, if it has one
+
+
+class Item(NamedTuple):
+    """One thing a catalog file defines, against what the log has now."""
+
+    kind: str  # model, owner, api key, policy
+    name: str
+    had: object | None  # as the state has it (ModelSpec, Owner, ApiKey, Policy); None: not yet
+    now: object  # as the file says, in the same type
+    event: Event | None  # what publishing it takes (`at` 0: stamped when published); None: unchanged
+
+
+def items(state: State, catalog: Catalog) -> list[Item]:
+    """What `ctl apply` publishes for a file, in order: the policy and the
+    owners first (the rules and limits the models are then placed under),
+    then each model and API key, with the event that changes it (None when
+    unchanged). `apply` publishes these events; `apply --dry-run` folds them
+    on a copy of the state instead."""
+    out = []
+    if catalog.policy is not None:
+        same = catalog.policy == state.policy
+        out.append(Item("policy", "", state.policy, catalog.policy,
+                        None if same else PolicyApplied(at=0.0, policy=catalog.policy)))
+    for o in catalog.owners:
+        had_o = state.owners.get(o.name)
+        now_o = Owner(guarantee=o.guarantee, limit=o.limit)
+        out.append(Item("owner", o.name, had_o, now_o, None if had_o == now_o else o))
+    for spec in catalog.models:
+        current = state.models.get(spec.name)
+        had = current.spec if current is not None else None
+        out.append(Item("model", spec.name, had, spec, None if had == spec else ModelApplied(at=0.0, model=spec)))
+    for k in catalog.api_keys:
+        had_k = state.api_keys.get(k.name)
+        now_k = ApiKey(owner=k.owner, key_sha256=k.key_sha256, requests_per_minute=k.requests_per_minute,
+                       tokens_per_minute=k.tokens_per_minute)
+        out.append(Item("api key", k.name, had_k, now_k, None if had_k == now_k else k))
+    return out
+
+
+# Profile fields added after catalogs were first applied: left out of the
+# spec when the file does not give them. msgspec leaves a default out of
+# the encoding only when it is the very default object, and a float from
+# the file (0.0) is not: with power_w written out, every profile of an
+# unchanged catalog got a new fingerprint, and applying it again would
+# have restarted every replica (found by replay --what-if of a recorded log).
+_LATER_PROFILE_FIELDS = ("power_w", "keep_within")
+
+
+def _profile(p: _Profile) -> ProfileSpec:
+    fields = p.model_dump()
+    for name in _LATER_PROFILE_FIELDS:
+        if name not in p.model_fields_set:
+            fields.pop(name, None)
+    return ProfileSpec(**fields)
 
 
 def load(path: str | Path) -> list[ModelSpec]:
@@ -176,7 +254,7 @@ def load_catalog(path: str | Path) -> Catalog:
             if names.count(n) > 1:
                 raise CatalogError(f"{path}: {kind} {n} is defined twice")
     models = [
-        ModelSpec(**{**m.model_dump(), "profiles": [ProfileSpec(**p.model_dump()) for p in m.profiles]})
+        ModelSpec(**{**m.model_dump(), "profiles": [_profile(p) for p in m.profiles]})
         for m in catalog.models
     ]
     keys = [
@@ -197,4 +275,6 @@ def load_catalog(path: str | Path) -> Catalog:
         for o in catalog.owners
     ]
     facility = FacilityApplied(at=0.0, budgets=dict(catalog.facility.budgets)) if catalog.facility else None
-    return Catalog(models=models, owners=owners, api_keys=keys, facility=facility)
+    policy = Policy(**catalog.policy.model_dump()) if catalog.policy is not None else None
+    return Catalog(models=models, owners=owners, api_keys=keys, facility=facility, policy=policy,
+                   given=tuple(sorted(catalog.model_fields_set)))

@@ -19,7 +19,7 @@ from ..core.facility import KINDS as KINDS_OF_PLACE
 from ..core.facility import watts as _watts
 from ..text import table, when
 
-KINDS = ("models", "nodes", "replicas", "decisions", "quotas", "preemptions", "domains", "leader")
+KINDS = ("models", "nodes", "replicas", "decisions", "quotas", "preemptions", "domains", "leader", "policy")
 # Every name a kind goes by, as kubectl takes them: plural, singular, short.
 KIND_NAMES = {
     "models": ("model", "mo"),
@@ -30,6 +30,7 @@ KIND_NAMES = {
     "preemptions": ("preemption", "pre"),
     "domains": ("domain", "dom"),
     "leader": ("leaders", "lead"),
+    "policy": ("policies", "pol"),
 }
 SINGULAR = {kind: names[0] for kind, names in KIND_NAMES.items()}
 ALIASES = {name: kind for kind, names in KIND_NAMES.items() for name in (kind, *names)}
@@ -152,6 +153,12 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
             str(r["seq"]), str(r["behind"]),
         ],
     ),
+    # `get policy`: the numbers the rules decide with, folded from the operators' events.
+    "policy": (
+        "field",
+        ["FIELD", "VALUE", "DEFAULT", "SET AT"],
+        lambda r: [r["field"], format(r["value"], "g"), format(r["default"], "g"), str(r["seq"]) if r["seq"] else ""],
+    ),
 }
 
 WIDE: dict[str, tuple[list[str], Callable[[dict], list[str]]]] = {
@@ -172,6 +179,7 @@ WIDE: dict[str, tuple[list[str], Callable[[dict], list[str]]]] = {
         ["KIND", "MODEL", "REPLICA", "NODE", "LEADER"],
         lambda d: [d["kind"], d["model"], d["replica"], d["node"], d.get("leader", "")],
     ),
+    "policy": ([], lambda r: []),
 }
 
 FLEX = {"REASON", "WAITING", "LABELS", "VICTIMS (TIER)", "BEFORE", "VOIDED", "DECISION", "PROFILES", "WHY PLACED"}

@@ -25,7 +25,7 @@ class _At(msgspec.Struct):
 _at = msgspec.json.Decoder(_At)
 
 
-def parse_at(text: str) -> tuple[str, float]:
+def parse_at(text: str, flag: str = "--at") -> tuple[str, float]:
     """--at takes a sequence (an integer) or a time (ISO 8601, or Unix seconds with a dot)."""
     if text.isdigit():
         return "seq", float(text)
@@ -36,7 +36,7 @@ def parse_at(text: str) -> tuple[str, float]:
     try:
         when = dt.datetime.fromisoformat(text)
     except ValueError:
-        print(f"llmgw replay: --at {text!r}: give a sequence number, Unix seconds or an ISO 8601 time", file=sys.stderr)
+        print(f"llmgw replay: {flag} {text!r}: give a sequence number, Unix seconds or an ISO 8601 time", file=sys.stderr)
         raise SystemExit(Exit.BAD_INPUT) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
@@ -117,6 +117,23 @@ def _json(data) -> str:
     return msgspec.json.encode(with_iso_times(msgspec.to_builtins(data))).decode() + "\n"
 
 
+def _what_if(records: Sequence[Record], args) -> int:
+    from ..core.redecide import what_if
+    from ..ctl.catalog_file import CatalogError, load_catalog
+    from . import whatif
+
+    try:
+        catalog = load_catalog(args.what_if)
+    except CatalogError as e:
+        print(f"llmgw replay: --what-if: {e}", file=sys.stderr)
+        return Exit.BAD_INPUT
+    start = parse_at(args.from_, "--from") if args.from_ else None
+    end = parse_at(args.to, "--to") if args.to else None
+    report = what_if(records, whatif.plan_of(catalog), start, end, ready_after=args.ready_after)
+    sys.stdout.write(whatif.render(report, args.what_if, as_json=args.json))
+    return Exit.OK if report.same else Exit.NOT_AS_WANTED
+
+
 def run(records: Sequence[Record], args) -> int:
     """Carry out one `llmgw replay` invocation on the records; returns the exit code."""
     out = sys.stdout
@@ -124,6 +141,8 @@ def run(records: Sequence[Record], args) -> int:
         n = logfile.write(args.export, records)
         print(f"wrote {n} events to {args.export}", file=sys.stderr)
         return 0
+    if getattr(args, "what_if", None):
+        return _what_if(records, args)
     at = parse_at(args.at) if args.at else None
     about: Entity | None = None
     for kind in ("model", "replica", "node"):
