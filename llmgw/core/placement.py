@@ -33,7 +33,7 @@ Among the nodes that fit, the choice is:
 - spread first: nodes that run none of the model's replicas, then those that
   run one, and so on, so that one node lost takes as few of its replicas as
   it can. Where nodes say their rack and PDU, the rack with the fewest of
-  them comes first, then the PDU, then the node (facility.Levels); for a
+  them comes first, then the PDU, then the node (facility_pass.Levels); for a
   multi-node replica, the node alone (its rounds within each fabric would
   be one per level, squared).
 - then best fit: the node with the fewest free GPUs that still has enough,
@@ -61,243 +61,49 @@ three cannot disagree.
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_left, insort
 from collections.abc import Iterable
-from functools import lru_cache
 from itertools import filterfalse
 
-import msgspec
-
-from . import facility
-from .events import Gpu, ProfileSpec, ShardPlacement
+from . import facility_pass
+from .events import ProfileSpec, ShardPlacement
 from .nodeindex import FABRIC_LABEL, POOL_LABEL, Group, NodeIndex, index_of, kind_of
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
+# The questions asked of one node (fit.py), named here too: what placement
+# is asked of, callers and tests have always imported from this module.
+from .fit import (  # noqa: F401
+    READY,
+    POOL,
+    FABRIC,
+    GPU_MODEL,
+    GPU_MEMORY,
+    GPUS,
+    MEMORY,
+    CPU,
+    PORTS,
+    RULES,
+    Reason,
+    NodeFit,
+    ProfileFit,
+    Explanation,
+    render,
+    render_explanation,
+    needs,
+    summarize,
+    gpu_model_matches,
+    label_reasons,
+    gpu_reasons,
+    _kind_reasons,
+    _mixed_reasons,
+    memory_short,
+    cpu_short,
+)
 
 # The engine ports of a node whose agent names no range (NodeRegistered's
 # port_first and port_last 0); the agent file's `engine_ports` defaults to it.
 PORT_BASE = 20000
 PORT_LIMIT = 29999
 
-# The rules, in the order their reasons are listed: what a person can fix
-# fastest (a label, a node down) first.
-READY = "ready"
-POOL = "pool"
-FABRIC = "fabric"
-GPU_MODEL = "gpu-model"
-GPU_MEMORY = "gpu-memory"
-GPUS = "gpus"
-MEMORY = "memory"
-CPU = "cpu"
-PORTS = "ports"
-RULES = (READY, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS) + facility.RULES
-_LABELS = {
-    READY: "not ready",
-    POOL: "pool",
-    FABRIC: "fabric",
-    GPU_MODEL: "GPU model",
-    GPU_MEMORY: "GPU memory",
-    GPUS: "GPUs",
-    MEMORY: "host memory",
-    CPU: "CPU",
-    PORTS: "ports",
-}
-
-
-# --------------------------------------------------------------------------- the reasons, as data
-
-
-class Reason(msgspec.Struct, frozen=True, kw_only=True):
-    """One rule a node breaks for a profile: what was needed and what it has."""
-
-    rule: str
-    need: str = ""
-    have: str = ""
-
-
-class NodeFit(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One node for one profile: the rules it breaks, none when it fits."""
-
-    node: str
-    reasons: tuple[Reason, ...] = ()
-    # How many of the model's replicas it runs already: spread tries the
-    # nodes that run fewer first.
-    runs: int = 0
-
-    @property
-    def fits(self) -> bool:
-        return not self.reasons
-
-
-class ProfileFit(msgspec.Struct, kw_only=True):
-    """One profile over the whole fleet."""
-
-    profile: str
-    needs: str  # what one replica of it needs, in words
-    fits: bool
-    nodes: tuple[NodeFit, ...] = ()
-    # A multi-node profile: why no fabric has enough nodes that fit.
-    fabrics: tuple[Reason, ...] = ()
-
-
-class Explanation(msgspec.Struct, kw_only=True):
-    """Where the next replica of a model would go, and why not elsewhere."""
-
-    model: str
-    profiles: tuple[ProfileFit, ...] = ()
-    chosen: str = ""  # the first profile that fits; "" when none does
-    where: tuple[str, ...] = ()  # the nodes its next replica would get, by rank
-    problem: str = ""  # why there is nothing to explain (no such model)
-
-
-def render(reason: Reason) -> str:
-    """A reason in words, e.g. "GPUs: needs 4 free, has 2 free"."""
-    if reason.rule in facility.RULES:
-        return facility.render(reason.rule, reason.need, reason.have)
-    label = _LABELS.get(reason.rule, reason.rule)
-    if reason.rule == READY:
-        return f"{label}: {reason.have}"
-    return f"{label}: needs {reason.need}, has {reason.have}"
-
-
-def render_explanation(e: Explanation) -> list[str]:
-    """The explanation as lines for a terminal: each profile, then each node."""
-    if e.problem:
-        return [e.problem]
-    if e.chosen:
-        head = f"model {e.model}: the next replica would run profile {e.chosen} on {', '.join(e.where)}"
-    else:
-        head = f"model {e.model}: no profile fits anywhere"
-    lines = [head]
-    for pf in e.profiles:
-        lines.append(f"profile {pf.profile} needs {pf.needs}: {'fits' if pf.fits else 'fits nowhere'}")
-        for r in pf.fabrics:
-            lines.append(f"  {render(r)}")
-        for nf in pf.nodes:
-            spread = f" (runs {nf.runs} of its replicas: tried after nodes that run fewer)" if nf.runs else ""
-            said = "fits" if nf.fits else "; ".join(render(r) for r in nf.reasons)
-            lines.append(f"  {nf.node}: {said}{spread}")
-    return lines
-
-
-def needs(p: ProfileSpec) -> str:
-    """What one replica of a profile needs, in words."""
-    where = "a node" if p.nodes == 1 else f"{p.nodes} nodes of one fabric, each"
-    gpu = [w for w in (p.gpu_model, f"{p.gpu_memory_gb:g} GB" if p.gpu_memory_gb else "") if w]
-    out = f"{where} with {p.gpus} free GPU(s)" + (f" ({', '.join(gpu)})" if gpu and p.gpus else "")
-    if p.memory_gb:
-        out += f", {p.memory_gb:g} GB host memory"
-    if p.cpu_cores:
-        out += f", {p.cpu_cores} CPU cores"
-    if p.pool:
-        out += f", in pool {p.pool}"
-    if p.keep_within and p.nodes > 1:
-        out += f", all within one {p.keep_within}"
-    return out
-
-
-def summarize(pf: ProfileFit) -> str:
-    """A profile that fits nowhere, in a line: what it needs and how many nodes
-    refuse it for each rule, with the first such node as an example."""
-    count: dict[str, int] = {}
-    first: dict[str, tuple[str, Reason]] = {}
-    for nf in pf.nodes:
-        for r in nf.reasons:
-            count[r.rule] = count.get(r.rule, 0) + 1
-            first.setdefault(r.rule, (nf.node, r))
-    parts = [f"{count[rule]}x {render(first[rule][1])} (first: {first[rule][0]})" for rule in RULES if rule in count]
-    parts += [render(r) for r in pf.fabrics]
-    return f"profile {pf.profile} needs {pf.needs}" + (f"; {', '.join(parts)}" if parts else "")
-
-
-# --------------------------------------------------------------------------- the rules
-
-
-@lru_cache(maxsize=4096)
-def gpu_model_matches(asked: str, model: str) -> bool:
-    """Whether a GPU reported as `model` is one `asked` for: the words asked
-    for appear, in order and next to each other, among the words of the
-    name, case aside ("H100" is "NVIDIA H100 80GB HBM3" but not "GH100")."""
-    want = _words(asked)
-    have = _words(model)
-    n = len(want)
-    return any(have[i : i + n] == want for i in range(len(have) - n + 1)) if n else True
-
-
-def _words(name: str) -> list[str]:
-    return [w for w in re.split(r"[^0-9a-z]+", name.lower()) if w]
-
-
-def label_reasons(p: ProfileSpec, pool: str, fabric: str) -> tuple[Reason, ...]:
-    """The rules on a node's labels: its pool, and a fabric for a multi-node profile."""
-    out: tuple[Reason, ...] = ()
-    if p.pool and pool != p.pool:
-        out += (Reason(rule=POOL, need=p.pool, have=pool or f"no {POOL_LABEL} label"),)
-    if p.nodes > 1 and not fabric:
-        out += (Reason(rule=FABRIC, need=f"a {FABRIC_LABEL} label ({p.nodes} nodes per replica)", have="none"),)
-    return out
-
-
-def gpu_reasons(
-    p: ProfileSpec, models: str, of_model: int, best_memory: float, suit: int, free: int
-) -> tuple[Reason, ...]:
-    """The rules on a node's GPUs, from a few counts: `of_model` GPUs of the
-    model asked for, the largest memory among them, `suit` of them with
-    enough memory, `free` of those free. `models` names what it has."""
-    need = p.gpus
-    if need == 0:
-        return ()  # a profile that needs no GPU does not care what they are
-    if p.gpu_model and not of_model:
-        return (Reason(rule=GPU_MODEL, need=p.gpu_model, have=models),)
-    if suit < need:
-        if suit < of_model:  # memory rules some of them out
-            have = f"{suit} with it" if suit else f"{best_memory:g} GB at most"
-            return (Reason(rule=GPU_MEMORY, need=f"{need} with {p.gpu_memory_gb:g} GB each", have=have),)
-        return (Reason(rule=GPUS, need=f"{need}", have=f"{of_model} in all"),)
-    if free < need:
-        return (Reason(rule=GPUS, need=f"{need} free", have=f"{free} free"),)
-    return ()
-
-
-def _kind_reasons(p: ProfileSpec, kind: tuple[str, float, int], free: int) -> tuple[Reason, ...]:
-    """`gpu_reasons` for a node whose GPUs are all alike: (model, memory, count)."""
-    model, memory, total = kind
-    of_model = total if not p.gpu_model or gpu_model_matches(p.gpu_model, model) else 0
-    suit = of_model if memory >= p.gpu_memory_gb else 0
-    return gpu_reasons(p, _models_said(model, total), of_model, memory, suit, free if suit else 0)
-
-
-def _models_said(models: str, count: int) -> str:
-    if not count:
-        return "no GPU"
-    return models or "GPUs whose model the agent did not say"
-
-
-def _mixed_reasons(p: ProfileSpec, gpus: list[Gpu], free: list[int]) -> tuple[Reason, ...]:
-    """`gpu_reasons` for a node with GPUs of different kinds."""
-    if p.gpus == 0:
-        return ()
-    of_model = [g for g in gpus if not p.gpu_model or gpu_model_matches(p.gpu_model, g.model)]
-    suit = {g.index for g in of_model if g.memory_gb >= p.gpu_memory_gb}
-    models = _models_said("/".join(sorted({g.model for g in gpus if g.model})), len(gpus))
-    best = max((g.memory_gb for g in of_model), default=0.0)
-    return gpu_reasons(p, models, len(of_model), best, len(suit), sum(1 for i in free if i in suit))
-
-
-def memory_short(p: ProfileSpec, node: Node, used: float) -> bool:
-    """The fold's test too (see decisions._place): the same sum, rounded the same way."""
-    return bool(p.memory_gb and node.memory_gb and add_gb(used, p.memory_gb) > node.memory_gb)
-
-
-def cpu_short(p: ProfileSpec, node: Node, used: int) -> bool:
-    """Too few free cores. A node that reports none has no limit said, except
-    for a CPU-only profile (no GPU, cores asked): it runs on cores, so it
-    needs a node that says it has them."""
-    if not p.cpu_cores:
-        return False
-    if not node.cpu_cores:
-        return p.gpus == 0
-    return used + p.cpu_cores > node.cpu_cores
 
 
 # --------------------------------------------------------------------------- the inventory
@@ -309,7 +115,7 @@ def _limits(spread: dict[str, int]) -> list[int]:
     if not spread:
         return [1]
     # Only the counts some node has: a round for a count none has admits
-    # what the one before did (facility.Levels' counts are far apart).
+    # what the one before did (facility_pass.Levels' counts are far apart).
     return [c + 1 for c in sorted({0, *spread.values()})]
 
 
@@ -392,7 +198,7 @@ class Inventory:
         self._names: list[str] | None = None
         self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
         self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
-        self._fac = facility.PassFacility(state)  # facility: holds, power caps, racks and PDUs
+        self._fac = facility_pass.PassFacility(state)  # facility: holds, power caps, racks and PDUs
 
     # ------------------------------------------------------------------ the index, and this pass's copy of it
 
@@ -484,8 +290,8 @@ class Inventory:
             groups = self._admitting(idx, p)
             spread = self._fac.levels(spread)  # facility: rack, then PDU, then node
             for limit in _limits(spread):
-                few = spread.at(limit - 1) if limit > 1 and isinstance(spread, facility.Levels) else None
-                if few is not None and len(few) <= facility.FEW:
+                few = spread.at(limit - 1) if limit > 1 and isinstance(spread, facility_pass.Levels) else None
+                if few is not None and len(few) <= facility_pass.FEW:
                     v = self._best_among(p, groups, few)  # facility: a round's few nodes
                 else:
                     v = self._best(p, groups, spread, limit, ())
@@ -554,7 +360,7 @@ class Inventory:
         skip_all = bool(spread) and limit == 1  # (spread counts are >= 1)
         count = bool(spread) and limit > 1
         blocked = fac.blocked(p) if fac.active else None  # facility: nodes known refused in this pass
-        over = spread.over(limit) if count and isinstance(spread, facility.Levels) else None  # facility: spread
+        over = spread.over(limit) if count and isinstance(spread, facility_pass.Levels) else None  # facility: spread
         if over is not None:
             count = False
         for k in range(p.gpus, self._index.top + 1):  # type: ignore[union-attr]
@@ -587,7 +393,7 @@ class Inventory:
         return None
 
     def _best_among(self, p: ProfileSpec, groups: list[Group], names) -> _View | None:
-        """`_best` for one round of facility.Levels: the nodes at that level
+        """`_best` for one round of facility_pass.Levels: the nodes at that level
         (the earlier rounds' refused them all), usually a rack's or a PDU's
         worth, are looked at themselves rather than found among every node
         of the buckets; the same choice, fewest free GPUs then name."""
@@ -637,7 +443,7 @@ class Inventory:
                 # facility: keep_within tries one domain of its kind at a time
                 for domain in fac.within(p.keep_within, self._fabric_nodes(groups_in_fabric)) if p.keep_within else ("",):
                     chosen: list[_View] = []
-                    taken = facility.Outside(fac, p.keep_within, domain, chosen) if domain else chosen
+                    taken = facility_pass.Outside(fac, p.keep_within, domain, chosen) if domain else chosen
                     for limit in limits[: i + 1]:
                         while len(chosen) < p.nodes:
                             v = self._best(p, groups_in_fabric, spread, limit, taken)
