@@ -4,7 +4,7 @@ rows, the decision at a point of the log with its facts, and the token check."""
 
 from __future__ import annotations
 
-from llmgw.console import facility_data as fac
+from llmgw.core import facility as fac
 from llmgw.console import views
 from llmgw.console.server import Console, HttpError
 from llmgw.core import events as ev
@@ -30,7 +30,7 @@ def folded(records) -> State:
     return state
 
 
-def test_labels_and_holds_the_operator_published_show_until_the_core_folds_them():
+def test_the_console_shows_the_labels_and_holds_the_operator_published():
     records = log_of(
         node("n1", "r1"), node("n2", "r1"), node("n3", "r2"),
         ev.NodeLabeled(at=2.0, node="n3", set={"rack": "r9"}, remove=["pdu"]),
@@ -39,21 +39,15 @@ def test_labels_and_holds_the_operator_published_show_until_the_core_folds_them(
         ev.DomainReleased(at=5.0, domain="rack/r9"),
     )
     state = folded(records)
-    overlay = fac.Overlay.of(records, until=len(records))
-    # The same whether the core folds them (core/facility.py) or the console's fallback does:
-    # the operator's rack over the agent's; removing the operator's pdu (it set none) leaves the agent's.
-    assert fac.location(state.nodes["n3"], overlay) == {"site": "par1", "rack": "r9", "pdu": "r2-a"}
-    assert fac.location(state.nodes["n1"], overlay) == {"site": "par1", "rack": "r1", "pdu": "r1-a"}
-    rows = {d.domain: d for d in fac.domain_rows(state, overlay)}
+    # The operator's rack over the agent's; removing the operator's pdu (it set none) leaves the agent's.
+    assert fac.location(state.nodes["n3"]) == {"site": "par1", "rack": "r9", "pdu": "r2-a"}
+    assert fac.location(state.nodes["n1"]) == {"site": "par1", "rack": "r1", "pdu": "r1-a"}
+    rows = {d.domain: d for d in fac.domain_rows(state)}
     assert rows["rack/r1"].nodes == 2 and rows["rack/r1"].gpus_free == 4
     assert rows["rack/r1"].held and rows["rack/r1"].drain and rows["rack/r1"].hold_reason == "maintenance"
     assert not rows["rack/r9"].held and rows["rack/r9"].nodes == 1
-    assert rows["site/par1"].nodes == 3 and not rows.get("rack/r2", fac.Domain(domain="", kind="", name="")).nodes
-    # Folded only up to a point: before the label, n3 is in r2.
-    if not fac.core_has_facility():  # the fallback folds to a point itself (the core: fold_until)
-        early = fac.Overlay.of(records, until=3)
-        assert fac.location(state.nodes["n3"], early)["rack"] == "r2"
-    fleet = views.fleet(state, overlay)
+    assert rows["site/par1"].nodes == 3 and not rows.get("rack/r2", fac.DomainRow(domain="", kind="", name="")).nodes
+    fleet = views.fleet(state)
     assert [n["name"] for n in fleet["nodes"]] == ["n1", "n2", "n3"] and fleet["nodes"][0]["gpus"] == ["", ""]
 
 

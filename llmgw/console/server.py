@@ -35,7 +35,7 @@ from ..core.state import State
 from ..ctl.readmodels import NoReadModels, ReadModels
 from ..ctl.views import decision_words
 from ..replay.tool import fold_until
-from . import facility_data as fac
+from ..core import facility
 from . import views
 from .config import CONFIG, COOKIE, ConsoleConfig
 
@@ -61,8 +61,7 @@ class Console:
         self.models = ReadModels(db) if db else None
         self.records: list[tuple[int, str, bytes]] = []
         self.state = State()
-        self.overlay = fac.Overlay()
-        self._past: OrderedDict[int, tuple[State, fac.Overlay]] = OrderedDict()
+        self._past: OrderedDict[int, State] = OrderedDict()
         self._follower = None
         self.server: asyncio.AbstractServer | None = None
 
@@ -71,8 +70,6 @@ class Console:
     def _on_message(self, seq: int, subject: str, data: bytes) -> None:
         self.records.append((seq, subject, data))
         apply(self.state, seq, subject, data)
-        if subject.startswith("llmgw.ctl."):
-            self.overlay.see(seq, data)
 
     async def start(self) -> None:
         self._follower = await self.bus.follow(1, self._on_message)
@@ -84,7 +81,7 @@ class Console:
         if self._follower is not None:
             await self._follower.stop()
 
-    def at(self, query: dict) -> tuple[State, fac.Overlay, bool]:
+    def at(self, query: dict) -> tuple[State, bool]:
         """The state to show: now, or folded from the log to `seq` or `time`."""
         if "seq" in query and query["seq"]:
             try:
@@ -97,23 +94,22 @@ class Console:
             except ValueError:
                 raise HttpError(400, f"time {query['time']!r} is not Unix seconds")
         else:
-            return self.state, self.overlay, False
+            return self.state, False
         records = self.records
         # Past the end is now.
         if point[0] == "seq" and point[1] >= self.state.seq:
-            return self.state, self.overlay, False
+            return self.state, False
         cached = self._past.get(int(point[1])) if point[0] == "seq" else None
         if cached is not None:  # the slider back and forth over one point folds it once
             self._past.move_to_end(int(point[1]))
-            return cached[0], cached[1], True
+            return cached, True
         state = fold_until(records, point)
         if state.seq >= self.state.seq:
-            return self.state, self.overlay, False
-        overlay = fac.Overlay.of(records, state.seq)
-        self._past[state.seq] = (state, overlay)
+            return self.state, False
+        self._past[state.seq] = state
         while len(self._past) > self.config.states_cached:
             self._past.popitem(last=False)
-        return state, overlay, True
+        return state, True
 
     # ------------------------------------------------------------- HTTP
 
@@ -261,13 +257,12 @@ class Console:
     # ------------------------------------------------------------- views
 
     def view(self, what: str, query: dict):
-        state, overlay, past = self.at(query)
+        state, past = self.at(query)
         head = {"seq": state.seq, "last": self.state.seq, "past": past, "at": self._at_of(state.seq),
-                "first_at": self._at_of(self.records[0][0]) if self.records else 0.0,
-                "core_facility": fac.core_has_facility()}
+                "first_at": self._at_of(self.records[0][0]) if self.records else 0.0}
         upto = state.seq if past else None
         if what == "fleet":
-            return {**head, **views.fleet(state, overlay)}
+            return {**head, **views.fleet(state)}
         if what == "models":
             return {**head, "models": views.models_view(state)}
         if what == "replicas":
@@ -290,7 +285,7 @@ class Console:
             return {**head, "preemptions": rows}
         if what.startswith("node/"):
             name = urllib.parse.unquote(what.removeprefix("node/"))
-            page = views.node(state, overlay, name, self.models)
+            page = views.node(state, name, self.models)
             if page is None:
                 raise HttpError(404, f"no node {name} (at event {state.seq})")
             return {**head, "node": page}
@@ -356,20 +351,20 @@ class Console:
             set_ = {str(k): str(v) for k, v in (args.get("set") or {}).items()}
             remove = [str(k) for k in (args.get("remove") or [])]
             for k, v in set_.items():
-                if k not in fac.KINDS or not NAME_RE.match(v):
-                    raise HttpError(400, f"label {k}={v!r}: give one of {', '.join(fac.KINDS)} and a name "
+                if k not in facility.KINDS or not NAME_RE.match(v):
+                    raise HttpError(400, f"label {k}={v!r}: give one of {', '.join(facility.KINDS)} and a name "
                                          "(letters, digits, _ and -)")
             for k in remove:
-                if k not in fac.KINDS:
-                    raise HttpError(400, f"label {k}: give one of {', '.join(fac.KINDS)}")
+                if k not in facility.KINDS:
+                    raise HttpError(400, f"label {k}: give one of {', '.join(facility.KINDS)}")
             if not set_ and not remove:
                 raise HttpError(400, "nothing to set or remove")
             event: ev.Event = ev.NodeLabeled(at=now, node=node, set=set_, remove=remove)
         elif verb in ("hold", "release"):
             domain = str(args.get("domain", ""))
             kind, _, name = domain.partition("/")
-            if kind not in fac.KINDS or not NAME_RE.match(name):
-                raise HttpError(400, f"domain {domain!r}: give KIND/NAME, KIND one of {', '.join(fac.KINDS)}")
+            if kind not in facility.KINDS or not NAME_RE.match(name):
+                raise HttpError(400, f"domain {domain!r}: give KIND/NAME, KIND one of {', '.join(facility.KINDS)}")
             if verb == "hold":
                 event = ev.DomainHeld(at=now, domain=domain, drain=bool(args.get("drain")), reason=str(args.get("reason", "")))
             else:

@@ -22,7 +22,7 @@ from ..core.state import State
 from ..ctl.readmodels import ReadModels
 from ..ctl.views import decision_words
 from ..projections.rows import COLUMNS, model_row, node_row, quota_rows, replica_row, shard_rows
-from . import facility_data as fac
+from ..core import facility
 from .config import CONFIG
 
 
@@ -40,7 +40,7 @@ def shard_models(state: State) -> dict[str, tuple[str, str]]:
     return {s.id: (r.model, r.id) for r in state.replicas.values() for s in r.shards}
 
 
-def fleet(state: State, overlay: fac.Overlay | None) -> dict:
+def fleet(state: State) -> dict:
     """Every node, compactly (2,000 of them go to the browser at once): its
     location, a cell per GPU (the model on it), CPU and memory, and the
     domains with what they hold and draw."""
@@ -54,25 +54,25 @@ def fleet(state: State, overlay: fac.Overlay | None) -> dict:
             gpus.append(of_shard.get(shard, ("?", ""))[0] if shard else "")
         models = sorted({m for m in gpus if m})
         nodes.append({
-            "name": n.name, "state": n.state, "reason": n.reason, "loc": fac.location(n, overlay),
+            "name": n.name, "state": n.state, "reason": n.reason, "loc": facility.location(n),
             "gpus": gpus, "gpu_model": n.gpus[0].model if n.gpus else "",
             "cpu": [n.cpu_used, n.cpu_cores], "mem": [n.memory_used, n.memory_gb],
             "owners": sorted({owners.get(m, "") for m in models} - {""}), "strays": len(n.strays),
         })
-    domains = [msgspec.to_builtins(d) for d in fac.domain_rows(state, overlay)]
+    domains = [msgspec.to_builtins(d) for d in facility.domain_rows(state)]
     return {"nodes": nodes, "domains": domains, "models": sorted(state.models), "owners": sorted(state.owners)}
 
 
-def node(state: State, overlay: fac.Overlay | None, name: str, models: ReadModels | None) -> dict | None:
+def node(state: State, name: str, models: ReadModels | None) -> dict | None:
     n = state.nodes.get(name)
     if n is None:
         return None
     row = _as_dict("nodes", node_row(n))
-    row["labels"] = fac.labels_of(n, overlay)
+    row["labels"] = facility.effective_labels(n)
     of_shard = shard_models(state)
     for g in row["gpus"]:
         g["model_running"], g["replica"] = of_shard.get(g["shard"], ("", "")) if g["shard"] else ("", "")
-    row["loc"] = fac.location(n, overlay)
+    row["loc"] = facility.location(n)
     row["memory_used"], row["cpu_used"] = n.memory_used, n.cpu_used
     history = []
     if models is not None:
@@ -84,12 +84,7 @@ def node(state: State, overlay: fac.Overlay | None, name: str, models: ReadModel
         for e in history:
             for d in e["decisions"]:
                 d["words"] = decision_words(d)
-    # The core names a node's labeling among its events once it folds the facility (history.mentions).
-    said = [] if fac.core_has_facility() else [
-        {"seq": s, "at": e.at, "type": ev.tag_of(type(e)), "summary": summary(e), "decisions": []}
-        for s, e in (overlay.said if overlay else ()) if isinstance(e, ev.NodeLabeled) and e.node == name
-    ]
-    row["history"] = sorted(history + said, key=lambda e: e["seq"])[-CONFIG.history_limit:]
+    row["history"] = history[-CONFIG.history_limit:]
     return row
 
 

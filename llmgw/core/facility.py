@@ -62,9 +62,16 @@ def label_name(key: str) -> str:
     return key if key in _KIND_OF else ""
 
 
+def effective_labels(node: Node) -> dict[str, str]:
+    """A node's labels as placement reads them: an operator's (`ctl label`)
+    over its agent's; an operator's removed, the agent's show again."""
+    if not node.operator_labels:
+        return dict(node.labels)
+    return {**node.labels, **{k: v for k, v in node.operator_labels.items() if v}}
+
+
 def location(node: Node) -> dict[str, str]:
-    """kind -> name, from the node's effective labels: an operator's
-    (`ctl label`) over its agent's. In KINDS order."""
+    """kind -> name, from the node's effective labels. In KINDS order."""
     out = {}
     op, own = node.operator_labels, node.labels
     for kind, label in LABELS.items():

@@ -203,7 +203,6 @@ function renderFleet(data) {
     `<label>owner <select id="f-owner">${options(data.owners, f.owner, "any")}</select></label>` +
     `<label>state <select id="f-state">${options(["ready", "lost", "held"], f.state, "any")}</select></label>` +
     `<span class="muted">${nodes.length} shown</span>` +
-    (data.core_facility ? "" : ` <span class="muted">(holds and labels set here are in the log; placement reads them once the facility is in the core)</span>`) +
     `</div><div class="legend">${legend}</div><div id="fleet">${out.join("")}</div>`;
 }
 
