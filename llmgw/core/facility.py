@@ -188,7 +188,9 @@ def domain_draws(state: State, domains: Iterable[str]) -> dict[str, float]:
     return {d: sum(node_draw(nodes[n]) for n in index.get(d, ())) for d in set(domains)}
 
 
-def power_problem(state: State, adds: list[tuple[Node, float]], credit: dict[str, float]) -> str:
+def power_problem(
+    state: State, adds: list[tuple[Node, float]], credit: dict[str, float], known: dict[str, float] | None = None
+) -> str:
     """The fold's test of a placement (decisions._place): whether these
     draws, added on their nodes (less `credit`, by node: what a replica
     replaced in place hands over), take a capped domain past its cap; or
@@ -205,7 +207,13 @@ def power_problem(state: State, adds: list[tuple[Node, float]], credit: dict[str
                 extra[d] = extra.get(d, 0.0) + w - credit.get(node.name, 0.0)
     if not extra:
         return ""
-    draws = domain_draws(state, extra)
+    if known is None:
+        draws = domain_draws(state, extra)
+    else:  # the draws its caller knows already (decisions.fold_decided), the others summed and kept there
+        draws = known
+        missing = [d for d in extra if d not in known]
+        if missing:
+            known.update(domain_draws(state, missing))
     for d in sorted(extra):
         cap, after = state.budgets[d], draws[d] + extra[d]
         if extra[d] > 0 and after > cap + 1e-6:
