@@ -31,108 +31,208 @@ from .facility import (
 )
 from .state import Node, Shard, State
 
-# A round of spread with at most this many nodes at its level is looked at
-# node by node (placement._best_among); a larger one, mostly full nodes late
-# in a cold start, is found among the buckets of free GPUs, filtered in C.
+# A level of spread with at most this many nodes is looked at node by node
+# (placement._best_among); a larger one is found among the buckets of free
+# GPUs, filtered in C.
 FEW = 64
-# Levels: rack count, PDU count and node count as one number, each in its
-# own digits (a node or PDU never runs this many of one model's replicas).
+# A cell's level: its rack's count and its PDU's as one number, each in its
+# own digits (a rack or PDU never runs this many of one model's replicas).
 _BASE = 1 << 16
 
 
-class Levels(dict):
-    """The model's replicas per node, read as a spread *level* per node:
-    how many of them its rack has, then its PDU, then itself, as one number
-    (node -> level, absent where 0), so that placement's rounds of spread
-    (`placement._limits`, `Inventory._best`), unchanged, try the emptiest
-    rack first, then PDU, then node. A node without a rack (or PDU) label is
-    a rack (or PDU) of its own: nothing says it shares one with another.
+class Cells:
+    """The located nodes of one pass by *cell*: the nodes in the same set of
+    domains (rack, PDU and any other). The nodes of a cell share their
+    rack's and PDU's counts of a model's replicas, so a placement changes
+    the level of its rack's and PDU's few cells, where re-levelling each of
+    their nodes in Python was a third of a cold start with the facility
+    (benchmarks/placement.py --facility). A node that says no rack or no
+    PDU is a cell of its own (nothing says it shares them); one that says
+    neither is in no cell (`Levels` counts it by itself)."""
 
-    Kept up to date as the model's placements in the pass add to its spread
-    (`refresh`): a placement changes the levels of its rack's and PDU's
-    nodes only, where making them all again per placement read the fleet
-    each time (a 17x slower cold start on 2,000 nodes)."""
+    __slots__ = ("of", "nodes", "rack", "pdu", "one", "by_rack", "by_pdu", "all")
+
+    def __init__(self, located: dict[str, tuple[str, ...]]) -> None:
+        self.of: dict[str, int] = {}  # node -> its cell
+        self.nodes: list[set[str]] = []  # cell -> its nodes
+        self.rack: list[str | None] = []
+        self.pdu: list[str | None] = []
+        self.one: list[str] = []  # cell -> its only node, for a node's own cell ("" otherwise)
+        self.by_rack: dict[str, list[int]] = {}
+        self.by_pdu: dict[str, list[int]] = {}
+        keys: dict = {}
+        for name, ds in located.items():
+            rack = pdu = None
+            for d in ds:
+                if d.startswith("rack/"):
+                    rack = d[5:]
+                elif d.startswith("pdu/"):
+                    pdu = d[4:]
+            if rack is None and pdu is None:
+                continue
+            key = ds if rack is not None and pdu is not None else name
+            c = keys.get(key)
+            if c is None:
+                c = keys[key] = len(self.nodes)
+                self.nodes.append(set())
+                self.rack.append(rack)
+                self.pdu.append(pdu)
+                self.one.append(name if key is name else "")
+                if rack is not None:
+                    self.by_rack.setdefault(rack, []).append(c)
+                if pdu is not None:
+                    self.by_pdu.setdefault(pdu, []).append(c)
+            self.nodes[c].add(name)
+            self.of[name] = c
+        self.all = frozenset(self.of)
+
+
+class Levels:
+    """A model's spread read as racks, then PDUs, then nodes: a node's
+    *level* is how many of the model's replicas its rack has, then its
+    PDU, then itself, and placement (`Inventory._spread_pick`) takes the
+    fitting node of the lowest level, then best fit, as its rounds of
+    spread would (`placement._limits`). A node without a rack (or PDU)
+    label is a rack (or PDU) of its own: nothing says it shares one.
+
+    Kept by cell (`Cells`), as the model's placements in the pass add to
+    its spread (`refresh`): per level of the rack and PDU counts (`cl`),
+    the nodes of its cells (`nodes_at`, made by C-level set updates of
+    whole cells) and the model's nodes at it (`spread_at`). A placement
+    moves its rack's and PDU's cells, not their nodes one by one."""
 
     def __init__(self, spread: dict[str, int], fac: "PassFacility") -> None:
-        super().__init__()
-        self._fac = fac
-        self._spread = spread  # held: its id keys the pass's cache
+        self.spread = spread  # held: its id keys the pass's cache
+        cells = self._cells = fac.cells()
+        self.loose = len(cells.of) < len(fac.state.nodes)  # nodes in no cell: level 0 is "not over0"
         self._seen: dict[str, int] = {}
         self._racks: dict[str, int] = {}
         self._pdus: dict[str, int] = {}
-        self._at: dict[int, set[str]] = {}  # level -> the nodes at it (0 aside)
-        self._over: tuple = ()  # (limit, the nodes at or past it), as of the last refresh
-        self.refresh()
+        self._cl = [0] * len(cells.nodes)  # cell -> its level
+        self._at: dict[int, set[str]] = {0: set(cells.all)} if cells.all else {}  # level -> its cells' nodes
+        self.over0: set[str] = set()  # the nodes of cells above level 0
+        self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
+        self._sp: dict[int, set[str]] = {}  # level -> the model's nodes at it
+        self._sp_cl: dict[str, int] = {}  # the model's node -> its level
+        self._expected: list[str] = []
+        self._apply(dict(spread))
+
+    def expect(self, name: str) -> None:
+        """A placement chose this node: its count will be one more at the
+        next `refresh` (ModelPass.took), checked, not assumed."""
+        self._expected.append(name)
 
     def refresh(self) -> "Levels":
-        spread, seen = self._spread, self._seen
+        spread, seen, expected = self.spread, self._seen, self._expected
+        if expected:
+            self._expected = []
+            if len(spread) - len(seen) <= len(expected):
+                guess = dict(seen)
+                for name in expected:
+                    guess[name] = guess.get(name, 0) + 1
+                if guess == spread:  # (in C: the usual case, a placement taken)
+                    self._apply({name: guess[name] for name in expected})
+                    return self
         if len(spread) == len(seen) and spread == seen:
             return self
-        rack_of, pdu_of = self._fac._rack_index()
-        racks, pdus, index = self._racks, self._pdus, self._fac.state.domain_nodes
-        changed: set[str] = set()
         moved = dict(spread.items() - seen.items())
         moved.update({name: 0 for name in seen.keys() - spread.keys()})
-        for name, now in moved.items():
-            delta = now - seen.get(name, 0)
-            r, p = rack_of.get(name), pdu_of.get(name)
-            changed.add(name)
-            if r is not None:
-                racks[r] = racks.get(r, 0) + delta
-                changed.update(index.get(f"rack/{r}", ()))
-            if p is not None:
-                pdus[p] = pdus.get(p, 0) + delta
-                changed.update(index.get(f"pdu/{p}", ()))
-        self._seen = dict(spread)
-        at = self._at
-        self._over = ()
-        for name in changed:
-            n = spread.get(name, 0)
-            r, p = rack_of.get(name), pdu_of.get(name)
-            level = ((racks.get(r, 0) if r is not None else n) * _BASE + (pdus.get(p, 0) if p is not None else n)) * _BASE + n
-            old = dict.get(self, name, 0)
-            if level == old:
-                continue
-            if old:
-                nodes = at[old]
-                nodes.discard(name)
-                if not nodes:
-                    del at[old]
-            if level:
-                self[name] = level
-                at.setdefault(level, set()).add(name)
-            else:
-                del self[name]
+        self._apply(moved)
         return self
 
-    def values(self):  # type: ignore[override]
-        """The levels some node is at (placement's rounds of spread), without reading every node."""
-        return self._at.keys()
+    def _apply(self, moved: dict[str, int]) -> None:
+        cells, seen, racks, pdus = self._cells, self._seen, self._racks, self._pdus
+        of, crack, cpdu = cells.of, cells.rack, cells.pdu
+        touched: set[int] = set()
+        mine: list[tuple[str, int]] = []
+        for name, now in moved.items():
+            delta = now - seen.get(name, 0)
+            if not delta:
+                continue
+            if now:
+                seen[name] = now
+            else:
+                del seen[name]
+            c = of.get(name)
+            if c is None:  # in no cell: a rack and PDU of its own
+                self._sp_move(name, now * _BASE + now if now else None)
+                continue
+            r, p = crack[c], cpdu[c]
+            if r is not None:
+                racks[r] = racks.get(r, 0) + delta
+                touched.update(cells.by_rack[r])
+            if p is not None:
+                pdus[p] = pdus.get(p, 0) + delta
+                touched.update(cells.by_pdu[p])
+            if cells.one[c]:
+                touched.add(c)
+            mine.append((name, c))
+        cl, at, csp = self._cl, self._at, self._csp
+        for c in touched:
+            r, p, one = crack[c], cpdu[c], cells.one[c]
+            n = seen.get(one, 0) if one else 0
+            level = (racks.get(r, 0) if r is not None else n) * _BASE + (pdus.get(p, 0) if p is not None else n)
+            old = cl[c]
+            if level == old:
+                continue
+            cl[c] = level
+            nodes = cells.nodes[c]
+            left = at[old]
+            left.difference_update(nodes)
+            if not left:
+                del at[old]
+            got = at.get(level)
+            if got is None:
+                at[level] = set(nodes)
+            else:
+                got.update(nodes)
+            if not old:
+                self.over0.update(nodes)
+            elif not level:
+                self.over0.difference_update(nodes)
+            for name in csp.get(c, ()):
+                self._sp_move(name, level)
+        for name, c in mine:
+            if name in seen:
+                csp.setdefault(c, set()).add(name)
+                self._sp_move(name, cl[c])
+            else:
+                csp[c].discard(name)
+                self._sp_move(name, None)
 
-    def at(self, level: int) -> set[str]:
-        """The nodes at one level (not 0)."""
-        return self._at.get(level, set())
-
-    def over(self, limit: int) -> set[str]:
-        """The nodes at or past a round's limit: what that round passes over
-        (placement filters its buckets with it in C, not node by node).
-        Rounds come in rising order: the set of the last one asked is
-        narrowed to the next (levels only leave it), made afresh only when
-        a lower limit is asked or the levels changed."""
-        had = self._over
-        if had and had[0] <= limit:
-            at_limit, out = had
-            if at_limit < limit:
-                for level, nodes in self._at.items():
-                    if at_limit <= level < limit:
-                        out.difference_update(nodes)
+    def _sp_move(self, name: str, level: int | None) -> None:
+        old = self._sp_cl.get(name)
+        if old == level:
+            return
+        sp = self._sp
+        if old is not None:
+            nodes = sp[old]
+            nodes.discard(name)
+            if not nodes:
+                del sp[old]
+        if level is None:
+            del self._sp_cl[name]
         else:
-            out = set(self)
-            for level, nodes in self._at.items():
-                if level < limit:
-                    out.difference_update(nodes)
-        self._over = (limit, out)
-        return out
+            self._sp_cl[name] = level
+            sp.setdefault(level, set()).add(name)
+
+    def order(self) -> list[int]:
+        """The levels some node is at (by rack and PDU), lowest first."""
+        levels = self._at.keys() | self._sp.keys()
+        if self.loose:
+            levels.add(0)
+        return sorted(levels)
+
+    def nodes_at(self, level: int) -> set[str]:
+        """The nodes of the cells at a level (the model's own among them)."""
+        return self._at.get(level, _EMPTY)
+
+    def spread_at(self, level: int) -> set[str]:
+        """The model's nodes at a level (in a cell at it, or in none and at it by themselves)."""
+        return self._sp.get(level, _EMPTY)
+
+
+_EMPTY: set[str] = set()
 
 
 class PassFacility:
@@ -149,11 +249,12 @@ class PassFacility:
         self.capped = bool(state.budgets)
         self.loc = state.located  # node -> its domains (the fold's, read only)
         self._draw: dict[str, float] | None = None  # capped domain -> draw counted in this pass
-        self._racks: tuple[dict[str, str], dict[str, str]] | None = None
+        self._cells: Cells | None = None
         self._held: dict[str, tuple] = {}  # node -> its held-domain Reasons (built lazily)
         self._levels: dict[int, Levels] = {}  # id(spread) -> its levels, kept up to date (Levels.refresh)
         self._said: dict[tuple[str, float], object] = {}  # (domain, draw after) -> its power Reason
         self._blocked: dict[tuple[float, int], set[str]] = {}  # see `blocked`
+        self._spent: set[tuple[str, float, int]] = set()  # (domain, GPU limit, GPUs) whose nodes `_noted` blocked
         self._gpu_w: dict[str, float | None] = {}  # node -> the power limit all its GPUs share (None: not alike)
         # The facility's refusals the placement under way met, domain -> in
         # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
@@ -168,19 +269,11 @@ class PassFacility:
             self._draw = domain_draws(self.state, self.state.budgets)
         return self._draw
 
-    def _rack_index(self) -> tuple[dict[str, str], dict[str, str]]:
-        """node -> rack name and node -> PDU name, of the nodes that say them (for Levels): once a pass."""
-        if self._racks is None:
-            rack_of: dict[str, str] = {}
-            pdu_of: dict[str, str] = {}
-            for name, ds in self.loc.items():
-                for d in ds:
-                    if d.startswith("rack/"):
-                        rack_of[name] = d[5:]
-                    elif d.startswith("pdu/"):
-                        pdu_of[name] = d[4:]
-            self._racks = (rack_of, pdu_of)
-        return self._racks
+    def cells(self) -> Cells:
+        """The located nodes by cell (for Levels): once a pass."""
+        if self._cells is None:
+            self._cells = Cells(self.loc)
+        return self._cells
 
     # ------------------------------------------------------------------ rules, per node
 
@@ -249,12 +342,39 @@ class PassFacility:
 
     def _noted(self, domain: str, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> bool:
         """A refusal, noted in words for the placement under way (once per
-        domain), and remembered for the pass (`blocked`)."""
+        domain), and remembered for the pass (`blocked`): for every node of
+        the domain that it holds for alike, at once (set.update, in C). A
+        hold refuses them all; a cap, every node whose shard would draw as
+        much or more: all, for a profile that declares its draw; those
+        whose GPUs all say one limit at least this node's, otherwise. Asked
+        node by node, a capped PDU's twenty nodes were twenty refusals to
+        find (benchmarks/placement.py --facility)."""
         if domain not in self.seen and len(self.seen) < MAX_REJECTIONS:
             self.reasons(node, p, gpus)
-        if p.power_w or self._gpu_w.get(node.name) is not None:
-            self.blocked(p).add(node.name)
+        blocked = self.blocked(p)
+        names = self.state.domain_nodes.get(domain, ())
+        if domain in self.state.holds or p.power_w:
+            blocked.update(names)
+            return True
+        mine = self._gpu_w.get(node.name)
+        if mine is not None:
+            blocked.add(node.name)
+            if (domain, mine, p.gpus) not in self._spent:
+                self._spent.add((domain, mine, p.gpus))
+                nodes = self.state.nodes
+                for name in names:
+                    w = self._gpu_w.get(name, -1.0)
+                    if w == -1.0:
+                        w = self._uniform_w(nodes[name])
+                    if w is not None and w >= mine:
+                        blocked.add(name)
         return True
+
+    def _uniform_w(self, node: Node) -> float | None:
+        """The power limit all of a node's GPUs share (None: they differ), kept for the pass."""
+        limits = {g.power_w for g in node.gpus}
+        w = self._gpu_w[node.name] = limits.pop() if len(limits) == 1 else None
+        return w
 
     def blocked(self, p: ev.ProfileSpec) -> set[str]:
         """Nodes known to refuse a shard of this draw in this pass: a domain's
@@ -275,8 +395,7 @@ class PassFacility:
             return p.power_w
         w = self._gpu_w.get(node.name, -1.0)
         if w == -1.0:
-            limits = {g.power_w for g in node.gpus}
-            w = self._gpu_w[node.name] = limits.pop() if len(limits) == 1 else None
+            w = self._uniform_w(node)
         return shard_watts(p, node, gpus) if w is None else w * len(gpus)
 
     def fit_together(self, nodes: list[Node], p: ev.ProfileSpec, gpus: list[list[int]]) -> bool:
@@ -306,6 +425,7 @@ class PassFacility:
     def _add(self, name: str, w: float) -> None:
         if w < 0 and self._blocked:
             self._blocked.clear()  # room made: what was refused may fit again
+            self._spent.clear()
         draw = self.draw
         for d in self.loc.get(name, ()):
             if d in draw:
@@ -313,17 +433,23 @@ class PassFacility:
 
     # ------------------------------------------------------------------ spread and keep_within
 
-    def levels(self, spread: dict[str, int]) -> dict[str, int]:
-        """Spread by rack, then PDU, then node, where nodes say where they are."""
+    def levels(self, spread: dict[str, int]) -> Levels | None:
+        """Spread by rack, then PDU, then node, where nodes say where they are (None: none does)."""
         if not self.loc:
-            return spread
-        rack_of, pdu_of = self._rack_index()
-        if not rack_of and not pdu_of:
-            return spread
+            return None
+        cells = self.cells()
+        if not cells.nodes:
+            return None
         levels = self._levels.get(id(spread))
         if levels is None:
             levels = self._levels[id(spread)] = Levels(spread, self)
         return levels.refresh()
+
+    def placed(self, spread: dict[str, int], name: str) -> None:
+        """A single-node placement chose this node for the model of `spread` (Levels.expect)."""
+        levels = self._levels.get(id(spread))
+        if levels is not None:
+            levels.expect(name)
 
     def domain_of(self, kind: str, name: str) -> str:
         for d in self.loc.get(name, ()):

@@ -115,7 +115,7 @@ def _limits(spread: dict[str, int]) -> list[int]:
     if not spread:
         return [1]
     # Only the counts some node has: a round for a count none has admits
-    # what the one before did (facility_pass.Levels' counts are far apart).
+    # what the one before did.
     return [c + 1 for c in sorted({0, *spread.values()})]
 
 
@@ -288,17 +288,48 @@ class Inventory:
         idx = self._build()
         if p.nodes == 1:
             groups = self._admitting(idx, p)
-            spread = self._fac.levels(spread)  # facility: rack, then PDU, then node
+            levels = self._fac.levels(spread)  # facility: rack, then PDU, then node
+            if levels is not None:
+                v = self._spread_pick(p, groups, levels)
+                return [v] if v is not None else None
             for limit in _limits(spread):
-                few = spread.at(limit - 1) if limit > 1 and isinstance(spread, facility_pass.Levels) else None
-                if few is not None and len(few) <= facility_pass.FEW:
-                    v = self._best_among(p, groups, few)  # facility: a round's few nodes
-                else:
-                    v = self._best(p, groups, spread, limit, ())
+                v = self._best(p, groups, spread, limit, ())
                 if v is not None:
                     return [v]
             return None
         return self._fabric_pick(p, self._by_fabric(idx, p), spread)
+
+    def _spread_pick(self, p: ProfileSpec, groups: list[Group], levels: facility_pass.Levels) -> _View | None:
+        """The rounds of spread (`_limits`) over facility_pass.Levels: the
+        fitting node of the lowest level (rack count, PDU count, then the
+        node's own), then best fit. Level by level, each level's nodes
+        looked at once: those not running the model from the level's cells
+        (found among the buckets, or node by node when few), then the
+        model's own, fewest of its replicas first. The same choice as
+        rounds that each admit every lower level again, without looking at
+        the lower levels' nodes again (benchmarks/placement.py --facility)."""
+        spread = levels.spread
+        for level in levels.order():
+            inside = levels.nodes_at(level)
+            if not level and (levels.loose or len(levels.over0) <= len(inside)):
+                # Everything but the cells above level 0 (and the model's nodes).
+                v = self._best(p, groups, spread, 1, (), over=levels.over0)
+            elif len(inside) <= facility_pass.FEW:
+                v = self._best_among(p, groups, inside - spread.keys())
+            else:
+                v = self._best(p, groups, spread, 1, (), inside=inside)
+            if v is not None:
+                return v
+            own = levels.spread_at(level)
+            if own:
+                by_count: dict[int, set[str]] = {}
+                for name in own:
+                    by_count.setdefault(spread[name], set()).add(name)
+                for n in sorted(by_count):
+                    v = self._best_among(p, groups, by_count[n])
+                    if v is not None:
+                        return v
+        return None
 
     def place(self, p: ProfileSpec, replica: str, spread: dict[str, int]) -> list[ShardPlacement] | None:
         """Shards for one replica of this profile, taken from the inventory, or
@@ -308,6 +339,8 @@ class Inventory:
         chosen = self._find(p, spread)
         if chosen is None:
             return None
+        if p.nodes == 1:
+            self._fac.placed(spread, chosen[0].name)  # facility: Levels.expect
         shards = []
         for rank, v in enumerate(chosen):
             gpus = self._gpus_for(v, p)
@@ -347,10 +380,14 @@ class Inventory:
         idx.admitted[key] = (idx.version, out)
         return out
 
-    def _best(self, p: ProfileSpec, groups: list[Group], spread: dict[str, int], limit: int, taken) -> _View | None:
+    def _best(
+        self, p: ProfileSpec, groups: list[Group], spread: dict[str, int], limit: int, taken,
+        over: set[str] | None = None, inside: set[str] | None = None,
+    ) -> _View | None:
         """The fitting node with the fewest free GPUs that are enough, ties in
         name order, among those running fewer than `limit` of the model's
-        replicas and not in `taken`."""
+        replicas and not in `taken`; and, for facility_pass.Levels, not in
+        `over`, and in `inside` if given (both filtered in C)."""
         views, mine, fac = self._views, self._mine, self._fac
         lists = [mine.get(grp) or grp.buckets for grp in groups]
         # The nodes that run the model are skipped in C when every one of
@@ -360,16 +397,15 @@ class Inventory:
         skip_all = bool(spread) and limit == 1  # (spread counts are >= 1)
         count = bool(spread) and limit > 1
         blocked = fac.blocked(p) if fac.active else None  # facility: nodes known refused in this pass
-        over = spread.over(limit) if count and isinstance(spread, facility_pass.Levels) else None  # facility: spread
-        if over is not None:
-            count = False
         for k in range(p.gpus, self._index.top + 1):  # type: ignore[union-attr]
             best: _View | None = None
             for grp, buckets in zip(groups, lists):
                 bucket = buckets[k]
                 if not bucket:
                     continue
-                names = filterfalse(spread.__contains__, bucket) if skip_all else bucket
+                names = filter(inside.__contains__, bucket) if inside is not None else bucket
+                if skip_all:
+                    names = filterfalse(spread.__contains__, names)
                 if over:
                     names = filterfalse(over.__contains__, names)
                 for name in filterfalse(blocked.__contains__, names) if blocked else names:
@@ -393,10 +429,10 @@ class Inventory:
         return None
 
     def _best_among(self, p: ProfileSpec, groups: list[Group], names) -> _View | None:
-        """`_best` for one round of facility_pass.Levels: the nodes at that level
-        (the earlier rounds' refused them all), usually a rack's or a PDU's
-        worth, are looked at themselves rather than found among every node
-        of the buckets; the same choice, fewest free GPUs then name."""
+        """`_best` among a few nodes of one level of facility_pass.Levels
+        (`_spread_pick`), usually a rack's or a PDU's worth: looked at
+        themselves rather than found among every node of the buckets; the
+        same choice, fewest free GPUs then name."""
         admitted = set(groups)
         views, fac = self._views, self._fac
         if fac.active:
