@@ -61,7 +61,8 @@ class Cells:
         self.by_rack: dict[str, list[int]] = {}
         self.by_pdu: dict[str, list[int]] = {}
         keys: dict = {}
-        for name, ds in located.items():
+        # In name order: a cell's number follows its first node's name, whatever order the fold located them in.
+        for name, ds in sorted(located.items()):
             rack = pdu = None
             for d in ds:
                 if d.startswith("rack/"):
@@ -96,25 +97,25 @@ class Levels:
     label is a rack (or PDU) of its own: nothing says it shares one.
 
     Kept by cell (`Cells`), as the model's placements in the pass add to
-    its spread (`refresh`): per level of the rack and PDU counts (`cl`),
-    the nodes of its cells (`nodes_at`, made by C-level set updates of
-    whole cells) and the model's nodes at it (`spread_at`). A placement
-    moves its rack's and PDU's cells, not their nodes one by one."""
+    its spread (`refresh`): per level of the rack and PDU counts, its
+    cells (`cells_at`) and the model's nodes at it (`spread_at`). A
+    placement moves its rack's and PDU's few cells, not their nodes one
+    by one."""
 
     def __init__(self, spread: dict[str, int], fac: "PassFacility") -> None:
         self.spread = spread  # held: its id keys the pass's cache
         cells = self._cells = fac.cells()
-        self.loose = len(cells.of) < len(fac.state.nodes)  # nodes in no cell: level 0 is "not over0"
+        self.loose = len(cells.of) < len(fac.state.nodes)  # nodes in no cell, at level 0 unless the model runs there
         self._seen: dict[str, int] = {}
         self._racks: dict[str, int] = {}
         self._pdus: dict[str, int] = {}
         self._cl = [0] * len(cells.nodes)  # cell -> its level
-        self._at: dict[int, set[str]] = {0: set(cells.all)} if cells.all else {}  # level -> its cells' nodes
-        self.over0: set[str] = set()  # the nodes of cells above level 0
+        self._at: dict[int, set[int]] = {0: set(range(len(cells.nodes)))} if cells.nodes else {}  # level -> its cells
         self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
         self._sp: dict[int, set[str]] = {}  # level -> the model's nodes at it
         self._sp_cl: dict[str, int] = {}  # the model's node -> its level
         self._expected: list[str] = []
+        self.version = 0  # one more whenever a count went down (what placement kept per model is stale)
         self._apply(dict(spread))
 
     def expect(self, name: str) -> None:
@@ -149,6 +150,8 @@ class Levels:
             delta = now - seen.get(name, 0)
             if not delta:
                 continue
+            if delta < 0:
+                self.version += 1
             if now:
                 seen[name] = now
             else:
@@ -176,20 +179,11 @@ class Levels:
             if level == old:
                 continue
             cl[c] = level
-            nodes = cells.nodes[c]
             left = at[old]
-            left.difference_update(nodes)
+            left.discard(c)
             if not left:
                 del at[old]
-            got = at.get(level)
-            if got is None:
-                at[level] = set(nodes)
-            else:
-                got.update(nodes)
-            if not old:
-                self.over0.update(nodes)
-            elif not level:
-                self.over0.difference_update(nodes)
+            at.setdefault(level, set()).add(c)
             for name in csp.get(c, ()):
                 self._sp_move(name, level)
         for name, c in mine:
@@ -223,8 +217,8 @@ class Levels:
             levels.add(0)
         return sorted(levels)
 
-    def nodes_at(self, level: int) -> set[str]:
-        """The nodes of the cells at a level (the model's own among them)."""
+    def cells_at(self, level: int) -> set[int]:
+        """The cells at a level."""
         return self._at.get(level, _EMPTY)
 
     def spread_at(self, level: int) -> set[str]:
@@ -232,7 +226,7 @@ class Levels:
         return self._sp.get(level, _EMPTY)
 
 
-_EMPTY: set[str] = set()
+_EMPTY: set = set()
 
 
 class PassFacility:
@@ -250,6 +244,8 @@ class PassFacility:
         self.loc = state.located  # node -> its domains (the fold's, read only)
         self._draw: dict[str, float] | None = None  # capped domain -> draw counted in this pass
         self._cells: Cells | None = None
+        self.cell_version: list[int] = []  # cell -> changes to its nodes in this pass (see `_touch`)
+        self.epoch = 0  # one more when a stop made room: every refusal of the pass may be stale
         self._held: dict[str, tuple] = {}  # node -> its held-domain Reasons (built lazily)
         self._levels: dict[int, Levels] = {}  # id(spread) -> its levels, kept up to date (Levels.refresh)
         self._said: dict[tuple[str, float], object] = {}  # (domain, draw after) -> its power Reason
@@ -273,7 +269,15 @@ class PassFacility:
         """The located nodes by cell (for Levels): once a pass."""
         if self._cells is None:
             self._cells = Cells(self.loc)
+            self.cell_version = [0] * len(self._cells.nodes)
         return self._cells
+
+    def _touch(self, name: str) -> None:
+        """What a node has free changed in this pass: what placement kept of its cell is stale."""
+        if self._cells is not None:
+            c = self._cells.of.get(name)
+            if c is not None:
+                self.cell_version[c] += 1
 
     # ------------------------------------------------------------------ rules, per node
 
@@ -413,19 +417,22 @@ class PassFacility:
 
     def take(self, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> None:
         """A shard placed in this pass: its draw counts from now on."""
+        self._touch(node.name)
         if self.capped:
             self._add(node.name, shard_watts(p, node, gpus))
 
     def shift(self, node: Node, sh: Shard, give: bool) -> None:
         """A shard stopped in this pass (give) frees what it counts for; or not after all."""
+        self._touch(node.name)
         if self.capped:
             w = counted(node, sh)
             self._add(node.name, -w if give else w)
 
     def _add(self, name: str, w: float) -> None:
-        if w < 0 and self._blocked:
-            self._blocked.clear()  # room made: what was refused may fit again
+        if w < 0:  # room made: what was refused may fit again
+            self._blocked.clear()
             self._spent.clear()
+            self.epoch += 1
         draw = self.draw
         for d in self.loc.get(name, ()):
             if d in draw:

@@ -182,9 +182,10 @@ class Inventory:
     copied first (`_own`), so the index shared with the next pass is never
     changed by this one.
 
-    Hook points: `_room_reasons` is the per-node check every candidate
-    passes (what the node's other shards hold); `_best` orders the
-    candidates of one round of spread (`_limits`)."""
+    Hook points: `_room_reasons` is the per-node check (what the node's
+    other shards hold; `_short` its yes or no, asked of every candidate);
+    `_best` orders the candidates of one round of spread (`_limits`), and
+    `_spread_pick` those of facility_pass.Levels."""
 
     def __init__(self, state: State) -> None:
         self._state = state
@@ -199,6 +200,9 @@ class Inventory:
         self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
         self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
         self._fac = facility_pass.PassFacility(state)  # facility: holds, power caps, racks and PDUs
+        # facility: each cell's best node per kind of profile, with the cell's version (_spread_pick)
+        self._cells_best: dict[tuple, dict[int, tuple[int, _View | None]]] = {}
+        self._cell_epoch = 0
 
     # ------------------------------------------------------------------ the index, and this pass's copy of it
 
@@ -278,6 +282,13 @@ class Inventory:
             out += self._fac.reasons(node, p, self._gpus_for(v, p))
         return out
 
+    def _short(self, v: _View, p: ProfileSpec) -> bool:
+        """Whether `_room_reasons` would name memory, cores or ports, without
+        the words: asked of every candidate, after the facility's own test
+        (PassFacility.refuses), which `_room_reasons` would ask again."""
+        node = v.node
+        return memory_short(p, node, v.mem_used) or cpu_short(p, node, v.cpu_used) or not v.free_port()
+
     # ------------------------------------------------------------------ placing
 
     def fits(self, p: ProfileSpec, spread: dict[str, int]) -> bool:
@@ -302,33 +313,95 @@ class Inventory:
     def _spread_pick(self, p: ProfileSpec, groups: list[Group], levels: facility_pass.Levels) -> _View | None:
         """The rounds of spread (`_limits`) over facility_pass.Levels: the
         fitting node of the lowest level (rack count, PDU count, then the
-        node's own), then best fit. Level by level, each level's nodes
-        looked at once: those not running the model from the level's cells
-        (found among the buckets, or node by node when few), then the
-        model's own, fewest of its replicas first. The same choice as
-        rounds that each admit every lower level again, without looking at
-        the lower levels' nodes again (benchmarks/placement.py --facility)."""
-        spread = levels.spread
+        node's own), then best fit. Level by level: first the best of each
+        of the level's cells (`_cell_best`, kept while the cell is not
+        changed), then the model's own nodes at it, fewest of its replicas
+        first. The same choice as rounds that each admit every lower level
+        again, at the cost of a level's cells rather than its nodes
+        (benchmarks/placement.py --facility: it was most of a cold start)."""
+        fac, spread = self._fac, levels.spread
+        if self._cell_epoch != fac.epoch:  # a stop made room: what was refused may fit now
+            self._cell_epoch = fac.epoch
+            self._cells_best.clear()
+        fkey = (_admit_key(p), p.memory_gb, p.cpu_cores, p.power_w)
+        shared = self._cells_best.setdefault(fkey, {})
+        own = self._cells_best.setdefault((id(spread), levels.version, fkey), {})
+        admitted = set(groups)
+        version = fac.cell_version
         for level in levels.order():
-            inside = levels.nodes_at(level)
-            if not level and (levels.loose or len(levels.over0) <= len(inside)):
-                # Everything but the cells above level 0 (and the model's nodes).
-                v = self._best(p, groups, spread, 1, (), over=levels.over0)
-            elif len(inside) <= facility_pass.FEW:
-                v = self._best_among(p, groups, inside - spread.keys())
-            else:
-                v = self._best(p, groups, spread, 1, (), inside=inside)
-            if v is not None:
-                return v
-            own = levels.spread_at(level)
-            if own:
+            cells = sorted(levels.cells_at(level))
+            while True:
+                best, best_key, where = None, None, -1
+                for c in cells:
+                    got = shared.get(c)
+                    if got is None or got[0] != version[c]:
+                        got = shared[c] = (version[c], self._scan_cell(p, c, None, admitted))
+                    v = got[1]
+                    if v is not None and v.name in spread:  # (the best of the cell, but the model runs there)
+                        got = own.get(c)
+                        if got is None or got[0] != version[c]:
+                            got = own[c] = (version[c], self._scan_cell(p, c, spread, admitted))
+                        v = got[1]
+                    if v is not None and (best_key is None or (len(v.free), v.name) < best_key):
+                        best, best_key, where = v, (len(v.free), v.name), c
+                if not level and levels.loose:  # the nodes in no cell, not running the model
+                    v = self._best(p, groups, spread, 1, (), over=fac.cells().all)
+                    if v is not None and (best_key is None or (len(v.free), v.name) < best_key):
+                        return v
+                if best is None or self._fits_still(best, p):
+                    break
+                # Refused since it was kept (a cap its rack or PDU reached in the meantime): look again.
+                shared.pop(where, None)
+                own.pop(where, None)
+            if best is not None:
+                return best
+            mine = levels.spread_at(level)
+            if mine:
                 by_count: dict[int, set[str]] = {}
-                for name in own:
+                for name in mine:
                     by_count.setdefault(spread[name], set()).add(name)
                 for n in sorted(by_count):
                     v = self._best_among(p, groups, by_count[n])
                     if v is not None:
                         return v
+        return None
+
+    def _fits_still(self, v: _View, p: ProfileSpec) -> bool:
+        """Whether a node kept as its cell's best (`_spread_pick`) fits still:
+        the draw of its domains grows with placements in their other cells."""
+        fac = self._fac
+        if fac.active and (v.name in fac.blocked(p) or fac.refuses(v.node, p, self._gpus_for(v, p))):
+            return False
+        return not self._short(v, p)
+
+    def _scan_cell(self, p: ProfileSpec, c: int, spread: dict[str, int] | None, admitted: set[Group]) -> _View | None:
+        """The fitting node of one cell (facility_pass.Cells) with the fewest
+        free GPUs that are enough, ties in name order; not one running the
+        model, where `spread` is given."""
+        fac, views, nodes = self._fac, self._views, self._state.nodes
+        blocked = fac.blocked(p) if fac.active else ()
+        need = p.gpus
+        found = []
+        for name in fac.cells().nodes[c]:
+            if (spread is not None and name in spread) or name in blocked or name not in nodes:
+                continue
+            v = views.get(name) or self.view(name)
+            if v.ready and len(v.free) >= need:
+                found.append((len(v.free), name, v))
+        found.sort()
+        for _k, name, v in found:
+            if name in blocked:  # (a domain refused since: see PassFacility._noted)
+                continue
+            grp = next((g for g in v.groups if g in admitted), None)
+            if grp is None:
+                continue
+            if grp.kind is None and _mixed_reasons(p, v.node.gpus, v.free):
+                continue
+            if fac.active and fac.refuses(v.node, p, self._gpus_for(v, p)):
+                continue
+            if self._short(v, p):
+                continue
+            return v
         return None
 
     def place(self, p: ProfileSpec, replica: str, spread: dict[str, int]) -> list[ShardPlacement] | None:
@@ -382,12 +455,11 @@ class Inventory:
 
     def _best(
         self, p: ProfileSpec, groups: list[Group], spread: dict[str, int], limit: int, taken,
-        over: set[str] | None = None, inside: set[str] | None = None,
+        over: set[str] | frozenset[str] | None = None,
     ) -> _View | None:
         """The fitting node with the fewest free GPUs that are enough, ties in
         name order, among those running fewer than `limit` of the model's
-        replicas and not in `taken`; and, for facility_pass.Levels, not in
-        `over`, and in `inside` if given (both filtered in C)."""
+        replicas and not in `taken`, nor in `over` (filtered in C)."""
         views, mine, fac = self._views, self._mine, self._fac
         lists = [mine.get(grp) or grp.buckets for grp in groups]
         # The nodes that run the model are skipped in C when every one of
@@ -403,9 +475,7 @@ class Inventory:
                 bucket = buckets[k]
                 if not bucket:
                     continue
-                names = filter(inside.__contains__, bucket) if inside is not None else bucket
-                if skip_all:
-                    names = filterfalse(spread.__contains__, names)
+                names = filterfalse(spread.__contains__, bucket) if skip_all else bucket
                 if over:
                     names = filterfalse(over.__contains__, names)
                 for name in filterfalse(blocked.__contains__, names) if blocked else names:
@@ -420,7 +490,7 @@ class Inventory:
                         continue
                     if fac.active and fac.refuses(v.node, p, self._gpus_for(v, p)):  # facility: holds, caps
                         continue
-                    if self._room_reasons(v, p):
+                    if self._short(v, p):
                         continue
                     best = v
                     break
@@ -454,7 +524,7 @@ class Inventory:
                 continue
             if fac.active and fac.refuses(v.node, p, self._gpus_for(v, p)):
                 continue
-            if self._room_reasons(v, p):
+            if self._short(v, p):
                 continue
             best, best_key = v, (k, name)
         return best
