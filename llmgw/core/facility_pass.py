@@ -31,10 +31,6 @@ from .facility import (
 )
 from .state import Node, Shard, State
 
-# A level of spread with at most this many nodes is looked at node by node
-# (placement._best_among); a larger one is found among the buckets of free
-# GPUs, filtered in C.
-FEW = 64
 # A cell's level: its rack's count and its PDU's as one number, each in its
 # own digits (a rack or PDU never runs this many of one model's replicas).
 _BASE = 1 << 16
@@ -91,7 +87,7 @@ class Cells:
 class Levels:
     """A model's spread read as racks, then PDUs, then nodes: a node's
     *level* is how many of the model's replicas its rack has, then its
-    PDU, then itself, and placement (`Inventory._spread_pick`) takes the
+    PDU, then itself, and placement (facility_search) takes the
     fitting node of the lowest level, then best fit, as its rounds of
     spread would (`placement._limits`). A node without a rack (or PDU)
     label is a rack (or PDU) of its own: nothing says it shares one.
@@ -109,7 +105,8 @@ class Levels:
         self._seen: dict[str, int] = {}
         self._racks: dict[str, int] = {}
         self._pdus: dict[str, int] = {}
-        self._cl = [0] * len(cells.nodes)  # cell -> its level
+        self._cl = self.level_of = [0] * len(cells.nodes)  # cell -> its level
+        self.moved: list[int] = []  # the cells whose level changed, in order (facility_search reads on)
         self._at: dict[int, set[int]] = {0: set(range(len(cells.nodes)))} if cells.nodes else {}  # level -> its cells
         self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
         self._sp: dict[int, set[str]] = {}  # level -> the model's nodes at it
@@ -179,6 +176,7 @@ class Levels:
             if level == old:
                 continue
             cl[c] = level
+            self.moved.append(c)
             left = at[old]
             left.discard(c)
             if not left:
@@ -245,6 +243,7 @@ class PassFacility:
         self._draw: dict[str, float] | None = None  # capped domain -> draw counted in this pass
         self._cells: Cells | None = None
         self.cell_version: list[int] = []  # cell -> changes to its nodes in this pass (see `_touch`)
+        self.touched: list[int] = []  # the cells changed, in order (facility_search reads on)
         self.epoch = 0  # one more when a stop made room: every refusal of the pass may be stale
         self._held: dict[str, tuple] = {}  # node -> its held-domain Reasons (built lazily)
         self._levels: dict[int, Levels] = {}  # id(spread) -> its levels, kept up to date (Levels.refresh)
@@ -278,6 +277,7 @@ class PassFacility:
             c = self._cells.of.get(name)
             if c is not None:
                 self.cell_version[c] += 1
+                self.touched.append(c)
 
     # ------------------------------------------------------------------ rules, per node
 

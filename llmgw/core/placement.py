@@ -65,7 +65,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable
 from itertools import filterfalse
 
-from . import facility_pass
+from . import facility_pass, facility_search
 from .events import ProfileSpec, ShardPlacement
 from .nodeindex import FABRIC_LABEL, POOL_LABEL, Group, NodeIndex, index_of, kind_of
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
@@ -174,7 +174,7 @@ def _admit_key(p: ProfileSpec) -> tuple:
     return (p.pool, p.nodes > 1, p.gpu_model, p.gpu_memory_gb, p.gpus)
 
 
-class Inventory:
+class Inventory(facility_search.CellSearch):
     """What is free, for one pass of decide, and where a replica fits in it.
 
     An overlay on the state's node index (nodeindex.py): a node's `_View` is
@@ -200,9 +200,12 @@ class Inventory:
         self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
         self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
         self._fac = facility_pass.PassFacility(state)  # facility: holds, power caps, racks and PDUs
-        # facility: each cell's best node per kind of profile, with the cell's version (_spread_pick)
+        # facility: each cell's best node per kind of profile, with the cell's
+        # version, and per model its cells by level (facility_search)
         self._cells_best: dict[tuple, dict[int, tuple[int, _View | None]]] = {}
+        self._heaps: dict[tuple, facility_search._Heaps] = {}
         self._cell_epoch = 0
+        self._orders: list[list[tuple[int, str]]] | None = None
 
     # ------------------------------------------------------------------ the index, and this pass's copy of it
 
@@ -243,6 +246,8 @@ class Inventory:
             old = own[before]
             del old[bisect_left(old, name)]
             insort(own[after], name)
+        if self._orders is not None:
+            self._cell_moved(name, before, after)  # facility: each cell's nodes by free GPUs
 
     # ------------------------------------------------------------------ the rules, per node
 
@@ -309,100 +314,6 @@ class Inventory:
                     return [v]
             return None
         return self._fabric_pick(p, self._by_fabric(idx, p), spread)
-
-    def _spread_pick(self, p: ProfileSpec, groups: list[Group], levels: facility_pass.Levels) -> _View | None:
-        """The rounds of spread (`_limits`) over facility_pass.Levels: the
-        fitting node of the lowest level (rack count, PDU count, then the
-        node's own), then best fit. Level by level: first the best of each
-        of the level's cells (`_cell_best`, kept while the cell is not
-        changed), then the model's own nodes at it, fewest of its replicas
-        first. The same choice as rounds that each admit every lower level
-        again, at the cost of a level's cells rather than its nodes
-        (benchmarks/placement.py --facility: it was most of a cold start)."""
-        fac, spread = self._fac, levels.spread
-        if self._cell_epoch != fac.epoch:  # a stop made room: what was refused may fit now
-            self._cell_epoch = fac.epoch
-            self._cells_best.clear()
-        fkey = (_admit_key(p), p.memory_gb, p.cpu_cores, p.power_w)
-        shared = self._cells_best.setdefault(fkey, {})
-        own = self._cells_best.setdefault((id(spread), levels.version, fkey), {})
-        admitted = set(groups)
-        version = fac.cell_version
-        for level in levels.order():
-            cells = sorted(levels.cells_at(level))
-            while True:
-                best, best_key, where = None, None, -1
-                for c in cells:
-                    got = shared.get(c)
-                    if got is None or got[0] != version[c]:
-                        got = shared[c] = (version[c], self._scan_cell(p, c, None, admitted))
-                    v = got[1]
-                    if v is not None and v.name in spread:  # (the best of the cell, but the model runs there)
-                        got = own.get(c)
-                        if got is None or got[0] != version[c]:
-                            got = own[c] = (version[c], self._scan_cell(p, c, spread, admitted))
-                        v = got[1]
-                    if v is not None and (best_key is None or (len(v.free), v.name) < best_key):
-                        best, best_key, where = v, (len(v.free), v.name), c
-                if not level and levels.loose:  # the nodes in no cell, not running the model
-                    v = self._best(p, groups, spread, 1, (), over=fac.cells().all)
-                    if v is not None and (best_key is None or (len(v.free), v.name) < best_key):
-                        return v
-                if best is None or self._fits_still(best, p):
-                    break
-                # Refused since it was kept (a cap its rack or PDU reached in the meantime): look again.
-                shared.pop(where, None)
-                own.pop(where, None)
-            if best is not None:
-                return best
-            mine = levels.spread_at(level)
-            if mine:
-                by_count: dict[int, set[str]] = {}
-                for name in mine:
-                    by_count.setdefault(spread[name], set()).add(name)
-                for n in sorted(by_count):
-                    v = self._best_among(p, groups, by_count[n])
-                    if v is not None:
-                        return v
-        return None
-
-    def _fits_still(self, v: _View, p: ProfileSpec) -> bool:
-        """Whether a node kept as its cell's best (`_spread_pick`) fits still:
-        the draw of its domains grows with placements in their other cells."""
-        fac = self._fac
-        if fac.active and (v.name in fac.blocked(p) or fac.refuses(v.node, p, self._gpus_for(v, p))):
-            return False
-        return not self._short(v, p)
-
-    def _scan_cell(self, p: ProfileSpec, c: int, spread: dict[str, int] | None, admitted: set[Group]) -> _View | None:
-        """The fitting node of one cell (facility_pass.Cells) with the fewest
-        free GPUs that are enough, ties in name order; not one running the
-        model, where `spread` is given."""
-        fac, views, nodes = self._fac, self._views, self._state.nodes
-        blocked = fac.blocked(p) if fac.active else ()
-        need = p.gpus
-        found = []
-        for name in fac.cells().nodes[c]:
-            if (spread is not None and name in spread) or name in blocked or name not in nodes:
-                continue
-            v = views.get(name) or self.view(name)
-            if v.ready and len(v.free) >= need:
-                found.append((len(v.free), name, v))
-        found.sort()
-        for _k, name, v in found:
-            if name in blocked:  # (a domain refused since: see PassFacility._noted)
-                continue
-            grp = next((g for g in v.groups if g in admitted), None)
-            if grp is None:
-                continue
-            if grp.kind is None and _mixed_reasons(p, v.node.gpus, v.free):
-                continue
-            if fac.active and fac.refuses(v.node, p, self._gpus_for(v, p)):
-                continue
-            if self._short(v, p):
-                continue
-            return v
-        return None
 
     def place(self, p: ProfileSpec, replica: str, spread: dict[str, int]) -> list[ShardPlacement] | None:
         """Shards for one replica of this profile, taken from the inventory, or
@@ -497,37 +408,6 @@ class Inventory:
             if best is not None:
                 return best
         return None
-
-    def _best_among(self, p: ProfileSpec, groups: list[Group], names) -> _View | None:
-        """`_best` among a few nodes of one level of facility_pass.Levels
-        (`_spread_pick`), usually a rack's or a PDU's worth: looked at
-        themselves rather than found among every node of the buckets; the
-        same choice, fewest free GPUs then name."""
-        admitted = set(groups)
-        views, fac = self._views, self._fac
-        if fac.active:
-            names = names - fac.blocked(p)  # (in C: on a fleet whose caps bind, most of a round)
-        best: _View | None = None
-        best_key: tuple[int, str] | None = None
-        # In name order, as the buckets are: the refusals a placement notes
-        # (PlaceReplica.rejections) must not follow a set's order, which
-        # differs from one process to the next (replay --verify).
-        for name in sorted(names):
-            v = views.get(name) or self.view(name)
-            k = len(v.free)
-            if not v.ready or k < p.gpus or (best_key is not None and (k, name) >= best_key):
-                continue
-            grp = next((g for g in v.groups if g in admitted), None)
-            if grp is None:
-                continue
-            if grp.kind is None and _mixed_reasons(p, v.node.gpus, v.free):
-                continue
-            if fac.active and fac.refuses(v.node, p, self._gpus_for(v, p)):
-                continue
-            if self._short(v, p):
-                continue
-            best, best_key = v, (k, name)
-        return best
 
     def _fabric_pick(self, p: ProfileSpec, by_fabric: list[list[Group]], spread: dict[str, int]) -> list[_View] | None:
         """Nodes for a multi-node replica: the first fabric, in name order, with
