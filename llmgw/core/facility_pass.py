@@ -419,7 +419,7 @@ class PassFacility:
         """A shard placed in this pass: its draw counts from now on."""
         self._touch(node.name)
         if self.capped:
-            self._add(node.name, shard_watts(p, node, gpus))
+            self._add(node.name, self._watts(p, node, gpus))
 
     def shift(self, node: Node, sh: Shard, give: bool) -> None:
         """A shard stopped in this pass (give) frees what it counts for; or not after all."""

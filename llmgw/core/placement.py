@@ -206,6 +206,9 @@ class Inventory(facility_search.CellSearch):
         self._heaps: dict[tuple, facility_search._Heaps] = {}
         self._cell_epoch = 0
         self._orders: list[list[tuple[int, str]]] | None = None
+        self._fab_refused: set[tuple[int, int]] = set()  # facility: (fabric's groups, profile) refused (_fabric_pick)
+        self._fab_epoch = 0
+        self._model_fabrics: tuple | None = None
 
     # ------------------------------------------------------------------ the index, and this pass's copy of it
 
@@ -235,6 +238,7 @@ class Inventory(facility_search.CellSearch):
         if after > before:
             self._full.clear()
             self._first.clear()
+            self._fab_refused.clear()
         for grp in v.groups:
             own = mine.get(grp)
             if own is None:
@@ -419,6 +423,12 @@ class Inventory(facility_search.CellSearch):
         key = (id(by_fabric), p.gpus, p.nodes)
         start = self._first.get(key, 0)
         fac = self._fac
+        refused = out = None
+        if fac.active:
+            if self._fab_epoch != fac.epoch:
+                self._fab_epoch = fac.epoch
+                self._fab_refused.clear()
+            refused = self._fab_refused
         for i in range(len(limits)):
             for j in range(start, len(by_fabric)):
                 groups_in_fabric = by_fabric[j]
@@ -426,6 +436,16 @@ class Inventory(facility_search.CellSearch):
                     if j == start:
                         start = self._first[key] = j + 1
                     continue
+                if refused is not None:  # facility: too few of its nodes fit, every node admitted (see below)
+                    if (id(groups_in_fabric), id(p)) in refused:
+                        continue
+                    # Too few of its nodes with room that the facility has not
+                    # refused (and, in the first round, that do not run the
+                    # model): counted in C, where looking was most of the cost.
+                    if out is None:
+                        out = (fac.blocked(p) | spread.keys(), fac.blocked(p))
+                    if self._count_outside(p, groups_in_fabric, out[0] if not i else out[1]) < p.nodes:
+                        continue
                 # facility: keep_within tries one domain of its kind at a time
                 for domain in fac.within(p.keep_within, self._fabric_nodes(groups_in_fabric)) if p.keep_within else ("",):
                     chosen: list[_View] = []
@@ -440,7 +460,33 @@ class Inventory(facility_search.CellSearch):
                         [v.node for v in chosen], p, [self._gpus_for(v, p) for v in chosen]
                     ):
                         return chosen
+                    if refused is not None and not p.keep_within and len(chosen) < p.nodes:
+                        # Too few nodes fit with every node admitted (the last
+                        # round, or one that passed over none of the fabric's
+                        # nodes): so it stays in this pass until room is made
+                        # (`_move`, a stop's draw), where the facility refuses
+                        # most of a full fleet's fabrics node by node
+                        # (benchmarks/placement.py --facility).
+                        if i == len(limits) - 1 or groups_in_fabric[0].fabric not in self._fabrics_of(spread):
+                            refused.add((id(groups_in_fabric), id(p)))
         return None
+
+    def _fabrics_of(self, spread: dict[str, int]) -> set[str]:
+        """The fabrics of the nodes the model runs on (_fabric_pick), kept while its spread is as it was."""
+        got = self._model_fabrics
+        if got is None or got[0] is not spread or got[1] != len(spread):
+            fabrics = {self.view(name).fabric for name in spread if name in self._state.nodes}
+            got = self._model_fabrics = (spread, len(spread), fabrics)
+        return got[2]
+
+    def _count_outside(self, p: ProfileSpec, groups: list[Group], out: set[str]) -> int:
+        """How many of these groups' nodes have the GPUs free for a shard and are not in `out`."""
+        n = 0
+        for grp in groups:
+            for bucket in self._buckets(grp)[p.gpus :]:
+                if bucket:
+                    n += len(bucket) - len(out.intersection(bucket))
+        return n
 
     def _fabric_nodes(self, groups: list[Group]) -> list[str]:
         """The names of the nodes filed in these groups (keep_within's domains are among theirs)."""
