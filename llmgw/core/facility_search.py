@@ -10,16 +10,17 @@ placement looked at most of its rack's and PDU's nodes, and at every node
 of the levels below.
 
 Here the nodes are taken by cell (facility_pass.Cells: the nodes in the
-same domains). Each cell's best node for a kind of profile is kept for the
-pass, with the cell's version (PassFacility.cell_version: what its nodes
-have free changed), and shared by every model; per model and kind of
-profile, a heap per level orders its cells by their best node, so that a
-placement reads the top of its lowest level's heap, and updates only the
-cells it or another placement changed since (PassFacility.touched) and the
-cells whose level moved (Levels.moved). What a cell's kept best cannot
-know is checked when it comes to the top: a cap its rack or PDU reached
-through another cell, or the model having come to run on it; either makes
-it worse, never better, so a heap whose top stands is right.
+same domains), each cell's nodes kept in order of free GPUs then name for
+the pass (`_cell_orders`). Per model and kind of profile, a heap per level
+merges its cells' orders: an entry is a cell's *cursor*, the first of its
+nodes not yet known refused, and a lower bound on the cell's best. The top
+is looked at: a node that fits, no worse than the next entry, is the
+level's best (every other cell's best is at least its entry); one that does
+not is passed over for good, as a refusal in a pass only hardens (a
+domain's draw grows, a model's spread grows) until a cell's nodes change
+(PassFacility.touched: its cursor starts again) or a stop makes room
+(PassFacility.epoch: all start again). A placement so looks at a node or
+two, and at the cells that it or another changed since.
 
 A mixin of placement.Inventory, apart so that each module stays one concern.
 """
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from heapq import heapify, heappop, heappush
-from itertools import islice
 
 from .events import ProfileSpec
 from .facility_pass import Levels
@@ -37,8 +37,9 @@ from .fit import _mixed_reasons
 
 class _Heaps:
     """One model's cells by level, for one kind of profile, in one pass:
-    level -> heap of (free GPUs, name, cell, the model's own), the entry
-    `cur[cell]` being the cell's one that stands (others are stale)."""
+    level -> heap of cursors (free GPUs, name, cell, position in the
+    cell's order), `cur[cell]` being the cell's cursor that stands (any
+    other entry of the cell is stale)."""
 
     __slots__ = ("levels", "version", "cur", "heaps", "moved_at", "touched_at")
 
@@ -60,20 +61,16 @@ class CellSearch:
         fac, spread = self._fac, levels.spread
         if self._cell_epoch != fac.epoch:  # a stop made room: what was refused may fit now
             self._cell_epoch = fac.epoch
-            self._cells_best.clear()
             self._heaps.clear()
-        fkey = (p.pool, p.gpu_model, p.gpu_memory_gb, p.gpus, p.memory_gb, p.cpu_cores, p.power_w)
         admitted = set(groups)
-        shared = self._cells_best.setdefault(fkey, {})
-        key = (id(spread), fkey)
+        key = (id(spread), p.pool, p.gpu_model, p.gpu_memory_gb, p.gpus, p.memory_gb, p.cpu_cores, p.power_w)
         h = self._heaps.get(key)
         if h is None or h.levels is not levels or h.version != levels.version:
-            h = self._heaps[key] = self._start(p, fkey, admitted, levels, shared)
+            h = self._heaps[key] = self._start(p, levels)
         else:
-            self._sync(p, admitted, h, shared)
-        level_of = levels.level_of
+            self._sync(p, h)
         for level in levels.order():
-            v = self._top(p, admitted, h, level, level_of, shared)
+            v = self._top(p, admitted, h, level)
             if not level and levels.loose:  # the nodes in no cell, not running the model
                 other = self._best(p, groups, spread, 1, (), over=fac.cells().all)
                 if other is not None and (v is None or (len(other.free), other.name) < (len(v.free), v.name)):
@@ -92,33 +89,26 @@ class CellSearch:
                         return v
         return None
 
-    def _cell_best(self, p: ProfileSpec, admitted: set, c: int, shared: dict):
-        """A cell's best node for this kind of profile, whoever runs on it: kept while the cell's version stands."""
-        ver = self._fac.cell_version[c]
-        got = shared.get(c)
-        if got is None or got[0] != ver:
-            got = shared[c] = (ver, self._cell_fit(p, admitted, c, None))
-        return got[1]
+    def _cursor(self, p: ProfileSpec, c: int) -> tuple | None:
+        """A cell's cursor from its start: its first node with the GPUs free."""
+        order = self._cell_orders()[c]
+        i = bisect_left(order, (p.gpus, ""))
+        return (*order[i], c, i) if i < len(order) else None
 
-    def _entry(self, p: ProfileSpec, admitted: set, c: int, shared: dict) -> tuple | None:
-        v = self._cell_best(p, admitted, c, shared)
-        return (len(v.free), v.name, c, False) if v is not None else None
-
-    def _start(self, p: ProfileSpec, fkey: tuple, admitted: set, levels: Levels, shared: dict) -> _Heaps:
-        fac = self._fac
-        h = _Heaps(levels, len(fac.touched))
+    def _start(self, p: ProfileSpec, levels: Levels) -> _Heaps:
+        h = _Heaps(levels, len(self._fac.touched))
         cur, heaps, level_of = h.cur, h.heaps, levels.level_of
         for c in range(len(level_of)):
-            e = cur[c] = self._entry(p, admitted, c, shared)
+            e = cur[c] = self._cursor(p, c)
             if e is not None:
                 heaps.setdefault(level_of[c], []).append(e)
         for heap in heaps.values():
             heapify(heap)
         return h
 
-    def _sync(self, p: ProfileSpec, admitted: set, h: _Heaps, shared: dict) -> None:
+    def _sync(self, p: ProfileSpec, h: _Heaps) -> None:
         """The cells whose level moved, and those a placement changed, since the model's last search."""
-        levels, fac = h.levels, self._fac
+        levels = h.levels
         cur, heaps, level_of = h.cur, h.heaps, levels.level_of
         moved = levels.moved
         if h.moved_at < len(moved):
@@ -127,54 +117,48 @@ class CellSearch:
                 if e is not None:
                     heappush(heaps.setdefault(level_of[c], []), e)
             h.moved_at = len(moved)
-        touched = fac.touched
+        touched = self._fac.touched
         if h.touched_at < len(touched):
-            for c in sorted(set(touched[h.touched_at :])):
-                e = cur[c] = self._entry(p, admitted, c, shared)
+            for c in set(touched[h.touched_at :]):  # (each pushed once; the heap orders them)
+                e = cur[c] = self._cursor(p, c)
                 if e is not None:
                     heappush(heaps.setdefault(level_of[c], []), e)
             h.touched_at = len(touched)
 
-    def _top(self, p: ProfileSpec, admitted: set, h: _Heaps, level: int, level_of: list[int], shared: dict):
-        """The best node of the cells at one level that fits still, or None."""
+    def _top(self, p: ProfileSpec, admitted: set, h: _Heaps, level: int):
+        """The best node of the cells at one level that fits, or None."""
         heap = h.heaps.get(level)
-        cur, spread = h.cur, h.levels.spread
+        if not heap:
+            return None
+        cur, spread, level_of = h.cur, h.levels.spread, h.levels.level_of
+        fac, views, orders = self._fac, self._views, self._cell_orders()
+        blocked = fac.blocked(p) if fac.active else ()
         while heap:
-            e = heap[0]
-            _k, name, c, own = e
+            e = heappop(heap)
+            c = e[2]
             if cur.get(c) is not e or level_of[c] != level:
-                heappop(heap)  # stale: the cell changed, or is at another level now
-                continue
-            v = self._views[name]
-            if not own and name in spread:
-                # The cell's best, but the model runs there: its best of the others.
-                v = self._cell_fit(p, admitted, c, spread)
-                e = (len(v.free), v.name, c, True) if v is not None else None
-            elif not self._fits_still(v, p):
-                # Refused since it was kept: a cap its rack or PDU reached through another cell.
-                v = self._cell_fit(p, admitted, c, spread if own else None)
-                if not own:
-                    shared[c] = (self._fac.cell_version[c], v)
-                e = (len(v.free), v.name, c, own) if v is not None else None
+                continue  # stale: the cell changed, or is at another level now
+            order = orders[c]
+            for i in range(e[3], len(order)):
+                k, name = order[i]
+                if name in blocked or name in spread:
+                    continue  # refused for the pass, or the model runs there (its own come later)
+                if heap and (k, name) > heap[0][:2]:
+                    e = cur[c] = (k, name, c, i)  # another cell may do better: its turn
+                    heappush(heap, e)
+                    break
+                v = views.get(name) or self.view(name)
+                if self._fits(p, admitted, v):
+                    e = cur[c] = (k, name, c, i)
+                    heappush(heap, e)  # (it stays the cell's cursor: the next search looks at it again)
+                    return v
             else:
-                return v
-            cur[c] = e
-            heappop(heap)
-            if e is not None:
-                heappush(heap, e)
+                cur[c] = None  # none of the cell's nodes fits
         return None
-
-    def _fits_still(self, v, p: ProfileSpec) -> bool:
-        """Whether a node kept as its cell's best fits still."""
-        fac = self._fac
-        if fac.active and (v.name in fac.blocked(p) or fac.refuses(v.node, p, self._gpus_for(v, p))):
-            return False
-        return not self._short(v, p)
 
     def _cell_orders(self) -> list[list[tuple[int, str]]]:
         """Each cell's ready nodes as (free GPUs, name), in that order: made
-        once a pass, kept as placements take (`_cell_moved`), so that a
-        cell's best is its first that fits, not a sort of its nodes."""
+        once a pass, kept as placements take (`_cell_moved`)."""
         orders = self._orders
         if orders is None:
             entries, views = self._build().entries, self._views
@@ -199,20 +183,6 @@ class CellSearch:
             if i < len(order) and order[i] == (before, name):
                 del order[i]
                 insort(order, (after, name))
-
-    def _cell_fit(self, p: ProfileSpec, admitted: set, c: int, spread: dict[str, int] | None):
-        """The first node of a cell, in order of free GPUs then name, that
-        fits; not one running the model, where `spread` is given."""
-        fac, views = self._fac, self._views
-        blocked = fac.blocked(p) if fac.active else ()
-        order = self._cell_orders()[c]
-        for _k, name in islice(order, bisect_left(order, (p.gpus, "")), None):
-            if name in blocked or (spread is not None and name in spread):
-                continue
-            v = views.get(name) or self.view(name)
-            if self._fits(p, admitted, v):
-                return v
-        return None
 
     def _fits(self, p: ProfileSpec, admitted: set, v) -> bool:
         """Whether one shard of the profile fits the node, of the admitted groups."""

@@ -200,9 +200,8 @@ class Inventory(facility_search.CellSearch):
         self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
         self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
         self._fac = facility_pass.PassFacility(state)  # facility: holds, power caps, racks and PDUs
-        # facility: each cell's best node per kind of profile, with the cell's
-        # version, and per model its cells by level (facility_search)
-        self._cells_best: dict[tuple, dict[int, tuple[int, _View | None]]] = {}
+        # facility: per model and kind of profile its cells by level, each
+        # cell's nodes by free GPUs (facility_search)
         self._heaps: dict[tuple, facility_search._Heaps] = {}
         self._cell_epoch = 0
         self._orders: list[list[tuple[int, str]]] | None = None
