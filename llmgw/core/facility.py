@@ -112,9 +112,10 @@ def shard_watts(p: ev.ProfileSpec, node: Node, gpus: Iterable[int]) -> float:
     profile's declared power_w, else the power limits of the GPUs it gets."""
     if p.power_w:
         return p.power_w
+    # The shard's GPUs only (0.0 where they say no limit): asking first
+    # whether any of the node's says one read all eight for every shard of
+    # the fold, facility or not (benchmarks/placement.py).
     have = node.gpus
-    if not any(g.power_w for g in have):
-        return 0.0  # (GPUs that say no limit: the usual case, asked per candidate node)
     n = len(have)
     w = 0.0
     for i in gpus:
@@ -195,8 +196,11 @@ def power_problem(
     draws, added on their nodes (less `credit`, by node: what a replica
     replaced in place hands over), take a capped domain past its cap; or
     whether a node is in a held domain. "" when neither."""
-    if not state.holds and not state.budgets:
+    holds, budgets = state.holds, state.budgets
+    if not holds and not budgets:
         return ""
+    if len(adds) == 1 and not credit:
+        return _one_problem(state, adds[0][0], adds[0][1], known)
     extra: dict[str, float] = {}
     for node, w in adds:
         for d in state.located.get(node.name, ()):
@@ -217,6 +221,37 @@ def power_problem(
     for d in sorted(extra):
         cap, after = state.budgets[d], draws[d] + extra[d]
         if extra[d] > 0 and after > cap + 1e-6:
+            return f"{d} would draw {watts(after)} of {watts(cap)}"
+    return ""
+
+
+def _one_problem(state: State, node: Node, w: float, known: dict[str, float] | None) -> str:
+    """power_problem for one shard and no credit (most placements), the
+    same answer without its sums by domain (benchmarks/placement.py --facility)."""
+    ds = state.located.get(node.name)
+    if not ds:
+        return ""
+    holds, budgets = state.holds, state.budgets
+    if holds:
+        for d in ds:
+            hold = holds.get(d)
+            if hold is not None:
+                return f"{d} is held: {hold.reason or 'no reason given'}"
+    if w <= 0 or not budgets:
+        return ""
+    capped = [d for d in ds if d in budgets]
+    if not capped:
+        return ""
+    if known is None:
+        draws = domain_draws(state, capped)
+    else:
+        draws = known
+        missing = [d for d in capped if d not in known]
+        if missing:
+            known.update(domain_draws(state, missing))
+    for d in sorted(capped) if len(capped) > 1 else capped:
+        cap, after = budgets[d], draws[d] + w
+        if after > cap + 1e-6:
             return f"{d} would draw {watts(after)} of {watts(cap)}"
     return ""
 
