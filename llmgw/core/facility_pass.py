@@ -93,10 +93,10 @@ class Levels:
     label is a rack (or PDU) of its own: nothing says it shares one.
 
     Kept by cell (`Cells`), as the model's placements in the pass add to
-    its spread (`refresh`): per level of the rack and PDU counts, its
-    cells (`cells_at`) and the model's nodes at it (`spread_at`). A
-    placement moves its rack's and PDU's few cells, not their nodes one
-    by one."""
+    its spread (`refresh`): each cell's level of rack and PDU counts
+    (`level_of`, and `moved`, the cells whose level changed, in order),
+    for facility_search's heaps. A placement moves its rack's and PDU's
+    few cells, not their nodes one by one."""
 
     def __init__(self, spread: dict[str, int], fac: "PassFacility") -> None:
         self.spread = spread  # held: its id keys the pass's cache
@@ -107,13 +107,11 @@ class Levels:
         self._pdus: dict[str, int] = {}
         self._cl = self.level_of = [0] * len(cells.nodes)  # cell -> its level
         self.moved: list[int] = []  # the cells whose level changed, in order (facility_search reads on)
-        self._at: dict[int, set[int]] = {0: set(range(len(cells.nodes)))} if cells.nodes else {}  # level -> its cells
-        self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
-        self._sp: dict[int, set[str]] = {}  # level -> the model's nodes at it
-        self._sp_cl: dict[str, int] = {}  # the model's node -> its level
+        self._count: dict[int, int] = {0: len(cells.nodes)} if cells.nodes else {}  # level -> cells at it
+        self._loose: dict[int, int] = {}  # level -> the model's nodes in no cell at it
         self._expected: list[str] = []
         self.version = 0  # one more whenever a count went down (what placement kept per model is stale)
-        self._apply(dict(spread))
+        self.refresh()
 
     def expect(self, name: str) -> None:
         """A placement chose this node: its count will be one more at the
@@ -124,51 +122,58 @@ class Levels:
         spread, seen, expected = self.spread, self._seen, self._expected
         if expected:
             self._expected = []
-            if len(spread) - len(seen) <= len(expected):
-                guess = dict(seen)
-                for name in expected:
-                    guess[name] = guess.get(name, 0) + 1
-                if guess == spread:  # (in C: the usual case, a placement taken)
-                    self._apply({name: guess[name] for name in expected})
-                    return self
+            olds: dict[str, int] = {}
+            for name in expected:
+                olds.setdefault(name, seen.get(name, 0))
+                seen[name] = seen.get(name, 0) + 1
+            if seen == spread:  # (in C: the usual case, a placement taken)
+                self._apply([(name, old, seen[name]) for name, old in olds.items()])
+                return self
+            for name, old in olds.items():  # not as expected: undone, and read afresh below
+                if old:
+                    seen[name] = old
+                else:
+                    del seen[name]
         if len(spread) == len(seen) and spread == seen:
             return self
-        moved = dict(spread.items() - seen.items())
-        moved.update({name: 0 for name in seen.keys() - spread.keys()})
-        self._apply(moved)
+        changes = [(name, seen.get(name, 0), n) for name, n in sorted(spread.items() - seen.items())]
+        changes += [(name, seen[name], 0) for name in sorted(seen.keys() - spread.keys())]
+        self._seen = dict(spread)
+        self._apply(changes)
         return self
 
-    def _apply(self, moved: dict[str, int]) -> None:
-        cells, seen, racks, pdus = self._cells, self._seen, self._racks, self._pdus
-        of, crack, cpdu = cells.of, cells.rack, cells.pdu
-        touched: set[int] = set()
-        mine: list[tuple[str, int]] = []
-        for name, now in moved.items():
-            delta = now - seen.get(name, 0)
-            if not delta:
-                continue
+    def _apply(self, changes: list[tuple[str, int, int]]) -> None:
+        """Counts changed (node, before, now; `_seen` says them already): move the cells of their racks and PDUs."""
+        cells, racks, pdus = self._cells, self._racks, self._pdus
+        of, crack, cpdu, by_rack, by_pdu = cells.of, cells.rack, cells.pdu, cells.by_rack, cells.by_pdu
+        touched: list[int] = []
+        for name, old, now in changes:
+            delta = now - old
             if delta < 0:
                 self.version += 1
-            if now:
-                seen[name] = now
-            else:
-                del seen[name]
             c = of.get(name)
             if c is None:  # in no cell: a rack and PDU of its own
-                self._sp_move(name, now * _BASE + now if now else None)
+                loose = self._loose
+                if old:
+                    left = loose[old * _BASE + old] - 1
+                    if left:
+                        loose[old * _BASE + old] = left
+                    else:
+                        del loose[old * _BASE + old]
+                if now:
+                    loose[now * _BASE + now] = loose.get(now * _BASE + now, 0) + 1
                 continue
             r, p = crack[c], cpdu[c]
             if r is not None:
                 racks[r] = racks.get(r, 0) + delta
-                touched.update(cells.by_rack[r])
+                touched += by_rack[r]
             if p is not None:
                 pdus[p] = pdus.get(p, 0) + delta
-                touched.update(cells.by_pdu[p])
+                touched += by_pdu[p]
             if cells.one[c]:
-                touched.add(c)
-            mine.append((name, c))
-        cl, at, csp = self._cl, self._at, self._csp
-        for c in touched:
+                touched.append(c)
+        cl, count, seen = self._cl, self._count, self._seen
+        for c in touched:  # (a cell twice: the second time it has moved already)
             r, p, one = crack[c], cpdu[c], cells.one[c]
             n = seen.get(one, 0) if one else 0
             level = (racks.get(r, 0) if r is not None else n) * _BASE + (pdus.get(p, 0) if p is not None else n)
@@ -177,54 +182,30 @@ class Levels:
                 continue
             cl[c] = level
             self.moved.append(c)
-            left = at[old]
-            left.discard(c)
-            if not left:
-                del at[old]
-            at.setdefault(level, set()).add(c)
-            for name in csp.get(c, ()):
-                self._sp_move(name, level)
-        for name, c in mine:
-            if name in seen:
-                csp.setdefault(c, set()).add(name)
-                self._sp_move(name, cl[c])
+            left = count[old] - 1
+            if left:
+                count[old] = left
             else:
-                csp[c].discard(name)
-                self._sp_move(name, None)
-
-    def _sp_move(self, name: str, level: int | None) -> None:
-        old = self._sp_cl.get(name)
-        if old == level:
-            return
-        sp = self._sp
-        if old is not None:
-            nodes = sp[old]
-            nodes.discard(name)
-            if not nodes:
-                del sp[old]
-        if level is None:
-            del self._sp_cl[name]
-        else:
-            self._sp_cl[name] = level
-            sp.setdefault(level, set()).add(name)
+                del count[old]
+            count[level] = count.get(level, 0) + 1
 
     def order(self) -> list[int]:
         """The levels some node is at (by rack and PDU), lowest first."""
-        levels = self._at.keys() | self._sp.keys()
+        levels = self._count.keys() | self._loose.keys()
         if self.loose:
             levels.add(0)
         return sorted(levels)
 
-    def cells_at(self, level: int) -> set[int]:
-        """The cells at a level."""
-        return self._at.get(level, _EMPTY)
-
     def spread_at(self, level: int) -> set[str]:
-        """The model's nodes at a level (in a cell at it, or in none and at it by themselves)."""
-        return self._sp.get(level, _EMPTY)
-
-
-_EMPTY: set = set()
+        """The model's nodes at a level (in a cell at it, or in none and at it by themselves):
+        read from its spread when asked, which is when no other node at the level fits."""
+        of, cl = self._cells.of, self._cl
+        out = set()
+        for name, n in self._seen.items():
+            c = of.get(name)
+            if (cl[c] if c is not None else n * _BASE + n) == level:
+                out.add(name)
+        return out
 
 
 class PassFacility:
