@@ -109,6 +109,8 @@ class Levels:
         self.moved: list[int] = []  # the cells whose level changed, in order (facility_search reads on)
         self._count: dict[int, int] = {0: len(cells.nodes)} if cells.nodes else {}  # level -> cells at it
         self._loose: dict[int, int] = {}  # level -> the model's nodes in no cell at it
+        self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
+        self._mcells: dict[int, set[int]] = {}  # level -> the cells at it with some of the model's nodes
         self._expected: list[str] = []
         self.version = 0  # one more whenever a count went down (what placement kept per model is stale)
         self.refresh()
@@ -147,6 +149,7 @@ class Levels:
         cells, racks, pdus = self._cells, self._racks, self._pdus
         of, crack, cpdu, by_rack, by_pdu = cells.of, cells.rack, cells.pdu, cells.by_rack, cells.by_pdu
         touched: list[int] = []
+        cl, csp, mcells = self._cl, self._csp, self._mcells
         for name, old, now in changes:
             delta = now - old
             if delta < 0:
@@ -163,6 +166,18 @@ class Levels:
                 if now:
                     loose[now * _BASE + now] = loose.get(now * _BASE + now, 0) + 1
                 continue
+            if not old or not now:  # the cell's own nodes of the model (`spread_at`)
+                mine = csp.get(c)
+                if now:
+                    if mine is None:
+                        mine = csp[c] = set()
+                        mcells.setdefault(cl[c], set()).add(c)
+                    mine.add(name)
+                elif mine is not None:
+                    mine.discard(name)
+                    if not mine:
+                        del csp[c]
+                        mcells[cl[c]].discard(c)
             r, p = crack[c], cpdu[c]
             if r is not None:
                 racks[r] = racks.get(r, 0) + delta
@@ -172,7 +187,7 @@ class Levels:
                 touched += by_pdu[p]
             if cells.one[c]:
                 touched.append(c)
-        cl, count, seen = self._cl, self._count, self._seen
+        count, seen = self._count, self._seen
         for c in touched:  # (a cell twice: the second time it has moved already)
             r, p, one = crack[c], cpdu[c], cells.one[c]
             n = seen.get(one, 0) if one else 0
@@ -188,6 +203,9 @@ class Levels:
             else:
                 del count[old]
             count[level] = count.get(level, 0) + 1
+            if c in csp:
+                mcells[old].discard(c)
+                mcells.setdefault(level, set()).add(c)
 
     def order(self) -> list[int]:
         """The levels some node is at (by rack and PDU), lowest first."""
@@ -197,14 +215,13 @@ class Levels:
         return sorted(levels)
 
     def spread_at(self, level: int) -> set[str]:
-        """The model's nodes at a level (in a cell at it, or in none and at it by themselves):
-        read from its spread when asked, which is when no other node at the level fits."""
-        of, cl = self._cells.of, self._cl
-        out = set()
-        for name, n in self._seen.items():
-            c = of.get(name)
-            if (cl[c] if c is not None else n * _BASE + n) == level:
-                out.add(name)
+        """The model's nodes at a level (in a cell at it, or in none and at it by themselves)."""
+        out: set[str] = set()
+        for c in self._mcells.get(level, ()):
+            out |= self._csp[c]
+        if level in self._loose:
+            of = self._cells.of
+            out.update(name for name, n in self._seen.items() if name not in of and n * _BASE + n == level)
         return out
 
 
