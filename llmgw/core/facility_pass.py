@@ -110,6 +110,7 @@ class Levels:
         self._count: dict[int, int] = {0: len(cells.nodes)} if cells.nodes else {}  # level -> cells at it
         self._loose: dict[int, int] = {}  # level -> the model's nodes in no cell at it
         self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
+        self._order: list[int] | None = None  # `order`, while it stands
         self._mcells: dict[int, set[int]] = {}  # level -> the cells at it with some of the model's nodes
         self._expected: list[str] = []
         self.version = 0  # one more whenever a count went down (what placement kept per model is stale)
@@ -122,7 +123,18 @@ class Levels:
 
     def refresh(self) -> "Levels":
         spread, seen, expected = self.spread, self._seen, self._expected
-        if expected:
+        if len(expected) == 1:  # one placement taken since: the usual case, checked in C
+            name = expected.pop()
+            old = seen.get(name, 0)
+            seen[name] = old + 1
+            if seen == spread:
+                self._apply(((name, old, old + 1),))
+                return self
+            if old:
+                seen[name] = old
+            else:
+                del seen[name]
+        elif expected:
             self._expected = []
             olds: dict[str, int] = {}
             for name in expected:
@@ -144,7 +156,7 @@ class Levels:
         self._apply(changes)
         return self
 
-    def _apply(self, changes: list[tuple[str, int, int]]) -> None:
+    def _apply(self, changes) -> None:
         """Counts changed (node, before, now; `_seen` says them already): move the cells of their racks and PDUs."""
         cells, racks, pdus = self._cells, self._racks, self._pdus
         of, crack, cpdu, by_rack, by_pdu = cells.of, cells.rack, cells.pdu, cells.by_rack, cells.by_pdu
@@ -202,17 +214,31 @@ class Levels:
                 count[old] = left
             else:
                 del count[old]
-            count[level] = count.get(level, 0) + 1
+                self._order = None
+            got = count.get(level)
+            if got is None:
+                count[level] = 1
+                self._order = None
+            else:
+                count[level] = got + 1
             if c in csp:
                 mcells[old].discard(c)
                 mcells.setdefault(level, set()).add(c)
 
     def order(self) -> list[int]:
         """The levels some node is at (by rack and PDU), lowest first."""
-        levels = self._count.keys() | self._loose.keys()
+        if self._loose:
+            levels = self._count.keys() | self._loose.keys()
+        elif self._order is not None:
+            return self._order
+        else:
+            levels = set(self._count)
         if self.loose:
             levels.add(0)
-        return sorted(levels)
+        out = sorted(levels)
+        if not self._loose:
+            self._order = out  # (kept until a level gains its first cell or loses its last)
+        return out
 
     def spread_at(self, level: int) -> set[str]:
         """The model's nodes at a level (in a cell at it, or in none and at it by themselves)."""

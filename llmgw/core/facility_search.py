@@ -62,8 +62,10 @@ class CellSearch:
         if self._cell_epoch != fac.epoch:  # a stop made room: what was refused may fit now
             self._cell_epoch = fac.epoch
             self._heaps.clear()
-        admitted = set(groups)
-        key = (id(spread), p.pool, p.gpu_model, p.gpu_memory_gb, p.gpus, p.memory_gb, p.cpu_cores, p.power_w)
+        admitted = self._admitted.get(id(groups))
+        if admitted is None:  # (the index keeps `groups` for the pass: see Inventory._admitting)
+            admitted = self._admitted[id(groups)] = set(groups)
+        key = (id(spread), id(p))  # (the state holds the profile for the pass)
         h = self._heaps.get(key)
         if h is None or h.levels is not levels or h.version != levels.version:
             h = self._heaps[key] = self._start(p, levels)
@@ -143,7 +145,8 @@ class CellSearch:
                 k, name = order[i]
                 if name in blocked or name in spread:
                     continue  # refused for the pass, or the model runs there (its own come later)
-                if heap and (k, name) > heap[0][:2]:
+                nxt = heap[0] if heap else None
+                if nxt is not None and (k > nxt[0] or (k == nxt[0] and name > nxt[1])):
                     e = cur[c] = (k, name, c, i)  # another cell may do better: its turn
                     heappush(heap, e)
                     break
@@ -188,8 +191,10 @@ class CellSearch:
         """Whether one shard of the profile fits the node, of the admitted groups."""
         if not v.ready or len(v.free) < p.gpus:
             return False
-        grp = next((g for g in v.groups if g in admitted), None)
-        if grp is None:
+        for grp in v.groups:
+            if grp in admitted:
+                break
+        else:
             return False
         if grp.kind is None and _mixed_reasons(p, v.node.gpus, v.free):
             return False

@@ -203,6 +203,7 @@ class Inventory(facility_search.CellSearch):
         # facility: per model and kind of profile its cells by level, each
         # cell's nodes by free GPUs (facility_search)
         self._heaps: dict[tuple, facility_search._Heaps] = {}
+        self._admitted: dict[int, set[Group]] = {}
         self._cell_epoch = 0
         self._orders: list[list[tuple[int, str]]] | None = None
         self._fab_refused: set[tuple[int, int]] = set()  # facility: (fabric's groups, profile) refused (_fabric_pick)
