@@ -274,6 +274,7 @@ class PassFacility:
         self._said: dict[tuple[str, float], object] = {}  # (domain, draw after) -> its power Reason
         self._blocked: dict[tuple[float, int], set[str]] = {}  # see `blocked`
         self._spent: set[tuple[str, float, int]] = set()  # (domain, GPU limit, GPUs) whose nodes `_noted` blocked
+        self._limits: dict[str, tuple] = {}  # node -> see `_limits_of`
         self._gpu_w: dict[str, float | None] = {}  # node -> the power limit all its GPUs share (None: not alike)
         # The facility's refusals the placement under way met, domain -> in
         # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
@@ -347,26 +348,32 @@ class PassFacility:
         """Whether `reasons` would say anything, without saying it: placement
         asks this of every candidate it passes over (on a fleet whose caps
         bind, most of them), and words for each cost more than the search."""
-        ds = self.loc.get(node.name)
-        if not ds:
-            return False
-        holds = self.state.holds
-        if holds:
-            for d in ds:
-                if d in holds:
+        name = node.name
+        got = self._limits.get(name)
+        if got is None:
+            got = self._limits_of(name)
+        held, caps = got
+        if held:
+            return self._noted(held, node, p, gpus)
+        if caps:
+            w = self._watts(p, node, gpus)
+            if not w:
+                return False
+            draw = self._draw if self._draw is not None else self.draw
+            for d, cap in caps:
+                if draw[d] + w > cap + 1e-6:
                     return self._noted(d, node, p, gpus)
-        if self.capped:
-            draw, budgets = self.draw, self.state.budgets
-            w = None
-            for d in ds:
-                if d in draw:
-                    if w is None:
-                        w = self._watts(p, node, gpus)
-                        if not w:
-                            return False
-                    if draw[d] + w > budgets[d] + 1e-6:
-                        return self._noted(d, node, p, gpus)
         return False
+
+    def _limits_of(self, name: str) -> tuple[str, tuple[tuple[str, float], ...]]:
+        """A node's first held domain ("": none) and its capped domains with
+        their caps, in its domains' order: holds and caps do not change
+        in a pass, and `refuses` asks per candidate."""
+        ds = self.loc.get(name, ())
+        holds, budgets = self.state.holds, self.state.budgets
+        held = next((d for d in ds if d in holds), "")
+        got = self._limits[name] = (held, tuple((d, budgets[d]) for d in ds if d in budgets))
+        return got
 
     def _noted(self, domain: str, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> bool:
         """A refusal, noted in words for the placement under way (once per
