@@ -483,12 +483,6 @@ class PassFacility:
             levels = self._levels[id(spread)] = Levels(spread, self)
         return levels.refresh()
 
-    def placed(self, spread: dict[str, int], name: str) -> None:
-        """A single-node placement chose this node for the model of `spread` (Levels.expect)."""
-        levels = self._levels.get(id(spread))
-        if levels is not None:
-            levels.expect(name)
-
     def domain_of(self, kind: str, name: str) -> str:
         for d in self.loc.get(name, ()):
             if d.startswith(kind) and d[len(kind)] == "/":

@@ -32,7 +32,7 @@ from heapq import heapify, heappop, heappush
 
 from .events import ProfileSpec
 from .facility_pass import Levels
-from .fit import _mixed_reasons
+from .fit import _mixed_reasons, cpu_short, memory_short
 
 
 class _Heaps:
@@ -52,8 +52,49 @@ class _Heaps:
         self.touched_at = touched_at
 
 
+class _InCells:
+    """The `taken` of placement's `_best` for the nodes in no cell: every node in one."""
+
+    __slots__ = ("of",)
+
+    def __init__(self, of: dict[str, int]) -> None:
+        self.of = of
+
+    def __contains__(self, v) -> bool:
+        return v.name in self.of
+
+
 class CellSearch:
-    """placement.Inventory's search over facility_pass.Levels (see the module)."""
+    """placement.Inventory's search over facility_pass.Levels (see the module),
+    and the facility's shortcuts of its multi-node search (`_fabric_refused`)."""
+
+    def _search_init(self) -> None:
+        # Per model and kind of profile its cells by level; each cell's
+        # nodes by free GPUs; the epoch of PassFacility they were made in.
+        self._heaps: dict[tuple, _Heaps] = {}
+        self._admitted: dict[int, set] = {}
+        self._cell_epoch = 0
+        self._orders: list[list[tuple[int, str]]] | None = None
+        # (fabric's groups, profile) with too few nodes that fit, every node admitted (`_fabric_failed`)
+        self._fab_refused: set[tuple[int, int]] = set()
+        self._fab_epoch = 0
+        self._model_fabrics: tuple | None = None
+
+    def _located_moved(self, name: str, before: int, after: int) -> None:
+        """A node's free GPU count changed in this pass (placement.Inventory._move)."""
+        if after > before:
+            self._fab_refused.clear()  # room made
+        if self._orders is not None:
+            self._cell_moved(name, before, after)
+
+    def _find_located(self, p: ProfileSpec, groups: list, levels: Levels):
+        """placement's `_find` for a single-node profile on a fleet whose
+        nodes say their rack or PDU: the node, as a list, or None."""
+        v = self._spread_pick(p, groups, levels)
+        if v is None:
+            return None
+        levels.expect(v.name)  # (a `fits` takes nothing: the next refresh finds it so, and reads afresh)
+        return [v]
 
     def _spread_pick(self, p: ProfileSpec, groups: list, levels: Levels):
         """The node for one shard of a single-node profile, by the rounds of
@@ -74,7 +115,7 @@ class CellSearch:
         for level in levels.order():
             v = self._top(p, admitted, h, level)
             if not level and levels.loose:  # the nodes in no cell, not running the model
-                other = self._best(p, groups, spread, 1, (), over=fac.cells().all)
+                other = self._best(p, groups, spread, 1, _InCells(fac.cells().of))
                 if other is not None and (v is None or (len(other.free), other.name) < (len(v.free), v.name)):
                     v = other
             if v is not None:
@@ -201,7 +242,9 @@ class CellSearch:
         fac = self._fac
         if fac.active and fac.refuses(v.node, p, self._gpus_for(v, p)):
             return False
-        return not self._short(v, p)
+        # placement's `_room_reasons` but the facility's (just asked), without the words.
+        node = v.node
+        return not (memory_short(p, node, v.mem_used) or cpu_short(p, node, v.cpu_used) or not v.free_port())
 
     def _first_fit(self, p: ProfileSpec, admitted: set, names):
         """The fitting node among these (the model's own at one level) with the fewest free GPUs that are enough, ties in name
@@ -223,3 +266,47 @@ class CellSearch:
             if name not in blocked and self._fits(p, admitted, v):  # (blocked: a domain refused since)
                 return v
         return None
+
+    # ------------------------------------------------------------------ multi-node: fabrics
+
+    def _fabric_refused(self, p: ProfileSpec, groups: list, i: int, spread: dict[str, int]) -> bool:
+        """Whether placement's `_fabric_pick` may pass over this fabric in
+        its round `i` without looking at its nodes: too few of them have
+        the GPUs free and are not refused by the facility (nor, in the
+        first round, run the model), counted in C; or it was found so with
+        every node admitted (`_fabric_failed`). On a fleet whose caps
+        bind, looking at them one by one was most of a multi-node
+        placement (benchmarks/placement.py --facility)."""
+        fac = self._fac
+        if self._fab_epoch != fac.epoch:  # a stop made room
+            self._fab_epoch = fac.epoch
+            self._fab_refused.clear()
+        if (id(groups), id(p)) in self._fab_refused:
+            return True
+        blocked = fac.blocked(p)
+        mine = spread.keys() if not i and spread else None
+        n = 0
+        for grp in groups:
+            for bucket in self._buckets(grp)[p.gpus :]:
+                if bucket:
+                    n += len(bucket) - len(blocked.intersection(bucket))
+                    if mine is not None:
+                        n -= len((mine & bucket).difference(blocked))
+        return n < p.nodes
+
+    def _fabric_failed(self, p: ProfileSpec, groups: list, last: bool, chosen: int, spread: dict[str, int]) -> None:
+        """A fabric gave too few nodes: when its round admitted every node
+        (the last, or one that passed over none of its nodes), it stays so
+        for the pass, as refusals do, until room is made (`_located_moved`,
+        PassFacility.epoch)."""
+        if chosen < p.nodes and not p.keep_within and (last or groups[0].fabric not in self._fabrics_of(spread)):
+            self._fab_refused.add((id(groups), id(p)))
+
+    def _fabrics_of(self, spread: dict[str, int]) -> set[str]:
+        """The fabrics of the nodes the model runs on, kept while its spread has the same nodes."""
+        got = self._model_fabrics
+        if got is None or got[0] is not spread or got[1] != len(spread):
+            nodes = self._state.nodes
+            fabrics = {self.view(name).fabric for name in spread if name in nodes}
+            got = self._model_fabrics = (spread, len(spread), fabrics)
+        return got[2]

@@ -182,10 +182,10 @@ class Inventory(facility_search.CellSearch):
     copied first (`_own`), so the index shared with the next pass is never
     changed by this one.
 
-    Hook points: `_room_reasons` is the per-node check (what the node's
-    other shards hold; `_short` its yes or no, asked of every candidate);
-    `_best` orders the candidates of one round of spread (`_limits`), and
-    `_spread_pick` those of facility_pass.Levels."""
+    Hook points: `_room_reasons` is the per-node check every candidate
+    passes (what the node's other shards hold); `_best` orders the
+    candidates of one round of spread (`_limits`); facility_search.CellSearch,
+    those of a spread by rack and PDU (facility_pass.Levels)."""
 
     def __init__(self, state: State) -> None:
         self._state = state
@@ -200,15 +200,7 @@ class Inventory(facility_search.CellSearch):
         self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
         self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
         self._fac = facility_pass.PassFacility(state)  # facility: holds, power caps, racks and PDUs
-        # facility: per model and kind of profile its cells by level, each
-        # cell's nodes by free GPUs (facility_search)
-        self._heaps: dict[tuple, facility_search._Heaps] = {}
-        self._admitted: dict[int, set[Group]] = {}
-        self._cell_epoch = 0
-        self._orders: list[list[tuple[int, str]]] | None = None
-        self._fab_refused: set[tuple[int, int]] = set()  # facility: (fabric's groups, profile) refused (_fabric_pick)
-        self._fab_epoch = 0
-        self._model_fabrics: tuple | None = None
+        self._search_init()  # facility: facility_search
 
     # ------------------------------------------------------------------ the index, and this pass's copy of it
 
@@ -238,7 +230,6 @@ class Inventory(facility_search.CellSearch):
         if after > before:
             self._full.clear()
             self._first.clear()
-            self._fab_refused.clear()
         for grp in v.groups:
             own = mine.get(grp)
             if own is None:
@@ -250,8 +241,7 @@ class Inventory(facility_search.CellSearch):
             old = own[before]
             del old[bisect_left(old, name)]
             insort(own[after], name)
-        if self._orders is not None:
-            self._cell_moved(name, before, after)  # facility: each cell's nodes by free GPUs
+        self._located_moved(name, before, after)  # facility: facility_search
 
     # ------------------------------------------------------------------ the rules, per node
 
@@ -291,13 +281,6 @@ class Inventory(facility_search.CellSearch):
             out += self._fac.reasons(node, p, self._gpus_for(v, p))
         return out
 
-    def _short(self, v: _View, p: ProfileSpec) -> bool:
-        """Whether `_room_reasons` would name memory, cores or ports, without
-        the words: asked of every candidate, after the facility's own test
-        (PassFacility.refuses), which `_room_reasons` would ask again."""
-        node = v.node
-        return memory_short(p, node, v.mem_used) or cpu_short(p, node, v.cpu_used) or not v.free_port()
-
     # ------------------------------------------------------------------ placing
 
     def fits(self, p: ProfileSpec, spread: dict[str, int]) -> bool:
@@ -308,10 +291,9 @@ class Inventory(facility_search.CellSearch):
         idx = self._build()
         if p.nodes == 1:
             groups = self._admitting(idx, p)
-            levels = self._fac.levels(spread)  # facility: rack, then PDU, then node
+            levels = self._fac.levels(spread)  # facility: rack, then PDU, then node (facility_search)
             if levels is not None:
-                v = self._spread_pick(p, groups, levels)
-                return [v] if v is not None else None
+                return self._find_located(p, groups, levels)
             for limit in _limits(spread):
                 v = self._best(p, groups, spread, limit, ())
                 if v is not None:
@@ -327,8 +309,6 @@ class Inventory(facility_search.CellSearch):
         chosen = self._find(p, spread)
         if chosen is None:
             return None
-        if p.nodes == 1:
-            self._fac.placed(spread, chosen[0].name)  # facility: Levels.expect
         shards = []
         for rank, v in enumerate(chosen):
             gpus = self._gpus_for(v, p)
@@ -368,13 +348,10 @@ class Inventory(facility_search.CellSearch):
         idx.admitted[key] = (idx.version, out)
         return out
 
-    def _best(
-        self, p: ProfileSpec, groups: list[Group], spread: dict[str, int], limit: int, taken,
-        over: set[str] | frozenset[str] | None = None,
-    ) -> _View | None:
+    def _best(self, p: ProfileSpec, groups: list[Group], spread: dict[str, int], limit: int, taken) -> _View | None:
         """The fitting node with the fewest free GPUs that are enough, ties in
         name order, among those running fewer than `limit` of the model's
-        replicas and not in `taken`, nor in `over` (filtered in C)."""
+        replicas and not in `taken`."""
         views, mine, fac = self._views, self._mine, self._fac
         lists = [mine.get(grp) or grp.buckets for grp in groups]
         # The nodes that run the model are skipped in C when every one of
@@ -391,8 +368,6 @@ class Inventory(facility_search.CellSearch):
                 if not bucket:
                     continue
                 names = filterfalse(spread.__contains__, bucket) if skip_all else bucket
-                if over:
-                    names = filterfalse(over.__contains__, names)
                 for name in filterfalse(blocked.__contains__, names) if blocked else names:
                     if best is not None and name >= best.name:
                         break  # this group has nothing earlier in name order
@@ -405,7 +380,7 @@ class Inventory(facility_search.CellSearch):
                         continue
                     if fac.active and fac.refuses(v.node, p, self._gpus_for(v, p)):  # facility: holds, caps
                         continue
-                    if self._short(v, p):
+                    if self._room_reasons(v, p):
                         continue
                     best = v
                     break
@@ -423,12 +398,6 @@ class Inventory(facility_search.CellSearch):
         key = (id(by_fabric), p.gpus, p.nodes)
         start = self._first.get(key, 0)
         fac = self._fac
-        refused = out = None
-        if fac.active:
-            if self._fab_epoch != fac.epoch:
-                self._fab_epoch = fac.epoch
-                self._fab_refused.clear()
-            refused = self._fab_refused
         for i in range(len(limits)):
             for j in range(start, len(by_fabric)):
                 groups_in_fabric = by_fabric[j]
@@ -436,16 +405,8 @@ class Inventory(facility_search.CellSearch):
                     if j == start:
                         start = self._first[key] = j + 1
                     continue
-                if refused is not None:  # facility: too few of its nodes fit, every node admitted (see below)
-                    if (id(groups_in_fabric), id(p)) in refused:
-                        continue
-                    # Too few of its nodes with room that the facility has not
-                    # refused (and, in the first round, that do not run the
-                    # model): counted in C, where looking was most of the cost.
-                    if out is None:
-                        out = (fac.blocked(p) | spread.keys(), fac.blocked(p))
-                    if self._count_outside(p, groups_in_fabric, out[0] if not i else out[1]) < p.nodes:
-                        continue
+                if fac.active and self._fabric_refused(p, groups_in_fabric, i, spread):  # facility_search
+                    continue
                 # facility: keep_within tries one domain of its kind at a time
                 for domain in fac.within(p.keep_within, self._fabric_nodes(groups_in_fabric)) if p.keep_within else ("",):
                     chosen: list[_View] = []
@@ -460,33 +421,9 @@ class Inventory(facility_search.CellSearch):
                         [v.node for v in chosen], p, [self._gpus_for(v, p) for v in chosen]
                     ):
                         return chosen
-                    if refused is not None and not p.keep_within and len(chosen) < p.nodes:
-                        # Too few nodes fit with every node admitted (the last
-                        # round, or one that passed over none of the fabric's
-                        # nodes): so it stays in this pass until room is made
-                        # (`_move`, a stop's draw), where the facility refuses
-                        # most of a full fleet's fabrics node by node
-                        # (benchmarks/placement.py --facility).
-                        if i == len(limits) - 1 or groups_in_fabric[0].fabric not in self._fabrics_of(spread):
-                            refused.add((id(groups_in_fabric), id(p)))
+                    if fac.active:
+                        self._fabric_failed(p, groups_in_fabric, i == len(limits) - 1, len(chosen), spread)
         return None
-
-    def _fabrics_of(self, spread: dict[str, int]) -> set[str]:
-        """The fabrics of the nodes the model runs on (_fabric_pick), kept while its spread is as it was."""
-        got = self._model_fabrics
-        if got is None or got[0] is not spread or got[1] != len(spread):
-            fabrics = {self.view(name).fabric for name in spread if name in self._state.nodes}
-            got = self._model_fabrics = (spread, len(spread), fabrics)
-        return got[2]
-
-    def _count_outside(self, p: ProfileSpec, groups: list[Group], out: set[str]) -> int:
-        """How many of these groups' nodes have the GPUs free for a shard and are not in `out`."""
-        n = 0
-        for grp in groups:
-            for bucket in self._buckets(grp)[p.gpus :]:
-                if bucket:
-                    n += len(bucket) - len(out.intersection(bucket))
-        return n
 
     def _fabric_nodes(self, groups: list[Group]) -> list[str]:
         """The names of the nodes filed in these groups (keep_within's domains are among theirs)."""
