@@ -46,7 +46,7 @@ class Cells:
     PDU is a cell of its own (nothing says it shares them); one that says
     neither is in no cell (`Levels` counts it by itself)."""
 
-    __slots__ = ("of", "nodes", "rack", "pdu", "one", "by_rack", "by_pdu", "all")
+    __slots__ = ("of", "nodes", "rack", "pdu", "one", "by_rack", "by_pdu", "near")
 
     def __init__(self, located: dict[str, tuple[str, ...]]) -> None:
         self.of: dict[str, int] = {}  # node -> its cell
@@ -81,7 +81,13 @@ class Cells:
                     self.by_pdu.setdefault(pdu, []).append(c)
             self.nodes[c].add(name)
             self.of[name] = c
-        self.all = frozenset(self.of)
+        # cell -> the cells whose level a count of one of its nodes moves:
+        # those of its rack and its PDU, and itself (a node's own cell).
+        self.near: list[list[int]] = []
+        for c in range(len(self.nodes)):
+            near = set(self.by_rack.get(self.rack[c], ())) | set(self.by_pdu.get(self.pdu[c], ()))  # type: ignore[arg-type]
+            near.add(c)
+            self.near.append(sorted(near))
 
 
 class Levels:
@@ -159,7 +165,7 @@ class Levels:
     def _apply(self, changes) -> None:
         """Counts changed (node, before, now; `_seen` says them already): move the cells of their racks and PDUs."""
         cells, racks, pdus = self._cells, self._racks, self._pdus
-        of, crack, cpdu, by_rack, by_pdu = cells.of, cells.rack, cells.pdu, cells.by_rack, cells.by_pdu
+        of, crack, cpdu, near = cells.of, cells.rack, cells.pdu, cells.near
         touched: list[int] = []
         cl, csp, mcells = self._cl, self._csp, self._mcells
         for name, old, now in changes:
@@ -193,12 +199,9 @@ class Levels:
             r, p = crack[c], cpdu[c]
             if r is not None:
                 racks[r] = racks.get(r, 0) + delta
-                touched += by_rack[r]
             if p is not None:
                 pdus[p] = pdus.get(p, 0) + delta
-                touched += by_pdu[p]
-            if cells.one[c]:
-                touched.append(c)
+            touched += near[c]
         count, seen = self._count, self._seen
         for c in touched:  # (a cell twice: the second time it has moved already)
             r, p, one = crack[c], cpdu[c], cells.one[c]

@@ -28,7 +28,7 @@ A mixin of placement.Inventory, apart so that each module stays one concern.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from heapq import heapify, heappop, heappush
+from heapq import heapify, heappop, heappush, heapreplace
 
 from .events import ProfileSpec
 from .facility_pass import Levels
@@ -139,6 +139,7 @@ class CellSearch:
         return (*order[i], c, i) if i < len(order) else None
 
     def _start(self, p: ProfileSpec, levels: Levels) -> _Heaps:
+        self._cell_orders()
         h = _Heaps(levels, len(self._fac.touched))
         cur, heaps, level_of = h.cur, h.heaps, levels.level_of
         for c in range(len(level_of)):
@@ -162,10 +163,15 @@ class CellSearch:
             h.moved_at = len(moved)
         touched = self._fac.touched
         if h.touched_at < len(touched):
-            for c in set(touched[h.touched_at :]):  # (each pushed once; the heap orders them)
+            new = touched[h.touched_at :]
+            for c in set(new) if len(new) > 1 else new:  # (each pushed once; the heap orders them)
                 e = cur[c] = self._cursor(p, c)
                 if e is not None:
-                    heappush(heaps.setdefault(level_of[c], []), e)
+                    heap = heaps.get(level_of[c])
+                    if heap is None:
+                        heaps[level_of[c]] = [e]
+                    else:
+                        heappush(heap, e)
             h.touched_at = len(touched)
 
     def _top(self, p: ProfileSpec, admitted: set, h: _Heaps, level: int):
@@ -174,30 +180,29 @@ class CellSearch:
         if not heap:
             return None
         cur, spread, level_of = h.cur, h.levels.spread, h.levels.level_of
-        fac, views, orders = self._fac, self._views, self._cell_orders()
+        fac, views, orders = self._fac, self._views, self._orders
         blocked = fac.blocked(p) if fac.active else ()
         while heap:
-            e = heappop(heap)
+            e = heap[0]
             c = e[2]
             if cur.get(c) is not e or level_of[c] != level:
-                continue  # stale: the cell changed, or is at another level now
-            order = orders[c]
-            for i in range(e[3], len(order)):
+                heappop(heap)  # stale: the cell changed, or is at another level now
+                continue
+            order, at = orders[c], e[3]
+            for i in range(at, len(order)):
                 k, name = order[i]
                 if name in blocked or name in spread:
                     continue  # refused for the pass, or the model runs there (its own come later)
-                nxt = heap[0] if heap else None
-                if nxt is not None and (k > nxt[0] or (k == nxt[0] and name > nxt[1])):
-                    e = cur[c] = (k, name, c, i)  # another cell may do better: its turn
-                    heappush(heap, e)
+                if i != at:  # the cursor moved on: another cell may do better now
+                    e = cur[c] = (k, name, c, i)
+                    heapreplace(heap, e)
                     break
                 v = views.get(name) or self.view(name)
                 if self._fits(p, admitted, v):
-                    e = cur[c] = (k, name, c, i)
-                    heappush(heap, e)  # (it stays the cell's cursor: the next search looks at it again)
-                    return v
+                    return v  # (it stays the cell's cursor: the next search looks at it again)
             else:
                 cur[c] = None  # none of the cell's nodes fits
+                heappop(heap)
         return None
 
     def _cell_orders(self) -> list[list[tuple[int, str]]]:
