@@ -135,7 +135,8 @@ class _View:
         gpus, used = node.gpus, node.used
         # Only GPUs the node has: a stray may report one it does not.
         self.free = sorted(g.index for g in gpus if g.index not in used) if used else sorted(g.index for g in gpus)
-        self.kind = kind_of(gpus)
+        # (The index filed it by its kind already: reading its GPUs again per view was a cold start's cost.)
+        self.kind = groups[0].kind if groups else kind_of(gpus)
         labels = node.labels
         self.pool = labels.get(POOL_LABEL, "")
         self.fabric = labels.get(FABRIC_LABEL, "")
