@@ -199,7 +199,15 @@ class Inventory:
         self._names: list[str] | None = None
         self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
         self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
+        # (fabric's groups, profile, round's limit) -> the spread it was too
+        # full for, with that profile, in that round (_fabric_pick)
+        self._short: dict[tuple, dict] = {}
         self._fac = facility_pass.PassFacility(state)  # facility: holds, power caps, racks and PDUs
+        # Where the last first-round search of a model left off (see _best):
+        # (profile, spread, changes then, the free-GPU count it found a node at).
+        self._changes = 0  # nodes taken or given back in this pass so far
+        self._found_k = 0
+        self._resume: tuple | None = None
 
     # ------------------------------------------------------------------ the index, and this pass's copy of it
 
@@ -229,6 +237,7 @@ class Inventory:
         if after > before:
             self._full.clear()
             self._first.clear()
+            self._short.clear()
         for grp in v.groups:
             own = mine.get(grp)
             if own is None:
@@ -279,6 +288,14 @@ class Inventory:
             out += self._fac.reasons(node, p, self._gpus_for(v, p))
         return out
 
+    def _room_ok(self, v: _View, p: ProfileSpec) -> bool:
+        """`not _room_reasons(v, p)`, without the words: what the search asks
+        of each candidate it meets (they are made only to explain)."""
+        node = v.node
+        if memory_short(p, node, v.mem_used) or cpu_short(p, node, v.cpu_used) or not v.free_port():
+            return False
+        return not (self._fac.active and self._fac.reasons(node, p, self._gpus_for(v, p)))
+
     # ------------------------------------------------------------------ placing
 
     def fits(self, p: ProfileSpec, spread: dict[str, int]) -> bool:
@@ -306,14 +323,19 @@ class Inventory:
         None when it fits nowhere. `spread`: how many of the model's replicas
         each node runs already; the fewer, the sooner a node is tried."""
         self._fac.seen = {}
+        self._found_k = 0
         chosen = self._find(p, spread)
         if chosen is None:
             return None
+        found_k = self._found_k
         shards = []
         for rank, v in enumerate(chosen):
             gpus = self._gpus_for(v, p)
             port = self._take(v, gpus, p)
             shards.append(ShardPlacement(shard=f"{replica}.{rank}", node=v.name, rank=rank, gpus=gpus, port=port))
+        # (Where the model's next search may begin: see _best. The node just
+        # taken is in its spread from now on, as its caller counts it.)
+        self._resume = (p, spread, self._changes, found_k) if p.nodes == 1 and found_k else None
         return shards
 
     def _admitting(self, idx: NodeIndex, p: ProfileSpec) -> list[Group]:
@@ -364,7 +386,17 @@ class Inventory:
         over = spread.over(limit) if count and isinstance(spread, facility_pass.Levels) else None  # facility: spread
         if over is not None:
             count = False
-        for k in range(p.gpus, self._index.top + 1):  # type: ignore[union-attr]
+        start = p.gpus
+        resume = self._resume
+        if resume is not None and limit == 1 and not taken and not fac.active:
+            # The model's last placement, in this round, found nothing below
+            # `k` free GPUs, and nothing has changed since but the node it
+            # took (now its own, so skipped here): nothing below it still.
+            # A cold start's searches were mostly that walk over empty or
+            # passed-over buckets (benchmarks/placement.py --nodes 16000).
+            if resume[0] is p and resume[1] is spread and resume[2] == self._changes:
+                start = resume[3]
+        for k in range(start, self._index.top + 1):  # type: ignore[union-attr]
             best: _View | None = None
             for grp, buckets in zip(groups, lists):
                 bucket = buckets[k]
@@ -385,11 +417,12 @@ class Inventory:
                         continue
                     if fac.active and fac.refuses(v.node, p, self._gpus_for(v, p)):  # facility: holds, caps
                         continue
-                    if self._room_reasons(v, p):
+                    if not self._room_ok(v, p):
                         continue
                     best = v
                     break
             if best is not None:
+                self._found_k = k
                 return best
         return None
 
@@ -441,6 +474,14 @@ class Inventory:
                     if j == start:
                         start = self._first[key] = j + 1
                     continue
+                # A fabric that had too few nodes that fit for this profile and
+                # spread in this round has still: the pass only takes (until
+                # `_move` or `_shift` gives back), and a spread only grows.
+                # Asked again per replica, failing fabrics were most of the
+                # multi-node placements' cost (benchmarks/placement.py --nodes 16000).
+                short = (id(groups_in_fabric), id(p), limits[i])
+                if self._short.get(short) is spread:
+                    continue
                 # facility: keep_within tries one domain of its kind at a time
                 for domain in fac.within(p.keep_within, self._fabric_nodes(groups_in_fabric)) if p.keep_within else ("",):
                     chosen: list[_View] = []
@@ -455,6 +496,8 @@ class Inventory:
                         [v.node for v in chosen], p, [self._gpus_for(v, p) for v in chosen]
                     ):
                         return chosen
+                if not fac.active:
+                    self._short[short] = spread  # (held, so that its id is not another's in this pass)
         return None
 
     def _fabric_nodes(self, groups: list[Group]) -> list[str]:
@@ -492,6 +535,7 @@ class Inventory:
 
     def _take(self, v: _View, gpus: list[int], p: ProfileSpec) -> int:
         """Take GPUs, memory, cores and a port on a node; returns the port."""
+        self._changes += 1
         before = len(v.free)
         if gpus:
             taken = set(gpus)
@@ -516,6 +560,9 @@ class Inventory:
         self._shift(shards, give=False)
 
     def _shift(self, shards: list[Shard], give: bool) -> None:
+        self._changes += 1
+        if give:
+            self._short.clear()  # (memory or cores freed may be what a fabric lacked)
         self._build()
         nodes = self._state.nodes
         for sh in shards:
