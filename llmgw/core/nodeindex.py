@@ -12,9 +12,10 @@ Now one `NodeIndex` per folded `State` lives beside it (not in it: a
 snapshot and `==` see nothing of it) and the fold marks the nodes whose
 index fields it changes (`touch`: registered, lost, a placement, a shard's
 end, a replica forgotten). A pass files those again (`sync`, O(nodes
-touched)), then works on a copy-on-write overlay of it (placement.Inventory),
-so its placements see each other while the index, shared with the next pass,
-stays what the fold says. The fields the index keeps are only those that
+touched)), then works on it (placement.Inventory), so its placements see
+each other; a node the pass moves is marked as the fold's are (`moved`), so
+the next pass files it again as the fold left it, whether what the pass
+decided landed or not. The fields the index keeps are only those that
 group and order the candidates (ready, pool, fabric, kind, free GPU count);
 what a node has free besides (memory, cores, ports) is read from the node
 itself by the pass.
@@ -128,6 +129,15 @@ class NodeIndex:
                 self._refile(name, nodes.get(name))
             self.dirty.clear()
         return self
+
+    def moved(self, name: str, free: int) -> None:
+        """A pass moved a node to another free count (placement.Inventory):
+        filed again from the state at the next sync, which finds it where
+        the fold put it (nothing to do) when what the pass decided landed."""
+        entry = self.entries.get(name)
+        if entry is not None:
+            entry.free = free
+        self.dirty.add(name)
 
     def _refile(self, name: str, node: Node | None) -> None:
         old = self.entries.get(name)

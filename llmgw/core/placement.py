@@ -178,10 +178,13 @@ def _admit_key(p: ProfileSpec) -> tuple:
 class Inventory:
     """What is free, for one pass of decide, and where a replica fits in it.
 
-    An overlay on the state's node index (nodeindex.py): a node's `_View` is
-    made when the pass first looks at it, and a bucket the pass changes is
-    copied first (`_own`), so the index shared with the next pass is never
-    changed by this one.
+    Works on the state's node index (nodeindex.py) itself: a node's `_View`
+    is made when the pass first looks at it, and a node whose free GPUs the
+    pass changes is moved in the index's buckets and marked for the next
+    pass to file again from the state (what this one decided may not land).
+    A copy of each bucket changed, to leave the index as the fold had it,
+    cost more than the placements at 16,000 nodes (benchmarks/placement.py),
+    and the next pass then moved the same nodes again.
 
     Hook points: `_room_reasons` is the per-node check every candidate
     passes (what the node's other shards hold); `_best` orders the
@@ -191,8 +194,6 @@ class Inventory:
         self._state = state
         self._index: NodeIndex | None = None  # synced at first need
         self._views: dict[str, _View] = {}
-        # group -> its buckets as this pass sees them, where the pass changed any
-        self._mine: dict[Group, list[list[str]]] = {}
         # Answers that depend only on a profile and a kind of node, for this
         # pass: keyed by id() of the profile, which the state holds throughout.
         self._fixed: dict[tuple, tuple[Reason, ...]] = {}
@@ -209,7 +210,7 @@ class Inventory:
         self._found_k = 0
         self._resume: tuple | None = None
 
-    # ------------------------------------------------------------------ the index, and this pass's copy of it
+    # ------------------------------------------------------------------ the index
 
     def _build(self) -> NodeIndex:
         idx = self._index
@@ -228,27 +229,20 @@ class Inventory:
             v = self._views[name] = _View(name, self._state.nodes[name], entry.groups if entry else ())
         return v
 
-    def _buckets(self, grp: Group) -> list[list[str]]:
-        return self._mine.get(grp) or grp.buckets
-
     def _move(self, v: _View, before: int) -> None:
-        """The node's free GPU count changed in this pass: move it, in this pass's copy of its buckets."""
-        after, name, mine = len(v.free), v.name, self._mine
+        """The node's free GPU count changed in this pass: move it in the
+        index, which files it again from the state at the next pass."""
+        after, name, idx = len(v.free), v.name, self._index
         if after > before:
             self._full.clear()
             self._first.clear()
             self._short.clear()
         for grp in v.groups:
-            own = mine.get(grp)
-            if own is None:
-                own = mine[grp] = list(grp.buckets)
-            shared = grp.buckets
-            for k in (before, after):
-                if own[k] is shared[k]:
-                    own[k] = list(shared[k])
-            old = own[before]
+            buckets = grp.buckets
+            old = buckets[before]
             del old[bisect_left(old, name)]
-            insort(own[after], name)
+            insort(buckets[after], name)
+        idx.moved(name, after)  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ the rules, per node
 
@@ -374,8 +368,8 @@ class Inventory:
         """The fitting node with the fewest free GPUs that are enough, ties in
         name order, among those running fewer than `limit` of the model's
         replicas and not in `taken`."""
-        views, mine, fac = self._views, self._mine, self._fac
-        lists = [mine.get(grp) or grp.buckets for grp in groups]
+        views, fac = self._views, self._fac
+        lists = [grp.buckets for grp in groups]
         # The nodes that run the model are skipped in C when every one of
         # them is (the first round): a model's own replicas sit at the head
         # of the buckets they were placed from, and looking at each of them
@@ -502,7 +496,7 @@ class Inventory:
 
     def _fabric_nodes(self, groups: list[Group]) -> list[str]:
         """The names of the nodes filed in these groups (keep_within's domains are among theirs)."""
-        return [name for grp in groups for bucket in self._buckets(grp) for name in bucket]
+        return [name for grp in groups for bucket in grp.buckets for name in bucket]
 
     def _may_hold(self, p: ProfileSpec, groups: list[Group]) -> bool:
         """Whether a fabric has, by GPU count alone, enough nodes for the
@@ -515,7 +509,7 @@ class Inventory:
             return False
         want, need = p.nodes, p.gpus
         for grp in groups:
-            for b in self._buckets(grp)[need:]:
+            for b in grp.buckets[need:]:
                 want -= len(b)
                 if want <= 0:
                     return True
