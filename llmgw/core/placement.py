@@ -119,6 +119,17 @@ def _limits(spread: dict[str, int]) -> list[int]:
     return [c + 1 for c in sorted({0, *spread.values()})]
 
 
+def _rounds(spread: dict[str, int]):
+    """`_limits` one at a time: the first round is all most searches need,
+    and making the whole list per placement was a cold start's cost
+    (benchmarks/placement.py --nodes 16000). Counts are >= 1, so the rounds
+    are those of `_limits`."""
+    yield 1
+    if spread:
+        for c in sorted(set(spread.values())):
+            yield c + 1
+
+
 class _View:
     """What one node has free in this pass: its GPUs, memory, cores and ports.
     Made when the pass first looks at the node, from the node as folded."""
@@ -301,7 +312,7 @@ class Inventory:
         if p.nodes == 1:
             groups = self._admitting(idx, p)
             spread = self._fac.levels(spread)  # facility: rack, then PDU, then node
-            for limit in _limits(spread):
+            for limit in _rounds(spread):
                 few = spread.at(limit - 1) if limit > 1 and isinstance(spread, facility_pass.Levels) else None
                 if few is not None and len(few) <= facility_pass.FEW:
                     v = self._best_among(p, groups, few)  # facility: a round's few nodes
