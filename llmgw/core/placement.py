@@ -541,10 +541,16 @@ class Inventory:
     def _take(self, v: _View, gpus: list[int], p: ProfileSpec) -> int:
         """Take GPUs, memory, cores and a port on a node; returns the port."""
         self._changes += 1
-        before = len(v.free)
+        free = v.free
+        before = len(free)
         if gpus:
-            taken = set(gpus)
-            v.free = [g for g in v.free if g not in taken]
+            n = len(gpus)
+            # (Usually the lowest free ones, _gpus_for: a slice, not a filter.)
+            if free[:n] == gpus:
+                v.free = free[n:]
+            else:
+                taken = set(gpus)
+                v.free = [g for g in free if g not in taken]
             self._move(v, before)
         if p.memory_gb:
             v.mem_used = add_gb(v.mem_used, p.memory_gb)
@@ -598,7 +604,7 @@ class Inventory:
 
     def rejections(self) -> list[str]:
         """The facility's refusals the last `place` met, by domain, in words."""
-        return self._fac.rejections()
+        return self._fac.rejections() if self._fac.seen else []
 
     def describe_nodes(self, names: Iterable[str]) -> str:
         """What these nodes have free in this pass, in words (a preemption keeps it)."""
