@@ -27,7 +27,6 @@ the fleet falls silent at once.
 from __future__ import annotations
 
 import asyncio
-import gc
 import itertools
 import json
 import logging
@@ -49,6 +48,7 @@ from ..core.liveness import lost_nodes, mass_silence
 from ..core.nodeindex import track
 from ..core.state import State
 from ..telemetry import tracer
+from . import heap
 from .config import ControlConfig, listen_address
 from .metrics import ControlMetrics
 from .snapshots import SnapshotStore
@@ -107,6 +107,7 @@ class ControlPlane:
         self._resend_nodes: set[str] = set()
         self._snapshot_seq = 0
         self._snapshot_time = 0.0
+        self._reclaimed_at = 0.0  # the last full collection of the frozen state (heap.reclaim)
         self._log_id = ""
         self._msg_numbers = itertools.count(1)
         self._lease = None
@@ -181,8 +182,9 @@ class ControlPlane:
             self.ready.set()
             # The state caught up is what this process keeps for its life: out
             # of the cycle collector's way (the gateway does the same), so no
-            # collection goes over a million live objects again.
-            gc.freeze()
+            # collection goes over a million live objects again (heap.py).
+            heap.settle()
+            self._reclaimed_at = self.clock()
             track(self.state)  # placement's node index, kept by the fold from here on (core/nodeindex.py)
             log.info("caught up at sequence %d; control plane %s follows, and campaigns for the lease", self.state.seq,
                      self.leader)
@@ -419,6 +421,13 @@ class ControlPlane:
                     self._trace_decisions(actions)
         await self._send_commands(now)
         self._maybe_snapshot(now)
+        # What the pass added to the state (folded back as it landed) joins
+        # the frozen rest: a cold start's passes grow it by a million objects.
+        if now - self._reclaimed_at >= self.config.reclaim_every:
+            heap.reclaim()
+            self._reclaimed_at = now
+        else:
+            heap.settle()
 
     async def _liveness(self, now: float) -> None:
         if self._bus_ok_since is None:

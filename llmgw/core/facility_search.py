@@ -292,7 +292,7 @@ class CellSearch:
         mine = spread.keys() if not i and spread else None
         n = 0
         for grp in groups:
-            for bucket in self._buckets(grp)[p.gpus :]:
+            for bucket in grp.buckets[p.gpus :]:
                 if bucket:
                     n += len(bucket) - len(blocked.intersection(bucket))
                     if mine is not None:

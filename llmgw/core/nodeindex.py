@@ -12,9 +12,10 @@ Now one `NodeIndex` per folded `State` lives beside it (not in it: a
 snapshot and `==` see nothing of it) and the fold marks the nodes whose
 index fields it changes (`touch`: registered, lost, a placement, a shard's
 end, a replica forgotten). A pass files those again (`sync`, O(nodes
-touched)), then works on a copy-on-write overlay of it (placement.Inventory),
-so its placements see each other while the index, shared with the next pass,
-stays what the fold says. The fields the index keeps are only those that
+touched)), then works on it (placement.Inventory), so its placements see
+each other; a node the pass moves is marked as the fold's are (`moved`), so
+the next pass files it again as the fold left it, whether what the pass
+decided landed or not. The fields the index keeps are only those that
 group and order the candidates (ready, pool, fabric, kind, free GPU count);
 what a node has free besides (memory, cores, ports) is read from the node
 itself by the pass.
@@ -83,11 +84,15 @@ class Group:
 class _Entry:
     """Where one ready node is filed."""
 
-    __slots__ = ("groups", "free")
+    __slots__ = ("groups", "free", "gpus")
 
-    def __init__(self, groups: tuple[Group, ...], free: int) -> None:
+    def __init__(self, groups: tuple[Group, ...], free: int, gpus: list[Gpu]) -> None:
         self.groups = groups
         self.free = free
+        # The node's list of GPUs when filed: only a registration makes a new
+        # one, so while it is the same list its kind is (kind_of reads every
+        # GPU, and a cold start files ~2,000 nodes again per pass).
+        self.gpus = gpus
 
 
 class NodeIndex:
@@ -125,6 +130,15 @@ class NodeIndex:
             self.dirty.clear()
         return self
 
+    def moved(self, name: str, free: int) -> None:
+        """A pass moved a node to another free count (placement.Inventory):
+        filed again from the state at the next sync, which finds it where
+        the fold put it (nothing to do) when what the pass decided landed."""
+        entry = self.entries.get(name)
+        if entry is not None:
+            entry.free = free
+        self.dirty.add(name)
+
     def _refile(self, name: str, node: Node | None) -> None:
         old = self.entries.get(name)
         if node is None or node.state != "ready":
@@ -137,7 +151,7 @@ class NodeIndex:
             fabric = node.labels.get(FABRIC_LABEL, "")
             if (
                 grp.pool == node.labels.get(POOL_LABEL, "")
-                and grp.kind == kind_of(node.gpus)
+                and (node.gpus is old.gpus or grp.kind == kind_of(node.gpus))
                 and (old.groups[1].fabric if len(old.groups) > 1 else "") == fabric
             ):
                 free = free_count(node)
@@ -185,7 +199,7 @@ class NodeIndex:
                 g.buckets[free].append(name)
             else:
                 insort(g.buckets[free], name)
-        self.entries[name] = _Entry(groups, free)
+        self.entries[name] = _Entry(groups, free, node.gpus)
 
     def check(self, state: State) -> list[str]:
         """What differs from an index built afresh (the tests call it after every event)."""

@@ -119,6 +119,17 @@ def _limits(spread: dict[str, int]) -> list[int]:
     return [c + 1 for c in sorted({0, *spread.values()})]
 
 
+def _rounds(spread: dict[str, int]):
+    """`_limits` one at a time: the first round is all most searches need,
+    and making the whole list per placement was a cold start's cost
+    (benchmarks/placement.py --nodes 16000). Counts are >= 1, so the rounds
+    are those of `_limits`."""
+    yield 1
+    if spread:
+        for c in sorted(set(spread.values())):
+            yield c + 1
+
+
 class _View:
     """What one node has free in this pass: its GPUs, memory, cores and ports.
     Made when the pass first looks at the node, from the node as folded."""
@@ -135,7 +146,8 @@ class _View:
         gpus, used = node.gpus, node.used
         # Only GPUs the node has: a stray may report one it does not.
         self.free = sorted(g.index for g in gpus if g.index not in used) if used else sorted(g.index for g in gpus)
-        self.kind = kind_of(gpus)
+        # (The index filed it by its kind already: reading its GPUs again per view was a cold start's cost.)
+        self.kind = groups[0].kind if groups else kind_of(gpus)
         labels = node.labels
         self.pool = labels.get(POOL_LABEL, "")
         self.fabric = labels.get(FABRIC_LABEL, "")
@@ -177,10 +189,13 @@ def _admit_key(p: ProfileSpec) -> tuple:
 class Inventory(facility_search.CellSearch):
     """What is free, for one pass of decide, and where a replica fits in it.
 
-    An overlay on the state's node index (nodeindex.py): a node's `_View` is
-    made when the pass first looks at it, and a bucket the pass changes is
-    copied first (`_own`), so the index shared with the next pass is never
-    changed by this one.
+    Works on the state's node index (nodeindex.py) itself: a node's `_View`
+    is made when the pass first looks at it, and a node whose free GPUs the
+    pass changes is moved in the index's buckets and marked for the next
+    pass to file again from the state (what this one decided may not land).
+    A copy of each bucket changed, to leave the index as the fold had it,
+    cost more than the placements at 16,000 nodes (benchmarks/placement.py),
+    and the next pass then moved the same nodes again.
 
     Hook points: `_room_reasons` is the per-node check every candidate
     passes (what the node's other shards hold); `_best` orders the
@@ -191,18 +206,24 @@ class Inventory(facility_search.CellSearch):
         self._state = state
         self._index: NodeIndex | None = None  # synced at first need
         self._views: dict[str, _View] = {}
-        # group -> its buckets as this pass sees them, where the pass changed any
-        self._mine: dict[Group, list[list[str]]] = {}
         # Answers that depend only on a profile and a kind of node, for this
         # pass: keyed by id() of the profile, which the state holds throughout.
         self._fixed: dict[tuple, tuple[Reason, ...]] = {}
         self._names: list[str] | None = None
         self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
         self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
+        # (fabric's groups, profile, round's limit) -> the spread it was too
+        # full for, with that profile, in that round (_fabric_pick)
+        self._short: dict[tuple, dict] = {}
         self._fac = facility_pass.PassFacility(state)  # facility: holds, power caps, racks and PDUs
+        # Where the last first-round search of a model left off (see _best):
+        # (profile, spread, changes then, the free-GPU count it found a node at).
+        self._changes = 0  # nodes taken or given back in this pass so far
+        self._found_k = 0
+        self._resume: tuple | None = None
         self._search_init()  # facility: facility_search
 
-    # ------------------------------------------------------------------ the index, and this pass's copy of it
+    # ------------------------------------------------------------------ the index
 
     def _build(self) -> NodeIndex:
         idx = self._index
@@ -221,26 +242,20 @@ class Inventory(facility_search.CellSearch):
             v = self._views[name] = _View(name, self._state.nodes[name], entry.groups if entry else ())
         return v
 
-    def _buckets(self, grp: Group) -> list[list[str]]:
-        return self._mine.get(grp) or grp.buckets
-
     def _move(self, v: _View, before: int) -> None:
-        """The node's free GPU count changed in this pass: move it, in this pass's copy of its buckets."""
-        after, name, mine = len(v.free), v.name, self._mine
+        """The node's free GPU count changed in this pass: move it in the
+        index, which files it again from the state at the next pass."""
+        after, name, idx = len(v.free), v.name, self._index
         if after > before:
             self._full.clear()
             self._first.clear()
+            self._short.clear()
         for grp in v.groups:
-            own = mine.get(grp)
-            if own is None:
-                own = mine[grp] = list(grp.buckets)
-            shared = grp.buckets
-            for k in (before, after):
-                if own[k] is shared[k]:
-                    own[k] = list(shared[k])
-            old = own[before]
+            buckets = grp.buckets
+            old = buckets[before]
             del old[bisect_left(old, name)]
-            insort(own[after], name)
+            insort(buckets[after], name)
+        idx.moved(name, after)  # type: ignore[union-attr]
         self._located_moved(name, before, after)  # facility: facility_search
 
     # ------------------------------------------------------------------ the rules, per node
@@ -281,6 +296,14 @@ class Inventory(facility_search.CellSearch):
             out += self._fac.reasons(node, p, self._gpus_for(v, p))
         return out
 
+    def _room_ok(self, v: _View, p: ProfileSpec) -> bool:
+        """`not _room_reasons(v, p)`, without the words: what the search asks
+        of each candidate it meets (they are made only to explain)."""
+        node = v.node
+        if memory_short(p, node, v.mem_used) or cpu_short(p, node, v.cpu_used) or not v.free_port():
+            return False
+        return not (self._fac.active and self._fac.reasons(node, p, self._gpus_for(v, p)))
+
     # ------------------------------------------------------------------ placing
 
     def fits(self, p: ProfileSpec, spread: dict[str, int]) -> bool:
@@ -294,7 +317,7 @@ class Inventory(facility_search.CellSearch):
             levels = self._fac.levels(spread)  # facility: rack, then PDU, then node (facility_search)
             if levels is not None:
                 return self._find_located(p, groups, levels)
-            for limit in _limits(spread):
+            for limit in _rounds(spread):
                 v = self._best(p, groups, spread, limit, ())
                 if v is not None:
                     return [v]
@@ -306,14 +329,19 @@ class Inventory(facility_search.CellSearch):
         None when it fits nowhere. `spread`: how many of the model's replicas
         each node runs already; the fewer, the sooner a node is tried."""
         self._fac.seen = {}
+        self._found_k = 0
         chosen = self._find(p, spread)
         if chosen is None:
             return None
+        found_k = self._found_k
         shards = []
         for rank, v in enumerate(chosen):
             gpus = self._gpus_for(v, p)
             port = self._take(v, gpus, p)
             shards.append(ShardPlacement(shard=f"{replica}.{rank}", node=v.name, rank=rank, gpus=gpus, port=port))
+        # (Where the model's next search may begin: see _best. The node just
+        # taken is in its spread from now on, as its caller counts it.)
+        self._resume = (p, spread, self._changes, found_k) if p.nodes == 1 and found_k else None
         return shards
 
     def _admitting(self, idx: NodeIndex, p: ProfileSpec) -> list[Group]:
@@ -352,8 +380,8 @@ class Inventory(facility_search.CellSearch):
         """The fitting node with the fewest free GPUs that are enough, ties in
         name order, among those running fewer than `limit` of the model's
         replicas and not in `taken`."""
-        views, mine, fac = self._views, self._mine, self._fac
-        lists = [mine.get(grp) or grp.buckets for grp in groups]
+        views, fac = self._views, self._fac
+        lists = [grp.buckets for grp in groups]
         # The nodes that run the model are skipped in C when every one of
         # them is (the first round): a model's own replicas sit at the head
         # of the buckets they were placed from, and looking at each of them
@@ -361,7 +389,17 @@ class Inventory(facility_search.CellSearch):
         skip_all = bool(spread) and limit == 1  # (spread counts are >= 1)
         count = bool(spread) and limit > 1
         blocked = fac.blocked(p) if fac.active else None  # facility: nodes known refused in this pass
-        for k in range(p.gpus, self._index.top + 1):  # type: ignore[union-attr]
+        start = p.gpus
+        resume = self._resume
+        if resume is not None and limit == 1 and not taken and not fac.active:
+            # The model's last placement, in this round, found nothing below
+            # `k` free GPUs, and nothing has changed since but the node it
+            # took (now its own, so skipped here): nothing below it still.
+            # A cold start's searches were mostly that walk over empty or
+            # passed-over buckets (benchmarks/placement.py --nodes 16000).
+            if resume[0] is p and resume[1] is spread and resume[2] == self._changes:
+                start = resume[3]
+        for k in range(start, self._index.top + 1):  # type: ignore[union-attr]
             best: _View | None = None
             for grp, buckets in zip(groups, lists):
                 bucket = buckets[k]
@@ -380,11 +418,12 @@ class Inventory(facility_search.CellSearch):
                         continue
                     if fac.active and fac.refuses(v.node, p, self._gpus_for(v, p)):  # facility: holds, caps
                         continue
-                    if self._room_reasons(v, p):
+                    if not self._room_ok(v, p):
                         continue
                     best = v
                     break
             if best is not None:
+                self._found_k = k
                 return best
         return None
 
@@ -407,6 +446,14 @@ class Inventory(facility_search.CellSearch):
                     continue
                 if fac.active and self._fabric_refused(p, groups_in_fabric, i, spread):  # facility_search
                     continue
+                # A fabric that had too few nodes that fit for this profile and
+                # spread in this round has still: the pass only takes (until
+                # `_move` or `_shift` gives back), and a spread only grows.
+                # Asked again per replica, failing fabrics were most of the
+                # multi-node placements' cost (benchmarks/placement.py --nodes 16000).
+                short = (id(groups_in_fabric), id(p), limits[i])
+                if self._short.get(short) is spread:
+                    continue
                 # facility: keep_within tries one domain of its kind at a time
                 for domain in fac.within(p.keep_within, self._fabric_nodes(groups_in_fabric)) if p.keep_within else ("",):
                     chosen: list[_View] = []
@@ -423,11 +470,13 @@ class Inventory(facility_search.CellSearch):
                         return chosen
                     if fac.active:
                         self._fabric_failed(p, groups_in_fabric, i == len(limits) - 1, len(chosen), spread)
+                if not fac.active:
+                    self._short[short] = spread  # (held, so that its id is not another's in this pass)
         return None
 
     def _fabric_nodes(self, groups: list[Group]) -> list[str]:
         """The names of the nodes filed in these groups (keep_within's domains are among theirs)."""
-        return [name for grp in groups for bucket in self._buckets(grp) for name in bucket]
+        return [name for grp in groups for bucket in grp.buckets for name in bucket]
 
     def _may_hold(self, p: ProfileSpec, groups: list[Group]) -> bool:
         """Whether a fabric has, by GPU count alone, enough nodes for the
@@ -440,7 +489,7 @@ class Inventory(facility_search.CellSearch):
             return False
         want, need = p.nodes, p.gpus
         for grp in groups:
-            for b in self._buckets(grp)[need:]:
+            for b in grp.buckets[need:]:
                 want -= len(b)
                 if want <= 0:
                     return True
@@ -460,10 +509,17 @@ class Inventory(facility_search.CellSearch):
 
     def _take(self, v: _View, gpus: list[int], p: ProfileSpec) -> int:
         """Take GPUs, memory, cores and a port on a node; returns the port."""
-        before = len(v.free)
+        self._changes += 1
+        free = v.free
+        before = len(free)
         if gpus:
-            taken = set(gpus)
-            v.free = [g for g in v.free if g not in taken]
+            n = len(gpus)
+            # (Usually the lowest free ones, _gpus_for: a slice, not a filter.)
+            if free[:n] == gpus:
+                v.free = free[n:]
+            else:
+                taken = set(gpus)
+                v.free = [g for g in free if g not in taken]
             self._move(v, before)
         if p.memory_gb:
             v.mem_used = add_gb(v.mem_used, p.memory_gb)
@@ -484,6 +540,9 @@ class Inventory(facility_search.CellSearch):
         self._shift(shards, give=False)
 
     def _shift(self, shards: list[Shard], give: bool) -> None:
+        self._changes += 1
+        if give:
+            self._short.clear()  # (memory or cores freed may be what a fabric lacked)
         self._build()
         nodes = self._state.nodes
         for sh in shards:
@@ -514,7 +573,7 @@ class Inventory(facility_search.CellSearch):
 
     def rejections(self) -> list[str]:
         """The facility's refusals the last `place` met, by domain, in words."""
-        return self._fac.rejections()
+        return self._fac.rejections() if self._fac.seen else []
 
     def describe_nodes(self, names: Iterable[str]) -> str:
         """What these nodes have free in this pass, in words (a preemption keeps it)."""
