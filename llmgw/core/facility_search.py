@@ -274,22 +274,26 @@ class CellSearch:
 
     # ------------------------------------------------------------------ multi-node: fabrics
 
-    def _fabric_refused(self, p: ProfileSpec, groups: list, i: int, spread: dict[str, int]) -> bool:
-        """Whether placement's `_fabric_pick` may pass over this fabric in
-        its round `i` without looking at its nodes: too few of them have
-        the GPUs free and are not refused by the facility (nor, in the
-        first round, run the model), counted in C; or it was found so with
-        every node admitted (`_fabric_failed`). On a fleet whose caps
-        bind, looking at them one by one was most of a multi-node
-        placement (benchmarks/placement.py --facility)."""
+    def _fabric_refused(self, p: ProfileSpec, groups: list, limit: int, first: bool, spread: dict[str, int]) -> bool:
+        """Whether placement's `_fabric_pick` may pass over this fabric in a
+        round without looking at its nodes: too few of them have the GPUs
+        free and are not refused by the facility (nor, in the first round,
+        run the model), counted in C; or it was found so before in this
+        pass, in this round (placement's `_short`, kept by the facility's
+        rules too: its refusals only harden in a pass) or with every node
+        admitted (`_fab_refused`). On a fleet whose caps bind, looking at
+        them one by one was most of a multi-node placement
+        (benchmarks/placement.py --facility)."""
         fac = self._fac
-        if self._fab_epoch != fac.epoch:  # a stop made room
+        if self._fab_epoch != fac.epoch:  # a stop made room: what was refused may fit now
             self._fab_epoch = fac.epoch
             self._fab_refused.clear()
-        if (id(groups), id(p)) in self._fab_refused:
+            self._short.clear()
+        short = (id(groups), id(p), limit)
+        if self._short.get(short) is spread or (id(groups), id(p)) in self._fab_refused:
             return True
         blocked = fac.blocked(p)
-        mine = spread.keys() if not i and spread else None
+        mine = spread.keys() if first and spread else None
         n = 0
         for grp in groups:
             for bucket in grp.buckets[p.gpus :]:
@@ -297,15 +301,23 @@ class CellSearch:
                     n += len(bucket) - len(blocked.intersection(bucket))
                     if mine is not None:
                         n -= len((mine & bucket).difference(blocked))
-        return n < p.nodes
+        if n < p.nodes:
+            self._short[short] = spread
+            return True
+        return False
 
-    def _fabric_failed(self, p: ProfileSpec, groups: list, last: bool, chosen: int, spread: dict[str, int]) -> None:
-        """A fabric gave too few nodes: when its round admitted every node
-        (the last, or one that passed over none of its nodes), it stays so
-        for the pass, as refusals do, until room is made (`_located_moved`,
-        PassFacility.epoch)."""
-        if chosen < p.nodes and not p.keep_within and (last or groups[0].fabric not in self._fabrics_of(spread)):
-            self._fab_refused.add((id(groups), id(p)))
+    def _fabric_failed(
+        self, p: ProfileSpec, groups: list, limit: int, last: bool, chosen: int, spread: dict[str, int]
+    ) -> None:
+        """A fabric gave too few nodes in a round (not: too many together for
+        a cap, which other nodes may not be): so it stays for the pass, as
+        refusals do, until room is made (`_located_moved`, PassFacility.epoch);
+        and in every round, when its round admitted every node (the last,
+        or one that passed over none of its nodes)."""
+        if chosen < p.nodes and not p.keep_within:
+            self._short[(id(groups), id(p), limit)] = spread
+            if last or groups[0].fabric not in self._fabrics_of(spread):
+                self._fab_refused.add((id(groups), id(p)))
 
     def _fabrics_of(self, spread: dict[str, int]) -> set[str]:
         """The fabrics of the nodes the model runs on, kept while its spread has the same nodes."""

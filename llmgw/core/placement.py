@@ -444,7 +444,7 @@ class Inventory(facility_search.CellSearch):
                     if j == start:
                         start = self._first[key] = j + 1
                     continue
-                if fac.active and self._fabric_refused(p, groups_in_fabric, i, spread):  # facility_search
+                if fac.active and self._fabric_refused(p, groups_in_fabric, limits[i], i, spread):  # facility_search
                     continue
                 # A fabric that had too few nodes that fit for this profile and
                 # spread in this round has still: the pass only takes (until
@@ -469,7 +469,7 @@ class Inventory(facility_search.CellSearch):
                     ):
                         return chosen
                     if fac.active:
-                        self._fabric_failed(p, groups_in_fabric, i == len(limits) - 1, len(chosen), spread)
+                        self._fabric_failed(p, groups_in_fabric, limits[i], i == len(limits) - 1, len(chosen), spread)
                 if not fac.active:
                     self._short[short] = spread  # (held, so that its id is not another's in this pass)
         return None
