@@ -4,9 +4,11 @@
 keeps the facts): the holds, each capped domain's draw as the pass's own
 placements add to it, and the refusals a replica's search met, kept on the
 placement (PlaceReplica.rejections) so that `ctl describe replica` shows
-them. `Levels` is a model's spread read as racks, then PDUs, then nodes; it
-is kept up to date as the pass places, because making it again per
-placement read the whole fleet each time.
+them. `Levels` is a model's spread read as racks, then PDUs, then nodes,
+kept by `Cells` (the nodes in the same domains) and up to date as the
+pass places, because making it again per placement read the whole fleet
+each time, and re-levelling a rack's nodes one by one was a third of a
+cold start (facility_search.py searches by it).
 
 Apart from facility.py so that each stays one concern: the facts and the
 fold there, one pass's arithmetic here.

@@ -256,7 +256,8 @@ class Inventory(facility_search.CellSearch):
             del old[bisect_left(old, name)]
             insort(buckets[after], name)
         idx.moved(name, after)  # type: ignore[union-attr]
-        self._located_moved(name, before, after)  # facility: facility_search
+        if self._fac.active:
+            self._located_moved(name, before, after)  # facility: facility_search
 
     # ------------------------------------------------------------------ the rules, per node
 
