@@ -59,8 +59,9 @@ class Cells:
         self.by_rack: dict[str, list[int]] = {}
         self.by_pdu: dict[str, list[int]] = {}
         keys: dict = {}
-        # In name order: a cell's number follows its first node's name, whatever order the fold located them in.
-        for name, ds in sorted(located.items()):
+        # (A cell's number decides nothing: placement orders by free GPUs and
+        # name, and a name is in one cell; so the fold's order will do.)
+        for name, ds in located.items():
             rack = pdu = None
             for d in ds:
                 if d.startswith("rack/"):
