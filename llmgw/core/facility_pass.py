@@ -279,7 +279,8 @@ class PassFacility:
         self._levels: dict[int, Levels] = {}  # id(spread) -> its levels, kept up to date (Levels.refresh)
         self._said: dict[tuple[str, float], object] = {}  # (domain, draw after) -> its power Reason
         self._blocked: dict[tuple[float, int], set[str]] = {}  # see `blocked`
-        self._spent: set[tuple[str, float, int]] = set()  # (domain, GPU limit, GPUs) whose nodes `_noted` blocked
+        self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
+        self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
         self._limits: dict[str, tuple] = {}  # node -> see `_limits_of`
         self._gpu_w: dict[str, float | None] = {}  # node -> the power limit all its GPUs share (None: not alike)
         # The facility's refusals the placement under way met, domain -> in
@@ -393,22 +394,36 @@ class PassFacility:
         if domain not in self.seen and len(self.seen) < MAX_REJECTIONS:
             self.reasons(node, p, gpus)
         blocked = self.blocked(p)
-        names = self.state.domain_nodes.get(domain, ())
-        if domain in self.state.holds or p.power_w:
-            blocked.update(names)
+        every = domain in self.state.holds or p.power_w
+        mine = None if every else self._gpu_w.get(node.name)
+        if not every and mine is None:
+            return True  # (GPUs of unlike limits: its draw depends on the GPUs it gets)
+        blocked.add(node.name)
+        spent = (domain, p.power_w, p.gpus, mine)
+        if spent in self._spent:
             return True
-        mine = self._gpu_w.get(node.name)
-        if mine is not None:
-            blocked.add(node.name)
-            if (domain, mine, p.gpus) not in self._spent:
-                self._spent.add((domain, mine, p.gpus))
-                nodes = self.state.nodes
-                for name in names:
-                    w = self._gpu_w.get(name, -1.0)
-                    if w == -1.0:
-                        w = self._uniform_w(nodes[name])
-                    if w is not None and w >= mine:
-                        blocked.add(name)
+        self._spent.add(spent)
+        names = self.state.domain_nodes.get(domain, ())
+        if every:
+            blocked.update(names)
+        else:
+            nodes = self.state.nodes
+            for name in names:
+                w = self._gpu_w.get(name, -1.0)
+                if w == -1.0:
+                    w = self._uniform_w(nodes[name])
+                if w is not None and w >= mine:  # type: ignore[operator]
+                    blocked.add(name)
+        if self._cells is not None:
+            # The cells all of whose nodes are refused now: placement's search
+            # passes over them whole (facility_search), where walking a
+            # capped PDU's nodes again at each search was most of a cold
+            # start on 16,000 nodes (benchmarks/placement.py --facility --nodes 16000).
+            of, cells = self._cells.of, self._cells.nodes
+            dead = self.dead(p)
+            for c in {of[n] for n in names if n in of}:
+                if c not in dead and cells[c] <= blocked:
+                    dead.add(c)
         return True
 
     def _uniform_w(self, node: Node) -> float | None:
@@ -416,6 +431,14 @@ class PassFacility:
         limits = {g.power_w for g in node.gpus}
         w = self._gpu_w[node.name] = limits.pop() if len(limits) == 1 else None
         return w
+
+    def dead(self, p: ev.ProfileSpec) -> set[int]:
+        """The cells (Cells) every node of which `blocked` holds for this draw."""
+        key = (p.power_w, p.gpus)
+        out = self._dead.get(key)
+        if out is None:
+            out = self._dead[key] = set()
+        return out
 
     def blocked(self, p: ev.ProfileSpec) -> set[str]:
         """Nodes known to refuse a shard of this draw in this pass: a domain's
@@ -469,6 +492,7 @@ class PassFacility:
         if w < 0:  # room made: what was refused may fit again
             self._blocked.clear()
             self._spent.clear()
+            self._dead.clear()
             self.epoch += 1
         draw = self.draw
         for d in self.loc.get(name, ()):

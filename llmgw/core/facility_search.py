@@ -182,11 +182,16 @@ class CellSearch:
         cur, spread, level_of = h.cur, h.levels.spread, h.levels.level_of
         fac, views, orders = self._fac, self._views, self._orders
         blocked = fac.blocked(p) if fac.active else ()
+        dead = fac.dead(p)
         while heap:
             e = heap[0]
             c = e[2]
             if cur.get(c) is not e or level_of[c] != level:
                 heappop(heap)  # stale: the cell changed, or is at another level now
+                continue
+            if c in dead:  # every node of it refused (PassFacility._noted)
+                cur[c] = None
+                heappop(heap)
                 continue
             order, at = orders[c], e[3]
             for i in range(at, len(order)):
