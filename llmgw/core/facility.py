@@ -196,8 +196,7 @@ def power_problem(
     draws, added on their nodes (less `credit`, by node: what a replica
     replaced in place hands over), take a capped domain past its cap; or
     whether a node is in a held domain. "" when neither."""
-    holds, budgets = state.holds, state.budgets
-    if not holds and not budgets:
+    if not state.holds and not state.budgets:
         return ""
     if len(adds) == 1 and not credit:
         return _one_problem(state, adds[0][0], adds[0][1], known)

@@ -316,28 +316,32 @@ class PassFacility:
     def reasons(self, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> tuple:
         """The held domains a node is in, and the capped ones one more shard
         of the profile would take past their cap."""
-        ds = self.loc.get(node.name)
-        if not ds:
+        name = node.name
+        got = self._limits.get(name)
+        if got is None:
+            got = self._limits_of(name)
+        held, caps = got
+        if not held and not caps:  # (explain asks this of every node of the fleet)
             return ()
-        out = self._held.get(node.name)
+        out = self._held.get(name)
         if out is None:
             holds = self.state.holds
-            out = self._held[node.name] = tuple(
-                self._reason(rule=HELD, need=d, have=holds[d].reason or "no reason given") for d in ds if d in holds
+            out = self._held[name] = tuple(
+                self._reason(rule=HELD, need=d, have=holds[d].reason or "no reason given")
+                for d in self.loc.get(name, ())
+                if d in holds
             )
-        if self.capped:
-            draw = self.draw
-            w = None
-            for d in ds:
-                if d in draw:
-                    if w is None:
-                        w = self._watts(p, node, gpus)
+        if caps:
+            w = self._watts(p, node, gpus)
+            if w:
+                draw = self._draw if self._draw is not None else self.draw
+                for d, cap in caps:
                     after = draw[d] + w
-                    if w and after > self.state.budgets[d] + 1e-6:
+                    if after > cap + 1e-6:
                         # The same words for every node of the domain until its draw changes.
                         r = self._said.get((d, after))
                         if r is None:
-                            have = f"would draw {watts(after)} of {watts(self.state.budgets[d])}"
+                            have = f"would draw {watts(after)} of {watts(cap)}"
                             r = self._said[(d, after)] = self._reason(rule=POWER, need=d, have=have)
                         out = out + (r,)
         if out and len(self.seen) < MAX_REJECTIONS:
