@@ -20,6 +20,7 @@ clock.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 import msgspec
 
@@ -27,12 +28,16 @@ from .events import Limit, ProfileSpec, Resources
 from .state import Replica, Shard, State
 
 
-def ancestors(owner: str) -> list[str]:
-    """The owner and those above it, nearest first: "a/b/c" -> a/b/c, a/b, a."""
+@lru_cache(maxsize=4096)
+def ancestors(owner: str) -> tuple[str, ...]:
+    """The owner and those above it, nearest first: "a/b/c" -> a/b/c, a/b, a.
+    (Kept per owner: the fold asks it at every shard's start and end, and an
+    org has a few owners; split and joined each time it was a twentieth of
+    folding a log with owners, benchmarks/replay.py.)"""
     if not owner:
-        return []
+        return ()
     parts = owner.split("/")
-    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    return tuple("/".join(parts[:i]) for i in range(len(parts), 0, -1))
 
 
 def shard_amount(sh: Shard) -> Resources:
