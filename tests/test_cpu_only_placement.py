@@ -5,7 +5,8 @@ file without them) limits a GPU profile's cores by nothing, as before."""
 from __future__ import annotations
 
 from llmgw.core import events as ev
-from llmgw.core.placement import CPU, explain, render_explanation
+from llmgw.core.explain import explain
+from llmgw.core.placement import CPU, render_explanation
 
 from .scenario import Fleet, model
 

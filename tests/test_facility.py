@@ -8,7 +8,8 @@ from llmgw.core import events as ev
 from llmgw.core import facility
 from llmgw.core.decisions import describe_action
 from llmgw.core.history import verify
-from llmgw.core.placement import explain, render_explanation
+from llmgw.core.explain import explain
+from llmgw.core.placement import render_explanation
 
 from .scenario import Fleet, model
 

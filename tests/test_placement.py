@@ -8,6 +8,7 @@ import msgspec
 from llmgw.core import events as ev
 from llmgw.core.decide import decide
 from llmgw.core.fold import copy_state
+from llmgw.core.explain import explain
 from llmgw.core.placement import (
     CPU,
     FABRIC,
@@ -20,7 +21,6 @@ from llmgw.core.placement import (
     PORTS,
     READY,
     Reason,
-    explain,
     gpu_model_matches,
     render,
     render_explanation,

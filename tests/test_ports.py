@@ -9,7 +9,8 @@ from llmgw.core import events as ev
 from llmgw.core.decide import decide
 from llmgw.core.decisions import describe_action
 from llmgw.core.history import verify
-from llmgw.core.placement import PORT_BASE, explain, render_explanation
+from llmgw.core.explain import explain
+from llmgw.core.placement import PORT_BASE, render_explanation
 from llmgw.core.scaling import PARK_AFTER
 
 from .scenario import Fleet, model

@@ -21,7 +21,8 @@ from llmgw.core.decide import decide
 from llmgw.core.fold import apply, copy_state, decode_state, encode_state, evolve
 from llmgw.core.history import verify
 from llmgw.core.nodeindex import index_of, track
-from llmgw.core.placement import Inventory, explain, replicas_per_node
+from llmgw.core.explain import explain
+from llmgw.core.placement import Inventory, replicas_per_node
 from llmgw.core.scaling import desired
 from llmgw.core.quota import add, need, over_limit, shard_amount
 from llmgw.core.state import LIVE_SHARD_STATES, State, gpus_in_use

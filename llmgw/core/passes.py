@@ -23,7 +23,8 @@ import msgspec
 
 from . import events as ev
 from . import preempt
-from .placement import Inventory, replicas_per_node, why_no_fit as explain_no_fit
+from .explain import why_no_fit as explain_no_fit
+from .placement import Inventory, replicas_per_node
 from .quota import add, need, over_limit
 from .replicas import RETIRING, replica_number
 from .scaling import desired

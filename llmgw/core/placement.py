@@ -53,10 +53,10 @@ looks at a few candidates instead of every node. It is built at the first
 placement of a pass, not before: a pass with nothing to place never pays
 for it.
 
-`explain` says, for every node and every profile of a model, why it was
-refused or that it fits; the waiting reason of a model (`why_no_fit`) is a
-summary of exactly that, and placement itself asks the same questions, so the
-three cannot disagree.
+`explain` (explain.py) says, for every node and every profile of a model,
+why it was refused or that it fits; the waiting reason of a model
+(`why_no_fit`) is a summary of exactly that, and placement itself asks the
+same questions, so the three cannot disagree.
 """
 
 from __future__ import annotations
@@ -72,31 +72,9 @@ from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
 # The questions asked of one node (fit.py), named here too: what placement
 # is asked of, callers and tests have always imported from this module.
 from .fit import (  # noqa: F401
-    READY,
-    POOL,
-    FABRIC,
-    GPU_MODEL,
-    GPU_MEMORY,
-    GPUS,
-    MEMORY,
-    CPU,
-    PORTS,
-    RULES,
-    Reason,
-    NodeFit,
-    ProfileFit,
-    Explanation,
-    render,
-    render_explanation,
-    needs,
-    summarize,
-    gpu_model_matches,
-    label_reasons,
-    gpu_reasons,
-    _kind_reasons,
-    _mixed_reasons,
-    memory_short,
-    cpu_short,
+    READY, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS, RULES, Reason, NodeFit, ProfileFit,
+    Explanation, render, render_explanation, needs, summarize, gpu_model_matches, label_reasons, gpu_reasons,
+    _kind_reasons, _mixed_reasons, memory_short, cpu_short,
 )
 
 # The engine ports of a node whose agent names no range (NodeRegistered's
@@ -590,39 +568,17 @@ class Inventory(facility_search.CellSearch):
             out.append(f"{name}: {', '.join(parts)}")
         return "; ".join(out)
 
-    # ------------------------------------------------------------------ explaining
+    # ------------------------------------------------------------------ explaining (explain.py)
 
     def names(self) -> list[str]:
+        """Every node's name, ready or not, in order."""
         if self._names is None:
             self._names = sorted(self._state.nodes)
         return self._names
 
-    def profile_fit(self, p: ProfileSpec, spread: dict[str, int] | None = None) -> ProfileFit:
-        """Every node, for one profile, as it stands in this inventory."""
-        self._build()
-        nodes = []
-        fitting: dict[str, int] = {}
-        for name in self.names():
-            v = self.view(name)
-            rs = self.reasons(v, p)
-            nodes.append(NodeFit(node=name, reasons=rs, runs=spread.get(name, 0) if spread else 0))
-            if not rs:
-                fitting[v.fabric] = fitting.get(v.fabric, 0) + 1
-        fabrics: tuple[Reason, ...] = ()
-        if p.nodes > 1 and p.keep_within and fitting:  # facility: one domain for all its shards
-            kept = self._fac.keep_within_reason(p, [nf.node for nf in nodes if nf.fits])
-            if kept is not None:
-                return ProfileFit(profile=p.name, needs=needs(p), fits=False, nodes=tuple(nodes), fabrics=(kept,))
-        if p.nodes == 1:
-            fits = bool(fitting)
-        else:
-            fits = any(n >= p.nodes for n in fitting.values())
-            if fitting and not fits:
-                most = max(fitting.values())
-                where = min(f for f, n in fitting.items() if n == most)
-                need = f"{p.nodes} nodes that fit in one fabric"
-                fabrics = (Reason(rule=FABRIC, need=need, have=f"{most} in {where}"),)
-        return ProfileFit(profile=p.name, needs=needs(p), fits=fits, nodes=tuple(nodes), fabrics=fabrics)
+    def keep_within_reason(self, p: ProfileSpec, fitting: list[str]) -> Reason | None:
+        """Why no domain of the profile's keep_within kind has enough of these nodes, or None."""
+        return self._fac.keep_within_reason(p, fitting)
 
 
 # --------------------------------------------------------------------------- entry points
@@ -635,38 +591,3 @@ def replicas_per_node(replicas: list[Replica]) -> dict[str, int]:
         for s in r.shards:
             out[s.node] = out.get(s.node, 0) + 1
     return out
-
-
-def why_no_fit(inv: Inventory, profiles: list[ProfileSpec]) -> str:
-    """The reason a model waits, when none of its profiles fits: for each
-    profile, how many nodes refuse it for each rule (a summary of `explain`)."""
-    if not inv.ready():
-        return "no node is ready"
-    return "no room: " + "; ".join(summarize(inv.profile_fit(p)) for p in profiles)
-
-
-def explain(state: State, model: str) -> Explanation:
-    """For every profile of a model, in order, and every node: why the node is
-    refused, or that it fits; and where the next replica would go. Taken on
-    the state as it is, as the next pass of decide would see it (but for what
-    that pass places for other models first)."""
-    m = state.models.get(model)
-    if m is None:
-        return Explanation(model=model, problem=f"no model {model} in the catalog")
-    # The replicas decide keeps (not stopping, not failed, on a profile the
-    # catalog still has as it is): the ones spread steers away from.
-    kept = [
-        r
-        for r in state.replicas.values()
-        if r.model == model and r.state not in ("stopping", "failed") and m.fingerprints.get(r.profile) == r.fingerprint
-    ]
-    spread = replicas_per_node(kept)
-    inv = Inventory(state)
-    fits = tuple(inv.profile_fit(p, spread) for p in m.spec.profiles)
-    chosen, where = "", ()
-    for p in m.spec.profiles:
-        shards = inv.place(p, f"{model}-next", spread)
-        if shards is not None:
-            chosen, where = p.name, tuple(s.node for s in shards)
-            break
-    return Explanation(model=model, profiles=fits, chosen=chosen, where=where)
