@@ -1,6 +1,8 @@
 """Scenario tests of the fold and its decisions: events in, state and
 decisions out, one rule each, named after the rule."""
 
+import pytest
+
 from llmgw.core import commands as cmds
 from llmgw.core import events as ev
 from llmgw.core.decide import decide
@@ -162,6 +164,30 @@ def test_a_placement_on_a_gpu_someone_holds_is_voided():
     f.publish(ev.Decided(at=f.tick(), basis=stale.seq, actions=[other]))
     assert "n-2" not in f.state.replicas
     assert "GPU 0 on a is held by m-1.0" in f.state.voided[-1].reason
+
+
+@pytest.mark.parametrize(
+    "gpus, why",
+    [([0, 1, 2], "takes GPUs [0, 1, 2]; profile default asks 1"), ([0, 0], "takes GPUs [0, 0]; profile default asks 1")],
+)
+def test_a_placement_that_takes_more_than_its_profile_asks_is_voided(gpus, why):
+    # An owner's limits are counted by the profile: a decision naming three
+    # GPUs for a one-GPU profile took an owner past its limit (a rogue or
+    # buggy leader; tests/test_preemption_properties.py found it).
+    f = Fleet()
+    f.register("a", gpus=4)
+    f.apply(model("m"))
+    grab = ev.PlaceReplica(
+        replica="m-1",
+        model="m",
+        profile="default",
+        fingerprint=f.state.models["m"].fingerprints["default"],
+        shards=[ev.ShardPlacement(shard="m-1.0", node="a", rank=0, gpus=gpus, port=20099)],
+        reason="rogue",
+    )
+    f.publish(ev.Decided(at=f.tick(), basis=f.state.seq, actions=[grab]))
+    assert "m-1" not in f.state.replicas and f.state.nodes["a"].used == {}
+    assert why in f.state.voided[-1].reason
 
 
 def test_a_late_report_about_an_older_generation_changes_nothing():

@@ -20,7 +20,9 @@ from llmgw.core.catalog import profile_named
 from llmgw.core.decide import decide
 from llmgw.core.fold import apply, copy_state, decode_state, encode_state, evolve
 from llmgw.core.history import verify
+from llmgw.core import replicaindex
 from llmgw.core.nodeindex import index_of, track
+from llmgw.core.replicaindex import replicas_of
 from llmgw.core.explain import explain
 from llmgw.core.placement import Inventory, replicas_per_node
 from llmgw.core.scaling import desired
@@ -396,13 +398,16 @@ def test_decide_is_deterministic_and_does_not_touch_the_state(data):
 @given(st.data())
 def test_the_node_index_the_fold_keeps_is_the_one_built_afresh(data):
     """Placement's node index is filed again only for the nodes the fold
-    touched (nodeindex.py): after every step it must be what a build from
-    scratch gives, and a pass on it decide what a pass on a copy decides
+    touched (nodeindex.py), and each model's replicas are kept as the fold
+    adds and forgets them (replicaindex.py): after every step both must be
+    what the state says, and a pass on it decide what a pass on a copy decides
     (a copy has no index kept: its pass builds one)."""
     world = World(data, rogue=True)
     track(world.live).sync(world.live)
+    replicas_of(world.live, set())  # each model's replicas kept from here on (replicaindex.py)
     for _ in world.run(STEPS):
         assert index_of(world.live).check(world.live) == []
+        assert replicaindex.check(world.live) == []
         now = world.now + data.draw(st.integers(0, 100))
         assert decide(world.live, now) == decide(copy_state(world.live), now)
 

@@ -13,6 +13,7 @@ import pytest
 
 from llmgw.core import commands as cmds
 from llmgw.core import events as ev
+from llmgw.core import replicaindex
 from llmgw.core.decide import ADOPT_WAIT_S, restart_state
 from llmgw.core.decisions import describe_action
 from llmgw.core.history import verify
@@ -608,6 +609,7 @@ def test_adoption_a_reported_replica_replaces_one_merely_placed_under_the_same_i
     assert [s.node for s in f.state.replicas["m-1"].shards] == ["b"] and f.ready("m") == ["m-1"]
     assert f.state.nodes["a"].used == {} and f.state.nodes["a"].ports == {}  # what ours held is free again
     assert list(cmds.outstanding(f.state)) == []  # and nothing is started on a
+    assert replicaindex.check(f.state) == []  # the model's replicas as the pass reads them: the adopted one
     assert f.decide() == []
 
 

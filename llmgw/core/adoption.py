@@ -13,6 +13,7 @@ from . import events as ev
 from .catalog import profile_named
 from .facility import shard_watts
 from .quota import count, shard_amount
+from .replicaindex import added
 from .replicas import derive_live_state, derive_replica_state, forget, hold, replica_number, tally
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, Stray, add_gb
 
@@ -124,6 +125,7 @@ def _adopt(state: State, node: Node, rid: str, group: list[ev.RunningShard], at:
         owner=model.spec.owner,
     )
     state.replicas[rid] = rep
+    added(state, rep)
     state.replica_numbers[first.model] = max(state.replica_numbers.get(first.model, 1), replica_number(rid) + 1)
     _merge(state, node, rep, group, profile, at, counted=False)
     tally(state, rep, +1)

@@ -30,6 +30,7 @@ from . import events as ev
 from . import preempt
 from .passes import MAX_PASS_BYTES, ModelPass, Outcome, Pass, drain_s, place_one, why_no_fit
 from .quota import need, over_limit
+from .replicaindex import replicas_of
 from .replicas import replica_number
 from .restarts import begin_restarts, restart_state, retire
 from .policy import DEFAULT
@@ -58,12 +59,11 @@ def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Ac
     if not look:
         return p.actions
 
-    # One read of the replicas, for the models that need a look only.
+    # The replicas of the models that need a look only (replicaindex.py), in
+    # the state's order.
     by_model: dict[str, list[Replica]] = {}
-    # (A plain loop: filtering with map(attrgetter) in C was slower, attribute
-    # reads of the state's structs being what Python does fastest.)
-    for rep in state.replicas.values():
-        if rep.model not in look or rep.state == "stopping":
+    for rep in replicas_of(state, look):
+        if rep.state == "stopping":
             continue
         why = _why_stop(state, rep, now)
         if why:

@@ -16,6 +16,7 @@ from . import events as ev
 from .catalog import profile_named
 from .facility import count_unmeasured, counted, power_problem, shard_watts
 from .nodeindex import touch
+from .replicaindex import added, removed
 from .ports import placement_problem
 from .quota import add, count, need, over_limit, replica_amount, shard_amount
 from .replicas import RETIRING, TERMINAL, unwanted
@@ -64,6 +65,16 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int, draws: dic
         return "a replica needs one shard per distinct node"
     profile = profile_named(model.spec, a.profile)
     memory, cores = (profile.memory_gb, profile.cpu_cores) if profile is not None else (0.0, 0)
+    if profile is not None:
+        # What the shards take must be what the profile asks: the owner's
+        # limits are counted by the profile (need), so a decision naming
+        # three GPUs for a one-GPU profile took an owner past its limit
+        # (found by tests/test_preemption_properties.py, a rogue decision).
+        if len(placements) != max(profile.nodes, 1):
+            return f"profile {a.profile} runs on {max(profile.nodes, 1)} node(s), not {len(placements)}"
+        for s in placements:
+            if len(s.gpus) != profile.gpus or len(set(s.gpus)) != len(s.gpus):
+                return f"shard {s.shard} takes GPUs {s.gpus}; profile {a.profile} asks {profile.gpus}"
     # In place: the shards of the replica it replaces (stopped in the same
     # pass) hand over what they hold on their nodes; the new ones start once
     # they have exited.
@@ -194,6 +205,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int, draws: dic
         owner=model.spec.owner,
         rejections=list(a.rejections),
     )
+    added(state, state.replicas[rid])
     if model.spec.owner:
         for sh in shards:
             count(state, model.spec.owner, shard_amount(sh), +1)
@@ -233,6 +245,7 @@ def _stop(state: State, a: ev.StopReplica, e: ev.Decided, seq: int) -> str:
     if not running:
         # Nothing of it runs (a failed replica, the usual case): gone at once.
         del state.replicas[rep.id]
+        removed(state, rep)
         return ""
     rep.state = "stopping"
     rep.reason = a.reason

@@ -48,7 +48,9 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 11: the facility (facility.py): location labels, holds, power caps and
 #     measured draw; a placement in a held domain or past a cap is voided.
 # 12: the policy (PolicyApplied: state.policy), which the rules read.
-FOLD_VERSION = 12
+# 13: a placement whose shards do not take what its profile asks (a GPU
+#     count, a GPU twice, a shard count) is voided.
+FOLD_VERSION = 13
 
 
 class Refused(ValueError):

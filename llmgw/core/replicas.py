@@ -13,6 +13,7 @@ from __future__ import annotations
 from .facility import count_unmeasured
 from .nodeindex import touch
 from .quota import count, shard_amount
+from .replicaindex import removed
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, Tally, add_gb
 
 
@@ -57,6 +58,7 @@ def derive_replica_state(state: State, rep: Replica, at: float) -> None:
             if s.state not in TERMINAL_SHARD_STATES:
                 return
         del state.replicas[rep.id]
+        removed(state, rep)
         return
     derive_live_state(rep, at)
     if (rep.state == "failed") != (was == "failed"):
@@ -152,6 +154,7 @@ def forget(state: State, rep: Replica) -> None:
             hand_back(state, node, sh)
     tally(state, rep, -1)
     del state.replicas[rep.id]
+    removed(state, rep)
 
 
 def replica_number(replica_id: str) -> int:
