@@ -60,6 +60,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from llmgw.control import heap  # noqa: E402
 from llmgw.core import events as ev  # noqa: E402
+from llmgw.core import replicaindex  # noqa: E402
 from llmgw.core.decide import MAX_PASS_BYTES, decide  # noqa: E402
 from llmgw.core.fold import apply, copy_state, encode_state  # noqa: E402
 from llmgw.core.history import verify  # noqa: E402
@@ -178,6 +179,7 @@ def cold_start(base: Log, budget: int) -> tuple[float, int, Log, list[int]]:
     log = Log()
     log.state = copy_state(base.state)
     track(log.state)  # the node index kept by the fold, as the control plane keeps it once caught up
+    replicaindex.track(log.state)  # and each model's replicas
     log.records = list(base.records)
     at = T0 + 3600.0
     per_pass = []
@@ -269,6 +271,7 @@ def run(nodes: int, replicas: int, repeat: int, small_budget: bool) -> dict:
         one.state = copy_state(log.state)
         one.records = log.records
         track(one.state).sync(one.state)  # the control plane's live state has its node index (nodeindex.py)
+        replicaindex.track(one.state)  # and its replicas by model (replicaindex.py)
         rep = next(iter(one.state.replicas.values()))
         sh = rep.shards[0]
         apply(one.state, one.state.seq + 1, f"llmgw.agent.{sh.node}.shard.status",

@@ -45,6 +45,7 @@ from ..core.decisions import describe_action
 from ..core.fold import apply
 from ..core.history import action_about
 from ..core.liveness import lost_nodes, mass_silence
+from ..core import replicaindex
 from ..core.nodeindex import track
 from ..core.state import State
 from ..telemetry import tracer
@@ -186,6 +187,7 @@ class ControlPlane:
             heap.settle()
             self._reclaimed_at = self.clock()
             track(self.state)  # placement's node index, kept by the fold from here on (core/nodeindex.py)
+            replicaindex.track(self.state)  # and each model's replicas (core/replicaindex.py)
             log.info("caught up at sequence %d; control plane %s follows, and campaigns for the lease", self.state.seq,
                      self.leader)
             while not stop.is_set():

@@ -81,6 +81,13 @@ def _index(state: State) -> _ByModel:
     return idx
 
 
+def track(state: State) -> None:
+    """Keep the index for this state from now on: what a control plane does
+    once caught up (with nodeindex.track), so that its first pass after an
+    event does not pay for a read of every replica."""
+    _index(state)
+
+
 def replicas_of(state: State, models: set[str]) -> list[Replica]:
     """The replicas of these models, in the order of state.replicas."""
     idx = _index(state)
