@@ -80,9 +80,35 @@ def test_a_nats_outage_longer_than_the_grace_declares_no_node_lost(tmp_path):
         assert "heartbeats cannot be read" in fleet.log("control")
         for name in ("gpu-1", "gpu-2", "control"):
             assert fleet.procs[name].poll() is None, fleet.log(name)[-2000:]
+        # The heartbeats are read again, not only waited for: the bucket
+        # (in memory, gone with the server) was made again and followed
+        # from its start, so a node that goes silent now is declared lost.
+        assert "heartbeat bucket was missing" in fleet.log("control")
+        os.kill(fleet.procs["gpu-2"].pid, signal.SIGKILL)
+        cf.wait_until("gpu-2 lost", lambda: [n.split(":")[0] for n in cf.story(cf.records(server.url)).nodes_lost] == ["gpu-2"], 30)
     finally:
         fleet.stop()
         server.stop()
+
+
+async def test_a_heartbeat_bucket_on_disk_is_made_again_in_memory(tmp_path):
+    """An older llmgw kept heartbeats on disk (2,000 fsynced stores a second
+    at 2,000 nodes); the control plane's next start keeps them in memory."""
+    from nats.js.api import KeyValueConfig, StorageType
+
+    from llmgw.bus.nats import HEARTBEAT_BUCKET
+
+    with NatsServer(tmp_path / "nats", free_port()) as server:
+        bus = await NatsBus.connect(server.url)
+        try:
+            await bus.js.create_key_value(KeyValueConfig(bucket=HEARTBEAT_BUCKET, history=1, storage=StorageType.FILE))
+            await bus.ensure_streams()
+            info = await bus.js.stream_info(f"KV_{HEARTBEAT_BUCKET}")
+            assert info.config.storage == StorageType.MEMORY
+            await bus.beat("gpu-1", b"{}")
+            assert (await (await bus.js.key_value(HEARTBEAT_BUCKET)).get("gpu-1")).value == b"{}"
+        finally:
+            await bus.close()
 
 
 def test_llmgw_up_restarts_its_nats_server_after_kill_9(tmp_path):

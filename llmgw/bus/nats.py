@@ -197,17 +197,27 @@ class _Kept:
                 "%s: nothing delivered past %d while the stream is at %d; following again from %d",
                 self.what, self.delivered, last, self.delivered + 1,
             )  # fmt: skip
-            old, self._sub = self._sub, None
-            try:
-                await old.unsubscribe()
-            except Exception:
-                pass
-            try:
-                self._sub = await self._subscribe(self.delivered + 1, self._deliver)
-                self.restarts += 1
-            except Exception as e:
-                log.warning("%s: could not follow again yet (%s)", self.what, _why(e))
-                self._sub = old  # try again at the next look
+            await self._follow_again()
+
+    async def _follow_again(self) -> None:
+        old, self._sub = self._sub, None
+        try:
+            await old.unsubscribe()
+        except Exception:
+            pass
+        try:
+            self._sub = await self._subscribe(self.delivered + 1, self._deliver)
+            self.restarts += 1
+        except Exception as e:
+            log.warning("%s: could not follow again yet (%s)", self.what, _why(e))
+            self._sub = old  # try again at the next look
+
+    async def follow_anew(self) -> None:
+        """Its stream was made again (a memory bucket after its server's
+        restart): its sequences begin again at 1, so all are followed from
+        there, where the old last delivered would drop every one as seen."""
+        self.delivered = 0
+        await self._follow_again()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -290,6 +300,8 @@ class NatsBus:
         self.beat_revision = 0  # the heartbeat bucket's last revision the watcher delivered
         self._beat_probe = (0, 0)  # (bucket's last revision, watcher's) when the watcher last delivered
         self._beat_stalls = 0  # probes since, the bucket moving
+        self._beats: _Kept | None = None  # the heartbeat watcher, once following
+        self._beats_created = None  # when the bucket it follows was made (another time: made again)
         self._closing = False
 
     @classmethod
@@ -444,14 +456,37 @@ class NatsBus:
             return
         await self._ensure(log_stream_config(replicas=self.replicas))
         await self._ensure(command_stream_config(self.replicas))
-        self._kv = await self._make_bucket(
-            KeyValueConfig(bucket=HEARTBEAT_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas)
-        )
+        self._kv = await self._make_heartbeat_bucket()
         # Direct gets: a read names the key in its subject
         # ($JS.API.DIRECT.GET.KV_LLMGW_ENGINE_KEYS.$KV.LLMGW_ENGINE_KEYS.<key>), so permissions can say who reads what.
         self._keys = await self._make_bucket(
             KeyValueConfig(bucket=ENGINE_KEYS_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas, direct=True)
         )
+
+    def _heartbeat_config(self) -> KeyValueConfig:
+        """Heartbeats live in memory: they are not history (only each node's
+        latest says anything, and the log has every fact a decision read), and
+        on disk 2,000 nodes beating every second asked for 2,000 fsynced
+        stores a second, under which beats came late and nodes were declared
+        lost that were not (benchmarks/fleet.py). A memory bucket does not
+        outlive a lone server's restart: `heartbeats_readable` makes it again."""
+        return KeyValueConfig(bucket=HEARTBEAT_BUCKET, history=1, storage=StorageType.MEMORY, replicas=self.replicas)
+
+    async def _make_heartbeat_bucket(self):
+        kv = await self._make_bucket(self._heartbeat_config())
+        info = await self.js.stream_info(f"KV_{HEARTBEAT_BUCKET}")
+        if info.config.storage != StorageType.MEMORY:
+            # Made on disk by an older llmgw: made again in memory. Nothing of
+            # worth is lost (the next beats say it all again); a control plane
+            # reading it meanwhile sees the bucket not answer, and declares
+            # no node lost while it does not (heartbeats_readable).
+            log.info("the heartbeat bucket is on disk: making it again in memory")
+            try:
+                await self.js.delete_stream(f"KV_{HEARTBEAT_BUCKET}")
+            except NotFoundError:
+                pass  # another control plane did it first
+            kv = await self._make_bucket(self._heartbeat_config())
+        return kv
 
     async def _make_bucket(self, config: KeyValueConfig):
         """A KV bucket, made as `config` says if missing (left as it is if there)."""
@@ -705,7 +740,9 @@ class NatsBus:
             if not (msg.headers or {}).get("KV-Operation"):
                 on_beat(msg.subject[prefix:])
 
-        return await _Kept(self, "the heartbeats", subscribe, last, on_msg, 1).start()
+        self._beats_created = (await self.js.stream_info(stream)).created
+        self._beats = await _Kept(self, "the heartbeats", subscribe, last, on_msg, 1).start()
+        return self._beats
 
     async def heartbeats_readable(self, timeout: float = 2.0) -> str:
         """"" when the heartbeats can be read now; else why not: our
@@ -715,8 +752,26 @@ class NatsBus:
             return "our connection to NATS is down"
         try:
             info = await asyncio.wait_for(self.js.stream_info(f"KV_{HEARTBEAT_BUCKET}"), timeout)
+        except NotFoundError:
+            # A memory bucket is gone with its lone server's restart: made
+            # again by a control plane (agents may not), its beats then
+            # followed from its start at the next probe.
+            if self.identity is None or self.identity.role == "control":
+                try:
+                    await asyncio.wait_for(self._make_bucket(self._heartbeat_config()), timeout)
+                except Exception as e:
+                    return f"the heartbeat bucket is missing and could not be made again ({_why(e)})"
+                return "the heartbeat bucket was missing (its server restarted): made it again"
+            return "the heartbeat bucket is missing"
         except Exception as e:
             return f"the heartbeat bucket does not answer ({_why(e)})"
+        if self._beats is not None and info.created != self._beats_created:
+            # Made again since we followed it (by us or another control
+            # plane): what we knew of its sequences says nothing now.
+            self._beats_created = info.created
+            self.beat_revision, self._beat_probe, self._beat_stalls = 0, (0, 0), 0
+            await self._beats.follow_anew()
+            return "the heartbeat bucket was made again: following it from its start"
         last, (probed_last, probed_seen) = info.state.last_seq, self._beat_probe
         if probed_last == 0 or self.beat_revision != probed_seen or self.beat_revision >= last:
             self._beat_probe = (last, self.beat_revision)  # the watcher delivered: a new window
