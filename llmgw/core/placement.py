@@ -188,6 +188,7 @@ class Inventory(facility_search.CellSearch):
         # pass: keyed by id() of the profile, which the state holds throughout.
         self._fixed: dict[tuple, tuple[Reason, ...]] = {}
         self._names: list[str] | None = None
+        self._admits: dict[int, tuple] = {}  # id(profile) -> (index version, its groups, it): `_admitting` without its key
         self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
         self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
         # (fabric's groups, profile, round's limit) -> the spread it was too
@@ -290,12 +291,14 @@ class Inventory(facility_search.CellSearch):
         return self._find(p, spread) is not None
 
     def _find(self, p: ProfileSpec, spread: dict[str, int]) -> list[_View] | None:
-        idx = self._build()
+        idx = self._index or self._build()
         if p.nodes == 1:
             groups = self._admitting(idx, p)
-            levels = self._fac.levels(spread)  # facility: rack, then PDU, then node (facility_search)
-            if levels is not None:
-                return self._find_located(p, groups, levels)
+            fac = self._fac
+            if fac.loc:  # facility: rack, then PDU, then node (facility_search)
+                levels = fac.levels(spread)
+                if levels is not None:
+                    return self._find_located(p, groups, levels)
             for limit in _rounds(spread):
                 v = self._best(p, groups, spread, limit, ())
                 if v is not None:
@@ -307,7 +310,8 @@ class Inventory(facility_search.CellSearch):
         """Shards for one replica of this profile, taken from the inventory, or
         None when it fits nowhere. `spread`: how many of the model's replicas
         each node runs already; the fewer, the sooner a node is tried."""
-        self._fac.seen = {}
+        if self._fac.active:
+            self._fac.seen = {}  # (only the facility says rejections: see `rejections`)
         self._found_k = 0
         chosen = self._find(p, spread)
         if chosen is None:
@@ -326,9 +330,13 @@ class Inventory(facility_search.CellSearch):
     def _admitting(self, idx: NodeIndex, p: ProfileSpec) -> list[Group]:
         """The groups whose labels and GPUs suit the profile, were their GPUs
         all free. Kept with the index until it gains a group."""
+        mine = self._admits.get(id(p))  # (held with it: its id is no other's meanwhile)
+        if mine is not None and mine[0] == idx.version and mine[2] is p:
+            return mine[1]
         key = _admit_key(p)
         cached = idx.admitted.get(key)
         if cached is not None and cached[0] == idx.version:
+            self._admits[id(p)] = (*cached, p)
             return cached[1]
         out = []
         for grp in (idx.groups if p.nodes == 1 else idx.fabric_groups).values():
@@ -340,6 +348,7 @@ class Inventory(facility_search.CellSearch):
         if p.nodes > 1:
             out.sort(key=lambda g: g.fabric)  # stable: each fabric's groups in the order they were made
         idx.admitted[key] = (idx.version, out)
+        self._admits[id(p)] = (idx.version, out, p)
         return out
 
     def _by_fabric(self, idx: NodeIndex, p: ProfileSpec) -> list[list[Group]]:
