@@ -91,10 +91,7 @@ class CellSearch:
         """placement's `_find` for a single-node profile on a fleet whose
         nodes say their rack or PDU: the node, as a list, or None."""
         v = self._spread_pick(p, groups, levels)
-        if v is None:
-            return None
-        levels.expect(v.name)  # (a `fits` takes nothing: the next refresh finds it so, and reads afresh)
-        return [v]
+        return [v] if v is not None else None
 
     def _spread_pick(self, p: ProfileSpec, groups: list, levels: Levels):
         """The node for one shard of a single-node profile, by the rounds of

@@ -322,6 +322,8 @@ class Inventory(facility_search.CellSearch):
             gpus = self._gpus_for(v, p)
             port = self._take(v, gpus, p)
             shards.append(ShardPlacement(shard=f"{replica}.{rank}", node=v.name, rank=rank, gpus=gpus, port=port))
+        if self._fac.loc:  # facility: the spread's levels, told what its caller will count (facility_pass.Levels)
+            self._fac.expect(spread, [v.name for v in chosen])
         # (Where the model's next search may begin: see _best. The node just
         # taken is in its spread from now on, as its caller counts it.)
         self._resume = (p, spread, self._changes, found_k) if p.nodes == 1 and found_k else None
