@@ -18,7 +18,7 @@ from .facility import count_unmeasured, counted, power_problem, shard_watts
 from .nodeindex import touch
 from .replicaindex import added, removed
 from .ports import placement_problem
-from .quota import add, count, need, over_limit, replica_amount, shard_amount
+from .quota import add, count_shard, need, over_limit, replica_amount
 from .replicas import RETIRING, TERMINAL, unwanted
 from .state import KEEP_LAST, Replica, Shard, State, Tally, Voided, add_gb
 
@@ -181,10 +181,10 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int, draws: dic
                     # nor count them for its owner meanwhile.
                     node.memory_used = add_gb(node.memory_used, -old_sh.memory_gb)
                     node.cpu_used -= old_sh.cpu_cores
-                    count(state, old.owner, shard_amount(old_sh), -1)
+                    count_shard(state, old.owner, old_sh, -1)
                     old_sh.memory_gb, old_sh.cpu_cores = 0.0, 0
                     old_sh.gpus = [g for g in old_sh.gpus if g not in gpus_taken]
-                    count(state, old.owner, shard_amount(old_sh), +1)
+                    count_shard(state, old.owner, old_sh, +1)
         used = node.used
         for g in gpus_taken:
             used[g] = sid
@@ -208,7 +208,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int, draws: dic
     added(state, state.replicas[rid])
     if model.spec.owner:
         for sh in shards:
-            count(state, model.spec.owner, shard_amount(sh), +1)
+            count_shard(state, model.spec.owner, sh, +1)
     state.replica_numbers[model_name] = number + 1
     tally = state.tallies.get(model_name)
     if tally is None:

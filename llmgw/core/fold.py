@@ -26,7 +26,7 @@ from .catalog import NAME_RE, fingerprint, spec_problem
 from .policy import problem as policy_problem
 from .nodeindex import touch
 from .ports import held_by_another_program, in_range, node_ports, range_problem
-from .quota import count, replica_amount, shard_amount
+from .quota import count, count_shard, replica_amount
 from .replicas import RETIRING, TERMINAL, derive_replica_state, hand_back, release_ids, started, unwanted
 from .scaling import current_load, note_peak, wants
 from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Model, Node, Owner, Quarantined, Replica, State, add_gb
@@ -375,7 +375,7 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
             node.cpu_used -= sh.cpu_cores
             if node.unmeasured:
                 node.unmeasured.pop(sid, None)
-        count(state, rep.owner, shard_amount(sh), -1)
+        count_shard(state, rep.owner, sh, -1)
         if sh.after and node is not None:
             hand_back(state, node, sh)
     elif current != "stopping":
@@ -414,7 +414,7 @@ def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
         touched = False
         for sh in rep.shards:
             if sh.node == e.node and sh.state not in TERMINAL_SHARD_STATES:
-                count(state, rep.owner, shard_amount(sh), -1)
+                count_shard(state, rep.owner, sh, -1)
                 sh.state = "failed"
                 sh.reason = f"node {e.node} lost: {e.reason}"
                 touched = True
