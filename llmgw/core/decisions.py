@@ -73,7 +73,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int, draws: dic
         if len(placements) != max(profile.nodes, 1):
             return f"profile {a.profile} runs on {max(profile.nodes, 1)} node(s), not {len(placements)}"
         for s in placements:
-            if len(s.gpus) != profile.gpus or len(set(s.gpus)) != len(s.gpus):
+            if len(s.gpus) != profile.gpus or (profile.gpus > 1 and len(set(s.gpus)) != profile.gpus):
                 return f"shard {s.shard} takes GPUs {s.gpus}; profile {a.profile} asks {profile.gpus}"
     # In place: the shards of the replica it replaces (stopped in the same
     # pass) hand over what they hold on their nodes; the new ones start once
@@ -96,6 +96,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int, draws: dic
         if why:
             return why
     nodes = state.nodes
+    watts = []  # what each shard is counted as drawing (a comprehension after the loop cost a call)
     for s in placements:
         node = nodes.get(s.node)
         if node is None or node.state != "ready":
@@ -126,10 +127,10 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int, draws: dic
         why = placement_problem(node, s.port)
         if why:
             return why
+        watts.append(shard_watts(profile, node, s.gpus) if profile is not None else 0.0)
     # Holds and power caps, checked again in log order (a hold, a cap or a
     # measurement may have come since the decision). What the replica it
     # replaces hands over on a node is credited, as decide released it.
-    watts = [shard_watts(profile, nodes[s.node], s.gpus) if profile is not None else 0.0 for s in placements]
     known = draws if draws is not None else {}
     if state.holds or state.budgets:
         handed_w: dict[str, float] = {}
