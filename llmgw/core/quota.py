@@ -25,7 +25,7 @@ from functools import lru_cache
 import msgspec
 
 from .events import Limit, ProfileSpec, Resources
-from .state import Replica, Shard, State
+from .state import Replica, Shard, State, add_gb
 
 
 @lru_cache(maxsize=4096)
@@ -63,7 +63,7 @@ def plus(a: Resources, b: Resources, sign: int = 1) -> Resources:
     return Resources(
         gpus=a.gpus + sign * b.gpus,
         cpu_cores=a.cpu_cores + sign * b.cpu_cores,
-        memory_gb=round(a.memory_gb + sign * b.memory_gb, 3),
+        memory_gb=add_gb(a.memory_gb, sign * b.memory_gb),
     )
 
 
@@ -97,9 +97,9 @@ def _add(usage: dict[str, Resources], owner: str, gpus: int, cores: int, memory:
     for o in ancestors(owner):
         u = usage.get(o)
         if u is None:
-            g, c, m = gpus, cores, round(0.0 + memory, 3)  # 0.0 + : as plus(Resources(), ...), no -0.0
+            g, c, m = gpus, cores, add_gb(0.0, memory)  # 0.0 + memory, as plus(Resources(), ...): no -0.0
         else:
-            g, c, m = u.gpus + gpus, u.cpu_cores + cores, round(u.memory_gb + memory, 3)
+            g, c, m = u.gpus + gpus, u.cpu_cores + cores, add_gb(u.memory_gb, memory)
         if g or c or m:
             usage[o] = Resources(gpus=g, cpu_cores=c, memory_gb=m)
         else:
