@@ -12,7 +12,7 @@ from __future__ import annotations
 from . import events as ev
 from .catalog import profile_named
 from .facility import shard_watts
-from .quota import count, shard_amount
+from .quota import count_shard
 from .replicaindex import added
 from .replicas import derive_live_state, derive_replica_state, forget, hold, replica_number, tally
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, Stray, add_gb
@@ -52,7 +52,7 @@ def take_reports(state: State, node: Node, e: ev.NodeRegistered) -> None:
                 hold(node, sh)
                 continue
             else:
-                count(state, rep.owner, shard_amount(sh), -1)
+                count_shard(state, rep.owner, sh, -1)
                 sh.state = "failed"
                 sh.reason = "the agent reports it is not running"
             touched = True
@@ -163,7 +163,7 @@ def _merge(
             power_w=shard_watts(profile, node, r.gpus),
         )
         rep.shards.append(sh)
-        count(state, rep.owner, shard_amount(sh), +1)
+        count_shard(state, rep.owner, sh, +1)
         hold(node, sh)
     rep.shards.sort(key=lambda s: s.rank)
     if len(rep.shards) >= rep.want_shards:

@@ -18,7 +18,7 @@ from .facility import count_unmeasured, counted, power_problem, shard_watts
 from .nodeindex import touch
 from .replicaindex import added, removed
 from .ports import placement_problem
-from .quota import add, count, need, over_limit, replica_amount, shard_amount
+from .quota import add, count_shard, need, over_limit, replica_amount
 from .replicas import RETIRING, TERMINAL, unwanted
 from .state import KEEP_LAST, Replica, Shard, State, Tally, Voided, add_gb
 
@@ -73,7 +73,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int, draws: dic
         if len(placements) != max(profile.nodes, 1):
             return f"profile {a.profile} runs on {max(profile.nodes, 1)} node(s), not {len(placements)}"
         for s in placements:
-            if len(s.gpus) != profile.gpus or len(set(s.gpus)) != len(s.gpus):
+            if len(s.gpus) != profile.gpus or (profile.gpus > 1 and len(set(s.gpus)) != profile.gpus):
                 return f"shard {s.shard} takes GPUs {s.gpus}; profile {a.profile} asks {profile.gpus}"
     # In place: the shards of the replica it replaces (stopped in the same
     # pass) hand over what they hold on their nodes; the new ones start once
@@ -96,6 +96,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int, draws: dic
         if why:
             return why
     nodes = state.nodes
+    watts = []  # what each shard is counted as drawing (a comprehension after the loop cost a call)
     for s in placements:
         node = nodes.get(s.node)
         if node is None or node.state != "ready":
@@ -126,10 +127,10 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int, draws: dic
         why = placement_problem(node, s.port)
         if why:
             return why
+        watts.append(shard_watts(profile, node, s.gpus) if profile is not None else 0.0)
     # Holds and power caps, checked again in log order (a hold, a cap or a
     # measurement may have come since the decision). What the replica it
     # replaces hands over on a node is credited, as decide released it.
-    watts = [shard_watts(profile, nodes[s.node], s.gpus) if profile is not None else 0.0 for s in placements]
     known = draws if draws is not None else {}
     if state.holds or state.budgets:
         handed_w: dict[str, float] = {}
@@ -181,10 +182,10 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int, draws: dic
                     # nor count them for its owner meanwhile.
                     node.memory_used = add_gb(node.memory_used, -old_sh.memory_gb)
                     node.cpu_used -= old_sh.cpu_cores
-                    count(state, old.owner, shard_amount(old_sh), -1)
+                    count_shard(state, old.owner, old_sh, -1)
                     old_sh.memory_gb, old_sh.cpu_cores = 0.0, 0
                     old_sh.gpus = [g for g in old_sh.gpus if g not in gpus_taken]
-                    count(state, old.owner, shard_amount(old_sh), +1)
+                    count_shard(state, old.owner, old_sh, +1)
         used = node.used
         for g in gpus_taken:
             used[g] = sid
@@ -208,7 +209,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int, draws: dic
     added(state, state.replicas[rid])
     if model.spec.owner:
         for sh in shards:
-            count(state, model.spec.owner, shard_amount(sh), +1)
+            count_shard(state, model.spec.owner, sh, +1)
     state.replica_numbers[model_name] = number + 1
     tally = state.tallies.get(model_name)
     if tally is None:

@@ -25,7 +25,7 @@ from functools import lru_cache
 import msgspec
 
 from .events import Limit, ProfileSpec, Resources
-from .state import Replica, Shard, State
+from .state import Replica, Shard, State, add_gb
 
 
 @lru_cache(maxsize=4096)
@@ -63,24 +63,45 @@ def plus(a: Resources, b: Resources, sign: int = 1) -> Resources:
     return Resources(
         gpus=a.gpus + sign * b.gpus,
         cpu_cores=a.cpu_cores + sign * b.cpu_cores,
-        memory_gb=round(a.memory_gb + sign * b.memory_gb, 3),
+        memory_gb=add_gb(a.memory_gb, sign * b.memory_gb),
     )
 
 
 def count(state: State, owner: str, amount: Resources, sign: int) -> None:
-    """Add (or take away) what a shard holds to its owner and every ancestor."""
-    add(state.usage, owner, amount, sign)
+    """Add (or take away) an amount to its owner and every ancestor."""
+    if owner:
+        _add(state.usage, owner, amount.gpus, amount.cpu_cores, amount.memory_gb, sign)
+
+
+def count_shard(state: State, owner: str, sh: Shard, sign: int) -> None:
+    """Add (or take away) what a shard holds (`shard_amount`) to its owner
+    and every ancestor: the fold does at every shard's start and end, so
+    without making the amount first (benchmarks/replay.py --mixes decisions)."""
+    if owner:
+        _add(state.usage, owner, len(sh.gpus), sh.cpu_cores, sh.memory_gb, sign)
 
 
 def add(usage: dict[str, Resources], owner: str, amount: Resources, sign: int = 1) -> None:
     """Add an amount to an owner and its ancestors in a usage map."""
-    if not owner or not (amount.gpus or amount.cpu_cores or amount.memory_gb):
+    if owner:
+        _add(usage, owner, amount.gpus, amount.cpu_cores, amount.memory_gb, sign)
+
+
+def _add(usage: dict[str, Resources], owner: str, gpus: int, cores: int, memory: float, sign: int) -> None:
+    """`add` of an amount given by its parts: each owner's new usage is what
+    `plus` makes of it, computed here without one Resources made per step
+    (the fold's quota bookkeeping, benchmarks/replay.py --mixes decisions)."""
+    if not (gpus or cores or memory):
         return
+    gpus, cores, memory = sign * gpus, sign * cores, sign * memory
     for o in ancestors(owner):
         u = usage.get(o)
-        u = plus(u, amount, sign) if u is not None else plus(Resources(), amount, sign)
-        if u.gpus or u.cpu_cores or u.memory_gb:
-            usage[o] = u
+        if u is None:
+            g, c, m = gpus, cores, add_gb(0.0, memory)  # 0.0 + memory, as plus(Resources(), ...): no -0.0
+        else:
+            g, c, m = u.gpus + gpus, u.cpu_cores + cores, add_gb(u.memory_gb, memory)
+        if g or c or m:
+            usage[o] = Resources(gpus=g, cpu_cores=c, memory_gb=m)
         else:
             usage.pop(o, None)
 
@@ -99,10 +120,12 @@ def over_limit(state: State, owner: str, amount: Resources, pending: dict[str, R
         q = state.owners.get(o)
         if q is None:
             continue
+        lim = q.limit
+        if lim.gpus is None and lim.cpu_cores is None and lim.memory_gb is None:
+            continue  # no limit to pass (most owners: a guarantee alone)
         used = state.usage.get(o, Resources())
         if pending and o in pending:
             used = plus(used, pending[o])
-        lim = q.limit
         for what, have, more, most in (
             ("GPUs", used.gpus, amount.gpus, lim.gpus),
             ("CPU cores", used.cpu_cores, amount.cpu_cores, lim.cpu_cores),

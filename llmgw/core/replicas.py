@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .facility import count_unmeasured
 from .nodeindex import touch
-from .quota import count, shard_amount
+from .quota import count_shard
 from .replicaindex import removed
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, Tally, add_gb
 
@@ -149,7 +149,7 @@ def forget(state: State, rep: Replica) -> None:
             node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
         node.cpu_used -= sh.cpu_cores
         node.unmeasured.pop(sh.id, None)
-        count(state, rep.owner, shard_amount(sh), -1)
+        count_shard(state, rep.owner, sh, -1)
         if sh.after:
             hand_back(state, node, sh)
     tally(state, rep, -1)
@@ -189,5 +189,5 @@ def hand_back(state: State, node: Node, sh: Shard) -> None:
         if sh.memory_gb:
             node.memory_used = add_gb(node.memory_used, sh.memory_gb)
         node.cpu_used += sh.cpu_cores
-        count(state, old.owner, shard_amount(back), +1)
+        count_shard(state, old.owner, back, +1)
         return

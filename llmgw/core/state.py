@@ -303,8 +303,13 @@ def add_gb(a: float, b: float) -> float:
     holds; rounding every step keeps the sum from drifting by float error,
     and the fold and `decide` round the same way, so that they agree on
     whether a shard still fits to the last byte.
+
+    A whole number of GB (most amounts) is its own rounding, and round(x, 3)
+    costs ten times is_integer: the fold adds at every shard's start and end
+    (benchmarks/replay.py --mixes decisions).
     """
-    return round(a + b, 3)
+    x = a + b
+    return x if x.is_integer() else round(x, 3)
 
 
 def gpus_in_use(state: State) -> list[tuple[str, int, str]]:
