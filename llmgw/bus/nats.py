@@ -209,7 +209,7 @@ class _Kept:
             self._sub = await self._subscribe(self.delivered + 1, self._deliver)
             self.restarts += 1
         except Exception as e:
-            log.warning("%s: could not follow again yet (%s)", self.what, _why(e))
+            log.warning("%s: could not follow again yet (%s)", self.what, describe_trouble(e))
             self._sub = old  # try again at the next look
 
     async def follow_anew(self) -> None:
@@ -439,9 +439,9 @@ class NatsBus:
                     raise
                 if not self.forever:
                     raise BusUnavailable(
-                        f"NATS did not answer {what} ({_why(e)}): the bus is electing a stream leader, or is unreachable"
+                        f"NATS did not answer {what} ({describe_trouble(e)}): the bus is electing a stream leader, or is unreachable"
                     ) from None
-                log.warning("NATS did not answer %s (%s); trying again in %gs", what, _why(e), delay)
+                log.warning("NATS did not answer %s (%s); trying again in %gs", what, describe_trouble(e), delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_LONGEST_S)
 
@@ -537,13 +537,13 @@ class NatsBus:
             except Exception as e:
                 if asyncio.get_running_loop().time() > deadline and self.forever:
                     # A component waits for the control plane as long as it takes.
-                    log.warning("still waiting for the llmgw streams (%s)", _why(e))
+                    log.warning("still waiting for the llmgw streams (%s)", describe_trouble(e))
                     deadline += timeout
                 elif asyncio.get_running_loop().time() > deadline:
                     if stream_missing(e):
                         raise TimeoutError("the llmgw streams do not exist: is the control plane running?") from None
                     raise BusUnavailable(
-                        f"NATS did not answer about the llmgw streams in {timeout:g}s ({_why(e)}): "
+                        f"NATS did not answer about the llmgw streams in {timeout:g}s ({describe_trouble(e)}): "
                         "the bus is electing a stream leader, or is unreachable"
                     ) from None
                 await asyncio.sleep(0.2)
@@ -575,7 +575,7 @@ class NatsBus:
                 last = e
                 await asyncio.sleep(0.2 * (attempt + 1))
         raise BusUnavailable(
-            f"NATS did not take a publish to {subject} in {PUBLISH_TRIES} tries ({_why(last)}): "
+            f"NATS did not take a publish to {subject} in {PUBLISH_TRIES} tries ({describe_trouble(last)}): "
             "the bus is electing a stream leader, or is unreachable"
         )
 
@@ -588,7 +588,7 @@ class NatsBus:
     async def _landed(self, msg_id: str) -> int:
         """The sequence of the last control message if it carries `msg_id`."""
         try:
-            msg = await self.js.get_last_msg(STREAM, CONTROL_SUBJECTS)
+            msg = await self._retrying("whether a publish landed", lambda: self.js.get_last_msg(STREAM, CONTROL_SUBJECTS))
         except NotFoundError:
             return 0
         return msg.seq if (msg.headers or {}).get("Nats-Msg-Id") == msg_id else 0
@@ -650,7 +650,7 @@ class NatsBus:
         # The server counts the matching messages, so the read knows where it
         # ends (and an empty answer costs no consumer at all).
         try:
-            info = await self.js.stream_info(STREAM, subjects_filter=subjects)
+            info = await self._retrying("about the log", lambda: self.js.stream_info(STREAM, subjects_filter=subjects))
         except NotFoundError:
             raise LookupError(f"there is no {STREAM} stream on this NATS: has a control plane run against it?") from None
         want = sum((info.state.subjects or {}).values())
@@ -665,10 +665,10 @@ class NatsBus:
             if meta.num_pending == 0 or len(records) >= want:
                 done.set()
 
-        sub = await self.js.subscribe(
+        sub = await self._retrying("a read of the log", lambda: self.js.subscribe(
             subjects, stream=STREAM, ordered_consumer=True, cb=cb, pending_msgs_limit=-1,
             config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
-        )
+        ))  # fmt: skip
         try:
             await done.wait()
         finally:
@@ -760,11 +760,11 @@ class NatsBus:
                 try:
                     await asyncio.wait_for(self._make_bucket(self._heartbeat_config()), timeout)
                 except Exception as e:
-                    return f"the heartbeat bucket is missing and could not be made again ({_why(e)})"
+                    return f"the heartbeat bucket is missing and could not be made again ({describe_trouble(e)})"
                 return "the heartbeat bucket was missing (its server restarted): made it again"
             return "the heartbeat bucket is missing"
         except Exception as e:
-            return f"the heartbeat bucket does not answer ({_why(e)})"
+            return f"the heartbeat bucket does not answer ({describe_trouble(e)})"
         if self._beats is not None and info.created != self._beats_created:
             # Made again since we followed it (by us or another control
             # plane): what we knew of its sequences says nothing now.
@@ -851,7 +851,7 @@ class NatsBus:
                 pass
 
 
-def _why(e: BaseException | None) -> str:
+def describe_trouble(e: BaseException | None) -> str:
     if e is None:
         return "no answer"
     text = str(e).strip()

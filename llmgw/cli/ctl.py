@@ -970,6 +970,18 @@ async def run(args) -> int:
     except CtlError as e:
         say(f"llmgw ctl: {e}")
         return e.status
-    except (LookupError, TimeoutError) as e:  # no read models, no stream
-        say(f"llmgw ctl: {e}")
+    except (LookupError, TimeoutError) as e:  # no read models, no stream, the bus in trouble
+        say(f"llmgw ctl: {_said(e)}")
         return UNREACHABLE
+
+
+def _said(e: Exception) -> str:
+    """What an error says to an operator. A bare client timeout ("nats:
+    timeout", from a call the bus did not wrap) says what it means: a CI run
+    printed only that when the stream leader was killed mid-apply."""
+    from ..bus import BusUnavailable
+    from ..bus.nats import describe_trouble, is_trouble
+
+    if is_trouble(e) and not isinstance(e, BusUnavailable):
+        return f"NATS did not answer ({describe_trouble(e)}): the bus is electing a stream leader, or is unreachable"
+    return str(e)
