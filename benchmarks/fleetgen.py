@@ -56,7 +56,8 @@ from llmgw.replay.logfile import encode_record  # noqa: E402
 
 # Bump whenever the generator would write a different log for the same N.
 # 2: nodes carry a fabric label (multi-node profiles need one), host memory and CPU accounted.
-GEN_VERSION = 2
+# 3: fleetmix's mixes no longer run twice each event pending at an operator's change.
+GEN_VERSION = 3
 SEED = 20250611
 T0 = 1_760_000_000.0  # simulated start (October 2025), well before any real clock now
 
