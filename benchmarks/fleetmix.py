@@ -13,8 +13,8 @@ chosen, per simulated day of 200 nodes x 8 GPUs, ~40 models:
   second, and once more when it falls to nothing (gateway/server.py). With 4
   gateways and ~40 models, a busy pair reports every few seconds; traffic
   follows the day (a sine with its trough at night, when a third of the
-  models are quiet), so the pairs report every ~15 s on average: ~8 events/s,
-  ~80 % of the log.
+  models are quiet), so a pair reports every ~25 s on average (`load_every`):
+  ~4.6 events/s, ~94 % of the log.
 - Shard status is a shard's lifecycle only (starting, loading, ready,
   stopped or failed: heartbeats are in the KV bucket, not the log). Shards
   come and go with scaling on load (half the models scale between min and
@@ -22,9 +22,14 @@ chosen, per simulated day of 200 nodes x 8 GPUs, ~40 models:
   session of requests wakes them, asleep again `idle_s` after it), with
   failures (one replica in ~600 a day fails: one every 2 minutes fleet-wide,
   what large GPU fleets report for ECC, NCCL and OOM failures) and with
-  restarts: ~10-15 % of the log.
+  restarts: ~5 % of the log (~0.26 events/s: these mechanisms make fewer
+  than the 10-15 % first estimated here).
 - Decisions: a pass per 15 s window with anything new, most of them with a
-  scale step, a placement, a stop or a waiting reason: ~1-3 %.
+  scale step, a placement, a stop or a waiting reason: ~1 % (one pass per
+  ~24 s).
+
+  (The shares are those of the 1,000,000-event log, 56.7 simulated hours:
+  `python benchmarks/fleetgen.py --mix realistic` prints them.)
 - Owners with guarantees (one per model family, guaranteeing a share of the
   fleet) and priorities (critical, standard, opportunistic): at the daily
   peak the scaled models ask for more than the fleet has, so critical
