@@ -132,8 +132,10 @@ def instructions(args: list[str]) -> tuple[int, str]:
 
 def log_of(root: Path, mix: str, events: int) -> Path:
     """The recorded log of a mix, generated (and cached) by this checkout's fleetgen if missing."""
-    name = f"fleet-v2-s20250611-n{events}.jsonl" if mix == "status" else f"fleet-v2-{mix}-s20250611-n{events}.jsonl"
-    path = HERE / ".cache" / name
+    sys.path.insert(0, str(HERE))
+    import fleetgen  # (its name for the log, GEN_VERSION included: a name spelt here went stale at version 3)
+
+    path = fleetgen.cache_path(events, mix=mix)
     if not path.exists():
         cmd = [sys.executable, str(HERE / "fleetgen.py"), "--events", str(events)]
         subprocess.run(cmd + ([] if mix == "status" else ["--mix", mix]), check=True, stdout=subprocess.DEVNULL)
