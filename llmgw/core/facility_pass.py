@@ -16,6 +16,7 @@ fold there, one pass's arithmetic here.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 
 from . import events as ev
@@ -91,6 +92,26 @@ class Cells:
             near = set(self.by_rack.get(self.rack[c], ())) | set(self.by_pdu.get(self.pdu[c], ()))  # type: ignore[arg-type]
             near.add(c)
             self.near.append(sorted(near))
+
+
+# id(state) -> (its `located` as the cells were made from it, the cells);
+# an entry goes when its state does (a finalizer), as nodeindex's do.
+_CELLS: dict[int, tuple[dict[str, tuple[str, ...]], Cells]] = {}
+
+
+def cells_of(state: State) -> Cells:
+    """The state's cells, kept from one pass to the next while no node's
+    domains change (compared whole, in C: a fraction of making them, which
+    was a fiftieth of a cold start with the facility, once per pass:
+    benchmarks/placement.py --facility). A Cells is never changed once made."""
+    got = _CELLS.get(id(state))
+    if got is not None and got[0] == state.located:
+        return got[1]
+    if got is None:
+        weakref.finalize(state, _CELLS.pop, id(state), None)
+    cells = Cells(state.located)
+    _CELLS[id(state)] = (dict(state.located), cells)
+    return cells
 
 
 class Levels:
@@ -304,7 +325,7 @@ class PassFacility:
     def cells(self) -> Cells:
         """The located nodes by cell (for Levels): once a pass."""
         if self._cells is None:
-            self._cells = Cells(self.loc)
+            self._cells = cells_of(self.state)
             self.cell_version = [0] * len(self._cells.nodes)
         return self._cells
 
