@@ -130,19 +130,28 @@ class CellSearch:
         return None
 
     def _cursor(self, p: ProfileSpec, c: int) -> tuple | None:
-        """A cell's cursor from its start: its first node with the GPUs free."""
-        order = self._cell_orders()[c]
+        """A cell's cursor from its start: its first node with the GPUs free
+        (the orders are made: `_start` made them)."""
+        order = self._orders[c]  # type: ignore[index]
         i = bisect_left(order, (p.gpus, ""))
         return (*order[i], c, i) if i < len(order) else None
 
     def _start(self, p: ProfileSpec, levels: Levels) -> _Heaps:
-        self._cell_orders()
+        orders = self._cell_orders()
         h = _Heaps(levels, len(self._fac.touched))
         cur, heaps, level_of = h.cur, h.heaps, levels.level_of
-        for c in range(len(level_of)):
-            e = cur[c] = self._cursor(p, c)
-            if e is not None:
-                heaps.setdefault(level_of[c], []).append(e)
+        first = (p.gpus, "")
+        for c, order in enumerate(orders):  # `_cursor` of every cell, inline: once per model and pass
+            i = bisect_left(order, first)
+            if i < len(order):
+                e = cur[c] = (*order[i], c, i)
+                heap = heaps.get(level_of[c])
+                if heap is None:
+                    heaps[level_of[c]] = [e]
+                else:
+                    heap.append(e)
+            else:
+                cur[c] = None
         for heap in heaps.values():
             heapify(heap)
         return h
