@@ -37,6 +37,7 @@ from .state import Node, Shard, State
 # A cell's level: its rack's count and its PDU's as one number, each in its
 # own digits (a rack or PDU never runs this many of one model's replicas).
 _BASE = 1 << 16
+_NONE = 1 << 62  # past every level
 
 
 class Cells:
@@ -94,24 +95,52 @@ class Cells:
             self.near.append(sorted(near))
 
 
-# id(state) -> (its `located` as the cells were made from it, the cells);
-# an entry goes when its state does (a finalizer), as nodeindex's do.
-_CELLS: dict[int, tuple[dict[str, tuple[str, ...]], Cells]] = {}
+class Kept:
+    """What passes read of the facility that changes only with the fold's
+    facts, kept beside one state from pass to pass (not in it: a snapshot
+    and `==` see nothing of it), as nodeindex keeps its index:
+
+    - `cells`: the located nodes by cell, while no node's domains change;
+    - `limits`: node -> (its first held domain, its capped domains with their
+      caps), while no node's domains, no hold and no cap change;
+    - `gpu_w`: node -> (its list of GPUs, the power limit they all share,
+      None when they differ), while it has that list (only a registration
+      makes a new one).
+
+    Each was made again at every pass, for every node a pass looked at:
+    most of the facility's cost of a cold start was these, as a cold
+    start is passes of ~1,900 placements each (benchmarks/placement.py --facility).
+    Checked whole, in C, once a pass (`kept`)."""
+
+    __slots__ = ("located", "holds", "budgets", "cells", "limits", "gpu_w", "__weakref__")
+
+    def __init__(self) -> None:
+        self.located: dict[str, tuple[str, ...]] | None = None
+        self.holds: dict = {}
+        self.budgets: dict[str, float] = {}
+        self.cells: Cells | None = None
+        self.limits: dict[str, tuple[str, tuple[tuple[str, float], ...]]] = {}
+        self.gpu_w: dict[str, tuple[list, float | None]] = {}
 
 
-def cells_of(state: State) -> Cells:
-    """The state's cells, kept from one pass to the next while no node's
-    domains change (compared whole, in C: a fraction of making them, which
-    was a fiftieth of a cold start with the facility, once per pass:
-    benchmarks/placement.py --facility). A Cells is never changed once made."""
-    got = _CELLS.get(id(state))
-    if got is not None and got[0] == state.located:
-        return got[1]
-    if got is None:
-        weakref.finalize(state, _CELLS.pop, id(state), None)
-    cells = Cells(state.located)
-    _CELLS[id(state)] = (dict(state.located), cells)
-    return cells
+# id(state) -> what is kept for it; an entry goes when its state does (a finalizer), as nodeindex's do.
+_KEPT: dict[int, Kept] = {}
+
+
+def kept(state: State) -> Kept:
+    """The state's kept facts, as its facility is now."""
+    k = _KEPT.get(id(state))
+    if k is None:
+        k = _KEPT[id(state)] = Kept()
+        weakref.finalize(state, _KEPT.pop, id(state), None)
+    if k.located != state.located:
+        k.located = dict(state.located)
+        k.cells = None
+        k.limits = {}
+    if k.holds != state.holds or k.budgets != state.budgets:
+        k.holds, k.budgets = dict(state.holds), dict(state.budgets)
+        k.limits = {}
+    return k
 
 
 class Levels:
@@ -124,9 +153,13 @@ class Levels:
 
     Kept by cell (`Cells`), as the model's placements in the pass add to
     its spread (`refresh`): each cell's level of rack and PDU counts
-    (`level_of`, and `moved`, the cells whose level changed, in order),
-    for facility_search's heaps. A placement moves its rack's and PDU's
-    few cells, not their nodes one by one."""
+    (`level_of`), for facility_search's heap. A placement moves its rack's and PDU's
+    few cells, not their nodes one by one. Where the model's own nodes
+    are (`mine`, `spread_at`) is asked only when the search has found no
+    other node below them, which is rare: so it is worked out then, from
+    the cells that have some (`_csp`), and a lower bound of their levels
+    (`low`) tells the search when it need not ask (a level only grows
+    while `version` stands)."""
 
     def __init__(self, spread: dict[str, int], fac: "PassFacility") -> None:
         self.spread = spread  # held: its id keys the pass's cache
@@ -136,12 +169,9 @@ class Levels:
         self._racks: dict[str, int] = {}
         self._pdus: dict[str, int] = {}
         self._cl = self.level_of = [0] * len(cells.nodes)  # cell -> its level
-        self.moved: list[int] = []  # the cells whose level changed, in order (facility_search reads on)
-        self._count: dict[int, int] = {0: len(cells.nodes)} if cells.nodes else {}  # level -> cells at it
         self._loose: dict[int, int] = {}  # level -> the model's nodes in no cell at it
         self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
-        self._order: list[int] | None = None  # `order`, while it stands
-        self._mcells: dict[int, set[int]] = {}  # level -> the cells at it with some of the model's nodes
+        self.low = _NONE  # no level of the model's own nodes is below it (`mine`)
         self._expected: list[str] = []
         self.version = 0  # one more whenever a count went down (what placement kept per model is stale)
         self.refresh()
@@ -196,11 +226,12 @@ class Levels:
         cells, racks, pdus = self._cells, self._racks, self._pdus
         of, crack, cpdu, near = cells.of, cells.rack, cells.pdu, cells.near
         touched: list[int] = []
-        cl, csp, mcells = self._cl, self._csp, self._mcells
+        cl, csp = self._cl, self._csp
         for name, old, now in changes:
             delta = now - old
             if delta < 0:
                 self.version += 1
+                self.low = 0  # (levels go down: the bound is worked out again when asked)
             c = of.get(name)
             if c is None:  # in no cell: a rack and PDU of its own
                 loose = self._loose
@@ -212,71 +243,49 @@ class Levels:
                         del loose[old * _BASE + old]
                 if now:
                     loose[now * _BASE + now] = loose.get(now * _BASE + now, 0) + 1
+                    if now * _BASE + now < self.low:
+                        self.low = now * _BASE + now
                 continue
-            if not old or not now:  # the cell's own nodes of the model (`spread_at`)
+            if not old:  # the cell's own nodes of the model (`spread_at`)
                 mine = csp.get(c)
-                if now:
-                    if mine is None:
-                        mine = csp[c] = set()
-                        mcells.setdefault(cl[c], set()).add(c)
+                if mine is None:
+                    csp[c] = {name}
+                else:
                     mine.add(name)
-                elif mine is not None:
+                if cl[c] < self.low:  # (its level only grows from here)
+                    self.low = cl[c]
+            elif not now:
+                mine = csp.get(c)
+                if mine is not None:
                     mine.discard(name)
                     if not mine:
                         del csp[c]
-                        mcells[cl[c]].discard(c)
             r, p = crack[c], cpdu[c]
             if r is not None:
                 racks[r] = racks.get(r, 0) + delta
             if p is not None:
                 pdus[p] = pdus.get(p, 0) + delta
             touched += near[c]
-        count, seen = self._count, self._seen
-        for c in touched:  # (a cell twice: the second time it has moved already)
-            r, p, one = crack[c], cpdu[c], cells.one[c]
+        seen, one_of = self._seen, cells.one
+        for c in touched:
+            r, p, one = crack[c], cpdu[c], one_of[c]
             n = seen.get(one, 0) if one else 0
-            level = (racks.get(r, 0) if r is not None else n) * _BASE + (pdus.get(p, 0) if p is not None else n)
-            old = cl[c]
-            if level == old:
-                continue
-            cl[c] = level
-            self.moved.append(c)
-            left = count[old] - 1
-            if left:
-                count[old] = left
-            else:
-                del count[old]
-                self._order = None
-            got = count.get(level)
-            if got is None:
-                count[level] = 1
-                self._order = None
-            else:
-                count[level] = got + 1
-            if c in csp:
-                mcells[old].discard(c)
-                mcells.setdefault(level, set()).add(c)
+            cl[c] = (racks.get(r, 0) if r is not None else n) * _BASE + (pdus.get(p, 0) if p is not None else n)
 
-    def order(self) -> list[int]:
-        """The levels some node is at (by rack and PDU), lowest first."""
-        if self._loose:
-            levels = self._count.keys() | self._loose.keys()
-        elif self._order is not None:
-            return self._order
-        else:
-            levels = set(self._count)
-        if self.loose:
-            levels.add(0)
-        out = sorted(levels)
-        if not self._loose:
-            self._order = out  # (kept until a level gains its first cell or loses its last)
+    def mine(self) -> list[int]:
+        """The levels some of the model's nodes are at (in a cell, or in none), lowest first; `low` is the first."""
+        cl = self._cl
+        out = sorted({cl[c] for c in self._csp} | self._loose.keys())
+        self.low = out[0] if out else _NONE
         return out
 
     def spread_at(self, level: int) -> set[str]:
         """The model's nodes at a level (in a cell at it, or in none and at it by themselves)."""
         out: set[str] = set()
-        for c in self._mcells.get(level, ()):
-            out |= self._csp[c]
+        cl = self._cl
+        for c, names in self._csp.items():
+            if cl[c] == level:
+                out |= names
         if level in self._loose:
             of = self._cells.of
             out.update(name for name, n in self._seen.items() if name not in of and n * _BASE + n == level)
@@ -307,8 +316,11 @@ class PassFacility:
         self._blocked: dict[tuple[float, int], set[str]] = {}  # see `blocked`
         self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
         self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
-        self._limits: dict[str, tuple] = {}  # node -> see `_limits_of`
-        self._gpu_w: dict[str, float | None] = {}  # node -> the power limit all its GPUs share (None: not alike)
+        # node -> see `_limits_of`; node -> (its GPUs, the power limit they all share, None: not alike)
+        facts = kept(state) if self.active else Kept()
+        self._limits = facts.limits
+        self._gpu_w = facts.gpu_w
+        self._facts = facts
         # The facility's refusals the placement under way met, domain -> in
         # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
         self.seen: dict[str, str] = {}
@@ -325,7 +337,10 @@ class PassFacility:
     def cells(self) -> Cells:
         """The located nodes by cell (for Levels): once a pass."""
         if self._cells is None:
-            self._cells = cells_of(self.state)
+            facts = self._facts
+            if facts.cells is None:
+                facts.cells = Cells(self.state.located)
+            self._cells = facts.cells
             self.cell_version = [0] * len(self._cells.nodes)
         return self._cells
 
@@ -425,7 +440,7 @@ class PassFacility:
             self.reasons(node, p, gpus)
         blocked = self.blocked(p)
         every = domain in self.state.holds or p.power_w
-        mine = None if every else self._gpu_w.get(node.name)
+        mine = None if every else self._gpu_w[node.name][1]  # (refuses asked it: `_watts`)
         if not every and mine is None:
             return True  # (GPUs of unlike limits: its draw depends on the GPUs it gets)
         blocked.add(node.name)
@@ -438,10 +453,11 @@ class PassFacility:
             blocked.update(names)
         else:
             nodes = self.state.nodes
+            gpu_w = self._gpu_w
             for name in names:
-                w = self._gpu_w.get(name, -1.0)
-                if w == -1.0:
-                    w = self._uniform_w(nodes[name])
+                got = gpu_w.get(name)
+                node = nodes[name]
+                w = got[1] if got is not None and got[0] is node.gpus else self._uniform_w(node)
                 if w is not None and w >= mine:  # type: ignore[operator]
                     blocked.add(name)
         if self._cells is not None:
@@ -458,8 +474,10 @@ class PassFacility:
 
     def _uniform_w(self, node: Node) -> float | None:
         """The power limit all of a node's GPUs share (None: they differ), kept for the pass."""
-        limits = {g.power_w for g in node.gpus}
-        w = self._gpu_w[node.name] = limits.pop() if len(limits) == 1 else None
+        gpus = node.gpus
+        limits = {g.power_w for g in gpus}
+        w = limits.pop() if len(limits) == 1 else None
+        self._gpu_w[node.name] = (gpus, w)
         return w
 
     def dead(self, p: ev.ProfileSpec) -> set[int]:
@@ -487,9 +505,8 @@ class PassFacility:
         each time where they all say one limit (asked per candidate node)."""
         if p.power_w:
             return p.power_w
-        w = self._gpu_w.get(node.name, -1.0)
-        if w == -1.0:
-            w = self._uniform_w(node)
+        got = self._gpu_w.get(node.name)
+        w = got[1] if got is not None and got[0] is node.gpus else self._uniform_w(node)
         return shard_watts(p, node, gpus) if w is None else w * len(gpus)
 
     def fit_together(self, nodes: list[Node], p: ev.ProfileSpec, gpus: list[list[int]]) -> bool:

@@ -36,20 +36,28 @@ from .fit import _mixed_reasons, cpu_short, memory_short
 
 
 class _Heaps:
-    """One model's cells by level, for one kind of profile, in one pass:
-    level -> heap of cursors (free GPUs, name, cell, position in the
-    cell's order), `cur[cell]` being the cell's cursor that stands (any
-    other entry of the cell is stale)."""
+    """One model's cells for one kind of profile, in one pass: one heap of
+    cursors (level, free GPUs, name, cell, position in the cell's order),
+    lowest level first, `cur[cell]` being the cell's cursor that stands (any
+    other entry of the cell is stale: its nodes changed since).
 
-    __slots__ = ("levels", "version", "cur", "heaps", "moved_at", "touched_at")
+    A cursor's level is its cell's when it was pushed, and a cell's level
+    only grows while the model's `Levels.version` stands: so it is a lower
+    bound, put right when the cursor comes to the top (pushed again at its
+    level), not at each placement that moves its rack's or PDU's cells,
+    most of which never come to the top again in the pass."""
+
+    __slots__ = ("levels", "version", "cur", "heap", "touched_at")
 
     def __init__(self, levels: Levels, touched_at: int) -> None:
         self.levels = levels
         self.version = levels.version
-        self.cur: dict[int, tuple | None] = {}
-        self.heaps: dict[int, list[tuple]] = {}
-        self.moved_at = len(levels.moved)
+        self.cur: list[tuple | None] = []
+        self.heap: list[tuple] = []
         self.touched_at = touched_at
+
+
+_NONE = 1 << 62  # the level of an empty heap: past every level
 
 
 class _InCells:
@@ -75,6 +83,7 @@ class CellSearch:
         self._admitted: dict[int, set] = {}
         self._cell_epoch = 0
         self._orders: list[list[tuple[int, str]]] | None = None
+        self._first_cursors: dict[int, list] = {}  # GPUs -> [touched then, every cell's first cursor] (`_firsts`)
         # (fabric's groups, profile) with too few nodes that fit, every node admitted (`_fabric_failed`)
         self._fab_refused: set[tuple[int, int]] = set()
         self._fab_epoch = 0
@@ -95,7 +104,10 @@ class CellSearch:
 
     def _spread_pick(self, p: ProfileSpec, groups: list, levels: Levels):
         """The node for one shard of a single-node profile, by the rounds of
-        spread over `levels`: lowest level first, then best fit."""
+        spread over `levels`: lowest level first, then best fit. Level by
+        level, as the heap's cursors come: the best of the cells at a
+        level that fits; else, at level 0, the best node in no cell; else
+        the model's own nodes at that level, fewest of its replicas first."""
         fac, spread = self._fac, levels.spread
         if self._cell_epoch != fac.epoch:  # a stop made room: what was refused may fit now
             self._cell_epoch = fac.epoch
@@ -109,112 +121,130 @@ class CellSearch:
             h = self._heaps[key] = self._start(p, levels)
         else:
             self._sync(p, h)
-        for level in levels.order():
-            v = self._top(p, admitted, h, level)
-            if not level and levels.loose:  # the nodes in no cell, not running the model
-                other = self._best(p, groups, spread, 1, _InCells(fac.cells().of))
-                if other is not None and (v is None or (len(other.free), other.name) < (len(v.free), v.name)):
-                    v = other
-            if v is not None:
-                return v
-            # The model's own nodes at this level, fewest of its replicas first.
-            mine = levels.spread_at(level)
-            if mine:
-                by_count: dict[int, set[str]] = {}
-                for name in mine:
-                    by_count.setdefault(spread[name], set()).add(name)
-                for n in sorted(by_count):
-                    v = self._first_fit(p, admitted, by_count[n])
+        mine: list[int] | None = None  # the levels of the model's own nodes, once asked (Levels.low says when)
+        loose = levels.loose  # nodes in no cell: at level 0 unless the model runs there
+        j = 0  # the levels of `mine` before it are done
+        heap, cur = h.heap, h.cur
+        dead = fac.dead(p)
+        blocked = fac.blocked(p)
+        views, orders, level_of = self._views, self._orders, levels.level_of
+        while True:
+            while heap:  # the cursor that stands, at its cell's level, of a cell not known refused whole
+                e = heap[0]
+                c = e[3]
+                if cur[c] is not e:
+                    heappop(heap)  # stale: the cell's nodes changed since
+                elif e[0] != level_of[c]:  # its level grew since (see _Heaps)
+                    e = cur[c] = (level_of[c], *e[1:])
+                    heapreplace(heap, e)
+                elif c in dead:  # every node of it refused (PassFacility._noted)
+                    cur[c] = None
+                    heappop(heap)
+                else:
+                    break
+            level = heap[0][0] if heap else _NONE
+            # The levels below it have no cell with a node that may fit: what
+            # is left of them is the nodes in no cell (level 0) and the model's own.
+            if loose and level:
+                loose = False
+                v = self._best(p, groups, spread, 1, _InCells(fac.cells().of))
+                if v is not None:
+                    return v
+            if level > levels.low:
+                if mine is None:
+                    mine = levels.mine()
+                while j < len(mine) and mine[j] < level:
+                    v = self._mine_at(p, admitted, levels, mine[j])
                     if v is not None:
                         return v
-        return None
-
-    def _cursor(self, p: ProfileSpec, c: int) -> tuple | None:
-        """A cell's cursor from its start: its first node with the GPUs free
-        (the orders are made: `_start` made them)."""
-        order = self._orders[c]  # type: ignore[index]
-        i = bisect_left(order, (p.gpus, ""))
-        return (*order[i], c, i) if i < len(order) else None
-
-    def _start(self, p: ProfileSpec, levels: Levels) -> _Heaps:
-        orders = self._cell_orders()
-        h = _Heaps(levels, len(self._fac.touched))
-        cur, heaps, level_of = h.cur, h.heaps, levels.level_of
-        first = (p.gpus, "")
-        for c, order in enumerate(orders):  # `_cursor` of every cell, inline: once per model and pass
-            i = bisect_left(order, first)
-            if i < len(order):
-                e = cur[c] = (*order[i], c, i)
-                heap = heaps.get(level_of[c])
-                if heap is None:
-                    heaps[level_of[c]] = [e]
-                else:
-                    heap.append(e)
-            else:
-                cur[c] = None
-        for heap in heaps.values():
-            heapify(heap)
-        return h
-
-    def _sync(self, p: ProfileSpec, h: _Heaps) -> None:
-        """The cells whose level moved, and those a placement changed, since the model's last search."""
-        levels = h.levels
-        cur, heaps, level_of = h.cur, h.heaps, levels.level_of
-        moved = levels.moved
-        if h.moved_at < len(moved):
-            for c in moved[h.moved_at :]:
-                e = cur.get(c)
-                if e is not None:
-                    heappush(heaps.setdefault(level_of[c], []), e)
-            h.moved_at = len(moved)
-        touched = self._fac.touched
-        if h.touched_at < len(touched):
-            new = touched[h.touched_at :]
-            for c in set(new) if len(new) > 1 else new:  # (each pushed once; the heap orders them)
-                e = cur[c] = self._cursor(p, c)
-                if e is not None:
-                    heap = heaps.get(level_of[c])
-                    if heap is None:
-                        heaps[level_of[c]] = [e]
-                    else:
-                        heappush(heap, e)
-            h.touched_at = len(touched)
-
-    def _top(self, p: ProfileSpec, admitted: set, h: _Heaps, level: int):
-        """The best node of the cells at one level that fits, or None."""
-        heap = h.heaps.get(level)
-        if not heap:
-            return None
-        cur, spread, level_of = h.cur, h.levels.spread, h.levels.level_of
-        fac, views, orders = self._fac, self._views, self._orders
-        blocked = fac.blocked(p) if fac.active else ()
-        dead = fac.dead(p)
-        while heap:
-            e = heap[0]
-            c = e[2]
-            if cur.get(c) is not e or level_of[c] != level:
-                heappop(heap)  # stale: the cell changed, or is at another level now
-                continue
-            if c in dead:  # every node of it refused (PassFacility._noted)
-                cur[c] = None
-                heappop(heap)
-                continue
-            order, at = orders[c], e[3]
+                    j += 1
+            if not heap:
+                return None
+            order, at = orders[c], e[4]  # type: ignore[index]
             for i in range(at, len(order)):
                 k, name = order[i]
                 if name in blocked or name in spread:
                     continue  # refused for the pass, or the model runs there (its own come later)
                 if i != at:  # the cursor moved on: another cell may do better now
-                    e = cur[c] = (k, name, c, i)
+                    e = cur[c] = (level, k, name, c, i)
                     heapreplace(heap, e)
                     break
                 v = views.get(name) or self.view(name)
                 if self._fits(p, admitted, v):
+                    if loose:  # level 0: the best node in no cell may do better
+                        other = self._best(p, groups, spread, 1, _InCells(fac.cells().of))
+                        if other is not None and (len(other.free), other.name) < (len(v.free), v.name):
+                            return other
                     return v  # (it stays the cell's cursor: the next search looks at it again)
             else:
                 cur[c] = None  # none of the cell's nodes fits
                 heappop(heap)
+
+    def _mine_at(self, p: ProfileSpec, admitted: set, levels: Levels, level: int):
+        """The model's own nodes at a level that fit, fewest of its replicas first, then best fit."""
+        spread = levels.spread
+        by_count: dict[int, set[str]] = {}
+        for name in levels.spread_at(level):
+            by_count.setdefault(spread[name], set()).add(name)
+        for n in sorted(by_count):
+            v = self._first_fit(p, admitted, by_count[n])
+            if v is not None:
+                return v
         return None
+
+    def _start(self, p: ProfileSpec, levels: Levels) -> _Heaps:
+        firsts = self._firsts(p.gpus)
+        h = _Heaps(levels, len(self._fac.touched))
+        level_of = levels.level_of
+        cur = h.cur = [None if e is None else (level_of[e[2]], *e) for e in firsts]
+        heap = h.heap = [e for e in cur if e is not None]
+        heapify(heap)
+        return h
+
+    def _firsts(self, gpus: int) -> list[tuple | None]:
+        """Every cell's `_cursor` for a profile of this many GPUs, but its
+        level: kept for the pass as placements change the cells
+        (PassFacility.touched), as a model's first search of a pass made
+        them cell by cell, and a cold start is ~100 models a pass
+        (benchmarks/placement.py --facility)."""
+        touched = self._fac.touched
+        got = self._first_cursors.get(gpus)
+        if got is None:
+            orders = self._cell_orders()
+            first = (gpus, "")
+            out: list[tuple | None] = []
+            for c, order in enumerate(orders):
+                i = bisect_left(order, first)
+                out.append((*order[i], c, i) if i < len(order) else None)
+            got = self._first_cursors[gpus] = [len(touched), out]
+        elif got[0] < len(touched):
+            out, orders, first = got[1], self._orders, (gpus, "")
+            for c in set(touched[got[0] :]):
+                order = orders[c]  # type: ignore[index]
+                i = bisect_left(order, first)
+                out[c] = (*order[i], c, i) if i < len(order) else None
+            got[0] = len(touched)
+        return got[1]
+
+    def _sync(self, p: ProfileSpec, h: _Heaps) -> None:
+        """The cells a placement changed since the model's last search: their cursors start again."""
+        cur, heap, level_of = h.cur, h.heap, h.levels.level_of
+        touched = self._fac.touched
+        new: list[int] | set[int] = ()  # type: ignore[assignment]
+        if h.touched_at < len(touched):
+            new = touched[h.touched_at :]
+            if len(new) > 1:
+                new = set(new)  # (each pushed once; the heap orders them)
+            orders, first = self._orders, (p.gpus, "")
+            for c in new:  # `_cursor`, inline: once a placement
+                order = orders[c]  # type: ignore[index]
+                i = bisect_left(order, first)
+                if i < len(order):
+                    e = cur[c] = (level_of[c], *order[i], c, i)
+                    heappush(heap, e)
+                else:
+                    cur[c] = None
+            h.touched_at = len(touched)
 
     def _cell_orders(self) -> list[list[tuple[int, str]]]:
         """Each cell's ready nodes as (free GPUs, name), in that order: made
