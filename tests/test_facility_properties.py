@@ -99,6 +99,15 @@ def assert_facility_rules_kept(step: Step, after: State) -> None:
             f"{d} counted at {draws[d]:g} W (less {credit[d]:g} handed over) past its cap of {after.budgets[d]:g} W")
 
 
+def assert_domain_draws_are_derived(state: State) -> None:
+    """What the fold keeps of each domain's draw (state.domain_draw) is what
+    summing its nodes afresh gives, for every domain some node is in."""
+    fresh = facility.domain_draws(state, state.domain_nodes)
+    assert state.domain_draw.keys() <= fresh.keys(), f"draws kept for domains no node is in: {state.domain_draw}"
+    for d, w in fresh.items():
+        assert abs(state.domain_draw.get(d, 0.0) - w) < 1e-6, f"{d} kept at {state.domain_draw.get(d)} W, counted {w} W"
+
+
 def assert_fresh_decisions_not_voided_for_the_facility(step: Step, after: State) -> None:
     if not (step.fresh and isinstance(step.event, ev.Decided)):
         return
@@ -135,6 +144,7 @@ def test_placements_keep_holds_caps_and_keep_within(data):
     for step in world.run(STEPS):
         assert_facility_rules_kept(step, world.live)
         assert_fresh_decisions_not_voided_for_the_facility(step, world.live)
+        assert_domain_draws_are_derived(world.live)
 
 
 @SETTINGS
@@ -145,6 +155,7 @@ def test_stale_and_rogue_decisions_never_break_holds_or_caps(data):
     world = World(data, facility=True, rogue=True)
     for step in world.run(STEPS):
         assert_facility_rules_kept(step, world.live)
+        assert_domain_draws_are_derived(world.live)
 
 
 @SETTINGS

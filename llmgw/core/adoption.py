@@ -39,7 +39,7 @@ def take_reports(state: State, node: Node, e: ev.NodeRegistered) -> None:
             r = reported.get(sh.id)
             if r is not None and r.generation == sh.generation:
                 ours.add(sh.id)
-                hold(node, sh)
+                hold(state, node, sh)
                 if sh.state != "stopping" and r.state in ("starting", "loading", "ready"):
                     sh.state = r.state
                     sh.endpoint = r.endpoint or sh.endpoint
@@ -49,7 +49,7 @@ def take_reports(state: State, node: Node, e: ev.NodeRegistered) -> None:
                 # in place, its old engine draining): rightly not started yet,
                 # so not failed; it keeps what it took over. (The old one's
                 # replica was placed first, so it was matched above.)
-                hold(node, sh)
+                hold(state, node, sh)
                 continue
             else:
                 count_shard(state, rep.owner, sh, -1)
@@ -164,7 +164,7 @@ def _merge(
         )
         rep.shards.append(sh)
         count_shard(state, rep.owner, sh, +1)
-        hold(node, sh)
+        hold(state, node, sh)
     rep.shards.sort(key=lambda s: s.rank)
     if len(rep.shards) >= rep.want_shards:
         if counted:

@@ -25,28 +25,16 @@ from .state import KEEP_LAST, Replica, Shard, State, Tally, Voided, add_gb
 
 def fold_decided(state: State, e: ev.Decided, seq: int) -> None:
     """Apply each action in order, or void it with the reason it no longer holds."""
-    # The capped domains' draws as this event's placements add to them, so
-    # that each placement's power check does not sum every node of its rack
-    # and PDU again (half the facility's cost of a cold start on 2,000
-    # nodes: benchmarks/placement.py --facility). Made afresh after any
-    # other action, which may change what a node draws.
-    draws: dict[str, float] = {}
     for action in e.actions:
-        if type(action) is ev.PlaceReplica:
-            why_not = _place(state, action, e, seq, draws)
-        else:
-            if draws:
-                draws.clear()
-            why_not = _ACTIONS[type(action)](state, action, e, seq)
+        why_not = _ACTIONS[type(action)](state, action, e, seq)
         if why_not:
             state.voided_count += 1
             state.voided.append(Voided(seq=seq, action=describe_action(action), reason=why_not))
             del state.voided[:-KEEP_LAST]
 
 
-def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int, draws: dict[str, float] | None = None) -> str:
-    """Apply a placement, or say why it no longer holds. `draws`: the capped
-    domains' draws known so far in this event (fold_decided)."""
+def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
+    """Apply a placement, or say why it no longer holds."""
     rid, model_name = a.replica, a.model
     if rid in state.replicas:
         return f"replica {rid} exists already"
@@ -131,25 +119,15 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int, draws: dic
     # Holds and power caps, checked again in log order (a hold, a cap or a
     # measurement may have come since the decision). What the replica it
     # replaces hands over on a node is credited, as decide released it.
-    known = draws if draws is not None else {}
     if state.holds or state.budgets:
         handed_w: dict[str, float] = {}
         for sh in handed.values():
             node = nodes.get(sh.node)
             if node is not None:
                 handed_w[sh.node] = handed_w.get(sh.node, 0.0) + counted(node, sh)
-        why = power_problem(state, [(nodes[s.node], w) for s, w in zip(placements, watts)], handed_w, known)
+        why = power_problem(state, [(nodes[s.node], w) for s, w in zip(placements, watts)], handed_w)
         if why:
             return why
-        if known:
-            if handed:  # what an in-place handover leaves counted is not summed here
-                known.clear()
-            else:
-                for s, w in zip(placements, watts):
-                    if w:
-                        for d in state.located.get(s.node, ()):
-                            if d in known:
-                                known[d] += w
     shards = []
     for s in placements:
         sid, port, gpus_taken = s.shard, s.port, s.gpus
@@ -167,7 +145,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int, draws: dic
             )
         )
         node = nodes[s.node]
-        count_unmeasured(node, shards[-1])
+        count_unmeasured(state, node, shards[-1])
         touch(state, s.node)
         if handed:
             for old_sh in handed.values():

@@ -150,13 +150,40 @@ def counted(node: Node, sh: Shard) -> float:
     return sh.power_w
 
 
-def count_unmeasured(node: Node, sh: Shard) -> None:
+def count_unmeasured(state: State, node: Node, sh: Shard) -> None:
     """A live shard's draw counted on its node until a measurement covers it
     (placed, or held again at a registration: a new registration forgets
     what was measured)."""
     if sh.power_w:
         sh.measured = False
+        before = node.unmeasured.get(sh.id, 0.0)
         node.unmeasured[sh.id] = sh.power_w
+        _drew(state, node.name, sh.power_w - before)
+
+
+def uncount(state: State, node: Node, sid: str) -> None:
+    """A shard no longer counted on its node (it ended, or its replica was forgotten)."""
+    if node.unmeasured:
+        w = node.unmeasured.pop(sid, None)
+        if w:
+            _drew(state, node.name, -w)
+
+
+def forget_draw(state: State, node: Node) -> None:
+    """Nothing counted on the node any more: it was lost, or registers afresh."""
+    _drew(state, node.name, -node_draw(node))
+    node.unmeasured.clear()
+    node.power_w, node.power_gpus = 0.0, {}
+
+
+def _drew(state: State, name: str, delta: float) -> None:
+    """A node's draw changed by `delta`: so did each of its domains'
+    (state.domain_draw: the fold is its only writer, through the functions
+    above, relocate and node_power)."""
+    if delta:
+        draw = state.domain_draw
+        for d in state.located.get(name, ()):
+            draw[d] = draw.get(d, 0.0) + delta
 
 
 def relocate(state: State, name: str) -> None:
@@ -167,16 +194,22 @@ def relocate(state: State, name: str) -> None:
     old = state.located.get(name, ())
     if new == old:
         return
-    index = state.domain_nodes
+    index, draw = state.domain_nodes, state.domain_draw
+    w = node_draw(node) if node is not None else 0.0  # (what the node counts for moves with it)
     for d in old:
         if d not in new:
             names = index[d]
             names.remove(name)
             if not names:
                 del index[d]
+                draw.pop(d, None)
+            elif w:
+                draw[d] -= w
     for d in new:
         if d not in old:
             insort(index.setdefault(d, []), name)
+            if w:
+                draw[d] = draw.get(d, 0.0) + w
     if new:
         state.located[name] = new
     else:
@@ -184,12 +217,10 @@ def relocate(state: State, name: str) -> None:
 
 
 def domain_draws(state: State, domains: Iterable[str]) -> dict[str, float]:
-    """The counted draw of each of these domains, over every node in it."""
-    # node_draw, inline and once per node (a node is in its rack and its
-    # PDU): summed per domain, in its nodes' order, as the numbers were
-    # before. A pass sums every capped domain, and so does the fold over a
-    # pass's Decided: a thirtieth of a cold start with the facility, as
-    # calls (benchmarks/placement.py --facility).
+    """The counted draw of each of these domains, over every node in it:
+    what state.domain_draw keeps as the fold goes, summed afresh (the tests
+    and benchmarks/placement.py check the one against the other)."""
+    # node_draw, inline and once per node (a node is in its rack and its PDU).
     nodes, index = state.nodes, state.domain_nodes
     drawn: dict[str, float] = {}
     out: dict[str, float] = {}
@@ -206,9 +237,7 @@ def domain_draws(state: State, domains: Iterable[str]) -> dict[str, float]:
     return out
 
 
-def power_problem(
-    state: State, adds: list[tuple[Node, float]], credit: dict[str, float], known: dict[str, float] | None = None
-) -> str:
+def power_problem(state: State, adds: list[tuple[Node, float]], credit: dict[str, float]) -> str:
     """The fold's test of a placement (decisions._place): whether these
     draws, added on their nodes (less `credit`, by node: what a replica
     replaced in place hands over), take a capped domain past its cap; or
@@ -216,7 +245,7 @@ def power_problem(
     if not state.holds and not state.budgets:
         return ""
     if len(adds) == 1 and not credit:
-        return _one_problem(state, adds[0][0], adds[0][1], known)
+        return _one_problem(state, adds[0][0], adds[0][1])
     extra: dict[str, float] = {}
     for node, w in adds:
         for d in state.located.get(node.name, ()):
@@ -227,21 +256,15 @@ def power_problem(
                 extra[d] = extra.get(d, 0.0) + w - credit.get(node.name, 0.0)
     if not extra:
         return ""
-    if known is None:
-        draws = domain_draws(state, extra)
-    else:  # the draws its caller knows already (decisions.fold_decided), the others summed and kept there
-        draws = known
-        missing = [d for d in extra if d not in known]
-        if missing:
-            known.update(domain_draws(state, missing))
+    draws = state.domain_draw
     for d in sorted(extra):
-        cap, after = state.budgets[d], draws[d] + extra[d]
+        cap, after = state.budgets[d], draws.get(d, 0.0) + extra[d]
         if extra[d] > 0 and after > cap + 1e-6:
             return f"{d} would draw {watts(after)} of {watts(cap)}"
     return ""
 
 
-def _one_problem(state: State, node: Node, w: float, known: dict[str, float] | None) -> str:
+def _one_problem(state: State, node: Node, w: float) -> str:
     """power_problem for one shard and no credit (most placements), the
     same answer without its sums by domain (benchmarks/placement.py --facility)."""
     ds = state.located.get(node.name)
@@ -255,20 +278,16 @@ def _one_problem(state: State, node: Node, w: float, known: dict[str, float] | N
                 return f"{d} is held: {hold.reason or 'no reason given'}"
     if w <= 0 or not budgets:
         return ""
-    # One walk, nothing made unless a domain is missing or past its cap;
-    # the first past it by name is the one said, as power_problem would.
-    draws = known if known is not None else {}
+    # One walk, nothing made unless a domain is past its cap; the first
+    # past it by name is the one said, as power_problem would.
+    draws = state.domain_draw
     over = ""
     for d in ds:
         cap = budgets.get(d)
-        if cap is None:
-            continue
-        if d not in draws:
-            draws.update(domain_draws(state, [x for x in ds if x in budgets and x not in draws]))
-        if draws[d] + w > cap + 1e-6 and (not over or d < over):
+        if cap is not None and draws.get(d, 0.0) + w > cap + 1e-6 and (not over or d < over):
             over = d
     if over:
-        return f"{over} would draw {watts(draws[over] + w)} of {watts(budgets[over])}"
+        return f"{over} would draw {watts(draws.get(over, 0.0) + w)} of {watts(budgets[over])}"
     return ""
 
 
@@ -419,9 +438,15 @@ def node_power(state: State, e: ev.NodePower, seq: int) -> None:
         return
     if e.watts < 0 or any(w < 0 for w in e.gpus.values()):
         raise _refused(f"node {e.node}: a negative draw")
+    before = node_draw(node)
     node.power_w, node.power_gpus, node.power_at = e.watts, dict(e.gpus), e.at
-    if not node.unmeasured:
-        return
+    if node.unmeasured:
+        _covered(state, node)
+    _drew(state, e.node, node_draw(node) - before)
+
+
+def _covered(state: State, node: Node) -> None:
+    """The node's shards a measurement covers are no longer counted at their own draw."""
     replicas = state.replicas
     for sid in list(node.unmeasured):
         rep = replicas.get(sid.rpartition(".")[0])

@@ -27,7 +27,6 @@ from .facility import (
     MAX_REJECTIONS,
     POWER,
     counted,
-    domain_draws,
     render,
     shard_watts,
     watts,
@@ -331,7 +330,8 @@ class PassFacility:
     @property
     def draw(self) -> dict[str, float]:
         if self._draw is None:
-            self._draw = domain_draws(self.state, self.state.budgets)
+            draw = self.state.domain_draw
+            self._draw = {d: draw.get(d, 0.0) for d in self.state.budgets}
         return self._draw
 
     def cells(self) -> Cells:

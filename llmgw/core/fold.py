@@ -50,7 +50,8 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 12: the policy (PolicyApplied: state.policy), which the rules read.
 # 13: a placement whose shards do not take what its profile asks (a GPU
 #     count, a GPU twice, a shard count) is voided.
-FOLD_VERSION = 13
+# 14: each domain's counted draw is kept by the fold (state.domain_draw).
+FOLD_VERSION = 14
 
 
 class Refused(ValueError):
@@ -307,6 +308,9 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
         operator_labels=dict(state.node_labels.get(e.node, {})),
     )
     node.taken = in_range(node, e.ports_taken)
+    old = state.nodes.get(e.node)
+    if old is not None:  # what it counted for its domains goes with it: its shards are held afresh
+        facility.forget_draw(state, old)
     state.nodes[e.node] = node
     facility.relocate(state, e.node)
     # Registered after its credential was revoked: with a new one (the server
@@ -373,8 +377,7 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
             if sh.memory_gb:
                 node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
             node.cpu_used -= sh.cpu_cores
-            if node.unmeasured:
-                node.unmeasured.pop(sid, None)
+            facility.uncount(state, node, sid)
         count_shard(state, rep.owner, sh, -1)
         if sh.after and node is not None:
             hand_back(state, node, sh)
@@ -408,8 +411,7 @@ def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
     node.memory_used = 0.0
     node.cpu_used = 0
     # Its shards are gone from the books, and what it last measured is stale.
-    node.unmeasured.clear()
-    node.power_w, node.power_gpus = 0.0, {}
+    facility.forget_draw(state, node)
     for rep in list(state.replicas.values()):
         touched = False
         for sh in rep.shards:

@@ -10,14 +10,14 @@ replicas and compare, so every handler must change them through here.
 
 from __future__ import annotations
 
-from .facility import count_unmeasured
+from .facility import count_unmeasured, uncount
 from .nodeindex import touch
 from .quota import count_shard
 from .replicaindex import removed
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, Tally, add_gb
 
 
-def hold(node: Node, sh: Shard) -> None:
+def hold(state: State, node: Node, sh: Shard) -> None:
     """Count what a live shard holds on its node: its GPUs, port, memory and cores."""
     for g in sh.gpus:
         node.used[g] = sh.id
@@ -26,7 +26,7 @@ def hold(node: Node, sh: Shard) -> None:
     if sh.memory_gb:
         node.memory_used = add_gb(node.memory_used, sh.memory_gb)
     node.cpu_used += sh.cpu_cores
-    count_unmeasured(node, sh)
+    count_unmeasured(state, node, sh)
 
 
 def release_ids(node: Node, holder: str, gpus: list[int], port: int) -> None:
@@ -148,7 +148,7 @@ def forget(state: State, rep: Replica) -> None:
         if sh.memory_gb:
             node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
         node.cpu_used -= sh.cpu_cores
-        node.unmeasured.pop(sh.id, None)
+        uncount(state, node, sh.id)
         count_shard(state, rep.owner, sh, -1)
         if sh.after:
             hand_back(state, node, sh)

@@ -288,6 +288,11 @@ class State(msgspec.Struct, kw_only=True, weakref=True):
     # node -> its domains (only nodes with a location), domain -> its nodes.
     located: dict[str, tuple[str, ...]] = {}
     domain_nodes: dict[str, list[str]] = {}
+    # Derived too: each domain's counted draw in watts (facility.node_draw
+    # summed over its nodes), kept as the nodes' draws change, so that the
+    # fold's check of a placement and a pass read it instead of summing the
+    # domain's nodes (facility.domain_draws, the same sum made afresh).
+    domain_draw: dict[str, float] = {}
     quarantine_count: int = 0
     quarantined: list[Quarantined] = []
     voided_count: int = 0
