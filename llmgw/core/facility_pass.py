@@ -46,20 +46,26 @@ class Cells:
     the level of its rack's and PDU's few cells, where re-levelling each of
     their nodes in Python was a third of a cold start with the facility
     (benchmarks/placement.py --facility). A node that says no rack or no
-    PDU is a cell of its own (nothing says it shares them); one that says
-    neither is in no cell (`Levels` counts it by itself)."""
+    PDU is a cell of its own (nothing says it shares them), and the rack
+    (or PDU) it does not say is one of its own too, numbered apart, whose
+    count is the node's; one that says neither is in no cell (`Levels`
+    counts it by itself).
 
-    __slots__ = ("of", "nodes", "rack", "pdu", "one", "by_rack", "by_pdu", "near")
+    Racks and PDUs are numbered (`rack_of`, `pdu_of`: cell -> number), so
+    that a model's counts are two lists and a cell's level two reads."""
+
+    __slots__ = ("of", "nodes", "rack_of", "pdu_of", "racks", "pdus")
 
     def __init__(self, located: dict[str, tuple[str, ...]]) -> None:
         self.of: dict[str, int] = {}  # node -> its cell
         self.nodes: list[set[str]] = []  # cell -> its nodes
-        self.rack: list[str | None] = []
-        self.pdu: list[str | None] = []
-        self.one: list[str] = []  # cell -> its only node, for a node's own cell ("" otherwise)
-        self.by_rack: dict[str, list[int]] = {}
-        self.by_pdu: dict[str, list[int]] = {}
+        self.rack_of: list[int] = []
+        self.pdu_of: list[int] = []
+        racks: dict[str, int] = {}
+        pdus: dict[str, int] = {}
+        own = 0  # racks and PDUs of a node of its own, numbered after the named ones
         keys: dict = {}
+        cells: list[tuple[str | None, str | None]] = []
         # (A cell's number decides nothing: placement orders by free GPUs and
         # name, and a name is in one cell; so the fold's order will do.)
         for name, ds in located.items():
@@ -76,22 +82,26 @@ class Cells:
             if c is None:
                 c = keys[key] = len(self.nodes)
                 self.nodes.append(set())
-                self.rack.append(rack)
-                self.pdu.append(pdu)
-                self.one.append(name if key is name else "")
+                cells.append((rack, pdu))
                 if rack is not None:
-                    self.by_rack.setdefault(rack, []).append(c)
+                    racks.setdefault(rack, len(racks))
                 if pdu is not None:
-                    self.by_pdu.setdefault(pdu, []).append(c)
+                    pdus.setdefault(pdu, len(pdus))
             self.nodes[c].add(name)
             self.of[name] = c
-        # cell -> the cells whose level a count of one of its nodes moves:
-        # those of its rack and its PDU, and itself (a node's own cell).
-        self.near: list[list[int]] = []
-        for c in range(len(self.nodes)):
-            near = set(self.by_rack.get(self.rack[c], ())) | set(self.by_pdu.get(self.pdu[c], ()))  # type: ignore[arg-type]
-            near.add(c)
-            self.near.append(sorted(near))
+        for rack, pdu in cells:
+            if rack is None:
+                self.rack_of.append(len(racks) + own)
+                own += 1
+            else:
+                self.rack_of.append(racks[rack])
+            if pdu is None:
+                self.pdu_of.append(len(pdus) + own)
+                own += 1
+            else:
+                self.pdu_of.append(pdus[pdu])
+        self.racks = len(racks) + own  # how many numbers a count per rack needs
+        self.pdus = len(pdus) + own
 
 
 class Kept:
@@ -150,10 +160,10 @@ class Levels:
     spread would (`placement._limits`). A node without a rack (or PDU)
     label is a rack (or PDU) of its own: nothing says it shares one.
 
-    Kept by cell (`Cells`), as the model's placements in the pass add to
-    its spread (`refresh`): each cell's level of rack and PDU counts
-    (`level_of`), for facility_search's heap. A placement moves its rack's and PDU's
-    few cells, not their nodes one by one. Where the model's own nodes
+    Kept by rack and PDU (`Cells`), as the model's placements in the pass
+    add to its spread (`refresh`): a placement counts one more for its
+    rack and its PDU, which moves their cells (`level`), not their nodes
+    one by one. Where the model's own nodes
     are (`mine`, `spread_at`) is asked only when the search has found no
     other node below them, which is rare: so it is worked out then, from
     the cells that have some (`_csp`), and a lower bound of their levels
@@ -165,9 +175,13 @@ class Levels:
         cells = self._cells = fac.cells()
         self.loose = len(cells.of) < len(fac.state.nodes)  # nodes in no cell, at level 0 unless the model runs there
         self._seen: dict[str, int] = {}
-        self._racks: dict[str, int] = {}
-        self._pdus: dict[str, int] = {}
-        self._cl = self.level_of = [0] * len(cells.nodes)  # cell -> its level
+        # The model's replicas per rack and per PDU, by number (Cells): a
+        # cell's level is `rc[rack_of[c]] * _BASE + pc[pdu_of[c]]` (`level`),
+        # read where it is needed rather than kept for every cell that a
+        # placement moves, most of which nobody reads again in the pass.
+        self.rc = [0] * cells.racks
+        self.pc = [0] * cells.pdus
+        self.rack_of, self.pdu_of = cells.rack_of, cells.pdu_of
         self._loose: dict[int, int] = {}  # level -> the model's nodes in no cell at it
         self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
         self.low = _NONE  # no level of the model's own nodes is below it (`mine`)
@@ -220,12 +234,14 @@ class Levels:
         self._apply(changes)
         return self
 
+    def level(self, c: int) -> int:
+        """A cell's level: its rack's count of the model's replicas, then its PDU's."""
+        return self.rc[self.rack_of[c]] * _BASE + self.pc[self.pdu_of[c]]
+
     def _apply(self, changes) -> None:
-        """Counts changed (node, before, now; `_seen` says them already): move the cells of their racks and PDUs."""
-        cells, racks, pdus = self._cells, self._racks, self._pdus
-        of, crack, cpdu, near = cells.of, cells.rack, cells.pdu, cells.near
-        touched: list[int] = []
-        cl, csp = self._cl, self._csp
+        """Counts changed (node, before, now; `_seen` says them already): its rack's and PDU's too."""
+        of, rack_of, pdu_of, rc, pc = self._cells.of, self.rack_of, self.pdu_of, self.rc, self.pc
+        csp = self._csp
         for name, old, now in changes:
             delta = now - old
             if delta < 0:
@@ -245,45 +261,37 @@ class Levels:
                     if now * _BASE + now < self.low:
                         self.low = now * _BASE + now
                 continue
+            r, p = rack_of[c], pdu_of[c]
             if not old:  # the cell's own nodes of the model (`spread_at`)
                 mine = csp.get(c)
                 if mine is None:
                     csp[c] = {name}
                 else:
                     mine.add(name)
-                if cl[c] < self.low:  # (its level only grows from here)
-                    self.low = cl[c]
+                if rc[r] * _BASE + pc[p] < self.low:  # (its level only grows from here)
+                    self.low = rc[r] * _BASE + pc[p]
             elif not now:
                 mine = csp.get(c)
                 if mine is not None:
                     mine.discard(name)
                     if not mine:
                         del csp[c]
-            r, p = crack[c], cpdu[c]
-            if r is not None:
-                racks[r] = racks.get(r, 0) + delta
-            if p is not None:
-                pdus[p] = pdus.get(p, 0) + delta
-            touched += near[c]
-        seen, one_of = self._seen, cells.one
-        for c in touched:
-            r, p, one = crack[c], cpdu[c], one_of[c]
-            n = seen.get(one, 0) if one else 0
-            cl[c] = (racks.get(r, 0) if r is not None else n) * _BASE + (pdus.get(p, 0) if p is not None else n)
+            rc[r] += delta
+            pc[p] += delta
 
     def mine(self) -> list[int]:
         """The levels some of the model's nodes are at (in a cell, or in none), lowest first; `low` is the first."""
-        cl = self._cl
-        out = sorted({cl[c] for c in self._csp} | self._loose.keys())
+        level = self.level
+        out = sorted({level(c) for c in self._csp} | self._loose.keys())
         self.low = out[0] if out else _NONE
         return out
 
     def spread_at(self, level: int) -> set[str]:
         """The model's nodes at a level (in a cell at it, or in none and at it by themselves)."""
         out: set[str] = set()
-        cl = self._cl
+        level_of = self.level
         for c, names in self._csp.items():
-            if cl[c] == level:
+            if level_of(c) == level:
                 out |= names
         if level in self._loose:
             of = self._cells.of
@@ -323,6 +331,9 @@ class PassFacility:
         # The facility's refusals the placement under way met, domain -> in
         # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
         self.seen: dict[str, str] = {}
+        # node -> the draw a replica stopped for its replacement in place
+        # hands over there, while that replacement is placed (`shift`).
+        self.credit: dict[str, float] = {}
         from .placement import Reason  # placement imports this module
 
         self._reason = Reason
@@ -374,7 +385,9 @@ class PassFacility:
             )
         if caps:
             w = self._watts(p, node, gpus)
-            if w:
+            if self.credit:
+                w -= self.credit.get(name, 0.0)
+            if w > 0:
                 draw = self._draw if self._draw is not None else self.draw
                 for d, cap in caps:
                     after = draw[d] + w
@@ -409,7 +422,9 @@ class PassFacility:
             return self._noted(held, node, p, gpus)
         if caps:
             w = self._watts(p, node, gpus)
-            if not w:
+            if self.credit:
+                w -= self.credit.get(name, 0.0)
+            if w <= 0:
                 return False
             draw = self._draw if self._draw is not None else self.draw
             for d, cap in caps:
@@ -451,6 +466,8 @@ class PassFacility:
         names = self.state.domain_nodes.get(domain, ())
         if every:
             blocked.update(names)
+            if self.credit:  # (what a node hands over is its own: see `credit`)
+                blocked.difference_update(self.credit)
         else:
             nodes = self.state.nodes
             gpu_w = self._gpu_w
@@ -458,7 +475,7 @@ class PassFacility:
                 got = gpu_w.get(name)
                 node = nodes[name]
                 w = got[1] if got is not None and got[0] is node.gpus else self._uniform_w(node)
-                if w is not None and w >= mine:  # type: ignore[operator]
+                if w is not None and w >= mine and name not in self.credit:  # type: ignore[operator]
                     blocked.add(name)
         if self._cells is not None:
             # The cells all of whose nodes are refused now: placement's search
@@ -516,7 +533,7 @@ class PassFacility:
             return True
         extra: dict[str, float] = {}
         for node, gs in zip(nodes, gpus):
-            w = shard_watts(p, node, gs)
+            w = shard_watts(p, node, gs) - self.credit.get(node.name, 0.0)
             for d in self.loc.get(node.name, ()):
                 if d in self.draw:
                     extra[d] = extra.get(d, 0.0) + w
@@ -528,19 +545,38 @@ class PassFacility:
         if self.capped:
             self._add(node.name, self._watts(p, node, gpus))
 
-    def shift(self, node: Node, sh: Shard, give: bool) -> None:
-        """A shard stopped in this pass (give) frees what it counts for; or not after all."""
+    def shift(self, node: Node, sh: Shard, give: bool, handover: bool = False) -> None:
+        """A shard stopped in this pass (give) frees what it counts for; or
+        not after all. `handover`: stopped for a replacement in place, its
+        draw goes on counting for its domains (it draws until it exits, and
+        the fold counts it until then) and is credited to a shard of the
+        replacement on its own node only (`credit`), as the fold's check of
+        the placement credits it (decisions._place). Freed for the whole
+        domain, a replacement on another node of its PDU was decided there
+        and voided by the fold (tests/test_facility_properties.py)."""
         self._touch(node.name)
-        if self.capped:
-            w = counted(node, sh)
-            self._add(node.name, -w if give else w)
+        if not self.capped:
+            return
+        if handover:
+            if give:
+                self.credit[node.name] = self.credit.get(node.name, 0.0) + counted(node, sh)
+                self._room_made()
+            else:
+                self.credit.pop(node.name, None)
+            return
+        w = counted(node, sh)
+        self._add(node.name, -w if give else w)
+
+    def _room_made(self) -> None:
+        """What was refused may fit again: every refusal of the pass is forgotten."""
+        self._blocked.clear()
+        self._spent.clear()
+        self._dead.clear()
+        self.epoch += 1
 
     def _add(self, name: str, w: float) -> None:
         if w < 0:  # room made: what was refused may fit again
-            self._blocked.clear()
-            self._spent.clear()
-            self._dead.clear()
-            self.epoch += 1
+            self._room_made()
         draw = self.draw
         for d in self.loc.get(name, ()):
             if d in draw:

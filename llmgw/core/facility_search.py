@@ -31,7 +31,7 @@ from bisect import bisect_left, insort
 from heapq import heapify, heappop, heappush, heapreplace
 
 from .events import ProfileSpec
-from .facility_pass import Levels
+from .facility_pass import _BASE, Levels
 from .fit import _mixed_reasons, cpu_short, memory_short
 
 
@@ -127,15 +127,16 @@ class CellSearch:
         heap, cur = h.heap, h.cur
         dead = fac.dead(p)
         blocked = fac.blocked(p)
-        views, orders, level_of = self._views, self._orders, levels.level_of
+        views, orders = self._views, self._orders
+        rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of
         while True:
             while heap:  # the cursor that stands, at its cell's level, of a cell not known refused whole
                 e = heap[0]
                 c = e[3]
                 if cur[c] is not e:
                     heappop(heap)  # stale: the cell's nodes changed since
-                elif e[0] != level_of[c]:  # its level grew since (see _Heaps)
-                    e = cur[c] = (level_of[c], *e[1:])
+                elif e[0] != rc[rack_of[c]] * _BASE + pc[pdu_of[c]]:  # its level grew since (see _Heaps)
+                    e = cur[c] = (rc[rack_of[c]] * _BASE + pc[pdu_of[c]], *e[1:])
                     heapreplace(heap, e)
                 elif c in dead:  # every node of it refused (PassFacility._noted)
                     cur[c] = None
@@ -195,8 +196,8 @@ class CellSearch:
     def _start(self, p: ProfileSpec, levels: Levels) -> _Heaps:
         firsts = self._firsts(p.gpus)
         h = _Heaps(levels, len(self._fac.touched))
-        level_of = levels.level_of
-        cur = h.cur = [None if e is None else (level_of[e[2]], *e) for e in firsts]
+        level = levels.level
+        cur = h.cur = [None if e is None else (level(e[2]), *e) for e in firsts]
         heap = h.heap = [e for e in cur if e is not None]
         heapify(heap)
         return h
@@ -228,7 +229,7 @@ class CellSearch:
 
     def _sync(self, p: ProfileSpec, h: _Heaps) -> None:
         """The cells a placement changed since the model's last search: their cursors start again."""
-        cur, heap, level_of = h.cur, h.heap, h.levels.level_of
+        cur, heap, level = h.cur, h.heap, h.levels.level
         touched = self._fac.touched
         new: list[int] | set[int] = ()  # type: ignore[assignment]
         if h.touched_at < len(touched):
@@ -240,7 +241,7 @@ class CellSearch:
                 order = orders[c]  # type: ignore[index]
                 i = bisect_left(order, first)
                 if i < len(order):
-                    e = cur[c] = (level_of[c], *order[i], c, i)
+                    e = cur[c] = (level(c), *order[i], c, i)
                     heappush(heap, e)
                 else:
                     cur[c] = None

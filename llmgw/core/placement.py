@@ -520,16 +520,20 @@ class Inventory(facility_search.CellSearch):
         v.next_port = port + 1
         return port
 
-    def release(self, shards: list[Shard]) -> None:
+    def release(self, shards: list[Shard], handover: bool = False) -> None:
         """Count what these shards hold as free in this pass: a replica stopped
-        in the pass leaves its room to the replacement placed beside the stop."""
-        self._shift(shards, give=True)
+        in the pass leaves its room to the replacement placed beside the stop.
+        `handover`: to its replacement in place, whose shards start once
+        they have exited (facility_pass.PassFacility.shift says what that
+        changes for the facility)."""
+        self._shift(shards, give=True, handover=handover)
 
-    def hold(self, shards: list[Shard]) -> None:
-        """Undo `release`: the replica is not stopped after all."""
-        self._shift(shards, give=False)
+    def hold(self, shards: list[Shard], handover: bool = False) -> None:
+        """Undo `release`: the replica is not stopped after all, or it holds
+        what its replacement did not take until it exits."""
+        self._shift(shards, give=False, handover=handover)
 
-    def _shift(self, shards: list[Shard], give: bool) -> None:
+    def _shift(self, shards: list[Shard], give: bool, handover: bool = False) -> None:
         self._changes += 1
         if give:
             self._short.clear()  # (memory or cores freed may be what a fabric lacked)
@@ -547,7 +551,7 @@ class Inventory(facility_search.CellSearch):
             if len(v.free) != before:
                 self._move(v, before)
             sign = -1 if give else 1
-            self._fac.shift(v.node, sh, give)  # facility: what it draws
+            self._fac.shift(v.node, sh, give, handover)  # facility: what it draws
             v.mem_used = add_gb(v.mem_used, sign * sh.memory_gb)
             v.cpu_used += sign * sh.cpu_cores
             # (A port another program holds stays out, whoever held it here:

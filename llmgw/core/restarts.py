@@ -176,12 +176,12 @@ def _in_place(p: Pass, m: ModelPass, rep: Replica, why: str, begin: bool = False
     the card of the model restarted there). Nothing is stopped when the
     replacement would not fit even so."""
     inv = p.inv
-    inv.release(rep.shards)
+    inv.release(rep.shards, handover=True)
     freed = replica_amount(rep)
     add(p.usage, rep.owner, freed, -1)  # what it holds is its replacement's to take, limits included
     placed = place_one(p, m, f"{m.name}-{p.next_number(m.name)}", why, replaces=rep.id)
     if placed is None:
-        inv.hold(rep.shards)
+        inv.hold(rep.shards, handover=True)
         add(p.usage, rep.owner, freed, +1)
         return False
     if begin:
@@ -189,7 +189,7 @@ def _in_place(p: Pass, m: ModelPass, rep: Replica, why: str, begin: bool = False
     p.add(ev.StopReplica(replica=rep.id, reason=why, drain_s=drain_s(m.spec, rep)))
     p.add(placed)
     m.took(placed)
-    inv.hold(_kept_till_exit(rep, placed))
+    inv.hold(_kept_till_exit(rep, placed), handover=True)
     return True
 
 
