@@ -185,48 +185,53 @@ class Levels:
         self._loose: dict[int, int] = {}  # level -> the model's nodes in no cell at it
         self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
         self.low = _NONE  # no level of the model's own nodes is below it (`mine`)
-        self._expected: list[str] = []
+        self._took: list[str] = []  # nodes taken since the last `refresh`
         self.version = 0  # one more whenever a count went down (what placement kept per model is stale)
         self.refresh()
 
-    def expect(self, name: str) -> None:
-        """A placement took this node: its count will be one more at the
-        next `refresh` (ModelPass.took). Every placement says so
-        (PassFacility.expect, from placement's `place`), and a spread
-        changes only so, so one expected node is checked by its count
-        alone; more, or none, by the whole spread. (Compared whole at
-        every placement, a model of 400 replicas read 400 entries each
-        time: benchmarks/placement.py --facility.)"""
-        self._expected.append(name)
+    def took(self, name: str) -> None:
+        """A placement took this node for the model: its count is one more,
+        as its caller counts it in the spread (ModelPass.took), and so its
+        rack's and its PDU's. Every placement says so (PassFacility.expect,
+        from placement's `place`), and a spread changes only so: `refresh`
+        checks that the spread says the same, by the nodes taken alone
+        (compared whole at every placement, a model of 400 replicas read
+        400 entries each time: benchmarks/placement.py --facility), and
+        puts right what it does not, from the spread."""
+        seen = self._seen
+        old = seen.get(name, 0)
+        seen[name] = old + 1
+        self._took.append(name)
+        c = self._cells.of.get(name)
+        if c is None:
+            self._loose_moved(old, old + 1)
+            return
+        r, p = self.rack_of[c], self.pdu_of[c]
+        rc, pc = self.rc, self.pc
+        if not old:  # the cell's own nodes of the model (`spread_at`)
+            mine = self._csp.get(c)
+            if mine is None:
+                self._csp[c] = {name}
+            else:
+                mine.add(name)
+            if rc[r] * _BASE + pc[p] < self.low:  # (its level only grows from here)
+                self.low = rc[r] * _BASE + pc[p]
+        rc[r] += 1
+        pc[p] += 1
 
     def refresh(self) -> "Levels":
-        spread, seen, expected = self.spread, self._seen, self._expected
-        if len(expected) == 1:  # one placement taken since: the usual case, checked in C
-            name = expected.pop()
-            old = seen.get(name, 0)
-            seen[name] = old + 1
-            if len(seen) == len(spread) and spread.get(name) == old + 1:  # (see `expect`)
-                self._apply(((name, old, old + 1),))
-                return self
-            if old:
-                seen[name] = old
+        """The levels as the spread says now (see `took`)."""
+        spread, seen, took = self.spread, self._seen, self._took
+        if took:
+            if len(took) == 1:
+                name = took.pop()
+                if len(seen) == len(spread) and spread.get(name) == seen[name]:  # (the usual case)
+                    return self
             else:
-                del seen[name]
-        elif expected:
-            self._expected = []
-            olds: dict[str, int] = {}
-            for name in expected:
-                olds.setdefault(name, seen.get(name, 0))
-                seen[name] = seen.get(name, 0) + 1
-            if seen == spread:  # (in C: the usual case, a placement taken)
-                self._apply([(name, old, seen[name]) for name, old in olds.items()])
-                return self
-            for name, old in olds.items():  # not as expected: undone, and read afresh below
-                if old:
-                    seen[name] = old
-                else:
-                    del seen[name]
-        if len(spread) == len(seen) and spread == seen:
+                self._took = []
+                if seen == spread:  # (in C)
+                    return self
+        elif len(spread) == len(seen) and spread == seen:
             return self
         changes = [(name, seen.get(name, 0), n) for name, n in sorted(spread.items() - seen.items())]
         changes += [(name, seen[name], 0) for name in sorted(seen.keys() - spread.keys())]
@@ -249,17 +254,7 @@ class Levels:
                 self.low = 0  # (levels go down: the bound is worked out again when asked)
             c = of.get(name)
             if c is None:  # in no cell: a rack and PDU of its own
-                loose = self._loose
-                if old:
-                    left = loose[old * _BASE + old] - 1
-                    if left:
-                        loose[old * _BASE + old] = left
-                    else:
-                        del loose[old * _BASE + old]
-                if now:
-                    loose[now * _BASE + now] = loose.get(now * _BASE + now, 0) + 1
-                    if now * _BASE + now < self.low:
-                        self.low = now * _BASE + now
+                self._loose_moved(old, now)
                 continue
             r, p = rack_of[c], pdu_of[c]
             if not old:  # the cell's own nodes of the model (`spread_at`)
@@ -278,6 +273,20 @@ class Levels:
                         del csp[c]
             rc[r] += delta
             pc[p] += delta
+
+    def _loose_moved(self, old: int, now: int) -> None:
+        """A node in no cell runs `now` of the model's replicas, not `old`: its level moved."""
+        loose = self._loose
+        if old:
+            left = loose[old * _BASE + old] - 1
+            if left:
+                loose[old * _BASE + old] = left
+            else:
+                del loose[old * _BASE + old]
+        if now:
+            loose[now * _BASE + now] = loose.get(now * _BASE + now, 0) + 1
+            if now * _BASE + now < self.low:
+                self.low = now * _BASE + now
 
     def mine(self) -> list[int]:
         """The levels some of the model's nodes are at (in a cell, or in none), lowest first; `low` is the first."""
@@ -602,7 +611,7 @@ class PassFacility:
         levels = self._levels.get(id(spread))
         if levels is not None and levels.spread is spread:
             for name in names:
-                levels.expect(name)
+                levels.took(name)
 
     def domain_of(self, kind: str, name: str) -> str:
         for d in self.loc.get(name, ()):

@@ -316,25 +316,29 @@ class CellSearch:
 
     # ------------------------------------------------------------------ multi-node: fabrics
 
-    def _fabric_refused(self, p: ProfileSpec, groups: list, limit: int, first: bool, spread: dict[str, int]) -> bool:
-        """Whether placement's `_fabric_pick` may pass over this fabric in a
-        round without looking at its nodes: too few of them have the GPUs
-        free and are not refused by the facility (nor, in the first round,
-        run the model), counted in C; or it was found so before in this
-        pass, in this round (placement's `_short`, kept by the facility's
-        rules too: its refusals only harden in a pass) or with every node
-        admitted (`_fab_refused`). On a fleet whose caps bind, looking at
-        them one by one was most of a multi-node placement
-        (benchmarks/placement.py --facility)."""
+    def _fabric_known_refused(self, p: ProfileSpec, groups: list, limit: int, spread: dict[str, int]) -> bool:
+        """Whether placement's `_fabric_pick` found this fabric refused before
+        in this pass, in this round (placement's `_short`, kept by the
+        facility's rules too: its refusals only harden in a pass) or with
+        every node admitted (`_fab_refused`). Asked before anything else of
+        a fabric: on a fleet whose caps bind, a multi-node placement passes
+        over some twenty fabrics so (benchmarks/placement.py --facility)."""
         fac = self._fac
         if self._fab_epoch != fac.epoch:  # a stop made room: what was refused may fit now
             self._fab_epoch = fac.epoch
             self._fab_refused.clear()
             self._short.clear()
+        return self._short.get((id(groups), id(p), limit)) is spread or (id(groups), id(p)) in self._fab_refused
+
+    def _fabric_refused(self, p: ProfileSpec, groups: list, limit: int, first: bool, spread: dict[str, int]) -> bool:
+        """Whether placement's `_fabric_pick` may pass over this fabric in a
+        round without looking at its nodes: too few of them have the GPUs
+        free and are not refused by the facility (nor, in the first round,
+        run the model), counted in C. On a fleet whose caps bind, looking at
+        them one by one was most of a multi-node placement
+        (benchmarks/placement.py --facility)."""
         short = (id(groups), id(p), limit)
-        if self._short.get(short) is spread or (id(groups), id(p)) in self._fab_refused:
-            return True
-        blocked = fac.blocked(p)
+        blocked = self._fac.blocked(p)
         mine = spread.keys() if first and spread else None
         n = 0
         for grp in groups:

@@ -430,6 +430,8 @@ class Inventory(facility_search.CellSearch):
         for i in range(len(limits)):
             for j in range(start, len(by_fabric)):
                 groups_in_fabric = by_fabric[j]
+                if fac.active and self._fabric_known_refused(p, groups_in_fabric, limits[i], spread):  # facility_search
+                    continue
                 if not self._may_hold(p, groups_in_fabric):
                     if j == start:
                         start = self._first[key] = j + 1
