@@ -323,7 +323,6 @@ class PassFacility:
         self.loc = state.located  # node -> its domains (the fold's, read only)
         self._draw: dict[str, float] | None = None  # capped domain -> draw counted in this pass
         self._cells: Cells | None = None
-        self.cell_version: list[int] = []  # cell -> changes to its nodes in this pass (see `_touch`)
         self.touched: list[int] = []  # the cells changed, in order (facility_search reads on)
         self.epoch = 0  # one more when a stop made room: every refusal of the pass may be stale
         self._held: dict[str, tuple] = {}  # node -> its held-domain Reasons (built lazily)
@@ -361,7 +360,6 @@ class PassFacility:
             if facts.cells is None:
                 facts.cells = Cells(self.state.located)
             self._cells = facts.cells
-            self.cell_version = [0] * len(self._cells.nodes)
         return self._cells
 
     def _touch(self, name: str) -> None:
@@ -369,7 +367,6 @@ class PassFacility:
         if self._cells is not None:
             c = self._cells.of.get(name)
             if c is not None:
-                self.cell_version[c] += 1
                 self.touched.append(c)
 
     # ------------------------------------------------------------------ rules, per node
@@ -430,7 +427,11 @@ class PassFacility:
         if held:
             return self._noted(held, node, p, gpus)
         if caps:
-            w = self._watts(p, node, gpus)
+            w = p.power_w
+            if not w:  # `_watts`, inline: asked of every candidate
+                got = self._gpu_w.get(name)
+                w = got[1] if got is not None and got[0] is node.gpus else self._uniform_w(node)
+                w = shard_watts(p, node, gpus) if w is None else w * len(gpus)
             if self.credit:
                 w -= self.credit.get(name, 0.0)
             if w <= 0:
@@ -550,9 +551,19 @@ class PassFacility:
 
     def take(self, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> None:
         """A shard placed in this pass: its draw counts from now on."""
-        self._touch(node.name)
+        name = node.name
+        cells = self._cells
+        if cells is not None:  # (`_touch`, inline: once a placement)
+            c = cells.of.get(name)
+            if c is not None:
+                self.touched.append(c)
         if self.capped:
-            self._add(node.name, self._watts(p, node, gpus))
+            w = self._watts(p, node, gpus)
+            if w:
+                draw = self._draw if self._draw is not None else self.draw
+                for d in self.loc.get(name, ()):
+                    if d in draw:
+                        draw[d] += w
 
     def shift(self, node: Node, sh: Shard, give: bool, handover: bool = False) -> None:
         """A shard stopped in this pass (give) frees what it counts for; or

@@ -47,14 +47,19 @@ class _Heaps:
     level), not at each placement that moves its rack's or PDU's cells,
     most of which never come to the top again in the pass."""
 
-    __slots__ = ("levels", "version", "cur", "heap", "touched_at")
+    __slots__ = ("levels", "version", "groups", "touched_at", "cur", "heap", "parts")
 
-    def __init__(self, levels: Levels, touched_at: int) -> None:
+    def __init__(self, levels: Levels, groups: list, touched_at: int, cur: list, heap: list, parts: tuple) -> None:
         self.levels = levels
         self.version = levels.version
-        self.cur: list[tuple | None] = []
-        self.heap: list[tuple] = []
+        self.groups = groups
         self.touched_at = touched_at
+        self.cur = cur
+        self.heap = heap
+        # What each search reads, in one: (heap, cur, the pass's refused
+        # nodes and cells for the profile's draw, the admitted groups, and
+        # the model's counts per rack and PDU with the cells' racks and PDUs).
+        self.parts = parts
 
 
 _NONE = 1 << 62  # the level of an empty heap: past every level
@@ -90,11 +95,18 @@ class CellSearch:
         self._model_fabrics: tuple | None = None
 
     def _located_moved(self, name: str, before: int, after: int) -> None:
-        """A node's free GPU count changed in this pass (placement.Inventory._move)."""
+        """A node's free GPU count changed in this pass (placement.Inventory._move):
+        moved in its cell's order (`_cell_orders`), if made."""
         if after > before:
             self._fab_refused.clear()  # room made
         if self._orders is not None:
-            self._cell_moved(name, before, after)
+            c = self._fac.cells().of.get(name)
+            if c is not None:
+                order = self._orders[c]
+                i = bisect_left(order, (before, name))
+                if i < len(order) and order[i] == (before, name):
+                    del order[i]
+                    insort(order, (after, name))
 
     def _find_located(self, p: ProfileSpec, groups: list, levels: Levels):
         """placement's `_find` for a single-node profile on a fleet whose
@@ -108,27 +120,21 @@ class CellSearch:
         level, as the heap's cursors come: the best of the cells at a
         level that fits; else, at level 0, the best node in no cell; else
         the model's own nodes at that level, fewest of its replicas first."""
-        fac, spread = self._fac, levels.spread
+        fac = self._fac
         if self._cell_epoch != fac.epoch:  # a stop made room: what was refused may fit now
             self._cell_epoch = fac.epoch
             self._heaps.clear()
-        admitted = self._admitted.get(id(groups))
-        if admitted is None:  # (the index keeps `groups` for the pass: see Inventory._admitting)
-            admitted = self._admitted[id(groups)] = set(groups)
-        key = (id(spread), id(p))  # (the state holds the profile for the pass)
+        key = (id(levels), id(p))  # (the pass holds both)
         h = self._heaps.get(key)
-        if h is None or h.levels is not levels or h.version != levels.version:
-            h = self._heaps[key] = self._start(p, levels)
-        else:
+        if h is None or h.version != levels.version or h.groups is not groups:
+            h = self._heaps[key] = self._start(p, levels, groups)
+        elif h.touched_at < len(fac.touched):
             self._sync(p, h)
+        heap, cur, dead, blocked, admitted, rc, pc, rack_of, pdu_of = h.parts
+        spread, views, orders = levels.spread, self._views, self._orders
         mine: list[int] | None = None  # the levels of the model's own nodes, once asked (Levels.low says when)
         loose = levels.loose  # nodes in no cell: at level 0 unless the model runs there
         j = 0  # the levels of `mine` before it are done
-        heap, cur = h.heap, h.cur
-        dead = fac.dead(p)
-        blocked = fac.blocked(p)
-        views, orders = self._views, self._orders
-        rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of
         while True:
             while heap:  # the cursor that stands, at its cell's level, of a cell not known refused whole
                 e = heap[0]
@@ -193,14 +199,18 @@ class CellSearch:
                 return v
         return None
 
-    def _start(self, p: ProfileSpec, levels: Levels) -> _Heaps:
+    def _start(self, p: ProfileSpec, levels: Levels, groups: list) -> _Heaps:
         firsts = self._firsts(p.gpus)
-        h = _Heaps(levels, len(self._fac.touched))
         level = levels.level
-        cur = h.cur = [None if e is None else (level(e[2]), *e) for e in firsts]
-        heap = h.heap = [e for e in cur if e is not None]
+        cur = [None if e is None else (level(e[2]), *e) for e in firsts]
+        heap = [e for e in cur if e is not None]
         heapify(heap)
-        return h
+        admitted = self._admitted.get(id(groups))
+        if admitted is None:  # (the index keeps `groups` for the pass: see Inventory._admitting)
+            admitted = self._admitted[id(groups)] = set(groups)
+        fac = self._fac
+        parts = (heap, cur, fac.dead(p), fac.blocked(p), admitted, levels.rc, levels.pc, levels.rack_of, levels.pdu_of)
+        return _Heaps(levels, groups, len(fac.touched), cur, heap, parts)
 
     def _firsts(self, gpus: int) -> list[tuple | None]:
         """Every cell's `_cursor` for a profile of this many GPUs, but its
@@ -229,23 +239,19 @@ class CellSearch:
 
     def _sync(self, p: ProfileSpec, h: _Heaps) -> None:
         """The cells a placement changed since the model's last search: their cursors start again."""
-        cur, heap, level = h.cur, h.heap, h.levels.level
         touched = self._fac.touched
-        new: list[int] | set[int] = ()  # type: ignore[assignment]
-        if h.touched_at < len(touched):
-            new = touched[h.touched_at :]
-            if len(new) > 1:
-                new = set(new)  # (each pushed once; the heap orders them)
-            orders, first = self._orders, (p.gpus, "")
-            for c in new:  # `_cursor`, inline: once a placement
-                order = orders[c]  # type: ignore[index]
-                i = bisect_left(order, first)
-                if i < len(order):
-                    e = cur[c] = (level(c), *order[i], c, i)
-                    heappush(heap, e)
-                else:
-                    cur[c] = None
-            h.touched_at = len(touched)
+        new = touched[h.touched_at :]
+        h.touched_at = len(touched)
+        levels, cur, heap, orders, first = h.levels, h.cur, h.heap, self._orders, (p.gpus, "")
+        rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of
+        for c in set(new) if len(new) > 1 else new:  # (each pushed once; the heap orders them)
+            order = orders[c]  # type: ignore[index]
+            i = bisect_left(order, first)
+            if i < len(order):
+                e = cur[c] = (rc[rack_of[c]] * _BASE + pc[pdu_of[c]], *order[i], c, i)
+                heappush(heap, e)
+            else:
+                cur[c] = None
 
     def _cell_orders(self) -> list[list[tuple[int, str]]]:
         """Each cell's ready nodes as (free GPUs, name), in that order: made
@@ -265,16 +271,6 @@ class CellSearch:
                 orders.append(order)
         return orders
 
-    def _cell_moved(self, name: str, before: int, after: int) -> None:
-        """A node's free GPU count changed in this pass (placement.Inventory._move)."""
-        c = self._fac.cells().of.get(name) if self._orders is not None else None
-        if c is not None:
-            order = self._orders[c]
-            i = bisect_left(order, (before, name))
-            if i < len(order) and order[i] == (before, name):
-                del order[i]
-                insort(order, (after, name))
-
     def _fits(self, p: ProfileSpec, admitted: set, v) -> bool:
         """Whether one shard of the profile fits the node, of the admitted groups."""
         if not v.ready or len(v.free) < p.gpus:
@@ -287,7 +283,7 @@ class CellSearch:
         if grp.kind is None and _mixed_reasons(p, v.node.gpus, v.free):
             return False
         fac = self._fac
-        if fac.active and fac.refuses(v.node, p, self._gpus_for(v, p)):
+        if fac.active and fac.refuses(v.node, p, v.free[: p.gpus] if grp.kind is not None else self._gpus_for(v, p)):
             return False
         # placement's `_room_reasons` but the facility's (just asked), without the words.
         node = v.node
