@@ -238,18 +238,28 @@ class CellSearch:
         return got[1]
 
     def _sync(self, p: ProfileSpec, h: _Heaps) -> None:
-        """The cells a placement changed since the model's last search: their cursors start again."""
+        """The cells a placement changed since the model's last search: their
+        cursors start again, past the nodes known refused and the model's
+        own (as `_spread_pick` would pass over them). A cell's cursor that
+        stands at the top (the cell a placement of the model itself took
+        from, mostly) is replaced there, not left behind stale."""
         touched = self._fac.touched
         new = touched[h.touched_at :]
         h.touched_at = len(touched)
-        levels, cur, heap, orders, first = h.levels, h.cur, h.heap, self._orders, (p.gpus, "")
-        rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of
+        heap, cur, _dead, blocked, _admitted, rc, pc, rack_of, pdu_of = h.parts
+        spread, orders, first = h.levels.spread, self._orders, (p.gpus, "")
         for c in set(new) if len(new) > 1 else new:  # (each pushed once; the heap orders them)
             order = orders[c]  # type: ignore[index]
-            i = bisect_left(order, first)
-            if i < len(order):
+            i, n = bisect_left(order, first), len(order)
+            while i < n and (order[i][1] in blocked or order[i][1] in spread):
+                i += 1
+            old = cur[c]
+            if i < n:
                 e = cur[c] = (rc[rack_of[c]] * _BASE + pc[pdu_of[c]], *order[i], c, i)
-                heappush(heap, e)
+                if old is not None and heap[0] is old:
+                    heapreplace(heap, e)
+                else:
+                    heappush(heap, e)
             else:
                 cur[c] = None
 
