@@ -14,7 +14,7 @@ from typing import Callable
 
 from . import events as ev
 from .catalog import profile_named
-from .facility import count_unmeasured, counted, power_problem, shard_watts
+from .facility import count_unmeasured, counted, power_problem, shard_problem, shard_watts
 from .nodeindex import touch
 from .replicaindex import added, removed
 from .ports import placement_problem
@@ -119,7 +119,11 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
     # Holds and power caps, checked again in log order (a hold, a cap or a
     # measurement may have come since the decision). What the replica it
     # replaces hands over on a node is credited, as decide released it.
-    if state.holds or state.budgets:
+    if (state.holds or state.budgets) and not handed and len(placements) == 1:
+        why = shard_problem(state, node, watts[0])  # (power_problem's one shard: most placements)
+        if why:
+            return why
+    elif state.holds or state.budgets:
         handed_w: dict[str, float] = {}
         for sh in handed.values():
             node = nodes.get(sh.node)

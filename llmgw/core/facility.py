@@ -154,11 +154,16 @@ def count_unmeasured(state: State, node: Node, sh: Shard) -> None:
     """A live shard's draw counted on its node until a measurement covers it
     (placed, or held again at a registration: a new registration forgets
     what was measured)."""
-    if sh.power_w:
+    w = sh.power_w
+    if w:
         sh.measured = False
-        before = node.unmeasured.get(sh.id, 0.0)
-        node.unmeasured[sh.id] = sh.power_w
-        _drew(state, node.name, sh.power_w - before)
+        unmeasured = node.unmeasured
+        delta = w - unmeasured.get(sh.id, 0.0)
+        unmeasured[sh.id] = w
+        if delta:  # (`_drew`, inline: at every placement the fold applies)
+            draw = state.domain_draw
+            for d in state.located.get(node.name, ()):
+                draw[d] = draw.get(d, 0.0) + delta
 
 
 def uncount(state: State, node: Node, sid: str) -> None:
@@ -245,7 +250,7 @@ def power_problem(state: State, adds: list[tuple[Node, float]], credit: dict[str
     if not state.holds and not state.budgets:
         return ""
     if len(adds) == 1 and not credit:
-        return _one_problem(state, adds[0][0], adds[0][1])
+        return shard_problem(state, adds[0][0], adds[0][1])
     extra: dict[str, float] = {}
     for node, w in adds:
         for d in state.located.get(node.name, ()):
@@ -264,7 +269,7 @@ def power_problem(state: State, adds: list[tuple[Node, float]], credit: dict[str
     return ""
 
 
-def _one_problem(state: State, node: Node, w: float) -> str:
+def shard_problem(state: State, node: Node, w: float) -> str:
     """power_problem for one shard and no credit (most placements), the
     same answer without its sums by domain (benchmarks/placement.py --facility)."""
     ds = state.located.get(node.name)

@@ -111,25 +111,23 @@ class Kept:
 
     - `cells`: the located nodes by cell, while no node's domains change;
     - `limits`: node -> (its first held domain, its capped domains with their
-      caps), while no node's domains, no hold and no cap change;
-    - `gpu_w`: node -> (its list of GPUs, the power limit they all share,
-      None when they differ), while it has that list (only a registration
-      makes a new one).
+      caps, its list of GPUs, the power limit they all share: None when
+      they differ), while no node's domains, no hold and no cap change,
+      and the node has that list of GPUs (only a registration makes a new one).
 
     Each was made again at every pass, for every node a pass looked at:
     most of the facility's cost of a cold start was these, as a cold
     start is passes of ~1,900 placements each (benchmarks/placement.py --facility).
     Checked whole, in C, once a pass (`kept`)."""
 
-    __slots__ = ("located", "holds", "budgets", "cells", "limits", "gpu_w", "__weakref__")
+    __slots__ = ("located", "holds", "budgets", "cells", "limits", "__weakref__")
 
     def __init__(self) -> None:
         self.located: dict[str, tuple[str, ...]] | None = None
         self.holds: dict = {}
         self.budgets: dict[str, float] = {}
         self.cells: Cells | None = None
-        self.limits: dict[str, tuple[str, tuple[tuple[str, float], ...]]] = {}
-        self.gpu_w: dict[str, tuple[list, float | None]] = {}
+        self.limits: dict[str, tuple] = {}
 
 
 # id(state) -> what is kept for it; an entry goes when its state does (a finalizer), as nodeindex's do.
@@ -239,6 +237,10 @@ class Levels:
         self._apply(changes)
         return self
 
+    def counted(self) -> bool:
+        """Whether any of the model's nodes counts at all (every cell is at level 0 until one does)."""
+        return bool(self._seen)
+
     def level(self, c: int) -> int:
         """A cell's level: its rack's count of the model's replicas, then its PDU's."""
         return self.rc[self.rack_of[c]] * _BASE + self.pc[self.pdu_of[c]]
@@ -331,10 +333,8 @@ class PassFacility:
         self._blocked: dict[tuple[float, int], set[str]] = {}  # see `blocked`
         self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
         self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
-        # node -> see `_limits_of`; node -> (its GPUs, the power limit they all share, None: not alike)
         facts = kept(state) if self.active else Kept()
-        self._limits = facts.limits
-        self._gpu_w = facts.gpu_w
+        self._limits = facts.limits  # node -> see `_limits_of`
         self._facts = facts
         # The facility's refusals the placement under way met, domain -> in
         # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
@@ -376,9 +376,9 @@ class PassFacility:
         of the profile would take past their cap."""
         name = node.name
         got = self._limits.get(name)
-        if got is None:
-            got = self._limits_of(name)
-        held, caps = got
+        if got is None or got[2] is not node.gpus:
+            got = self._limits_of(node)
+        held, caps = got[0], got[1]
         if not held and not caps:  # (explain asks this of every node of the fleet)
             return ()
         out = self._held.get(name)
@@ -421,17 +421,15 @@ class PassFacility:
         bind, most of them), and words for each cost more than the search."""
         name = node.name
         got = self._limits.get(name)
-        if got is None:
-            got = self._limits_of(name)
-        held, caps = got
+        if got is None or got[2] is not node.gpus:
+            got = self._limits_of(node)
+        held, caps, _, uniform = got
         if held:
             return self._noted(held, node, p, gpus)
         if caps:
-            w = p.power_w
-            if not w:  # `_watts`, inline: asked of every candidate
-                got = self._gpu_w.get(name)
-                w = got[1] if got is not None and got[0] is node.gpus else self._uniform_w(node)
-                w = shard_watts(p, node, gpus) if w is None else w * len(gpus)
+            w = p.power_w  # (`_watts`, inline: asked of every candidate)
+            if not w:
+                w = shard_watts(p, node, gpus) if uniform is None else uniform * len(gpus)
             if self.credit:
                 w -= self.credit.get(name, 0.0)
             if w <= 0:
@@ -442,15 +440,28 @@ class PassFacility:
                     return self._noted(d, node, p, gpus)
         return False
 
-    def _limits_of(self, name: str) -> tuple[str, tuple[tuple[str, float], ...]]:
-        """A node's first held domain ("": none) and its capped domains with
-        their caps, in its domains' order: holds and caps do not change
-        in a pass, and `refuses` asks per candidate."""
+    def _limits_of(self, node: Node) -> tuple[str, tuple[tuple[str, float], ...], list, float | None]:
+        """A node's first held domain ("": none), its capped domains with
+        their caps, in its domains' order, its list of GPUs and the power
+        limit they all share (None: they differ): holds, caps and GPUs do
+        not change in a pass (and are kept from pass to pass: `Kept`), and
+        `refuses` asks per candidate."""
+        name = node.name
         ds = self.loc.get(name, ())
         holds, budgets = self.state.holds, self.state.budgets
         held = next((d for d in ds if d in holds), "")
-        got = self._limits[name] = (held, tuple((d, budgets[d]) for d in ds if d in budgets))
+        gpus = node.gpus
+        limits = {g.power_w for g in gpus}
+        uniform = limits.pop() if len(limits) == 1 else None
+        got = self._limits[name] = (held, tuple((d, budgets[d]) for d in ds if d in budgets), gpus, uniform)
         return got
+
+    def _uniform_w(self, node: Node) -> float | None:
+        """The power limit all of a node's GPUs share (None: they differ)."""
+        got = self._limits.get(node.name)
+        if got is None or got[2] is not node.gpus:
+            got = self._limits_of(node)
+        return got[3]
 
     def _noted(self, domain: str, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> bool:
         """A refusal, noted in words for the placement under way (once per
@@ -465,7 +476,7 @@ class PassFacility:
             self.reasons(node, p, gpus)
         blocked = self.blocked(p)
         every = domain in self.state.holds or p.power_w
-        mine = None if every else self._gpu_w[node.name][1]  # (refuses asked it: `_watts`)
+        mine = None if every else self._uniform_w(node)
         if not every and mine is None:
             return True  # (GPUs of unlike limits: its draw depends on the GPUs it gets)
         blocked.add(node.name)
@@ -480,11 +491,8 @@ class PassFacility:
                 blocked.difference_update(self.credit)
         else:
             nodes = self.state.nodes
-            gpu_w = self._gpu_w
             for name in names:
-                got = gpu_w.get(name)
-                node = nodes[name]
-                w = got[1] if got is not None and got[0] is node.gpus else self._uniform_w(node)
+                w = self._uniform_w(nodes[name])
                 if w is not None and w >= mine and name not in self.credit:  # type: ignore[operator]
                     blocked.add(name)
         if self._cells is not None:
@@ -498,14 +506,6 @@ class PassFacility:
                 if c not in dead and cells[c] <= blocked:
                     dead.add(c)
         return True
-
-    def _uniform_w(self, node: Node) -> float | None:
-        """The power limit all of a node's GPUs share (None: they differ), kept for the pass."""
-        gpus = node.gpus
-        limits = {g.power_w for g in gpus}
-        w = limits.pop() if len(limits) == 1 else None
-        self._gpu_w[node.name] = (gpus, w)
-        return w
 
     def dead(self, p: ev.ProfileSpec) -> set[int]:
         """The cells (Cells) every node of which `blocked` holds for this draw."""
@@ -532,8 +532,7 @@ class PassFacility:
         each time where they all say one limit (asked per candidate node)."""
         if p.power_w:
             return p.power_w
-        got = self._gpu_w.get(node.name)
-        w = got[1] if got is not None and got[0] is node.gpus else self._uniform_w(node)
+        w = self._uniform_w(node)
         return shard_watts(p, node, gpus) if w is None else w * len(gpus)
 
     def fit_together(self, nodes: list[Node], p: ev.ProfileSpec, gpus: list[list[int]]) -> bool:
@@ -606,14 +605,12 @@ class PassFacility:
 
     def levels(self, spread: dict[str, int]) -> Levels | None:
         """Spread by rack, then PDU, then node, where nodes say where they are (None: none does)."""
-        if not self.loc:
-            return None
-        cells = self.cells()
-        if not cells.nodes:
-            return None
         levels = self._levels.get(id(spread))
         if levels is None:
-            levels = self._levels[id(spread)] = Levels(spread, self)
+            if not self.loc or not self.cells().nodes:
+                return None
+            levels = self._levels[id(spread)] = Levels(spread, self)  # (as the spread is: refreshed)
+            return levels
         return levels.refresh()
 
     def expect(self, spread: dict[str, int], names: list[str]) -> None:

@@ -100,7 +100,7 @@ class CellSearch:
         if after > before:
             self._fab_refused.clear()  # room made
         if self._orders is not None:
-            c = self._fac.cells().of.get(name)
+            c = self._fac.cells().of.get(name)  # (made: `_cell_orders` made them)
             if c is not None:
                 order = self._orders[c]
                 i = bisect_left(order, (before, name))
@@ -201,8 +201,11 @@ class CellSearch:
 
     def _start(self, p: ProfileSpec, levels: Levels, groups: list) -> _Heaps:
         firsts = self._firsts(p.gpus)
-        level = levels.level
-        cur = [None if e is None else (level(e[2]), *e) for e in firsts]
+        if levels.counted():
+            level = levels.level
+            cur = [None if e is None else (level(e[3]), *e[1:]) for e in firsts]
+        else:  # every cell at level 0, as `_firsts` made them
+            cur = list(firsts)
         heap = [e for e in cur if e is not None]
         heapify(heap)
         admitted = self._admitted.get(id(groups))
@@ -213,8 +216,9 @@ class CellSearch:
         return _Heaps(levels, groups, len(fac.touched), cur, heap, parts)
 
     def _firsts(self, gpus: int) -> list[tuple | None]:
-        """Every cell's `_cursor` for a profile of this many GPUs, but its
-        level: kept for the pass as placements change the cells
+        """Every cell's first cursor for a profile of this many GPUs (its
+        first node with the GPUs free), at level 0 (a model with none of its
+        replicas counted yet): kept for the pass as placements change the cells
         (PassFacility.touched), as a model's first search of a pass made
         them cell by cell, and a cold start is ~100 models a pass
         (benchmarks/placement.py --facility)."""
@@ -226,14 +230,14 @@ class CellSearch:
             out: list[tuple | None] = []
             for c, order in enumerate(orders):
                 i = bisect_left(order, first)
-                out.append((*order[i], c, i) if i < len(order) else None)
+                out.append((0, *order[i], c, i) if i < len(order) else None)
             got = self._first_cursors[gpus] = [len(touched), out]
         elif got[0] < len(touched):
             out, orders, first = got[1], self._orders, (gpus, "")
             for c in set(touched[got[0] :]):
                 order = orders[c]  # type: ignore[index]
                 i = bisect_left(order, first)
-                out[c] = (*order[i], c, i) if i < len(order) else None
+                out[c] = (0, *order[i], c, i) if i < len(order) else None
             got[0] = len(touched)
         return got[1]
 
