@@ -449,11 +449,19 @@ class PassFacility:
         name = node.name
         ds = self.loc.get(name, ())
         holds, budgets = self.state.holds, self.state.budgets
-        held = next((d for d in ds if d in holds), "")
+        held = ""
+        if holds:
+            for d in ds:
+                if d in holds:
+                    held = d
+                    break
         gpus = node.gpus
-        limits = {g.power_w for g in gpus}
-        uniform = limits.pop() if len(limits) == 1 else None
-        got = self._limits[name] = (held, tuple((d, budgets[d]) for d in ds if d in budgets), gpus, uniform)
+        uniform: float | None = gpus[0].power_w if gpus else 0.0
+        for g in gpus:
+            if g.power_w != uniform:
+                uniform = None
+                break
+        got = self._limits[name] = (held, tuple([(d, budgets[d]) for d in ds if d in budgets]), gpus, uniform)
         return got
 
     def _uniform_w(self, node: Node) -> float | None:
@@ -557,12 +565,15 @@ class PassFacility:
             if c is not None:
                 self.touched.append(c)
         if self.capped:
-            w = self._watts(p, node, gpus)
-            if w:
+            got = self._limits.get(name)
+            if got is None or got[2] is not node.gpus:
+                got = self._limits_of(node)
+            caps, uniform = got[1], got[3]
+            w = p.power_w or (shard_watts(p, node, gpus) if uniform is None else uniform * len(gpus))  # (`_watts`)
+            if w and caps:
                 draw = self._draw if self._draw is not None else self.draw
-                for d in self.loc.get(name, ()):
-                    if d in draw:
-                        draw[d] += w
+                for d, _cap in caps:
+                    draw[d] += w
 
     def shift(self, node: Node, sh: Shard, give: bool, handover: bool = False) -> None:
         """A shard stopped in this pass (give) frees what it counts for; or

@@ -88,21 +88,24 @@ class CellSearch:
         self._admitted: dict[int, set] = {}
         self._cell_epoch = 0
         self._orders: list[list[tuple[int, str]]] | None = None
+        self._cell_of: dict[str, int] = {}  # node -> its cell, once the orders are made
         self._first_cursors: dict[int, list] = {}  # GPUs -> [touched then, every cell's first cursor] (`_firsts`)
         # (fabric's groups, profile) with too few nodes that fit, every node admitted (`_fabric_failed`)
         self._fab_refused: set[tuple[int, int]] = set()
         self._fab_epoch = 0
         self._model_fabrics: tuple | None = None
+        self._picked: Levels | None = None  # the levels the last single-node search went by (placement's `place`)
 
     def _located_moved(self, name: str, before: int, after: int) -> None:
         """A node's free GPU count changed in this pass (placement.Inventory._move):
         moved in its cell's order (`_cell_orders`), if made."""
         if after > before:
             self._fab_refused.clear()  # room made
-        if self._orders is not None:
-            c = self._fac.cells().of.get(name)  # (made: `_cell_orders` made them)
+        orders = self._orders
+        if orders is not None:
+            c = self._cell_of.get(name)
             if c is not None:
-                order = self._orders[c]
+                order = orders[c]
                 i = bisect_left(order, (before, name))
                 if i < len(order) and order[i] == (before, name):
                     del order[i]
@@ -269,12 +272,14 @@ class CellSearch:
 
     def _cell_orders(self) -> list[list[tuple[int, str]]]:
         """Each cell's ready nodes as (free GPUs, name), in that order: made
-        once a pass, kept as placements take (`_cell_moved`)."""
+        once a pass, kept as placements take (`_located_moved`)."""
         orders = self._orders
         if orders is None:
             entries, views = self._build().entries, self._views
+            cells = self._fac.cells()
+            self._cell_of = cells.of
             orders = self._orders = []
-            for nodes in self._fac.cells().nodes:
+            for nodes in cells.nodes:
                 order = []
                 for name in nodes:
                     e = entries.get(name)

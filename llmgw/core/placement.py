@@ -296,7 +296,7 @@ class Inventory(facility_search.CellSearch):
             groups = self._admitting(idx, p)
             fac = self._fac
             if fac.loc:  # facility: rack, then PDU, then node (facility_search)
-                levels = fac.levels(spread)
+                levels = self._picked = fac.levels(spread)
                 if levels is not None:
                     return self._find_located(p, groups, levels)
             for limit in _rounds(spread):
@@ -312,6 +312,7 @@ class Inventory(facility_search.CellSearch):
         each node runs already; the fewer, the sooner a node is tried."""
         if self._fac.active:
             self._fac.seen = {}  # (only the facility says rejections: see `rejections`)
+            self._picked = None
         self._found_k = 0
         chosen = self._find(p, spread)
         if chosen is None:
@@ -323,7 +324,11 @@ class Inventory(facility_search.CellSearch):
             port = self._take(v, gpus, p)
             shards.append(ShardPlacement(shard=f"{replica}.{rank}", node=v.name, rank=rank, gpus=gpus, port=port))
         if self._fac.loc:  # facility: the spread's levels, told what its caller will count (facility_pass.Levels)
-            self._fac.expect(spread, [v.name for v in chosen])
+            picked = self._picked
+            if picked is not None and len(chosen) == 1:  # (the levels `_find` searched by: those of this spread)
+                picked.took(chosen[0].name)
+            else:
+                self._fac.expect(spread, [v.name for v in chosen])
         # (Where the model's next search may begin: see _best. The node just
         # taken is in its spread from now on, as its caller counts it.)
         self._resume = (p, spread, self._changes, found_k) if p.nodes == 1 and found_k else None
