@@ -22,6 +22,14 @@ domain's draw grows, a model's spread grows) until a cell's nodes change
 (PassFacility.epoch: all start again). A placement so looks at a node or
 two, and at the cells that it or another changed since.
 
+A node in an order is one int, its *key*: its free GPUs, then its rank in
+name order (`_RANK_BITS`); a cursor's key has its level above that
+(`_LEVEL_SHIFT`). Ints order as (level, free GPUs, name) do and compare in
+one step, where tuples with the name in them made every heap operation
+and bisection compare two or three fields, and a cursor is (key, cell,
+position). (benchmarks/placement.py --facility: the heap and the orders
+were a sixth of the facility's cost of a cold start as tuples.)
+
 A mixin of placement.Inventory, apart so that each module stays one concern.
 """
 
@@ -34,11 +42,16 @@ from .events import ProfileSpec
 from .facility_pass import _BASE, Levels
 from .fit import _mixed_reasons, cpu_short, memory_short
 
+_RANK_BITS = 24  # a node's rank in name order: fewer than 16 million nodes
+_RANK = (1 << _RANK_BITS) - 1
+_LEVEL_SHIFT = 32  # a level above a node's key (free GPUs below 256)
+_KEY = (1 << _LEVEL_SHIFT) - 1
+
 
 class _Heaps:
     """One model's cells for one kind of profile, in one pass: one heap of
-    cursors (level, free GPUs, name, cell, position in the cell's order),
-    lowest level first, `cur[cell]` being the cell's cursor that stands (any
+    cursors (level and node's key as one int, cell, position in the cell's
+    order), lowest level first, `cur[cell]` being the cell's cursor that stands (any
     other entry of the cell is stale: its nodes changed since).
 
     A cursor's level is its cell's when it was pushed, and a cell's level
@@ -87,7 +100,9 @@ class CellSearch:
         self._heaps: dict[tuple, _Heaps] = {}
         self._admitted: dict[int, set] = {}
         self._cell_epoch = 0
-        self._orders: list[list[tuple[int, str]]] | None = None
+        self._orders: list[list[int]] | None = None
+        self._named: list[str] = []  # rank -> node, once the orders are made (placement's `names`)
+        self._rank: dict[str, int] = {}  # node -> rank
         self._cell_of: dict[str, int] = {}  # node -> its cell, once the orders are made
         self._first_cursors: dict[int, list] = {}  # GPUs -> [touched then, every cell's first cursor] (`_firsts`)
         # (fabric's groups, profile) with too few nodes that fit, every node admitted (`_fabric_failed`)
@@ -105,11 +120,12 @@ class CellSearch:
         if orders is not None:
             c = self._cell_of.get(name)
             if c is not None:
-                order = orders[c]
-                i = bisect_left(order, (before, name))
-                if i < len(order) and order[i] == (before, name):
+                order, r = orders[c], self._rank[name]
+                key = before << _RANK_BITS | r
+                i = bisect_left(order, key)
+                if i < len(order) and order[i] == key:
                     del order[i]
-                    insort(order, (after, name))
+                    insort(order, after << _RANK_BITS | r)
 
     def _find_located(self, p: ProfileSpec, groups: list, levels: Levels):
         """placement's `_find` for a single-node profile on a fleet whose
@@ -134,25 +150,27 @@ class CellSearch:
         elif h.touched_at < len(fac.touched):
             self._sync(p, h)
         heap, cur, dead, blocked, admitted, rc, pc, rack_of, pdu_of = h.parts
-        spread, views, orders = levels.spread, self._views, self._orders
+        spread, views, orders, named = levels.spread, self._views, self._orders, self._named
         mine: list[int] | None = None  # the levels of the model's own nodes, once asked (Levels.low says when)
         loose = levels.loose  # nodes in no cell: at level 0 unless the model runs there
         j = 0  # the levels of `mine` before it are done
         while True:
             while heap:  # the cursor that stands, at its cell's level, of a cell not known refused whole
                 e = heap[0]
-                c = e[3]
+                c = e[1]
                 if cur[c] is not e:
                     heappop(heap)  # stale: the cell's nodes changed since
-                elif e[0] != rc[rack_of[c]] * _BASE + pc[pdu_of[c]]:  # its level grew since (see _Heaps)
-                    e = cur[c] = (rc[rack_of[c]] * _BASE + pc[pdu_of[c]], *e[1:])
+                    continue
+                level = rc[rack_of[c]] * _BASE + pc[pdu_of[c]]
+                if e[0] >> _LEVEL_SHIFT != level:  # its level grew since (see _Heaps)
+                    e = cur[c] = (level << _LEVEL_SHIFT | e[0] & _KEY, c, e[2])
                     heapreplace(heap, e)
                 elif c in dead:  # every node of it refused (PassFacility._noted)
                     cur[c] = None
                     heappop(heap)
                 else:
                     break
-            level = heap[0][0] if heap else _NONE
+            level = heap[0][0] >> _LEVEL_SHIFT if heap else _NONE
             # The levels below it have no cell with a node that may fit: what
             # is left of them is the nodes in no cell (level 0) and the model's own.
             if loose and level:
@@ -170,13 +188,14 @@ class CellSearch:
                     j += 1
             if not heap:
                 return None
-            order, at = orders[c], e[4]  # type: ignore[index]
+            order, at = orders[c], e[2]  # type: ignore[index]
             for i in range(at, len(order)):
-                k, name = order[i]
+                key = order[i]
+                name = named[key & _RANK]
                 if name in blocked or name in spread:
                     continue  # refused for the pass, or the model runs there (its own come later)
                 if i != at:  # the cursor moved on: another cell may do better now
-                    e = cur[c] = (level, k, name, c, i)
+                    e = cur[c] = (level << _LEVEL_SHIFT | key, c, i)
                     heapreplace(heap, e)
                     break
                 v = views.get(name) or self.view(name)
@@ -206,7 +225,7 @@ class CellSearch:
         firsts = self._firsts(p.gpus)
         if levels.counted():
             level = levels.level
-            cur = [None if e is None else (level(e[3]), *e[1:]) for e in firsts]
+            cur = [None if e is None else (level(e[1]) << _LEVEL_SHIFT | e[0], e[1], e[2]) for e in firsts]
         else:  # every cell at level 0, as `_firsts` made them
             cur = list(firsts)
         heap = [e for e in cur if e is not None]
@@ -229,18 +248,18 @@ class CellSearch:
         got = self._first_cursors.get(gpus)
         if got is None:
             orders = self._cell_orders()
-            first = (gpus, "")
+            first = gpus << _RANK_BITS
             out: list[tuple | None] = []
             for c, order in enumerate(orders):
                 i = bisect_left(order, first)
-                out.append((0, *order[i], c, i) if i < len(order) else None)
+                out.append((order[i], c, i) if i < len(order) else None)
             got = self._first_cursors[gpus] = [len(touched), out]
         elif got[0] < len(touched):
-            out, orders, first = got[1], self._orders, (gpus, "")
+            out, orders, first = got[1], self._orders, gpus << _RANK_BITS
             for c in set(touched[got[0] :]):
                 order = orders[c]  # type: ignore[index]
                 i = bisect_left(order, first)
-                out[c] = (0, *order[i], c, i) if i < len(order) else None
+                out[c] = (order[i], c, i) if i < len(order) else None
             got[0] = len(touched)
         return got[1]
 
@@ -254,15 +273,15 @@ class CellSearch:
         new = touched[h.touched_at :]
         h.touched_at = len(touched)
         heap, cur, _dead, blocked, _admitted, rc, pc, rack_of, pdu_of = h.parts
-        spread, orders, first = h.levels.spread, self._orders, (p.gpus, "")
+        spread, orders, first, named = h.levels.spread, self._orders, p.gpus << _RANK_BITS, self._named
         for c in set(new) if len(new) > 1 else new:  # (each pushed once; the heap orders them)
             order = orders[c]  # type: ignore[index]
             i, n = bisect_left(order, first), len(order)
-            while i < n and (order[i][1] in blocked or order[i][1] in spread):
+            while i < n and (named[order[i] & _RANK] in blocked or named[order[i] & _RANK] in spread):
                 i += 1
             old = cur[c]
             if i < n:
-                e = cur[c] = (rc[rack_of[c]] * _BASE + pc[pdu_of[c]], *order[i], c, i)
+                e = cur[c] = ((rc[rack_of[c]] * _BASE + pc[pdu_of[c]]) << _LEVEL_SHIFT | order[i], c, i)
                 if old is not None and heap[0] is old:
                     heapreplace(heap, e)
                 else:
@@ -270,14 +289,16 @@ class CellSearch:
             else:
                 cur[c] = None
 
-    def _cell_orders(self) -> list[list[tuple[int, str]]]:
-        """Each cell's ready nodes as (free GPUs, name), in that order: made
-        once a pass, kept as placements take (`_located_moved`)."""
+    def _cell_orders(self) -> list[list[int]]:
+        """Each cell's ready nodes by free GPUs, then name (as keys: see the
+        module): made once a pass, kept as placements take (`_located_moved`)."""
         orders = self._orders
         if orders is None:
             entries, views = self._build().entries, self._views
             cells = self._fac.cells()
             self._cell_of = cells.of
+            self._named = named = self.names()  # rank -> name
+            rank = self._rank = {name: r for r, name in enumerate(named)}
             orders = self._orders = []
             for nodes in cells.nodes:
                 order = []
@@ -285,7 +306,7 @@ class CellSearch:
                     e = entries.get(name)
                     if e is not None:
                         v = views.get(name)
-                        order.append((len(v.free) if v is not None else e.free, name))
+                        order.append((len(v.free) if v is not None else e.free) << _RANK_BITS | rank[name])
                 order.sort()
                 orders.append(order)
         return orders
