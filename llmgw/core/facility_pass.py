@@ -54,13 +54,14 @@ class Cells:
     Racks and PDUs are numbered (`rack_of`, `pdu_of`: cell -> number), so
     that a model's counts are two lists and a cell's level two reads."""
 
-    __slots__ = ("of", "nodes", "rack_of", "pdu_of", "racks", "pdus")
+    __slots__ = ("of", "nodes", "rack_of", "pdu_of", "racks", "pdus", "in_domain")
 
     def __init__(self, located: dict[str, tuple[str, ...]]) -> None:
         self.of: dict[str, int] = {}  # node -> its cell
         self.nodes: list[set[str]] = []  # cell -> its nodes
         self.rack_of: list[int] = []
         self.pdu_of: list[int] = []
+        self.in_domain: dict[str, list[int]] = {}  # domain -> the cells of its nodes
         racks: dict[str, int] = {}
         pdus: dict[str, int] = {}
         own = 0  # racks and PDUs of a node of its own, numbered after the named ones
@@ -89,6 +90,11 @@ class Cells:
                     pdus.setdefault(pdu, len(pdus))
             self.nodes[c].add(name)
             self.of[name] = c
+            for d in ds:
+                cells_in = self.in_domain.setdefault(d, [])
+                if not cells_in or cells_in[-1] != c:
+                    if c not in cells_in:
+                        cells_in.append(c)
         for rack, pdu in cells:
             if rack is None:
                 self.rack_of.append(len(racks) + own)
@@ -498,19 +504,21 @@ class PassFacility:
             if self.credit:  # (what a node hands over is its own: see `credit`)
                 blocked.difference_update(self.credit)
         else:
-            nodes = self.state.nodes
+            nodes, limits, credit = self.state.nodes, self._limits, self.credit
             for name in names:
-                w = self._uniform_w(nodes[name])
-                if w is not None and w >= mine and name not in self.credit:  # type: ignore[operator]
+                node = nodes[name]
+                got = limits.get(name)
+                w = got[3] if got is not None and got[2] is node.gpus else self._uniform_w(node)
+                if w is not None and w >= mine and name not in credit:  # type: ignore[operator]
                     blocked.add(name)
         if self._cells is not None:
             # The cells all of whose nodes are refused now: placement's search
             # passes over them whole (facility_search), where walking a
             # capped PDU's nodes again at each search was most of a cold
             # start on 16,000 nodes (benchmarks/placement.py --facility --nodes 16000).
-            of, cells = self._cells.of, self._cells.nodes
+            cells = self._cells.nodes
             dead = self.dead(p)
-            for c in {of[n] for n in names if n in of}:
+            for c in self._cells.in_domain.get(domain, ()):
                 if c not in dead and cells[c] <= blocked:
                     dead.add(c)
         return True
