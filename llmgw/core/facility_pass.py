@@ -630,6 +630,13 @@ class PassFacility:
                 return None
             levels = self._levels[id(spread)] = Levels(spread, self)  # (as the spread is: refreshed)
             return levels
+        took = levels._took
+        if len(took) == 1:  # `refresh`'s usual case, inline: once a placement
+            name = took[0]
+            seen = levels._seen
+            if len(seen) == len(spread) and spread.get(name) == seen[name]:
+                took.clear()
+                return levels
         return levels.refresh()
 
     def expect(self, spread: dict[str, int], names: list[str]) -> None:

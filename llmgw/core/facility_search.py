@@ -127,12 +127,6 @@ class CellSearch:
                     del order[i]
                     insort(order, after << _RANK_BITS | r)
 
-    def _find_located(self, p: ProfileSpec, groups: list, levels: Levels):
-        """placement's `_find` for a single-node profile on a fleet whose
-        nodes say their rack or PDU: the node, as a list, or None."""
-        v = self._spread_pick(p, groups, levels)
-        return [v] if v is not None else None
-
     def _spread_pick(self, p: ProfileSpec, groups: list, levels: Levels):
         """The node for one shard of a single-node profile, by the rounds of
         spread over `levels`: lowest level first, then best fit. Level by
@@ -147,10 +141,32 @@ class CellSearch:
         h = self._heaps.get(key)
         if h is None or h.version != levels.version or h.groups is not groups:
             h = self._heaps[key] = self._start(p, levels, groups)
-        elif h.touched_at < len(fac.touched):
-            self._sync(p, h)
         heap, cur, dead, blocked, admitted, rc, pc, rack_of, pdu_of = h.parts
         spread, views, orders, named = levels.spread, self._views, self._orders, self._named
+        touched = fac.touched
+        if h.touched_at < len(touched):
+            # The cells a placement changed since the model's last search:
+            # their cursors start again, past the nodes known refused and the
+            # model's own (as below). A cell's cursor that stands at the top
+            # (the cell a placement of the model itself took from, mostly)
+            # is replaced there, not left behind stale.
+            new = touched[h.touched_at :]
+            h.touched_at = len(touched)
+            first = p.gpus << _RANK_BITS
+            for c in set(new) if len(new) > 1 else new:  # (each pushed once; the heap orders them)
+                order = orders[c]  # type: ignore[index]
+                i, n = bisect_left(order, first), len(order)
+                while i < n and (named[order[i] & _RANK] in blocked or named[order[i] & _RANK] in spread):
+                    i += 1
+                old = cur[c]
+                if i < n:
+                    e = cur[c] = ((rc[rack_of[c]] * _BASE + pc[pdu_of[c]]) << _LEVEL_SHIFT | order[i], c, i)
+                    if old is not None and heap[0] is old:
+                        heapreplace(heap, e)
+                    else:
+                        heappush(heap, e)
+                else:
+                    cur[c] = None
         mine: list[int] | None = None  # the levels of the model's own nodes, once asked (Levels.low says when)
         loose = levels.loose  # nodes in no cell: at level 0 unless the model runs there
         j = 0  # the levels of `mine` before it are done
@@ -263,32 +279,6 @@ class CellSearch:
             got[0] = len(touched)
         return got[1]
 
-    def _sync(self, p: ProfileSpec, h: _Heaps) -> None:
-        """The cells a placement changed since the model's last search: their
-        cursors start again, past the nodes known refused and the model's
-        own (as `_spread_pick` would pass over them). A cell's cursor that
-        stands at the top (the cell a placement of the model itself took
-        from, mostly) is replaced there, not left behind stale."""
-        touched = self._fac.touched
-        new = touched[h.touched_at :]
-        h.touched_at = len(touched)
-        heap, cur, _dead, blocked, _admitted, rc, pc, rack_of, pdu_of = h.parts
-        spread, orders, first, named = h.levels.spread, self._orders, p.gpus << _RANK_BITS, self._named
-        for c in set(new) if len(new) > 1 else new:  # (each pushed once; the heap orders them)
-            order = orders[c]  # type: ignore[index]
-            i, n = bisect_left(order, first), len(order)
-            while i < n and (named[order[i] & _RANK] in blocked or named[order[i] & _RANK] in spread):
-                i += 1
-            old = cur[c]
-            if i < n:
-                e = cur[c] = ((rc[rack_of[c]] * _BASE + pc[pdu_of[c]]) << _LEVEL_SHIFT | order[i], c, i)
-                if old is not None and heap[0] is old:
-                    heapreplace(heap, e)
-                else:
-                    heappush(heap, e)
-            else:
-                cur[c] = None
-
     def _cell_orders(self) -> list[list[int]]:
         """Each cell's ready nodes by free GPUs, then name (as keys: see the
         module): made once a pass, kept as placements take (`_located_moved`)."""
@@ -320,13 +310,26 @@ class CellSearch:
                 break
         else:
             return False
-        if grp.kind is None and _mixed_reasons(p, v.node.gpus, v.free):
+        node = v.node
+        if grp.kind is None and _mixed_reasons(p, node.gpus, v.free):
             return False
         fac = self._fac
-        if fac.active and fac.refuses(v.node, p, v.free[: p.gpus] if grp.kind is not None else self._gpus_for(v, p)):
-            return False
+        if fac.active:
+            # PassFacility.refuses, its usual answer inline (a node neither
+            # held nor handed a draw, its GPUs of one power limit, within its
+            # caps): asked of every candidate. Anything else, it is asked.
+            got = fac._limits.get(v.name)
+            if got is None or got[0] or got[2] is not node.gpus or got[3] is None or grp.kind is None or fac.credit:
+                if fac.refuses(node, p, v.free[: p.gpus] if grp.kind is not None else self._gpus_for(v, p)):
+                    return False
+            elif got[1]:
+                w = p.power_w or got[3] * p.gpus
+                draw = fac._draw if fac._draw is not None else fac.draw
+                for d, cap in got[1]:
+                    if w and draw[d] + w > cap + 1e-6:
+                        fac.refuses(node, p, v.free[: p.gpus])  # (which notes it)
+                        return False
         # placement's `_room_reasons` but the facility's (just asked), without the words.
-        node = v.node
         return not (memory_short(p, node, v.mem_used) or cpu_short(p, node, v.cpu_used) or not v.free_port())
 
     def _first_fit(self, p: ProfileSpec, admitted: set, names):

@@ -298,7 +298,8 @@ class Inventory(facility_search.CellSearch):
             if fac.loc:  # facility: rack, then PDU, then node (facility_search)
                 levels = self._picked = fac.levels(spread)
                 if levels is not None:
-                    return self._find_located(p, groups, levels)
+                    v = self._spread_pick(p, groups, levels)
+                    return [v] if v is not None else None
             for limit in _rounds(spread):
                 v = self._best(p, groups, spread, limit, ())
                 if v is not None:
