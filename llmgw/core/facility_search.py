@@ -369,6 +369,21 @@ class CellSearch:
             self._short.clear()
         return self._short.get((id(groups), id(p), limit)) is spread or (id(groups), id(p)) in self._fab_refused
 
+    def _fabric_from(self, p: ProfileSpec, by_fabric: list, limit: int, spread: dict[str, int], start: int) -> int:
+        """The first fabric from `start` that is not known refused for this
+        profile and spread in this round (`_fabric_known_refused`), and so
+        where the next search in the round begins: a fabric refused stays
+        so until room is made, which clears placement's `_short`, and this
+        with it. (A multi-node placement on a fleet whose caps bind asked
+        some twenty fabrics each time: benchmarks/placement.py --facility.)"""
+        memo = ("from", id(by_fabric), id(p), limit)
+        got = self._short.get(memo)
+        j = max(start, got[1]) if got is not None and got[0] is spread else start
+        while j < len(by_fabric) and self._fabric_known_refused(p, by_fabric[j], limit, spread):
+            j += 1
+        self._short[memo] = (spread, j)  # (held, so that its id is not another's in this pass)
+        return j
+
     def _fabric_refused(self, p: ProfileSpec, groups: list, limit: int, first: bool, spread: dict[str, int]) -> bool:
         """Whether placement's `_fabric_pick` may pass over this fabric in a
         round without looking at its nodes: too few of them have the GPUs

@@ -434,9 +434,11 @@ class Inventory(facility_search.CellSearch):
         start = self._first.get(key, 0)
         fac = self._fac
         for i in range(len(limits)):
-            for j in range(start, len(by_fabric)):
+            # facility: past the fabrics known refused (facility_search)
+            for j in range(self._fabric_from(p, by_fabric, limits[i], spread, start) if fac.active else start,
+                           len(by_fabric)):
                 groups_in_fabric = by_fabric[j]
-                if fac.active and self._fabric_known_refused(p, groups_in_fabric, limits[i], spread):  # facility_search
+                if fac.active and self._fabric_known_refused(p, groups_in_fabric, limits[i], spread):
                     continue
                 if not self._may_hold(p, groups_in_fabric):
                     if j == start:
