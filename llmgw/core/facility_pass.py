@@ -339,6 +339,9 @@ class PassFacility:
         self._blocked: dict[tuple[float, int], set[str]] = {}  # see `blocked`
         self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
         self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
+        facts = kept(state) if self.active else Kept()
+        self._limits = facts.limits  # node -> see `_limits_of`
+        self._facts = facts
         # The facility's refusals the placement under way met, domain -> in
         # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
         self.seen: dict[str, str] = {}
@@ -348,17 +351,6 @@ class PassFacility:
         from .placement import Reason  # placement imports this module
 
         self._reason = Reason
-
-    def __getattr__(self, name: str):
-        # `_limits` (node -> see `_limits_of`) and `_facts`: what is kept
-        # from pass to pass (`Kept`), looked up when the pass first needs
-        # it, so that a pass with nothing to place compares nothing
-        # (benchmarks/placement.py --facility, the steady pass).
-        if name in ("_limits", "_facts"):
-            facts = self._facts = kept(self.state) if self.active else Kept()
-            self._limits = facts.limits
-            return getattr(self, name)
-        raise AttributeError(name)
 
     @property
     def draw(self) -> dict[str, float]:
