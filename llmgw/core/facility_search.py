@@ -39,7 +39,7 @@ from bisect import bisect_left, insort
 from heapq import heapify, heappop, heappush, heapreplace
 
 from .events import ProfileSpec
-from .facility_pass import _BASE, Levels
+from .facility_spread import LEVEL_BASE, NO_LEVEL, Levels
 from .fit import _mixed_reasons, cpu_short, memory_short
 
 _RANK_BITS = 24  # a node's rank in name order: fewer than 16 million nodes
@@ -73,9 +73,6 @@ class _Heaps:
         # nodes and cells for the profile's draw, the admitted groups, and
         # the model's counts per rack and PDU with the cells' racks and PDUs).
         self.parts = parts
-
-
-_NONE = 1 << 62  # the level of an empty heap: past every level
 
 
 class _InCells:
@@ -160,7 +157,7 @@ class CellSearch:
                     i += 1
                 old = cur[c]
                 if i < n:
-                    e = cur[c] = ((rc[rack_of[c]] * _BASE + pc[pdu_of[c]]) << _LEVEL_SHIFT | order[i], c, i)
+                    e = cur[c] = ((rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]) << _LEVEL_SHIFT | order[i], c, i)
                     if old is not None and heap[0] is old:
                         heapreplace(heap, e)
                     else:
@@ -177,7 +174,7 @@ class CellSearch:
                 if cur[c] is not e:
                     heappop(heap)  # stale: the cell's nodes changed since
                     continue
-                level = rc[rack_of[c]] * _BASE + pc[pdu_of[c]]
+                level = rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]
                 if e[0] >> _LEVEL_SHIFT != level:  # its level grew since (see _Heaps)
                     e = cur[c] = (level << _LEVEL_SHIFT | e[0] & _KEY, c, e[2])
                     heapreplace(heap, e)
@@ -186,7 +183,7 @@ class CellSearch:
                     heappop(heap)
                 else:
                     break
-            level = heap[0][0] >> _LEVEL_SHIFT if heap else _NONE
+            level = heap[0][0] >> _LEVEL_SHIFT if heap else NO_LEVEL
             # The levels below it have no cell with a node that may fit: what
             # is left of them is the nodes in no cell (level 0) and the model's own.
             if loose and level:

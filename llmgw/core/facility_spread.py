@@ -1,0 +1,258 @@
+"""A model's spread read by rack and PDU, for placement's search (facility_search.py).
+
+`Cells` groups the located nodes of a state by the domains they share (a
+cell: the nodes of one rack and one PDU, mostly), and `Levels` keeps, for
+one model in one pass, how many of its replicas each rack and each PDU
+runs: a cell's *level*. Placement takes the fitting node of the lowest
+level, then best fit, as placement.py says; facility_search.py searches
+the cells by level. Kept up to date as the pass places (`Levels.took`),
+because made again per placement they read the whole fleet each time, and
+re-levelling a rack's nodes one by one was a third of a cold start
+(benchmarks/placement.py --facility).
+
+Apart from facility_pass.py (one pass's holds, caps and draws) so that
+each stays one concern.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .facility_pass import PassFacility
+
+# A cell's level: its rack's count and its PDU's as one number, each in its
+# own digits (a rack or PDU never runs this many of one model's replicas).
+LEVEL_BASE = 1 << 16
+NO_LEVEL = 1 << 62  # past every level
+
+
+class Cells:
+    """The located nodes of one pass by *cell*: the nodes in the same set of
+    domains (rack, PDU and any other). The nodes of a cell share their
+    rack's and PDU's counts of a model's replicas, so a placement changes
+    the level of its rack's and PDU's few cells, where re-levelling each of
+    their nodes in Python was a third of a cold start with the facility
+    (benchmarks/placement.py --facility). A node that says no rack or no
+    PDU is a cell of its own (nothing says it shares them), and the rack
+    (or PDU) it does not say is one of its own too, numbered apart, whose
+    count is the node's; one that says neither is in no cell (`Levels`
+    counts it by itself).
+
+    Racks and PDUs are numbered (`rack_of`, `pdu_of`: cell -> number), so
+    that a model's counts are two lists and a cell's level two reads."""
+
+    __slots__ = ("of", "nodes", "rack_of", "pdu_of", "racks", "pdus", "in_domain")
+
+    def __init__(self, located: dict[str, tuple[str, ...]]) -> None:
+        self.of: dict[str, int] = {}  # node -> its cell
+        self.nodes: list[set[str]] = []  # cell -> its nodes
+        self.rack_of: list[int] = []
+        self.pdu_of: list[int] = []
+        self.in_domain: dict[str, list[int]] = {}  # domain -> the cells of its nodes
+        racks: dict[str, int] = {}
+        pdus: dict[str, int] = {}
+        own = 0  # racks and PDUs of a node of its own, numbered after the named ones
+        keys: dict = {}
+        cells: list[tuple[str | None, str | None]] = []
+        # (A cell's number decides nothing: placement orders by free GPUs and
+        # name, and a name is in one cell; so the fold's order will do.)
+        for name, ds in located.items():
+            rack = pdu = None
+            for d in ds:
+                if d.startswith("rack/"):
+                    rack = d[5:]
+                elif d.startswith("pdu/"):
+                    pdu = d[4:]
+            if rack is None and pdu is None:
+                continue
+            key = ds if rack is not None and pdu is not None else name
+            c = keys.get(key)
+            if c is None:
+                c = keys[key] = len(self.nodes)
+                self.nodes.append(set())
+                cells.append((rack, pdu))
+                if rack is not None:
+                    racks.setdefault(rack, len(racks))
+                if pdu is not None:
+                    pdus.setdefault(pdu, len(pdus))
+            self.nodes[c].add(name)
+            self.of[name] = c
+            for d in ds:
+                cells_in = self.in_domain.setdefault(d, [])
+                if not cells_in or cells_in[-1] != c:
+                    if c not in cells_in:
+                        cells_in.append(c)
+        for rack, pdu in cells:
+            if rack is None:
+                self.rack_of.append(len(racks) + own)
+                own += 1
+            else:
+                self.rack_of.append(racks[rack])
+            if pdu is None:
+                self.pdu_of.append(len(pdus) + own)
+                own += 1
+            else:
+                self.pdu_of.append(pdus[pdu])
+        self.racks = len(racks) + own  # how many numbers a count per rack needs
+        self.pdus = len(pdus) + own
+
+
+class Levels:
+    """A model's spread read as racks, then PDUs, then nodes: a node's
+    *level* is how many of the model's replicas its rack has, then its
+    PDU, then itself, and placement (facility_search) takes the
+    fitting node of the lowest level, then best fit, as its rounds of
+    spread would (`placement._limits`). A node without a rack (or PDU)
+    label is a rack (or PDU) of its own: nothing says it shares one.
+
+    Kept by rack and PDU (`Cells`), as the model's placements in the pass
+    add to its spread (`refresh`): a placement counts one more for its
+    rack and its PDU, which moves their cells (`level`), not their nodes
+    one by one. Where the model's own nodes
+    are (`mine`, `spread_at`) is asked only when the search has found no
+    other node below them, which is rare: so it is worked out then, from
+    the cells that have some (`_csp`), and a lower bound of their levels
+    (`low`) tells the search when it need not ask (a level only grows
+    while `version` stands)."""
+
+    def __init__(self, spread: dict[str, int], fac: "PassFacility") -> None:
+        self.spread = spread  # held: its id keys the pass's cache
+        cells = self._cells = fac.cells()
+        self.loose = len(cells.of) < len(fac.state.nodes)  # nodes in no cell, at level 0 unless the model runs there
+        self._seen: dict[str, int] = {}
+        # The model's replicas per rack and per PDU, by number (Cells): a
+        # cell's level is `rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]` (`level`),
+        # read where it is needed rather than kept for every cell that a
+        # placement moves, most of which nobody reads again in the pass.
+        self.rc = [0] * cells.racks
+        self.pc = [0] * cells.pdus
+        self.rack_of, self.pdu_of = cells.rack_of, cells.pdu_of
+        self._loose: dict[int, int] = {}  # level -> the model's nodes in no cell at it
+        self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
+        self.low = NO_LEVEL  # no level of the model's own nodes is below it (`mine`)
+        self._took: list[str] = []  # nodes taken since the last `refresh`
+        self.version = 0  # one more whenever a count went down (what placement kept per model is stale)
+        self.refresh()
+
+    def took(self, name: str) -> None:
+        """A placement took this node for the model: its count is one more,
+        as its caller counts it in the spread (ModelPass.took), and so its
+        rack's and its PDU's. Every placement says so (PassFacility.expect,
+        from placement's `place`), and a spread changes only so: `refresh`
+        checks that the spread says the same, by the nodes taken alone
+        (compared whole at every placement, a model of 400 replicas read
+        400 entries each time: benchmarks/placement.py --facility), and
+        puts right what it does not, from the spread."""
+        seen = self._seen
+        old = seen.get(name, 0)
+        seen[name] = old + 1
+        self._took.append(name)
+        c = self._cells.of.get(name)
+        if c is None:
+            self._loose_moved(old, old + 1)
+            return
+        r, p = self.rack_of[c], self.pdu_of[c]
+        rc, pc = self.rc, self.pc
+        if not old:  # the cell's own nodes of the model (`spread_at`)
+            mine = self._csp.get(c)
+            if mine is None:
+                self._csp[c] = {name}
+            else:
+                mine.add(name)
+            if rc[r] * LEVEL_BASE + pc[p] < self.low:  # (its level only grows from here)
+                self.low = rc[r] * LEVEL_BASE + pc[p]
+        rc[r] += 1
+        pc[p] += 1
+
+    def refresh(self) -> "Levels":
+        """The levels as the spread says now (see `took`)."""
+        spread, seen, took = self.spread, self._seen, self._took
+        if took:
+            if len(took) == 1:
+                name = took.pop()
+                if len(seen) == len(spread) and spread.get(name) == seen[name]:  # (the usual case)
+                    return self
+            else:
+                self._took = []
+                if seen == spread:  # (in C)
+                    return self
+        elif len(spread) == len(seen) and spread == seen:
+            return self
+        changes = [(name, seen.get(name, 0), n) for name, n in sorted(spread.items() - seen.items())]
+        changes += [(name, seen[name], 0) for name in sorted(seen.keys() - spread.keys())]
+        self._seen = dict(spread)
+        self._apply(changes)
+        return self
+
+    def counted(self) -> bool:
+        """Whether any of the model's nodes counts at all (every cell is at level 0 until one does)."""
+        return bool(self._seen)
+
+    def level(self, c: int) -> int:
+        """A cell's level: its rack's count of the model's replicas, then its PDU's."""
+        return self.rc[self.rack_of[c]] * LEVEL_BASE + self.pc[self.pdu_of[c]]
+
+    def _apply(self, changes) -> None:
+        """Counts changed (node, before, now; `_seen` says them already): its rack's and PDU's too."""
+        of, rack_of, pdu_of, rc, pc = self._cells.of, self.rack_of, self.pdu_of, self.rc, self.pc
+        csp = self._csp
+        for name, old, now in changes:
+            delta = now - old
+            if delta < 0:
+                self.version += 1
+                self.low = 0  # (levels go down: the bound is worked out again when asked)
+            c = of.get(name)
+            if c is None:  # in no cell: a rack and PDU of its own
+                self._loose_moved(old, now)
+                continue
+            r, p = rack_of[c], pdu_of[c]
+            if not old:  # the cell's own nodes of the model (`spread_at`)
+                mine = csp.get(c)
+                if mine is None:
+                    csp[c] = {name}
+                else:
+                    mine.add(name)
+                if rc[r] * LEVEL_BASE + pc[p] < self.low:  # (its level only grows from here)
+                    self.low = rc[r] * LEVEL_BASE + pc[p]
+            elif not now:
+                mine = csp.get(c)
+                if mine is not None:
+                    mine.discard(name)
+                    if not mine:
+                        del csp[c]
+            rc[r] += delta
+            pc[p] += delta
+
+    def _loose_moved(self, old: int, now: int) -> None:
+        """A node in no cell runs `now` of the model's replicas, not `old`: its level moved."""
+        loose = self._loose
+        if old:
+            left = loose[old * LEVEL_BASE + old] - 1
+            if left:
+                loose[old * LEVEL_BASE + old] = left
+            else:
+                del loose[old * LEVEL_BASE + old]
+        if now:
+            loose[now * LEVEL_BASE + now] = loose.get(now * LEVEL_BASE + now, 0) + 1
+            if now * LEVEL_BASE + now < self.low:
+                self.low = now * LEVEL_BASE + now
+
+    def mine(self) -> list[int]:
+        """The levels some of the model's nodes are at (in a cell, or in none), lowest first; `low` is the first."""
+        level = self.level
+        out = sorted({level(c) for c in self._csp} | self._loose.keys())
+        self.low = out[0] if out else NO_LEVEL
+        return out
+
+    def spread_at(self, level: int) -> set[str]:
+        """The model's nodes at a level (in a cell at it, or in none and at it by themselves)."""
+        out: set[str] = set()
+        level_of = self.level
+        for c, names in self._csp.items():
+            if level_of(c) == level:
+                out |= names
+        if level in self._loose:
+            of = self._cells.of
+            out.update(name for name, n in self._seen.items() if name not in of and n * LEVEL_BASE + n == level)
+        return out
