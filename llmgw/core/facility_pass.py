@@ -41,14 +41,17 @@ class Kept:
     - `limits`: node -> (its first held domain, its capped domains with their
       caps, its list of GPUs, the power limit they all share: None when
       they differ), while no node's domains, no hold and no cap change,
-      and the node has that list of GPUs (only a registration makes a new one).
+      and the node has that list of GPUs (only a registration makes a new one);
+    - `ranked`: every node's name in order and its rank in it
+      (facility_search's keys), while no node registers for the first
+      time (a node is never forgotten, so the count says it).
 
     Each was made again at every pass, for every node a pass looked at:
     most of the facility's cost of a cold start was these, as a cold
     start is passes of ~1,900 placements each (benchmarks/placement.py --facility).
     Checked whole, in C, once a pass (`kept`)."""
 
-    __slots__ = ("located", "holds", "budgets", "cells", "limits", "__weakref__")
+    __slots__ = ("located", "holds", "budgets", "cells", "limits", "ranked", "__weakref__")
 
     def __init__(self) -> None:
         self.located: dict[str, tuple[str, ...]] | None = None
@@ -56,6 +59,16 @@ class Kept:
         self.budgets: dict[str, float] = {}
         self.cells: Cells | None = None
         self.limits: dict[str, tuple] = {}
+        self.ranked: tuple[int, list[str], dict[str, int]] = (-1, [], {})
+
+    def ranks(self, state: State) -> tuple[list[str], dict[str, int]]:
+        """Every node's name in order, and name -> its rank (see `ranked`)."""
+        count, names, rank = self.ranked
+        if count != len(state.nodes):
+            names = sorted(state.nodes)
+            rank = {name: r for r, name in enumerate(names)}
+            self.ranked = (len(names), names, rank)
+        return names, rank
 
 
 # id(state) -> what is kept for it; an entry goes when its state does (a finalizer), as nodeindex's do.
@@ -120,6 +133,10 @@ class PassFacility:
             draw = self.state.domain_draw
             self._draw = {d: draw.get(d, 0.0) for d in self.state.budgets}
         return self._draw
+
+    def ranks(self) -> tuple[list[str], dict[str, int]]:
+        """Every node's name in order and its rank (Kept.ranks)."""
+        return self._facts.ranks(self.state)
 
     def cells(self) -> Cells:
         """The located nodes by cell (for Levels): once a pass."""

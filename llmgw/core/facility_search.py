@@ -284,8 +284,7 @@ class CellSearch:
             entries, views = self._build().entries, self._views
             cells = self._fac.cells()
             self._cell_of = cells.of
-            self._named = named = self.names()  # rank -> name
-            rank = self._rank = {name: r for r, name in enumerate(named)}
+            named, rank = self._named, self._rank = self._fac.ranks()  # rank -> name, name -> rank
             orders = self._orders = []
             for nodes in cells.nodes:
                 order = []
