@@ -51,7 +51,7 @@ class Kept:
     start is passes of ~1,900 placements each (benchmarks/placement.py --facility).
     Checked whole, in C, once a pass (`kept`)."""
 
-    __slots__ = ("located", "holds", "budgets", "cells", "limits", "ranked", "__weakref__")
+    __slots__ = ("located", "holds", "budgets", "cells", "limits", "caps_of", "ranked", "__weakref__")
 
     def __init__(self) -> None:
         self.located: dict[str, tuple[str, ...]] | None = None
@@ -59,6 +59,7 @@ class Kept:
         self.budgets: dict[str, float] = {}
         self.cells: Cells | None = None
         self.limits: dict[str, tuple] = {}
+        self.caps_of: dict[tuple[str, ...], tuple] = {}  # a node's domains -> its capped ones, with caps (`limits`)
         self.ranked: tuple[int, list[str], dict[str, int]] = (-1, [], {})
 
     def ranks(self, state: State) -> tuple[list[str], dict[str, int]]:
@@ -84,10 +85,10 @@ def kept(state: State) -> Kept:
     if k.located != state.located:
         k.located = dict(state.located)
         k.cells = None
-        k.limits = {}
+        k.limits, k.caps_of = {}, {}
     if k.holds != state.holds or k.budgets != state.budgets:
         k.holds, k.budgets = dict(state.holds), dict(state.budgets)
-        k.limits = {}
+        k.limits, k.caps_of = {}, {}
     return k
 
 
@@ -246,7 +247,10 @@ class PassFacility:
             if g.power_w != uniform:
                 uniform = None
                 break
-        got = self._limits[name] = (held, tuple([(d, budgets[d]) for d in ds if d in budgets]), gpus, uniform)
+        caps = self._facts.caps_of.get(ds)  # (the nodes of a rack and PDU say the same domains)
+        if caps is None:
+            caps = self._facts.caps_of[ds] = tuple([(d, budgets[d]) for d in ds if d in budgets])
+        got = self._limits[name] = (held, caps, gpus, uniform)
         return got
 
     def _uniform_w(self, node: Node) -> float | None:

@@ -1,4 +1,4 @@
-"""Placement's search over a model's spread by rack and PDU (facility_pass.Levels), cell by cell.
+"""Placement's search over a model's spread by rack and PDU (facility_spread.Levels), cell by cell.
 
 The rule is placement's (placement.py says it): the fitting node of the
 lowest level (its rack's count of the model's replicas, then its PDU's,
@@ -9,26 +9,27 @@ nearly seven times one without (benchmarks/placement.py --facility): a
 placement looked at most of its rack's and PDU's nodes, and at every node
 of the levels below.
 
-Here the nodes are taken by cell (facility_pass.Cells: the nodes in the
+Here the nodes are taken by cell (facility_spread.Cells: the nodes in the
 same domains), each cell's nodes kept in order of free GPUs then name for
-the pass (`_cell_orders`). Per model and kind of profile, a heap per level
-merges its cells' orders: an entry is a cell's *cursor*, the first of its
-nodes not yet known refused, and a lower bound on the cell's best. The top
-is looked at: a node that fits, no worse than the next entry, is the
-level's best (every other cell's best is at least its entry); one that does
-not is passed over for good, as a refusal in a pass only hardens (a
-domain's draw grows, a model's spread grows) until a cell's nodes change
-(PassFacility.touched: its cursor starts again) or a stop makes room
-(PassFacility.epoch: all start again). A placement so looks at a node or
-two, and at the cells that it or another changed since.
+the pass (`_cell_orders`). Per model and kind of profile, one heap merges
+its cells' orders, lowest level first: an entry is a cell's *cursor*, the
+first of its nodes not yet known refused, and a lower bound on the cell's
+best. The top is looked at: a node that fits, no worse than the next
+entry, is the best (every other cell's best is at least its entry); one
+that does not is passed over for good, as a refusal in a pass only
+hardens (a domain's draw grows, a model's spread grows) until a cell's
+nodes change (PassFacility.touched: its cursor starts again) or a stop
+makes room (PassFacility.epoch: all start again). A cell's level only
+grows as the model places, so a cursor's is put right when it comes to
+the top (`_Heaps`). A placement so looks at a node or two, and at the
+cells that it or another changed since.
 
 A node in an order is one int, its *key*: its free GPUs, then its rank in
 name order (`_RANK_BITS`); a cursor's key has its level above that
 (`_LEVEL_SHIFT`). Ints order as (level, free GPUs, name) do and compare in
 one step, where tuples with the name in them made every heap operation
 and bisection compare two or three fields, and a cursor is (key, cell,
-position). (benchmarks/placement.py --facility: the heap and the orders
-were a sixth of the facility's cost of a cold start as tuples.)
+position).
 
 A mixin of placement.Inventory, apart so that each module stays one concern.
 """
