@@ -340,12 +340,14 @@ class PassFacility:
         if not self.capped:
             return True
         extra: dict[str, float] = {}
+        draw = self._draw if self._draw is not None else self.draw
         for node, gs in zip(nodes, gpus):
-            w = shard_watts(p, node, gs) - self.credit.get(node.name, 0.0)
+            w = self._watts(p, node, gs) - self.credit.get(node.name, 0.0)
             for d in self.loc.get(node.name, ()):
-                if d in self.draw:
+                if d in draw:
                     extra[d] = extra.get(d, 0.0) + w
-        return all(self.draw[d] + w <= self.state.budgets[d] + 1e-6 for d, w in extra.items())
+        budgets = self.state.budgets
+        return all(draw[d] + w <= budgets[d] + 1e-6 for d, w in extra.items())
 
     def take(self, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> None:
         """A shard placed in this pass: its draw counts from now on."""

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from heapq import heapify, heappop, heappush, heapreplace
+from itertools import islice
 
 from .events import ProfileSpec
 from .facility_spread import LEVEL_BASE, NO_LEVEL, Levels
@@ -417,10 +418,18 @@ class CellSearch:
                 self._fab_refused.add((id(groups), id(p)))
 
     def _fabrics_of(self, spread: dict[str, int]) -> set[str]:
-        """The fabrics of the nodes the model runs on, kept while its spread has the same nodes."""
+        """The fabrics of the nodes the model runs on, kept while its spread
+        has the same nodes, and added to as it gains some (a spread only
+        grows in a pass, and a dict keeps its keys in the order they came:
+        made again at each of a model's placements, it read all of its
+        nodes each time)."""
         got = self._model_fabrics
-        if got is None or got[0] is not spread or got[1] != len(spread):
-            nodes = self._state.nodes
-            fabrics = {self.view(name).fabric for name in spread if name in nodes}
-            got = self._model_fabrics = (spread, len(spread), fabrics)
+        nodes = self._state.nodes
+        if got is not None and got[0] is spread and got[1] <= len(spread):
+            if got[1] < len(spread):
+                got[2].update(self.view(name).fabric for name in islice(spread, got[1], None) if name in nodes)
+                got = self._model_fabrics = (spread, len(spread), got[2])
+            return got[2]
+        fabrics = {self.view(name).fabric for name in spread if name in nodes}
+        got = self._model_fabrics = (spread, len(spread), fabrics)
         return got[2]

@@ -277,12 +277,13 @@ class Inventory(facility_search.CellSearch):
         return out
 
     def _room_ok(self, v: _View, p: ProfileSpec) -> bool:
-        """`not _room_reasons(v, p)`, without the words: what the search asks
-        of each candidate it meets (they are made only to explain)."""
+        """`not _room_reasons(v, p)` but the facility's, without the words:
+        what the search asks of each candidate it meets (they are made only
+        to explain), once the facility has answered (PassFacility.refuses,
+        asked first in `_best`; asked again here in words, it was a fifth of
+        a multi-node placement with the facility: benchmarks/placement.py --facility)."""
         node = v.node
-        if memory_short(p, node, v.mem_used) or cpu_short(p, node, v.cpu_used) or not v.free_port():
-            return False
-        return not (self._fac.active and self._fac.reasons(node, p, self._gpus_for(v, p)))
+        return not (memory_short(p, node, v.mem_used) or cpu_short(p, node, v.cpu_used) or not v.free_port())
 
     # ------------------------------------------------------------------ placing
 
