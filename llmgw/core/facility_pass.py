@@ -29,7 +29,7 @@ from .facility import (
     shard_watts,
     watts,
 )
-from .facility_spread import Cells, Levels
+from .facility_spread import Cells, Levels, cells_for
 from .state import Node, Shard, State
 
 class Kept:
@@ -144,7 +144,7 @@ class PassFacility:
         if self._cells is None:
             facts = self._facts
             if facts.cells is None:
-                facts.cells = Cells(self.state.located)
+                facts.cells = cells_for(facts.located)  # (kept's copy: the state's changes in place)
             self._cells = facts.cells
         return self._cells
 

@@ -293,7 +293,7 @@ class CellSearch:
                 for name in nodes:
                     e = entries.get(name)
                     if e is not None:
-                        v = views.get(name)
+                        v = views.get(name)  # (a view of the node in this pass says what it has free)
                         order.append((len(v.free) if v is not None else e.free) << _RANK_BITS | rank[name])
                 order.sort()
                 orders.append(order)
