@@ -350,13 +350,10 @@ class PassFacility:
         return all(draw[d] + w <= budgets[d] + 1e-6 for d, w in extra.items())
 
     def take(self, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> None:
-        """A shard placed in this pass: its draw counts from now on."""
+        """A shard placed in this pass: its draw counts from now on. (Its
+        cell is `touched` where its order changes: facility_search's
+        `_located_moved`.)"""
         name = node.name
-        cells = self._cells
-        if cells is not None:  # (`_touch`, inline: once a placement)
-            c = cells.of.get(name)
-            if c is not None:
-                self.touched.append(c)
         if self.capped:
             got = self._limits.get(name)
             if got is None or got[2] is not node.gpus:

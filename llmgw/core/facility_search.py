@@ -112,13 +112,15 @@ class CellSearch:
 
     def _located_moved(self, name: str, before: int, after: int) -> None:
         """A node's free GPU count changed in this pass (placement.Inventory._move):
-        moved in its cell's order (`_cell_orders`), if made."""
+        moved in its cell's order (`_cell_orders`), if made, and its cell
+        touched (PassFacility.touched: the cursors in it start again)."""
         if after > before:
             self._fab_refused.clear()  # room made
         orders = self._orders
         if orders is not None:
             c = self._cell_of.get(name)
             if c is not None:
+                self._fac.touched.append(c)
                 order, r = orders[c], self._rank[name]
                 key = before << _RANK_BITS | r
                 i = bisect_left(order, key)
