@@ -189,3 +189,51 @@ def test_a_stop_under_a_cap_lets_the_cells_it_refused_be_looked_at_again():
     assert _plain_choice(inv, p, spread) == "b"
     shards = inv.place(p, "small-1", spread)
     assert shards is not None and shards[0].node == "b"
+
+
+def _fabric_world(rng: random.Random) -> State:
+    """Nodes in fabrics of eight across racks and PDUs, GPU limits alike or
+    not, caps that bind a pair of shards on one PDU more often than one;
+    models of two-node replicas among one-GPU ones."""
+    state = State()
+    for i in range(rng.randint(24, 64)):
+        gpus = [ev.Gpu(index=g, model="NVIDIA H100 80GB HBM3", memory_gb=80.0,
+                       power_w=700.0 if rng.random() < 0.95 else 400.0) for g in range(8)]
+        labels = {"llmgw.io/fabric": f"ib-{i // 8}", "llmgw.io/rack": f"r{i // 10}", "llmgw.io/pdu": f"p{i // 5}"}
+        _publish(state, ev.NodeRegistered(at=T0, node=f"n{i:03d}", gpus=gpus, memory_gb=512.0, cpu_cores=64,
+                                          labels=labels, agent=f"a/{i}"))
+    budgets = {f"pdu/p{p}": rng.choice([4_000.0, 6_000.0, 9_000.0]) for p in range(13)}
+    budgets.update({f"rack/r{r}": rng.choice([9_000.0, 14_000.0]) for r in range(7)})
+    _publish(state, ev.FacilityApplied(at=T0 + 1, budgets=budgets))
+    for m in range(rng.randint(2, 5)):
+        multi = rng.random() < 0.6
+        profile = ev.ProfileSpec(name="any", gpus=2 if multi else 1, nodes=2 if multi else 1, memory_gb=64.0,
+                                 power_w=rng.choice([0.0, 0.0, 900.0]))
+        _publish(state, ev.ModelApplied(at=T0 + 2, model=ev.ModelSpec(name=f"m{m}", profiles=[profile],
+                                                                      min_replicas=rng.randint(4, 30))))
+    return state
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_pair_remembered_too_much_together_decides_as_trying_it_again(seed, monkeypatch):
+    """facility_search remembers a fabric whose nodes for a multi-node
+    replica were too much together for a cap, until something that chose
+    them changes (`_together_refused`): every pass decides the same as
+    without that memory, refusals noted included (PlaceReplica.rejections)."""
+    from llmgw.core import facility_search
+
+    def passes(remember: bool) -> list[list[ev.Action]]:
+        state = _fabric_world(random.Random(seed))
+        if not remember:
+            monkeypatch.setattr(facility_search.CellSearch, "_together_refused", lambda *a: False)
+        out = []
+        for k in range(6):
+            actions = decide(state, T0 + 10 + k, 4096)
+            if not actions:
+                break
+            out.append(actions)
+            _publish(state, ev.Decided(at=T0 + 10 + k, basis=state.seq, actions=actions, leader="test"))
+        monkeypatch.undo()
+        return out
+
+    assert passes(True) == passes(False)
