@@ -124,7 +124,6 @@ class PassFacility:
         # node -> the draw a replica stopped for its replacement in place
         # hands over there, while that replacement is placed (`shift`).
         self.credit: dict[str, float] = {}
-        self.credit_gen = 0  # one more whenever a node's credit goes (refusals may grow without being noted)
         from .placement import Reason  # placement imports this module
 
         self._reason = Reason
@@ -383,8 +382,7 @@ class PassFacility:
                 self.credit[node.name] = self.credit.get(node.name, 0.0) + counted(node, sh)
                 self._room_made()
             else:
-                if self.credit.pop(node.name, None) is not None:
-                    self.credit_gen += 1  # (what the pass refused for it no longer says all it refuses)
+                self.credit.pop(node.name, None)
             return
         w = counted(node, sh)
         self._add(node.name, -w if give else w)

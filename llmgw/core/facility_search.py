@@ -109,10 +109,6 @@ class CellSearch:
         self._fab_epoch = 0
         self._model_fabrics: tuple | None = None
         self._picked: Levels | None = None  # the levels the last single-node search went by (placement's `place`)
-        # (fabric's groups, profile, round's limit) -> (spread, stamp) of nodes too much together (`_fabric_failed`)
-        self._together: dict[tuple, tuple] = {}
-        self._grp_changes: dict[int, int] = {}  # id(group) -> placements and stops on its nodes (`_node_changed`)
-        self._fab_domains: dict[tuple, tuple | None] = {}  # see `_fabric_domains`
 
     def _located_moved(self, name: str, before: int, after: int) -> None:
         """A node's free GPU count changed in this pass (placement.Inventory._move):
@@ -411,76 +407,17 @@ class CellSearch:
         return False
 
     def _fabric_failed(
-        self, p: ProfileSpec, groups: list, limit: int, last: bool, chosen: list, spread: dict[str, int]
+        self, p: ProfileSpec, groups: list, limit: int, last: bool, chosen: int, spread: dict[str, int]
     ) -> None:
-        """A fabric gave too few nodes in a round: so it stays for the pass,
-        as refusals do, until room is made (`_located_moved`,
-        PassFacility.epoch); and in every round, when its round admitted
-        every node (the last, or one that passed over none of its nodes).
-        Or the nodes it gave were too much together for a cap: other nodes
-        of it may not be, so it is tried again, but only once something
-        that chose those changed (`_together_refused`)."""
-        if p.keep_within:
-            return
-        if len(chosen) < p.nodes:
+        """A fabric gave too few nodes in a round (not: too many together for
+        a cap, which other nodes may not be): so it stays for the pass, as
+        refusals do, until room is made (`_located_moved`, PassFacility.epoch);
+        and in every round, when its round admitted every node (the last,
+        or one that passed over none of its nodes)."""
+        if chosen < p.nodes and not p.keep_within:
             self._short[(id(groups), id(p), limit)] = spread
             if last or groups[0].fabric not in self._fabrics_of(spread):
                 self._fab_refused.add((id(groups), id(p)))
-        elif self._fabric_domains(p, groups) is not None:
-            self._together[(id(groups), id(p), limit)] = (spread, self._together_stamp(p, groups))
-
-    def _together_refused(self, p: ProfileSpec, groups: list, limit: int, spread: dict[str, int]) -> bool:
-        """Whether this fabric's nodes for a replica of the profile were too
-        much together for a cap, in this round, and nothing that chose them
-        has changed since: the search would choose the same again, and
-        note no refusal it has not noted (its choice follows from the
-        fabric's nodes, the draws of their capped domains, what the pass
-        refused, and the model's spread, in which nodes of other fabrics do
-        not count here). Chosen again at each replica, such a pair was a
-        third of a multi-node placement on a fleet whose caps bind
-        (benchmarks/placement.py --facility)."""
-        got = self._together.get((id(groups), id(p), limit))
-        return got is not None and got[0] is spread and got[1] == self._together_stamp(p, groups)
-
-    def _together_stamp(self, p: ProfileSpec, groups: list) -> tuple:
-        """What a fabric's choice for the profile follows from, in this pass:
-        room made or a handover undone (PassFacility.epoch, credit_gen),
-        nodes refused for its draw (they are only added to), and the
-        placements and stops on the fabric's nodes (`_node_changed`)."""
-        fac, changes = self._fac, self._grp_changes
-        draw = fac.draw
-        return (
-            fac.epoch, fac.credit_gen, len(fac.blocked(p)), sum([changes.get(id(g), 0) for g in groups]),
-            [draw[d] for d in self._fabric_domains(p, groups)],  # type: ignore[union-attr]
-        )
-
-    def _fabric_domains(self, p: ProfileSpec, groups: list) -> tuple | None:
-        """The capped domains of a fabric's nodes, for `_together_stamp`; None
-        when a node of it draws by the GPUs it gets (its GPUs' limits
-        differ, and the profile declares no draw): refused, it is not noted
-        for the pass (PassFacility._noted), so the search would note it
-        again, which a choice remembered would not."""
-        key = (id(groups), bool(p.power_w))
-        got = self._fab_domains.get(key, False)
-        if got is False:
-            fac, nodes = self._fac, self._state.nodes
-            domains: set[str] = set()
-            got = None
-            for name in self._fabric_nodes(groups):
-                node = nodes[name]
-                if not p.power_w and fac._uniform_w(node) is None:
-                    break
-                domains.update(d for d, _cap in fac._limits_of(node)[1])
-            else:
-                got = tuple(sorted(domains))
-            self._fab_domains[key] = got
-        return got
-
-    def _node_changed(self, v) -> None:
-        """A placement or a stop on this node in this pass: its groups' fabric choices may differ (`_together_stamp`)."""
-        changes = self._grp_changes
-        for g in v.groups:
-            changes[id(g)] = changes.get(id(g), 0) + 1
 
     def _fabrics_of(self, spread: dict[str, int]) -> set[str]:
         """The fabrics of the nodes the model runs on, kept while its spread

@@ -455,8 +455,6 @@ class Inventory(facility_search.CellSearch):
                 short = (id(groups_in_fabric), id(p), limits[i])
                 if self._short.get(short) is spread:
                     continue
-                if fac.active and self._together_refused(p, groups_in_fabric, limits[i], spread):  # facility_search
-                    continue
                 # facility: keep_within tries one domain of its kind at a time
                 for domain in fac.within(p.keep_within, self._fabric_nodes(groups_in_fabric)) if p.keep_within else ("",):
                     chosen: list[_View] = []
@@ -472,7 +470,7 @@ class Inventory(facility_search.CellSearch):
                     ):
                         return chosen
                     if fac.active:
-                        self._fabric_failed(p, groups_in_fabric, limits[i], i == len(limits) - 1, chosen, spread)
+                        self._fabric_failed(p, groups_in_fabric, limits[i], i == len(limits) - 1, len(chosen), spread)
                 if not fac.active:
                     self._short[short] = spread  # (held, so that its id is not another's in this pass)
         return None
@@ -527,9 +525,7 @@ class Inventory(facility_search.CellSearch):
         if p.memory_gb:
             v.mem_used = add_gb(v.mem_used, p.memory_gb)
         v.cpu_used += p.cpu_cores
-        if self._fac.active:  # facility: its draw counts for its domains (facility_pass), its fabric changed (facility_search)
-            self._fac.take(v.node, p, gpus)
-            self._node_changed(v)
+        self._fac.take(v.node, p, gpus)  # facility: its draw counts for its domains
         port = v.free_port()
         v.ports.add(port)  # type: ignore[union-attr]
         v.next_port = port + 1
@@ -560,8 +556,6 @@ class Inventory(facility_search.CellSearch):
             v = self.view(sh.node)
             if not v.ready:
                 continue
-            if self._fac.active:
-                self._node_changed(v)  # facility_search
             held = {g for g in sh.gpus if v.node.used.get(g) == sh.id}
             before = len(v.free)
             v.free = sorted(set(v.free) | held) if give else [g for g in v.free if g not in held]
