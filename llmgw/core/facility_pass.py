@@ -96,9 +96,10 @@ class PassFacility:
     """What one pass of decide takes from the facility: which nodes are in
     held domains, and what each capped domain draws, with this pass's
     placements and stops counted as they are decided. Read from the
-    fold's derived index (state.located, state.domain_nodes): a fleet with
-    no location, hold or cap costs nothing here, and one with them costs
-    its capped domains' nodes once a pass."""
+    fold's derived indexes (state.located, state.domain_nodes,
+    state.domain_draw): a fleet with no location, hold or cap costs nothing
+    here, and one with them a comparison of its locations, holds and caps
+    once a pass (`kept`)."""
 
     def __init__(self, state: State) -> None:
         self.state = state
