@@ -280,7 +280,7 @@ class Inventory(facility_search.CellSearch):
         """`not _room_reasons(v, p)` but the facility's, without the words:
         what the search asks of each candidate it meets (they are made only
         to explain), once the facility has answered (PassFacility.refuses,
-        asked first in `_best`; asked again here in words, it was a fifth of
+        asked first in `_best`; asked again here in words, it was a tenth of
         a multi-node placement with the facility: benchmarks/placement.py --facility)."""
         node = v.node
         return not (memory_short(p, node, v.mem_used) or cpu_short(p, node, v.cpu_used) or not v.free_port())
