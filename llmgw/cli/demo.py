@@ -9,7 +9,10 @@
   never removed by an operator (so removing it sticks across restarts):
   SmolLM2-135M-Instruct on llama.cpp, on the CPU.
 - A watcher that says, once the demo replica is ready, where it answers and
-  how to ask it (the gateway comes later: the engine's own endpoint).
+  how to ask it: the gateway's URL once the gateway answers there (the
+  engine's own endpoint when `up` runs no gateway). The gateway listens only
+  once it has read the log to its end; on a busy 2-core machine a replica was
+  ready first, and a newcomer who asked at once found the port closed.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import asyncio
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from ..agent import agentfile, weights
@@ -88,6 +93,22 @@ def curl_line(endpoint: str, model: str) -> str:
     return f"  curl {endpoint}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'"
 
 
+GATEWAY_WAIT_S = 120.0  # how long the watcher waits for the gateway to answer before saying so
+GATEWAY_POLL_S = 0.2
+
+
+def answers(url: str, timeout: float = 2.0) -> bool:
+    """Whether an HTTP server answers GET `url` (any status: a 401 is an answer),
+    asked directly (no proxy from the environment: the gateway is this machine's)."""
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=timeout):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 class DemoWatcher(threading.Thread):
     """Prints, once, where the demo model answers (or why it does not)."""
 
@@ -131,6 +152,10 @@ class DemoWatcher(threading.Thread):
                             said.add(rep.id)
                             where = f"replica {rep.id} on node {rep.shards[0].node}, engine at {endpoint}"
                             ask = self.gateway or endpoint
+                            if self.gateway and not await self._gateway_answers():
+                                print(f"llmgw up: {self.model} is ready ({where}), but the gateway at "
+                                      f"{self.gateway} has not answered in {GATEWAY_WAIT_S:.0f} s", flush=True)  # fmt: skip
+                                continue
                             print(
                                 f"llmgw up: {self.model} is ready at {ask} ({where}). "
                                 f"Ask it:\n{curl_line(ask, self.model)}",
@@ -148,3 +173,12 @@ class DemoWatcher(threading.Thread):
                 await follower.stop()
         finally:
             await bus.close()
+
+    async def _gateway_answers(self) -> bool:
+        """Wait until the gateway answers on its port (it listens once it has read the log)."""
+        deadline = time.monotonic() + GATEWAY_WAIT_S
+        while not self.halt.is_set() and time.monotonic() < deadline:
+            if await asyncio.to_thread(answers, f"{self.gateway}/healthz"):
+                return True
+            await asyncio.sleep(GATEWAY_POLL_S)
+        return False
