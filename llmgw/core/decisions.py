@@ -14,7 +14,7 @@ from typing import Callable
 
 from . import events as ev
 from .catalog import profile_named
-from .facility import count_unmeasured, counted, power_problem, shard_problem, shard_watts
+from .facility import count_unmeasured, counted, place_one_shard, power_problem, shard_watts
 from .nodeindex import touch
 from .replicaindex import added, removed
 from .ports import placement_problem
@@ -119,17 +119,20 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
     # Holds and power caps, checked again in log order (a hold, a cap or a
     # measurement may have come since the decision). What the replica it
     # replaces hands over on a node is credited, as decide released it.
-    if (state.holds or state.budgets) and not handed and len(placements) == 1:
-        why = shard_problem(state, node, watts[0])  # (power_problem's one shard: most placements)
-        if why:
-            return why
-    elif state.holds or state.budgets:
+    one = not handed and len(placements) == 1  # (most placements: checked and counted in one, below)
+    if not one and (state.holds or state.budgets):
         handed_w: dict[str, float] = {}
         for sh in handed.values():
             node = nodes.get(sh.node)
             if node is not None:
                 handed_w[sh.node] = handed_w.get(sh.node, 0.0) + counted(node, sh)
         why = power_problem(state, [(nodes[s.node], w) for s, w in zip(placements, watts)], handed_w)
+        if why:
+            return why
+    if one:
+        # The last check, and the shard's draw counted if it passes: nothing
+        # below refuses (the multi-shard placement counts each shard below).
+        why = place_one_shard(state, node, placements[0].shard, watts[0])
         if why:
             return why
     shards = []
@@ -149,7 +152,8 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
             )
         )
         node = nodes[s.node]
-        count_unmeasured(state, node, shards[-1])
+        if not one:
+            count_unmeasured(state, node, shards[-1])
         touch(state, s.node)
         if handed:
             for old_sh in handed.values():

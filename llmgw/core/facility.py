@@ -249,8 +249,6 @@ def power_problem(state: State, adds: list[tuple[Node, float]], credit: dict[str
     whether a node is in a held domain. "" when neither."""
     if not state.holds and not state.budgets:
         return ""
-    if len(adds) == 1 and not credit:
-        return shard_problem(state, adds[0][0], adds[0][1])
     extra: dict[str, float] = {}
     for node, w in adds:
         for d in state.located.get(node.name, ()):
@@ -269,30 +267,38 @@ def power_problem(state: State, adds: list[tuple[Node, float]], credit: dict[str
     return ""
 
 
-def shard_problem(state: State, node: Node, w: float) -> str:
-    """power_problem for one shard and no credit (most placements), the
-    same answer without its sums by domain (benchmarks/placement.py --facility)."""
+def place_one_shard(state: State, node: Node, sid: str, w: float) -> str:
+    """The fold's test of a placement of one shard handed nothing (most
+    placements), power_problem's answer: then, if it passes, the shard's
+    draw counted on its node and its domains (count_unmeasured, for a
+    shard new to the node), and "". One walk of the node's domains, in
+    one call, where a test and a count were two of each: the fold's share
+    of a cold start with the facility was a tenth of its cost
+    (benchmarks/instructions.py --what cold)."""
     ds = state.located.get(node.name)
     if not ds:
+        if w:
+            node.unmeasured[sid] = w
         return ""
-    holds, budgets = state.holds, state.budgets
+    holds, budgets, draws = state.holds, state.budgets, state.domain_draw
     if holds:
         for d in ds:
             hold = holds.get(d)
             if hold is not None:
                 return f"{d} is held: {hold.reason or 'no reason given'}"
-    if w <= 0 or not budgets:
-        return ""
-    # One walk, nothing made unless a domain is past its cap; the first
-    # past it by name is the one said, as power_problem would.
-    draws = state.domain_draw
-    over = ""
-    for d in ds:
-        cap = budgets.get(d)
-        if cap is not None and draws.get(d, 0.0) + w > cap + 1e-6 and (not over or d < over):
-            over = d
-    if over:
-        return f"{over} would draw {watts(draws.get(over, 0.0) + w)} of {watts(budgets[over])}"
+    if w > 0 and budgets:
+        # Nothing made unless a domain is past its cap; the first past it
+        # by name is the one said, as power_problem would.
+        over = ""
+        for d in ds:
+            if d in budgets and draws.get(d, 0.0) + w > budgets[d] + 1e-6 and (not over or d < over):
+                over = d
+        if over:
+            return f"{over} would draw {watts(draws.get(over, 0.0) + w)} of {watts(budgets[over])}"
+    if w:
+        node.unmeasured[sid] = w
+        for d in ds:
+            draws[d] = draws.get(d, 0.0) + w
     return ""
 
 
