@@ -285,20 +285,14 @@ class CellSearch:
         module): made once a pass, kept as placements take (`_located_moved`)."""
         orders = self._orders
         if orders is None:
-            entries, views = self._build().entries, self._views
+            entries = self._build().entries  # (an entry's free count is its view's: Inventory._move keeps both)
             cells = self._fac.cells()
             self._cell_of = cells.of
             named, rank = self._named, self._rank = self._fac.ranks()  # rank -> name, name -> rank
-            orders = self._orders = []
-            for nodes in cells.nodes:
-                order = []
-                for name in nodes:
-                    e = entries.get(name)
-                    if e is not None:
-                        v = views.get(name)  # (a view of the node in this pass says what it has free)
-                        order.append((len(v.free) if v is not None else e.free) << _RANK_BITS | rank[name])
-                order.sort()
-                orders.append(order)
+            orders = self._orders = [
+                sorted([entries[name].free << _RANK_BITS | rank[name] for name in nodes if name in entries])
+                for nodes in cells.nodes
+            ]
         return orders
 
     def _fits(self, p: ProfileSpec, admitted: set, v) -> bool:
