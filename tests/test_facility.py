@@ -244,6 +244,26 @@ def test_preemption_makes_room_only_where_the_power_is():
     assert_verifies(f)
 
 
+def test_the_shards_of_a_multi_node_replica_fit_the_caps_together_and_the_fabric_is_searched_on():
+    f = Fleet()
+    ib = {"llmgw.io/fabric": "ib"}
+    # a1 and a2 are the best fit (fewest free GPUs), but pdu-a has room for
+    # one more 1.4 kW shard only; b1, in another PDU of the same fabric, has room.
+    f.register("a1", gpus=2, labels={**ib, **loc("r1", "pdu-a")}, power_w=700)
+    f.register("a2", gpus=2, labels={**ib, **loc("r1", "pdu-a")}, power_w=700)
+    f.register("b1", gpus=8, labels={**ib, **loc("r2", "pdu-b")}, power_w=700)
+    f.register("c1", gpus=2, labels={"llmgw.io/fabric": "other", **loc("r3", "pdu-c")}, power_w=700)
+    f.register("c2", gpus=2, labels={"llmgw.io/fabric": "other", **loc("r3", "pdu-c")}, power_w=700)
+    f.publish(ev.FacilityApplied(at=f.tick(), budgets={"pdu/pdu-a": 2000.0}))
+    f.apply(model("m", profiles=[ev.ProfileSpec(name="p", gpus=2, nodes=2)]))
+    f.decide()
+    # Not a1 and a2 together (2.8 kW of 2 kW), nor the fabric given up for
+    # "other": a1, then b1 beside it.
+    (rep,) = f.state.replicas.values()
+    assert [s.node for s in rep.shards] == ["a1", "b1"]
+    assert_verifies(f)
+
+
 # --------------------------------------------------------------------------- keep_within
 
 

@@ -469,3 +469,59 @@ class Outside:
 
     def __contains__(self, v) -> bool:
         return v in self.chosen or self.fac.domain_of(self.kind, v.name) != self.domain
+
+
+class Together:
+    """The `taken` of placement's search for the shards of one multi-node
+    replica where caps bind: the nodes `inner` holds (the chosen ones, or
+    Outside), and every node whose shard would take a capped domain past
+    its cap with the shards chosen before it (two on one PDU count twice,
+    as fit_together counts them, in the same order). Refused so, the node
+    is passed over for this replica only, and the search goes on in the
+    fabric: once the second shard was checked only after both were chosen,
+    a fabric whose two best nodes shared a PDU with room for one was given
+    up though its other nodes had room, and on a fleet whose caps bind
+    most multi-node placements chose pairs that failed so
+    (benchmarks/placement.py --facility).
+
+    `refused` says whether a node was refused for the chosen ones alone: a
+    fabric that then gave too few nodes is short for this replica, with
+    these chosen, not for the pass (placement's `_fabric_failed`)."""
+
+    __slots__ = ("fac", "p", "chosen", "inner", "gpus_for", "extra", "counted", "refused")
+
+    def __init__(self, fac: PassFacility, p: ev.ProfileSpec, chosen: list, inner, gpus_for) -> None:
+        self.fac, self.p, self.chosen, self.inner, self.gpus_for = fac, p, chosen, inner, gpus_for
+        self.extra: dict[str, float] = {}  # capped domain -> what the chosen shards add to it
+        self.counted = 0  # the chosen counted in `extra`
+        self.refused = False
+
+    def __contains__(self, v) -> bool:
+        if v in self.inner:
+            return True
+        chosen = self.chosen
+        if not chosen:
+            return False
+        fac, p, extra = self.fac, self.p, self.extra
+        draw = fac._draw if fac._draw is not None else fac.draw
+        credit, loc = fac.credit, fac.loc
+        while self.counted < len(chosen):
+            c = chosen[self.counted]
+            self.counted += 1
+            w = fac._watts(p, c.node, self.gpus_for(c, p)) - credit.get(c.name, 0.0)
+            for d in loc.get(c.name, ()):
+                if d in draw:
+                    extra[d] = extra.get(d, 0.0) + w
+        if not extra:
+            return False
+        gpus = self.gpus_for(v, p)
+        w = fac._watts(p, v.node, gpus) - credit.get(v.name, 0.0)
+        budgets = fac.state.budgets
+        for d in loc.get(v.name, ()):
+            e = extra.get(d)
+            if e is not None and draw[d] + (e + w) > budgets[d] + 1e-6:
+                if not fac.refuses(v.node, p, gpus):  # (refused alone, it is refused for the pass: noted so)
+                    self.refused = True
+                return True
+        return False
+

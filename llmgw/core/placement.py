@@ -459,6 +459,8 @@ class Inventory(facility_search.CellSearch):
                 for domain in fac.within(p.keep_within, self._fabric_nodes(groups_in_fabric)) if p.keep_within else ("",):
                     chosen: list[_View] = []
                     taken = facility_pass.Outside(fac, p.keep_within, domain, chosen) if domain else chosen
+                    if fac.capped:  # facility: each shard within the caps with those chosen before it
+                        taken = facility_pass.Together(fac, p, chosen, taken, self._gpus_for)
                     for limit in limits[: i + 1]:
                         while len(chosen) < p.nodes:
                             v = self._best(p, groups_in_fabric, spread, limit, taken)
@@ -469,7 +471,7 @@ class Inventory(facility_search.CellSearch):
                         [v.node for v in chosen], p, [self._gpus_for(v, p) for v in chosen]
                     ):
                         return chosen
-                    if fac.active:
+                    if fac.active and not (fac.capped and taken.refused):  # (refused for these chosen only: not for the pass)
                         self._fabric_failed(p, groups_in_fabric, limits[i], i == len(limits) - 1, len(chosen), spread)
                 if not fac.active:
                     self._short[short] = spread  # (held, so that its id is not another's in this pass)
