@@ -136,7 +136,6 @@ def test_cell_search_makes_the_plain_scans_choice(seed):
                     counts["refused"] += 1
                     break
                 counts["placed"] += 1
-                spread[got] = spread.get(got, 0) + 1  # (passes.ModelPass.took)
         if round_ in (2, 4) and running:
             # Replicas stopped in the pass: their GPUs and draw come back
             # (every refusal of the pass may be stale), as a restart's would;

@@ -504,7 +504,7 @@ def test_explain_and_placement_agree_on_what_fits(data):
             ]
             spread = replicas_per_node(kept)
             for p, pf in zip(model.spec.profiles, e.profiles):
-                shards = Inventory(state).place(p, f"{name}-0", spread)
+                shards = Inventory(state).place(p, f"{name}-0", dict(spread))  # (place counts in it)
                 assert (shards is not None) == pf.fits, (
                     f"{name}/{p.name}: placement found {shards}, explain says fits={pf.fits}: {pf}"
                 )

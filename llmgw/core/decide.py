@@ -189,7 +189,6 @@ def _place_missing(p: Pass, m: ModelPass) -> tuple[Outcome, str] | None:
             return Outcome.NO_ROOM, why_no_fit(p, spec.profiles)
         if not p.add(placed):
             return None
-        m.took(placed)
         number += 1
         m.have += 1
         m.placed += 1

@@ -111,7 +111,7 @@ class PassFacility:
         self.touched: list[int] = []  # the cells changed, in order (facility_search reads on)
         self.epoch = 0  # one more when a stop made room: every refusal of the pass may be stale
         self._held: dict[str, tuple] = {}  # node -> its held-domain Reasons (built lazily)
-        self._levels: dict[int, Levels] = {}  # id(spread) -> its levels, kept up to date (Levels.refresh)
+        self._levels: dict[int, Levels] = {}  # id(spread) -> its levels, told of each placement (Levels.took)
         self._said: dict[tuple[str, float], object] = {}  # (domain, draw after) -> its power Reason
         self._blocked: dict[tuple[float, int], set[str]] = {}  # see `blocked`
         self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
@@ -411,20 +411,12 @@ class PassFacility:
         if levels is None:
             if not self.loc or not self.cells().nodes:
                 return None
-            levels = self._levels[id(spread)] = Levels(spread, self)  # (as the spread is: refreshed)
-            return levels
-        took = levels._took
-        if len(took) == 1:  # `refresh`'s usual case, inline: once a placement
-            name = took[0]
-            seen = levels._seen
-            if len(seen) == len(spread) and spread.get(name) == seen[name]:
-                took.clear()
-                return levels
-        return levels.refresh()
+            levels = self._levels[id(spread)] = Levels(spread, self)  # (it holds the spread: its id is no other's)
+        return levels
 
     def expect(self, spread: dict[str, int], names: list[str]) -> None:
         """A placement took these nodes for a model of this spread: the
-        levels kept for it (if any) are told, as its caller counts them."""
+        levels kept for it (if any) are told, before Inventory.place counts them in it."""
         levels = self._levels.get(id(spread))
         if levels is not None and levels.spread is spread:
             for name in names:

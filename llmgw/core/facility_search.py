@@ -57,16 +57,15 @@ class _Heaps:
     other entry of the cell is stale: its nodes changed since).
 
     A cursor's level is its cell's when it was pushed, and a cell's level
-    only grows while the model's `Levels.version` stands: so it is a lower
+    only grows in a pass (a spread only grows): so it is a lower
     bound, put right when the cursor comes to the top (pushed again at its
     level), not at each placement that moves its rack's or PDU's cells,
     most of which never come to the top again in the pass."""
 
-    __slots__ = ("levels", "version", "groups", "touched_at", "cur", "heap", "parts")
+    __slots__ = ("levels", "groups", "touched_at", "cur", "heap", "parts")
 
     def __init__(self, levels: Levels, groups: list, touched_at: int, cur: list, heap: list, parts: tuple) -> None:
         self.levels = levels
-        self.version = levels.version
         self.groups = groups
         self.touched_at = touched_at
         self.cur = cur
@@ -140,7 +139,7 @@ class CellSearch:
             self._heaps.clear()
         key = (id(levels), id(p))  # (the pass holds both)
         h = self._heaps.get(key)
-        if h is None or h.version != levels.version or h.groups is not groups:
+        if h is None or h.groups is not groups:
             h = self._heaps[key] = self._start(p, levels, groups)
         heap, cur, dead, blocked, admitted, rc, pc, rack_of, pdu_of = h.parts
         spread, views, orders, named = levels.spread, self._views, self._orders, self._named

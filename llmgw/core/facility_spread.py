@@ -124,21 +124,23 @@ class Levels:
     spread would (`placement._limits`). A node without a rack (or PDU)
     label is a rack (or PDU) of its own: nothing says it shares one.
 
-    Kept by rack and PDU (`Cells`), as the model's placements in the pass
-    add to its spread (`refresh`): a placement counts one more for its
-    rack and its PDU, which moves their cells (`level`), not their nodes
-    one by one. Where the model's own nodes
+    Counted by rack and PDU (`Cells`) from the spread when made, then told
+    of each placement of the pass before placement counts it in the spread
+    (`took`: Inventory.place is the spread's only writer in a pass, so the
+    two cannot part): a placement counts one more for its rack and its PDU,
+    which moves their cells (`level`), not their nodes one by one. A copy
+    of the spread compared at each placement to catch a writer that did
+    not say cost a hundredth of a cold start with the facility
+    (benchmarks/instructions.py --what cold). Where the model's own nodes
     are (`mine`, `spread_at`) is asked only when the search has found no
     other node below them, which is rare: so it is worked out then, from
     the cells that have some (`_csp`), and a lower bound of their levels
-    (`low`) tells the search when it need not ask (a level only grows
-    while `version` stands)."""
+    (`low`) tells the search when it need not ask (a level only grows)."""
 
     def __init__(self, spread: dict[str, int], fac: "PassFacility") -> None:
         self.spread = spread  # held: its id keys the pass's cache
         cells = self._cells = fac.cells()
         self.loose = len(cells.of) < len(fac.state.nodes)  # nodes in no cell, at level 0 unless the model runs there
-        self._seen: dict[str, int] = {}
         # The model's replicas per rack and per PDU, by number (Cells): a
         # cell's level is `rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]` (`level`),
         # read where it is needed rather than kept for every cell that a
@@ -149,26 +151,20 @@ class Levels:
         self._loose: dict[int, int] = {}  # level -> the model's nodes in no cell at it
         self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
         self.low = NO_LEVEL  # no level of the model's own nodes is below it (`mine`)
-        self._took: list[str] = []  # nodes taken since the last `refresh`
-        self.version = 0  # one more whenever a count went down (what placement kept per model is stale)
-        self.refresh()
+        for name, n in sorted(spread.items()):
+            self._count(name, 0, n)
 
     def took(self, name: str) -> None:
-        """A placement took this node for the model: its count is one more,
-        as its caller counts it in the spread (ModelPass.took), and so its
-        rack's and its PDU's. Every placement says so (PassFacility.expect,
-        from placement's `place`), and a spread changes only so: `refresh`
-        checks that the spread says the same, by the nodes taken alone
-        (compared whole at every placement, a model of 400 replicas read
-        400 entries each time: benchmarks/placement.py --facility), and
-        puts right what it does not, from the spread."""
-        seen = self._seen
-        old = seen.get(name, 0)
-        seen[name] = old + 1
-        self._took.append(name)
+        """A placement took this node for the model, not yet counted in its
+        spread (Inventory.place counts it next): one more for its rack and
+        its PDU."""
+        self._count(name, self.spread.get(name, 0), 1)
+
+    def _count(self, name: str, old: int, more: int) -> None:
+        """The node ran `old` of the model's replicas and runs `more` more: its rack's and PDU's counts too."""
         c = self._cells.of.get(name)
-        if c is None:
-            self._loose_moved(old, old + 1)
+        if c is None:  # in no cell: a rack and PDU of its own
+            self._loose_moved(old, old + more)
             return
         r, p = self.rack_of[c], self.pdu_of[c]
         rc, pc = self.rc, self.pc
@@ -180,67 +176,16 @@ class Levels:
                 mine.add(name)
             if rc[r] * LEVEL_BASE + pc[p] < self.low:  # (its level only grows from here)
                 self.low = rc[r] * LEVEL_BASE + pc[p]
-        rc[r] += 1
-        pc[p] += 1
-
-    def refresh(self) -> "Levels":
-        """The levels as the spread says now (see `took`)."""
-        spread, seen, took = self.spread, self._seen, self._took
-        if took:
-            if len(took) == 1:
-                name = took.pop()
-                if len(seen) == len(spread) and spread.get(name) == seen[name]:  # (the usual case)
-                    return self
-            else:
-                self._took = []
-                if seen == spread:  # (in C)
-                    return self
-        elif len(spread) == len(seen) and spread == seen:
-            return self
-        changes = [(name, seen.get(name, 0), n) for name, n in sorted(spread.items() - seen.items())]
-        changes += [(name, seen[name], 0) for name in sorted(seen.keys() - spread.keys())]
-        self._seen = dict(spread)
-        self._apply(changes)
-        return self
+        rc[r] += more
+        pc[p] += more
 
     def counted(self) -> bool:
         """Whether any of the model's nodes counts at all (every cell is at level 0 until one does)."""
-        return bool(self._seen)
+        return bool(self.spread)
 
     def level(self, c: int) -> int:
         """A cell's level: its rack's count of the model's replicas, then its PDU's."""
         return self.rc[self.rack_of[c]] * LEVEL_BASE + self.pc[self.pdu_of[c]]
-
-    def _apply(self, changes) -> None:
-        """Counts changed (node, before, now; `_seen` says them already): its rack's and PDU's too."""
-        of, rack_of, pdu_of, rc, pc = self._cells.of, self.rack_of, self.pdu_of, self.rc, self.pc
-        csp = self._csp
-        for name, old, now in changes:
-            delta = now - old
-            if delta < 0:
-                self.version += 1
-                self.low = 0  # (levels go down: the bound is worked out again when asked)
-            c = of.get(name)
-            if c is None:  # in no cell: a rack and PDU of its own
-                self._loose_moved(old, now)
-                continue
-            r, p = rack_of[c], pdu_of[c]
-            if not old:  # the cell's own nodes of the model (`spread_at`)
-                mine = csp.get(c)
-                if mine is None:
-                    csp[c] = {name}
-                else:
-                    mine.add(name)
-                if rc[r] * LEVEL_BASE + pc[p] < self.low:  # (its level only grows from here)
-                    self.low = rc[r] * LEVEL_BASE + pc[p]
-            elif not now:
-                mine = csp.get(c)
-                if mine is not None:
-                    mine.discard(name)
-                    if not mine:
-                        del csp[c]
-            rc[r] += delta
-            pc[p] += delta
 
     def _loose_moved(self, old: int, now: int) -> None:
         """A node in no cell runs `now` of the model's replicas, not `old`: its level moved."""
@@ -272,5 +217,5 @@ class Levels:
                 out |= names
         if level in self._loose:
             of = self._cells.of
-            out.update(name for name, n in self._seen.items() if name not in of and n * LEVEL_BASE + n == level)
+            out.update(name for name, n in self.spread.items() if name not in of and n * LEVEL_BASE + n == level)
         return out

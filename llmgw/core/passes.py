@@ -125,13 +125,9 @@ class ModelPass:
         self.live = live  # its replicas, neither stopping nor to be stopped
         self.retiring = [r for r in live if r.restart in RETIRING]  # restarting: serve until replaced
         self.serving = [r for r in live if r.restart not in RETIRING]
-        self.spread = replicas_per_node(live)  # its replicas per node, for placements to spread
+        self.spread = replicas_per_node(live)  # its replicas per node, for placements to spread (Inventory.place counts in it)
         self.have = 0  # replicas it counts as having, set once the restarts have begun
         self.placed = 0  # replicas placed for it in this pass (not in place of another)
-
-    def took(self, placed: ev.PlaceReplica) -> None:
-        for s in placed.shards:
-            self.spread[s.node] = self.spread.get(s.node, 0) + 1
 
 
 def place_one(p: Pass, m: ModelPass, replica: str, reason: str, replaces: str = "") -> ev.PlaceReplica | None:

@@ -311,7 +311,9 @@ class Inventory(facility_search.CellSearch):
     def place(self, p: ProfileSpec, replica: str, spread: dict[str, int]) -> list[ShardPlacement] | None:
         """Shards for one replica of this profile, taken from the inventory, or
         None when it fits nowhere. `spread`: how many of the model's replicas
-        each node runs already; the fewer, the sooner a node is tried."""
+        each node runs already; the fewer, the sooner a node is tried. The
+        replica's nodes are counted in it: a pass's spreads change only here
+        (facility_spread.Levels counts by them)."""
         if self._fac.active:
             self._fac.seen = {}  # (only the facility says rejections: see `rejections`)
             self._picked = None
@@ -325,14 +327,16 @@ class Inventory(facility_search.CellSearch):
             gpus = self._gpus_for(v, p)
             port = self._take(v, gpus, p)
             shards.append(ShardPlacement(shard=f"{replica}.{rank}", node=v.name, rank=rank, gpus=gpus, port=port))
-        if self._fac.loc:  # facility: the spread's levels, told what its caller will count (facility_pass.Levels)
+        if self._fac.loc:  # facility: the spread's levels, told before the spread counts it (facility_spread.Levels)
             picked = self._picked
             if picked is not None and len(chosen) == 1:  # (the levels `_find` searched by: those of this spread)
                 picked.took(chosen[0].name)
             else:
                 self._fac.expect(spread, [v.name for v in chosen])
+        for v in chosen:
+            spread[v.name] = spread.get(v.name, 0) + 1
         # (Where the model's next search may begin: see _best. The node just
-        # taken is in its spread from now on, as its caller counts it.)
+        # taken is in its spread from now on, counted above.)
         self._resume = (p, spread, self._changes, found_k) if p.nodes == 1 and found_k else None
         return shards
 

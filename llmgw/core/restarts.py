@@ -188,7 +188,6 @@ def _in_place(p: Pass, m: ModelPass, rep: Replica, why: str, begin: bool = False
         p.add(ev.RestartReplica(replica=rep.id, reason=why, in_place=True))
     p.add(ev.StopReplica(replica=rep.id, reason=why, drain_s=drain_s(m.spec, rep)))
     p.add(placed)
-    m.took(placed)
     inv.hold(_kept_till_exit(rep, placed), handover=True)
     return True
 
