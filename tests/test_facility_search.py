@@ -188,3 +188,70 @@ def test_a_stop_under_a_cap_lets_the_cells_it_refused_be_looked_at_again():
     assert _plain_choice(inv, p, spread) == "b"
     shards = inv.place(p, "small-1", spread)
     assert shards is not None and shards[0].node == "b"
+
+
+def _fabric_world(rng: random.Random) -> State:
+    """Fabrics of consecutive nodes in racks and PDUs of consecutive nodes
+    (as a hall is cabled), caps that bind, models of two-node replicas and
+    of one-node ones: what the memo of fabrics refused together
+    (facility_search.CellSearch._pair_state) is asked on."""
+    state = State()
+    per_fabric, per_rack, per_pdu = rng.choice([4, 6, 8]), rng.choice([6, 8]), rng.choice([2, 3, 4])
+    for i in range(rng.randint(24, 64)):
+        labels = {"llmgw.io/fabric": f"ib-{i // per_fabric}", "llmgw.io/rack": f"r{i // per_rack}",
+                  "llmgw.io/pdu": f"p{i // per_pdu}"}  # fmt: skip
+        gpus = [ev.Gpu(index=g, model="NVIDIA H100 80GB HBM3", memory_gb=80.0, power_w=700.0)
+                for g in range(rng.choice([2, 4, 8]))]  # fmt: skip
+        _publish(state, ev.NodeRegistered(at=T0, node=f"n{i:03d}", gpus=gpus, memory_gb=512.0, cpu_cores=64,
+                                          labels=labels, agent=f"a/{i}"))
+    budgets = {f"pdu/p{p}": rng.choice([2_800.0, 4_200.0, 7_000.0]) for p in range(32) if rng.random() < 0.7}
+    budgets.update({f"rack/r{r}": rng.choice([8_400.0, 16_800.0]) for r in range(11) if rng.random() < 0.5})
+    _publish(state, ev.FacilityApplied(at=T0 + 1, budgets=budgets))
+    for m in range(rng.randint(2, 6)):
+        profile = ev.ProfileSpec(name="any", gpus=rng.choice([1, 2]), nodes=rng.choice([1, 2, 2, 2]))
+        spec = ev.ModelSpec(name=f"m{m}", profiles=[profile], min_replicas=rng.randint(2, 16))
+        _publish(state, ev.ModelApplied(at=T0 + 2, model=spec))
+    return state
+
+
+def _cold_start(state: State) -> list:
+    """Every pass decided and folded until nothing is left: the passes' actions."""
+    out = []
+    for i in range(8):
+        actions = decide(state, T0 + 10 + i, 4096)
+        if not actions:
+            break
+        out.append(actions)
+        _publish(state, ev.Decided(at=T0 + 10 + i, basis=state.seq, actions=actions, leader="test"))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fabrics_refused_together_are_passed_over_only_while_nothing_they_depend_on_changed(seed, monkeypatch):
+    """Every pass of a cold start decides the same with the memo of fabrics
+    whose nodes were refused together and without it (its state never the same)."""
+    from llmgw.core import facility_search
+
+    with_memo = _cold_start(_fabric_world(random.Random(seed)))
+    monkeypatch.setattr(facility_search.CellSearch, "_pair_state", lambda self, p, groups: object())
+    assert _cold_start(_fabric_world(random.Random(seed))) == with_memo
+
+
+def test_fabrics_refused_together_are_met_by_the_seeds_above(monkeypatch):
+    """Between them, the seeds above have fabrics refused together, and passed over so."""
+    from llmgw.core import facility_search
+
+    hits = 0
+    real = facility_search.CellSearch._fabric_refused
+
+    def counting(self, p, groups, limit, first, spread):
+        nonlocal hits
+        known = self._pairs_refused.get((id(groups), id(p), limit))
+        out = real(self, p, groups, limit, first, spread)
+        hits += bool(out and known is not None and known[0] is spread and known[1] == self._pair_state(p, groups))
+        return out
+
+    monkeypatch.setattr(facility_search.CellSearch, "_fabric_refused", counting)
+    for seed in range(40):
+        _cold_start(_fabric_world(random.Random(seed)))
+    assert hits

@@ -109,6 +109,9 @@ class PassFacility:
         self._draw: dict[str, float] | None = None  # capped domain -> draw counted in this pass
         self._cells: Cells | None = None
         self.touched: list[int] = []  # the cells changed, in order (facility_search reads on)
+        # fabric -> shards taken or given back on its nodes in this pass, where
+        # caps are (what facility_search's memo of a fabric refused together reads)
+        self.fabric_changes: dict[str, int] = {}
         self.epoch = 0  # one more when a stop made room: every refusal of the pass may be stale
         self._held: dict[str, tuple] = {}  # node -> its held-domain Reasons (built lazily)
         self._levels: dict[int, Levels] = {}  # id(spread) -> its levels, told of each placement (Levels.took)
@@ -350,12 +353,14 @@ class PassFacility:
         budgets = self.state.budgets
         return all(draw[d] + w <= budgets[d] + 1e-6 for d, w in extra.items())
 
-    def take(self, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> None:
-        """A shard placed in this pass: its draw counts from now on. (Its
-        cell is `touched` where its order changes: facility_search's
-        `_located_moved`.)"""
+    def take(self, node: Node, p: ev.ProfileSpec, gpus: list[int], fabric: str) -> None:
+        """A shard placed in this pass on a node of this fabric (""
+        none): its draw counts from now on. (Its cell is `touched` where its
+        order changes: facility_search's `_located_moved`.)"""
         name = node.name
         if self.capped:
+            if fabric:
+                self.fabric_changes[fabric] = self.fabric_changes.get(fabric, 0) + 1
             got = self._limits.get(name)
             if got is None or got[2] is not node.gpus:
                 got = self._limits_of(node)
@@ -366,7 +371,7 @@ class PassFacility:
                 for d, _cap in caps:
                     draw[d] += w
 
-    def shift(self, node: Node, sh: Shard, give: bool, handover: bool = False) -> None:
+    def shift(self, node: Node, sh: Shard, give: bool, handover: bool = False, fabric: str = "") -> None:
         """A shard stopped in this pass (give) frees what it counts for; or
         not after all. `handover`: stopped for a replacement in place, its
         draw goes on counting for its domains (it draws until it exits, and
@@ -378,6 +383,8 @@ class PassFacility:
         self._touch(node.name)
         if not self.capped:
             return
+        if fabric:
+            self.fabric_changes[fabric] = self.fabric_changes.get(fabric, 0) + 1
         if handover:
             if give:
                 self.credit[node.name] = self.credit.get(node.name, 0.0) + counted(node, sh)

@@ -475,8 +475,9 @@ class Inventory(facility_search.CellSearch):
                         [v.node for v in chosen], p, [self._gpus_for(v, p) for v in chosen]
                     ):
                         return chosen
-                    if fac.active and not (fac.capped and taken.refused):  # (refused for these chosen only: not for the pass)
-                        self._fabric_failed(p, groups_in_fabric, limits[i], i == len(limits) - 1, len(chosen), spread)
+                    if fac.active:  # facility: known refused from now on (facility_search)
+                        last, together = i == len(limits) - 1, fac.capped and taken.refused
+                        self._fabric_failed(p, groups_in_fabric, limits[i], last, len(chosen), spread, together)
                 if not fac.active:
                     self._short[short] = spread  # (held, so that its id is not another's in this pass)
         return None
@@ -531,7 +532,7 @@ class Inventory(facility_search.CellSearch):
         if p.memory_gb:
             v.mem_used = add_gb(v.mem_used, p.memory_gb)
         v.cpu_used += p.cpu_cores
-        self._fac.take(v.node, p, gpus)  # facility: its draw counts for its domains
+        self._fac.take(v.node, p, gpus, v.fabric)  # facility: its draw counts for its domains
         port = v.free_port()
         v.ports.add(port)  # type: ignore[union-attr]
         v.next_port = port + 1
@@ -568,7 +569,7 @@ class Inventory(facility_search.CellSearch):
             if len(v.free) != before:
                 self._move(v, before)
             sign = -1 if give else 1
-            self._fac.shift(v.node, sh, give, handover)  # facility: what it draws
+            self._fac.shift(v.node, sh, give, handover, v.fabric)  # facility: what it draws
             v.mem_used = add_gb(v.mem_used, sign * sh.memory_gb)
             v.cpu_used += sign * sh.cpu_cores
             # (A port another program holds stays out, whoever held it here:
