@@ -244,8 +244,11 @@ class CellSearch:
     def _start(self, p: ProfileSpec, levels: Levels, groups: list) -> _Heaps:
         firsts = self._firsts(p.gpus)
         if levels.counted():
-            level = levels.level
-            cur = [None if e is None else (level(e[1]) << _LEVEL_SHIFT | e[0], e[1], e[2]) for e in firsts]
+            rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of  # (a cell's level: see Levels)
+            cur = [
+                None if e is None else ((rc[rack_of[e[1]]] * LEVEL_BASE + pc[pdu_of[e[1]]]) << _LEVEL_SHIFT | e[0], e[1], e[2])
+                for e in firsts
+            ]
         else:  # every cell at level 0, as `_firsts` made them
             cur = list(firsts)
         heap = [e for e in cur if e is not None]

@@ -128,7 +128,7 @@ class Levels:
     of each placement of the pass before placement counts it in the spread
     (`took`: Inventory.place is the spread's only writer in a pass, so the
     two cannot part): a placement counts one more for its rack and its PDU,
-    which moves their cells (`level`), not their nodes one by one. A copy
+    which moves their cells' levels, not their nodes one by one. A copy
     of the spread compared at each placement to catch a writer that did
     not say cost a hundredth of a cold start with the facility
     (benchmarks/instructions.py --what cold). Where the model's own nodes
@@ -142,9 +142,11 @@ class Levels:
         cells = self._cells = fac.cells()
         self.loose = len(cells.of) < len(fac.state.nodes)  # nodes in no cell, at level 0 unless the model runs there
         # The model's replicas per rack and per PDU, by number (Cells): a
-        # cell's level is `rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]` (`level`),
-        # read where it is needed rather than kept for every cell that a
-        # placement moves, most of which nobody reads again in the pass.
+        # cell's level is `rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]`, its
+        # rack's count then its PDU's, read where it is needed (inline: a
+        # method call per cell was a hundredth of a cold start) rather than
+        # kept for every cell that a placement moves, most of which nobody
+        # reads again in the pass.
         self.rc = [0] * cells.racks
         self.pc = [0] * cells.pdus
         self.rack_of, self.pdu_of = cells.rack_of, cells.pdu_of
@@ -183,10 +185,6 @@ class Levels:
         """Whether any of the model's nodes counts at all (every cell is at level 0 until one does)."""
         return bool(self.spread)
 
-    def level(self, c: int) -> int:
-        """A cell's level: its rack's count of the model's replicas, then its PDU's."""
-        return self.rc[self.rack_of[c]] * LEVEL_BASE + self.pc[self.pdu_of[c]]
-
     def _loose_moved(self, old: int, now: int) -> None:
         """A node in no cell runs `now` of the model's replicas, not `old`: its level moved."""
         loose = self._loose
@@ -203,17 +201,17 @@ class Levels:
 
     def mine(self) -> list[int]:
         """The levels some of the model's nodes are at (in a cell, or in none), lowest first; `low` is the first."""
-        level = self.level
-        out = sorted({level(c) for c in self._csp} | self._loose.keys())
+        rc, pc, rack_of, pdu_of = self.rc, self.pc, self.rack_of, self.pdu_of  # (each cell's level, inline)
+        out = sorted({rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]] for c in self._csp} | self._loose.keys())
         self.low = out[0] if out else NO_LEVEL
         return out
 
     def spread_at(self, level: int) -> set[str]:
         """The model's nodes at a level (in a cell at it, or in none and at it by themselves)."""
         out: set[str] = set()
-        level_of = self.level
+        rc, pc, rack_of, pdu_of = self.rc, self.pc, self.rack_of, self.pdu_of  # (each cell's level, inline)
         for c, names in self._csp.items():
-            if level_of(c) == level:
+            if rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]] == level:
                 out |= names
         if level in self._loose:
             of = self._cells.of
