@@ -138,10 +138,11 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
     shards = []
     for s in placements:
         sid, port, gpus_taken = s.shard, s.port, s.gpus
+        node = nodes[s.node]
         shards.append(
             Shard(
                 id=sid,
-                node=s.node,
+                node=node.name,  # (the state's own object for the name: see fold.share_names)
                 rank=s.rank,
                 gpus=gpus_taken,
                 port=port,
@@ -151,7 +152,6 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
                 power_w=watts[len(shards)],
             )
         )
-        node = nodes[s.node]
         if not one:
             count_unmeasured(state, node, shards[-1])
         touch(state, s.node)

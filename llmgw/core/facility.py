@@ -30,6 +30,8 @@ writers, and `facility_pass.PassFacility` is the working copy one pass of decide
 
 from __future__ import annotations
 
+import sys
+
 from bisect import insort
 from collections.abc import Iterable
 
@@ -82,8 +84,9 @@ def location(node: Node) -> dict[str, str]:
 
 
 def domains_of(node: Node) -> tuple[str, ...]:
-    """The domains a node is in, KIND/NAME, broadest first."""
-    return tuple(f"{k}/{n}" for k, n in location(node).items())
+    """The domains a node is in, KIND/NAME, broadest first; interned, so
+    that every node's string of a domain is one object (fold.share_names)."""
+    return tuple([sys.intern(f"{k}/{n}") for k, n in location(node).items()])
 
 
 def split_domain(domain: str) -> tuple[str, str]:
@@ -414,7 +417,7 @@ def node_labeled(state: State, e: ev.NodeLabeled, seq: int) -> None:
     node = state.nodes.get(e.node)
     if node is not None:
         node.operator_labels = dict(labels)
-        relocate(state, e.node)
+        relocate(state, node.name)
 
 
 def domain_held(state: State, e: ev.DomainHeld, seq: int) -> None:
@@ -423,7 +426,7 @@ def domain_held(state: State, e: ev.DomainHeld, seq: int) -> None:
         raise _refused(problem)
     old = state.holds.get(e.domain)
     # Held again (a reason or drain changed): since the first hold.
-    state.holds[e.domain] = Hold(reason=e.reason, since=old.since if old else e.at, drain=e.drain)
+    state.holds[sys.intern(e.domain)] = Hold(reason=e.reason, since=old.since if old else e.at, drain=e.drain)
 
 
 def domain_released(state: State, e: ev.DomainReleased, seq: int) -> None:
@@ -437,7 +440,7 @@ def facility_applied(state: State, e: ev.FacilityApplied, seq: int) -> None:
             raise _refused(f"facility budget: {problem}")
         if not w > 0:
             raise _refused(f"facility budget of {d}: {w!r} must be a number of watts above 0")
-    state.budgets = dict(sorted(e.budgets.items()))
+    state.budgets = {sys.intern(d): w for d, w in sorted(e.budgets.items())}  # (interned: see domains_of)
 
 
 def node_power(state: State, e: ev.NodePower, seq: int) -> None:

@@ -16,6 +16,8 @@ listed in the state, never able to stop the fold.
 
 from __future__ import annotations
 
+import sys
+
 from typing import Callable
 
 import msgspec
@@ -138,7 +140,7 @@ _state_decoder = msgspec.msgpack.Decoder(State)
 
 
 def copy_state(state: State) -> State:
-    return _state_decoder.decode(_state_encoder.encode(state))
+    return share_names(_state_decoder.decode(_state_encoder.encode(state)))
 
 
 def encode_state(state: State) -> bytes:
@@ -146,7 +148,35 @@ def encode_state(state: State) -> bytes:
 
 
 def decode_state(data: bytes) -> State:
-    return _state_decoder.decode(data)
+    return share_names(_state_decoder.decode(data))
+
+
+def share_names(state: State) -> State:
+    """The state with one string object per node name and per domain, as
+    the fold keeps them: a node's name is its key in state.nodes, and where
+    the state names the node (its locations, its domains' lists, its
+    shards) it is that object; a domain is interned (facility.domains_of).
+    Decoded, every field is a copy of its own, and a dict or set lookup by
+    an equal but other string compares the two strings' bytes, touching
+    both, where the same object compares a pointer: decide's lookups by
+    node and by domain are most of the facility's placements, and copies
+    cost a cold start with the facility a tenth more time than the fold's
+    own strings (benchmarks/placement.py --facility). Equality and
+    encoding are unchanged."""
+    intern = sys.intern
+    nodes = state.nodes
+    named: dict[str, str] = {}
+    for name, node in nodes.items():
+        node.name = named[name] = name
+    state.located = {named.get(n, n): tuple([intern(d) for d in ds]) for n, ds in state.located.items()}
+    state.domain_nodes = {intern(d): [named.get(n, n) for n in ns] for d, ns in state.domain_nodes.items()}
+    state.domain_draw = {intern(d): w for d, w in state.domain_draw.items()}
+    state.budgets = {intern(d): w for d, w in state.budgets.items()}
+    state.holds = {intern(d): h for d, h in state.holds.items()}
+    for rep in state.replicas.values():
+        for sh in rep.shards:
+            sh.node = named.get(sh.node, sh.node)
+    return state
 
 
 # --------------------------------------------------------------------------- operator events
@@ -295,8 +325,10 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
     problem = range_problem(e.port_first, e.port_last)
     if problem:
         raise Refused(f"node {e.node}: {problem}")
+    old = state.nodes.get(e.node)
+    name = old.name if old is not None else e.node  # (one object per name: see share_names)
     node = Node(
-        name=e.node,
+        name=name,
         gpus=list(e.gpus),
         memory_gb=e.memory_gb,
         cpu_cores=e.cpu_cores,
@@ -308,11 +340,10 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
         operator_labels=dict(state.node_labels.get(e.node, {})),
     )
     node.taken = in_range(node, e.ports_taken)
-    old = state.nodes.get(e.node)
     if old is not None:  # what it counted for its domains goes with it: its shards are held afresh
         facility.forget_draw(state, old)
-    state.nodes[e.node] = node
-    facility.relocate(state, e.node)
+    state.nodes[name] = node
+    facility.relocate(state, name)
     # Registered after its credential was revoked: with a new one (the server
     # refuses the old since before the revocation was in the log).
     state.revoked_nodes.pop(e.node, None)
