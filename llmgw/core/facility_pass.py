@@ -109,8 +109,9 @@ class PassFacility:
         self._draw: dict[str, float] | None = None  # capped domain -> draw counted in this pass
         self._cells: Cells | None = None
         self.touched: list[int] = []  # the cells changed, in order (facility_search reads on)
-        # fabric -> shards taken or given back on its nodes in this pass, where
-        # caps are (what facility_search's memo of a fabric refused together reads)
+        # fabric -> shards taken or given back on its nodes in this pass since
+        # facility_search's memo of a fabric refused together first watched it
+        # (counted for those only: asked at every placement, it is one lookup)
         self.fabric_changes: dict[str, int] = {}
         self.epoch = 0  # one more when a stop made room: every refusal of the pass may be stale
         self._held: dict[str, tuple] = {}  # node -> its held-domain Reasons (built lazily)
@@ -359,8 +360,8 @@ class PassFacility:
         order changes: facility_search's `_located_moved`.)"""
         name = node.name
         if self.capped:
-            if fabric:
-                self.fabric_changes[fabric] = self.fabric_changes.get(fabric, 0) + 1
+            if fabric in self.fabric_changes:
+                self.fabric_changes[fabric] += 1
             got = self._limits.get(name)
             if got is None or got[2] is not node.gpus:
                 got = self._limits_of(node)
@@ -383,8 +384,8 @@ class PassFacility:
         self._touch(node.name)
         if not self.capped:
             return
-        if fabric:
-            self.fabric_changes[fabric] = self.fabric_changes.get(fabric, 0) + 1
+        if fabric in self.fabric_changes:
+            self.fabric_changes[fabric] += 1
         if handover:
             if give:
                 self.credit[node.name] = self.credit.get(node.name, 0.0) + counted(node, sh)

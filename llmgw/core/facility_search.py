@@ -62,11 +62,14 @@ class _Heaps:
     level), not at each placement that moves its rack's or PDU's cells,
     most of which never come to the top again in the pass."""
 
-    __slots__ = ("levels", "groups", "touched_at", "cur", "heap", "parts")
+    __slots__ = ("levels", "groups", "epoch", "touched_at", "cur", "heap", "parts")
 
-    def __init__(self, levels: Levels, groups: list, touched_at: int, cur: list, heap: list, parts: tuple) -> None:
+    def __init__(
+        self, levels: Levels, groups: list, epoch: int, touched_at: int, cur: list, heap: list, parts: tuple
+    ) -> None:
         self.levels = levels
         self.groups = groups
+        self.epoch = epoch  # PassFacility.epoch when made: a stop since made room, and it is made again
         self.touched_at = touched_at
         self.cur = cur
         self.heap = heap
@@ -95,9 +98,7 @@ class CellSearch:
     def _search_init(self) -> None:
         # Per model and kind of profile its cells by level; each cell's
         # nodes by free GPUs; the epoch of PassFacility they were made in.
-        self._heaps: dict[tuple, _Heaps] = {}
         self._admitted: dict[int, set] = {}
-        self._cell_epoch = 0
         self._orders: list[list[int]] | None = None
         self._named: list[str] = []  # rank -> node, once the orders are made (placement's `names`)
         self._rank: dict[str, int] = {}  # node -> rank
@@ -138,13 +139,9 @@ class CellSearch:
         level that fits; else, at level 0, the best node in no cell; else
         the model's own nodes at that level, fewest of its replicas first."""
         fac = self._fac
-        if self._cell_epoch != fac.epoch:  # a stop made room: what was refused may fit now
-            self._cell_epoch = fac.epoch
-            self._heaps.clear()
-        key = (id(levels), id(p))  # (the pass holds both)
-        h = self._heaps.get(key)
-        if h is None or h.groups is not groups:
-            h = self._heaps[key] = self._start(p, levels, groups)
+        h = levels.heaps.get(id(p))  # (the pass holds the profile)
+        if h is None or h.groups is not groups or h.epoch != fac.epoch:  # (epoch: a stop made room)
+            h = levels.heaps[id(p)] = self._start(p, levels, groups)
         heap, cur, dead, blocked, admitted, rc, pc, rack_of, pdu_of = h.parts
         spread, views, orders, named = levels.spread, self._views, self._orders, self._named
         touched = fac.touched
@@ -258,7 +255,7 @@ class CellSearch:
             admitted = self._admitted[id(groups)] = set(groups)
         fac = self._fac
         parts = (heap, cur, fac.dead(p), fac.blocked(p), admitted, levels.rc, levels.pc, levels.rack_of, levels.pdu_of)
-        return _Heaps(levels, groups, len(fac.touched), cur, heap, parts)
+        return _Heaps(levels, groups, fac.epoch, len(fac.touched), cur, heap, parts)
 
     def _firsts(self, gpus: int) -> list[tuple | None]:
         """Every cell's first cursor for a profile of this many GPUs (its
@@ -427,6 +424,7 @@ class CellSearch:
             return
         key = (id(groups), id(p), limit)
         if together:
+            self._fac.fabric_changes.setdefault(groups[0].fabric, 0)  # (watched from now on)
             self._pairs_refused[key] = (spread, self._pair_state(p, groups))
         elif chosen < p.nodes:
             self._short[key] = spread
@@ -447,7 +445,7 @@ class CellSearch:
             capped = self._capped_of[id(groups)] = tuple(sorted({d for n in names for d in loc.get(n, ()) if d in budgets}))
         draw = fac._draw if fac._draw is not None else fac.draw
         return (
-            fac.epoch, fac.fabric_changes.get(groups[0].fabric, 0), len(fac.blocked(p)), [draw[d] for d in capped]
+            fac.epoch, fac.fabric_changes[groups[0].fabric], len(fac.blocked(p)), [draw[d] for d in capped]
         )
 
     def _fabrics_of(self, spread: dict[str, int]) -> set[str]:

@@ -297,7 +297,7 @@ class Inventory(facility_search.CellSearch):
             groups = self._admitting(idx, p)
             fac = self._fac
             if fac.loc:  # facility: rack, then PDU, then node (facility_search)
-                levels = self._picked = fac.levels(spread)
+                levels = self._picked = fac._levels.get(id(spread)) or fac.levels(spread)  # (made at its first search)
                 if levels is not None:
                     v = self._spread_pick(p, groups, levels)
                     return [v] if v is not None else None
