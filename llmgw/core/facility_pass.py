@@ -428,7 +428,7 @@ class PassFacility:
         levels = self._levels.get(id(spread))
         if levels is not None and levels.spread is spread:
             for name in names:
-                levels.took(name)
+                levels.took(name, spread.get(name, 0), 1)
 
     def domain_of(self, kind: str, name: str) -> str:
         for d in self.loc.get(name, ()):

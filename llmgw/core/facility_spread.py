@@ -156,16 +156,12 @@ class Levels:
         # facility_search's heaps of cursors for the model, by id of profile (kept with its levels)
         self.heaps: dict[int, object] = {}
         for name, n in sorted(spread.items()):
-            self._count(name, 0, n)
+            self.took(name, 0, n)
 
-    def took(self, name: str) -> None:
-        """A placement took this node for the model, not yet counted in its
-        spread (Inventory.place counts it next): one more for its rack and
-        its PDU."""
-        self._count(name, self.spread.get(name, 0), 1)
-
-    def _count(self, name: str, old: int, more: int) -> None:
-        """The node ran `old` of the model's replicas and runs `more` more: its rack's and PDU's counts too."""
+    def took(self, name: str, old: int, more: int) -> None:
+        """The node ran `old` of the model's replicas and runs `more` more:
+        its rack's and its PDU's counts too. Told by a placement before it
+        counts the node in the spread (Inventory.place), and at the start."""
         c = self._cells.of.get(name)
         if c is None:  # in no cell: a rack and PDU of its own
             self._loose_moved(old, old + more)

@@ -327,14 +327,19 @@ class Inventory(facility_search.CellSearch):
             gpus = self._gpus_for(v, p)
             port = self._take(v, gpus, p)
             shards.append(ShardPlacement(shard=f"{replica}.{rank}", node=v.name, rank=rank, gpus=gpus, port=port))
-        if self._fac.loc:  # facility: the spread's levels, told before the spread counts it (facility_spread.Levels)
-            picked = self._picked
-            if picked is not None and len(chosen) == 1:  # (the levels `_find` searched by: those of this spread)
-                picked.took(chosen[0].name)
-            else:
+        # The spread counts the replica's nodes; facility: its levels are
+        # told first (facility_spread.Levels), those `_find` searched by.
+        picked = self._picked
+        if picked is not None and len(chosen) == 1:
+            name = chosen[0].name
+            old = spread.get(name, 0)
+            picked.took(name, old, 1)
+            spread[name] = old + 1
+        else:
+            if self._fac.loc:
                 self._fac.expect(spread, [v.name for v in chosen])
-        for v in chosen:
-            spread[v.name] = spread.get(v.name, 0) + 1
+            for v in chosen:
+                spread[v.name] = spread.get(v.name, 0) + 1
         # (Where the model's next search may begin: see _best. The node just
         # taken is in its spread from now on, counted above.)
         self._resume = (p, spread, self._changes, found_k) if p.nodes == 1 and found_k else None
