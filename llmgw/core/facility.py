@@ -30,8 +30,6 @@ writers, and `facility_pass.PassFacility` is the working copy one pass of decide
 
 from __future__ import annotations
 
-import sys
-
 from bisect import insort
 from collections.abc import Iterable
 
@@ -83,10 +81,20 @@ def location(node: Node) -> dict[str, str]:
     return out
 
 
+# Every domain's one string object (`one_domain`): a process's domains are few.
+_DOMAINS: dict[str, str] = {}
+
+
+def one_domain(domain: str) -> str:
+    """The one string object of this domain, shared by every node and table
+    that names it (fold.share_names says why): the interpreter's intern,
+    which the core cannot import (tests/test_architecture.py)."""
+    return _DOMAINS.setdefault(domain, domain)
+
+
 def domains_of(node: Node) -> tuple[str, ...]:
-    """The domains a node is in, KIND/NAME, broadest first; interned, so
-    that every node's string of a domain is one object (fold.share_names)."""
-    return tuple([sys.intern(f"{k}/{n}") for k, n in location(node).items()])
+    """The domains a node is in, KIND/NAME, broadest first, each one object (`one_domain`)."""
+    return tuple([one_domain(f"{k}/{n}") for k, n in location(node).items()])
 
 
 def split_domain(domain: str) -> tuple[str, str]:
@@ -426,7 +434,7 @@ def domain_held(state: State, e: ev.DomainHeld, seq: int) -> None:
         raise _refused(problem)
     old = state.holds.get(e.domain)
     # Held again (a reason or drain changed): since the first hold.
-    state.holds[sys.intern(e.domain)] = Hold(reason=e.reason, since=old.since if old else e.at, drain=e.drain)
+    state.holds[one_domain(e.domain)] = Hold(reason=e.reason, since=old.since if old else e.at, drain=e.drain)
 
 
 def domain_released(state: State, e: ev.DomainReleased, seq: int) -> None:
@@ -440,7 +448,7 @@ def facility_applied(state: State, e: ev.FacilityApplied, seq: int) -> None:
             raise _refused(f"facility budget: {problem}")
         if not w > 0:
             raise _refused(f"facility budget of {d}: {w!r} must be a number of watts above 0")
-    state.budgets = {sys.intern(d): w for d, w in sorted(e.budgets.items())}  # (interned: see domains_of)
+    state.budgets = {one_domain(d): w for d, w in sorted(e.budgets.items())}
 
 
 def node_power(state: State, e: ev.NodePower, seq: int) -> None:

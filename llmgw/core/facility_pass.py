@@ -486,7 +486,7 @@ class Together:
 
     `refused` says whether a node was refused for the chosen ones alone: a
     fabric that then gave too few nodes is short for this replica, with
-    these chosen, not for the pass (placement's `_fabric_failed`)."""
+    these chosen, not for the pass (facility_search's `_fabric_failed`)."""
 
     __slots__ = ("fac", "p", "chosen", "inner", "gpus_for", "extra", "counted", "refused")
 

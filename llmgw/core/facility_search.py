@@ -353,7 +353,7 @@ class CellSearch:
     # ------------------------------------------------------------------ multi-node: fabrics
 
     def _fabric_known_refused(self, p: ProfileSpec, groups: list, limit: int, spread: dict[str, int]) -> bool:
-        """Whether placement's `_fabric_pick` found this fabric refused before
+        """Whether fabrics' `_fabric_pick` found this fabric refused before
         in this pass, in this round (placement's `_short`, kept by the
         facility's rules too: its refusals only harden in a pass) or with
         every node admitted (`_fab_refused`). Asked before anything else of
@@ -382,7 +382,7 @@ class CellSearch:
         return j
 
     def _fabric_refused(self, p: ProfileSpec, groups: list, limit: int, first: bool, spread: dict[str, int]) -> bool:
-        """Whether placement's `_fabric_pick` may pass over this fabric in a
+        """Whether fabrics' `_fabric_pick` may pass over this fabric in a
         round without looking at its nodes: too few of them have the GPUs
         free and are not refused by the facility (nor, in the first round,
         run the model), counted in C. On a fleet whose caps bind, looking at

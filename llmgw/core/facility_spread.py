@@ -121,7 +121,7 @@ class Levels:
     *level* is how many of the model's replicas its rack has, then its
     PDU, then itself, and placement (facility_search) takes the
     fitting node of the lowest level, then best fit, as its rounds of
-    spread would (`placement._limits`). A node without a rack (or PDU)
+    spread would (`fabrics._limits`). A node without a rack (or PDU)
     label is a rack (or PDU) of its own: nothing says it shares one.
 
     Counted by rack and PDU (`Cells`) from the spread when made, then told

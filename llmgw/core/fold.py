@@ -16,8 +16,6 @@ listed in the state, never able to stop the fold.
 
 from __future__ import annotations
 
-import sys
-
 from typing import Callable
 
 import msgspec
@@ -155,7 +153,7 @@ def share_names(state: State) -> State:
     """The state with one string object per node name and per domain, as
     the fold keeps them: a node's name is its key in state.nodes, and where
     the state names the node (its locations, its domains' lists, its
-    shards) it is that object; a domain is interned (facility.domains_of).
+    shards) it is that object; a domain is one object (facility.one_domain).
     Decoded, every field is a copy of its own, and a dict or set lookup by
     an equal but other string compares the two strings' bytes, touching
     both, where the same object compares a pointer: decide's lookups by
@@ -163,16 +161,16 @@ def share_names(state: State) -> State:
     cost a cold start with the facility a tenth more time than the fold's
     own strings (benchmarks/placement.py --facility). Equality and
     encoding are unchanged."""
-    intern = sys.intern
+    one = facility.one_domain
     nodes = state.nodes
     named: dict[str, str] = {}
     for name, node in nodes.items():
         node.name = named[name] = name
-    state.located = {named.get(n, n): tuple([intern(d) for d in ds]) for n, ds in state.located.items()}
-    state.domain_nodes = {intern(d): [named.get(n, n) for n in ns] for d, ns in state.domain_nodes.items()}
-    state.domain_draw = {intern(d): w for d, w in state.domain_draw.items()}
-    state.budgets = {intern(d): w for d, w in state.budgets.items()}
-    state.holds = {intern(d): h for d, h in state.holds.items()}
+    state.located = {named.get(n, n): tuple([one(d) for d in ds]) for n, ds in state.located.items()}
+    state.domain_nodes = {one(d): [named.get(n, n) for n in ns] for d, ns in state.domain_nodes.items()}
+    state.domain_draw = {one(d): w for d, w in state.domain_draw.items()}
+    state.budgets = {one(d): w for d, w in state.budgets.items()}
+    state.holds = {one(d): h for d, h in state.holds.items()}
     for rep in state.replicas.values():
         for sh in rep.shards:
             sh.node = named.get(sh.node, sh.node)

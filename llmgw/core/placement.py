@@ -65,7 +65,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable
 from itertools import filterfalse
 
-from . import facility_pass, facility_search
+from . import fabrics, facility_pass, facility_search
 from .events import ProfileSpec, ShardPlacement
 from .nodeindex import FABRIC_LABEL, POOL_LABEL, Group, NodeIndex, index_of, kind_of
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
@@ -87,21 +87,11 @@ PORT_LIMIT = 29999
 # --------------------------------------------------------------------------- the inventory
 
 
-def _limits(spread: dict[str, int]) -> list[int]:
-    """The rounds of spreading: nodes running none of the model's replicas,
-    then at most one, and so on; then any node."""
-    if not spread:
-        return [1]
-    # Only the counts some node has: a round for a count none has admits
-    # what the one before did.
-    return [c + 1 for c in sorted({0, *spread.values()})]
-
-
 def _rounds(spread: dict[str, int]):
-    """`_limits` one at a time: the first round is all most searches need,
+    """`fabrics._limits` one at a time: the first round is all most searches need,
     and making the whole list per placement was a cold start's cost
     (benchmarks/placement.py --nodes 16000). Counts are >= 1, so the rounds
-    are those of `_limits`."""
+    are those of `fabrics._limits`."""
     yield 1
     if spread:
         for c in sorted(set(spread.values())):
@@ -158,13 +148,7 @@ def port_range(node: Node) -> tuple[int, int]:
     return (node.port_first or PORT_BASE, node.port_last or PORT_LIMIT)
 
 
-# Groups that admit a profile, per index: keyed by what label_reasons and
-# _kind_reasons read of a profile, so that a cache outlives a pass.
-def _admit_key(p: ProfileSpec) -> tuple:
-    return (p.pool, p.nodes > 1, p.gpu_model, p.gpu_memory_gb, p.gpus)
-
-
-class Inventory(facility_search.CellSearch):
+class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
     """What is free, for one pass of decide, and where a replica fits in it.
 
     Works on the state's node index (nodeindex.py) itself: a node's `_View`
@@ -177,8 +161,10 @@ class Inventory(facility_search.CellSearch):
 
     Hook points: `_room_reasons` is the per-node check every candidate
     passes (what the node's other shards hold); `_best` orders the
-    candidates of one round of spread (`_limits`); facility_search.CellSearch,
-    those of a spread by rack and PDU (facility_pass.Levels)."""
+    candidates of one round of spread (`fabrics._limits`);
+    fabrics.FabricSearch searches the fabrics of a multi-node profile;
+    facility_search.CellSearch, the cells of a spread by rack and PDU
+    (facility_spread.Levels)."""
 
     def __init__(self, state: State) -> None:
         self._state = state
@@ -351,7 +337,7 @@ class Inventory(facility_search.CellSearch):
         mine = self._admits.get(id(p))  # (held with it: its id is no other's meanwhile)
         if mine is not None and mine[0] == idx.version and mine[2] is p:
             return mine[1]
-        key = _admit_key(p)
+        key = fabrics.admit_key(p)
         cached = idx.admitted.get(key)
         if cached is not None and cached[0] == idx.version:
             self._admits[id(p)] = (*cached, p)
@@ -367,19 +353,6 @@ class Inventory(facility_search.CellSearch):
             out.sort(key=lambda g: g.fabric)  # stable: each fabric's groups in the order they were made
         idx.admitted[key] = (idx.version, out)
         self._admits[id(p)] = (idx.version, out, p)
-        return out
-
-    def _by_fabric(self, idx: NodeIndex, p: ProfileSpec) -> list[list[Group]]:
-        """The admitting groups of a multi-node profile, by fabric in name order."""
-        key = ("fabric", *_admit_key(p))
-        cached = idx.admitted.get(key)
-        if cached is not None and cached[0] == idx.version:
-            return cached[1]
-        by: dict[str, list[Group]] = {}
-        for grp in self._admitting(idx, p):  # label_reasons let no group without a fabric through
-            by.setdefault(grp.fabric, []).append(grp)
-        out = list(by.values())
-        idx.admitted[key] = (idx.version, out)
         return out
 
     def _best(self, p: ProfileSpec, groups: list[Group], spread: dict[str, int], limit: int, taken) -> _View | None:
@@ -432,82 +405,6 @@ class Inventory(facility_search.CellSearch):
                 self._found_k = k
                 return best
         return None
-
-    def _fabric_pick(self, p: ProfileSpec, by_fabric: list[list[Group]], spread: dict[str, int]) -> list[_View] | None:
-        """Nodes for a multi-node replica: the first fabric, in name order, with
-        enough nodes that fit among the least loaded with the model; within
-        it, the least loaded first."""
-        limits = _limits(spread)
-        # Fabrics before `start` are known too full for this profile in this
-        # pass (fabrics fill in name order: on a full fleet, most of them).
-        key = (id(by_fabric), p.gpus, p.nodes)
-        start = self._first.get(key, 0)
-        fac = self._fac
-        for i in range(len(limits)):
-            # facility: past the fabrics known refused (facility_search)
-            for j in range(self._fabric_from(p, by_fabric, limits[i], spread, start) if fac.active else start,
-                           len(by_fabric)):
-                groups_in_fabric = by_fabric[j]
-                if fac.active and self._fabric_known_refused(p, groups_in_fabric, limits[i], spread):
-                    continue
-                if not self._may_hold(p, groups_in_fabric):
-                    if j == start:
-                        start = self._first[key] = j + 1
-                    continue
-                if fac.active and self._fabric_refused(p, groups_in_fabric, limits[i], i, spread):  # facility_search
-                    continue
-                # A fabric that had too few nodes that fit for this profile and
-                # spread in this round has still: the pass only takes (until
-                # `_move` or `_shift` gives back), and a spread only grows.
-                # Asked again per replica, failing fabrics were most of the
-                # multi-node placements' cost (benchmarks/placement.py --nodes 16000).
-                short = (id(groups_in_fabric), id(p), limits[i])
-                if self._short.get(short) is spread:
-                    continue
-                # facility: keep_within tries one domain of its kind at a time
-                for domain in fac.within(p.keep_within, self._fabric_nodes(groups_in_fabric)) if p.keep_within else ("",):
-                    chosen: list[_View] = []
-                    taken = facility_pass.Outside(fac, p.keep_within, domain, chosen) if domain else chosen
-                    if fac.capped:  # facility: each shard within the caps with those chosen before it
-                        taken = facility_pass.Together(fac, p, chosen, taken, self._gpus_for)
-                    for limit in limits[: i + 1]:
-                        while len(chosen) < p.nodes:
-                            v = self._best(p, groups_in_fabric, spread, limit, taken)
-                            if v is None:
-                                break
-                            chosen.append(v)
-                    if len(chosen) == p.nodes and fac.fit_together(
-                        [v.node for v in chosen], p, [self._gpus_for(v, p) for v in chosen]
-                    ):
-                        return chosen
-                    if fac.active:  # facility: known refused from now on (facility_search)
-                        last, together = i == len(limits) - 1, fac.capped and taken.refused
-                        self._fabric_failed(p, groups_in_fabric, limits[i], last, len(chosen), spread, together)
-                if not fac.active:
-                    self._short[short] = spread  # (held, so that its id is not another's in this pass)
-        return None
-
-    def _fabric_nodes(self, groups: list[Group]) -> list[str]:
-        """The names of the nodes filed in these groups (keep_within's domains are among theirs)."""
-        return [name for grp in groups for bucket in grp.buckets for name in bucket]
-
-    def _may_hold(self, p: ProfileSpec, groups: list[Group]) -> bool:
-        """Whether a fabric has, by GPU count alone, enough nodes for the
-        profile: a fabric that has not is skipped without looking at a node
-        (the same answer `_best` would give, sooner: most fabrics of a full
-        fleet are full). A no is kept for the pass, until it frees GPUs
-        (`_move`): its placements only take."""
-        key = (id(groups), p.gpus, p.nodes)
-        if key in self._full:
-            return False
-        want, need = p.nodes, p.gpus
-        for grp in groups:
-            for b in grp.buckets[need:]:
-                want -= len(b)
-                if want <= 0:
-                    return True
-        self._full.add(key)
-        return False
 
     def _gpus_for(self, v: _View, p: ProfileSpec) -> list[int]:
         """The lowest-numbered free GPUs of the node that suit the profile."""
