@@ -394,17 +394,17 @@ class CellSearch:
             return True  # refused together before, and nothing it depends on changed since
         blocked = self._fac.blocked(p)
         mine = spread.keys() if first and spread else None
-        n = 0
+        n, need = 0, p.nodes
         for grp in groups:
             for bucket in grp.buckets[p.gpus :]:
-                if bucket:
+                if bucket:  # (each bucket adds its nodes neither refused nor the model's: never fewer)
                     n += len(bucket) - len(blocked.intersection(bucket))
                     if mine is not None:
                         n -= len((mine & bucket).difference(blocked))
-        if n < p.nodes:
-            self._short[short] = spread
-            return True
-        return False
+                    if n >= need:
+                        return False
+        self._short[short] = spread
+        return True
 
     def _fabric_failed(
         self, p: ProfileSpec, groups: list, limit: int, last: bool, chosen: int, spread: dict[str, int], together: bool
