@@ -144,7 +144,8 @@ class DemoWatcher(threading.Thread):
             try:
                 while not self.halt.is_set():
                     changed.clear()
-                    for rep in state.replicas.values():
+                    # (A copy: the fold goes on while it waits for the gateway below.)
+                    for rep in list(state.replicas.values()):
                         if rep.model != self.model or rep.id in said:
                             continue
                         endpoint = rep.shards[0].endpoint if rep.shards else ""
