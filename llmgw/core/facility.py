@@ -20,7 +20,7 @@ What placement reads of it (placement.py asks at a few marked points):
   limits of the GPUs it was given). Measurements are events, coalesced by the
   agent, so replay counts the same draw and decides the same.
 - **spread**: a model's replicas go to the rack with the fewest of them,
-  then the PDU, then the node (`facility_pass.Levels`), and only then best fit.
+  then the PDU, then the node (`facility_spread.Levels`), and only then best fit.
 - **keep_within**: every shard of a multi-node replica in one domain of the
   profile's kind.
 

@@ -92,7 +92,7 @@ class _InCells:
 
 
 class CellSearch:
-    """placement.Inventory's search over facility_pass.Levels (see the module),
+    """placement.Inventory's search over facility_spread.Levels (see the module),
     and the facility's shortcuts of its multi-node search (`_fabric_refused`)."""
 
     def _search_init(self) -> None:

@@ -33,7 +33,7 @@ Among the nodes that fit, the choice is:
 - spread first: nodes that run none of the model's replicas, then those that
   run one, and so on, so that one node lost takes as few of its replicas as
   it can. Where nodes say their rack and PDU, the rack with the fewest of
-  them comes first, then the PDU, then the node (facility_pass.Levels); for a
+  them comes first, then the PDU, then the node (facility_spread.Levels); for a
   multi-node replica, the node alone (its rounds within each fabric would
   be one per level, squared).
 - then best fit: the node with the fewest free GPUs that still has enough,
