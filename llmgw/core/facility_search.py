@@ -62,12 +62,9 @@ class _Heaps:
     level), not at each placement that moves its rack's or PDU's cells,
     most of which never come to the top again in the pass."""
 
-    __slots__ = ("levels", "groups", "epoch", "touched_at", "cur", "heap", "parts")
+    __slots__ = ("groups", "epoch", "touched_at", "cur", "heap", "parts")
 
-    def __init__(
-        self, levels: Levels, groups: list, epoch: int, touched_at: int, cur: list, heap: list, parts: tuple
-    ) -> None:
-        self.levels = levels
+    def __init__(self, groups: list, epoch: int, touched_at: int, cur: list, heap: list, parts: tuple) -> None:
         self.groups = groups
         self.epoch = epoch  # PassFacility.epoch when made: a stop since made room, and it is made again
         self.touched_at = touched_at
@@ -255,7 +252,7 @@ class CellSearch:
             admitted = self._admitted[id(groups)] = set(groups)
         fac = self._fac
         parts = (heap, cur, fac.dead(p), fac.blocked(p), admitted, levels.rc, levels.pc, levels.rack_of, levels.pdu_of)
-        return _Heaps(levels, groups, fac.epoch, len(fac.touched), cur, heap, parts)
+        return _Heaps(groups, fac.epoch, len(fac.touched), cur, heap, parts)
 
     def _firsts(self, gpus: int) -> list[tuple | None]:
         """Every cell's first cursor for a profile of this many GPUs (its
