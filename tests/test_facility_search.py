@@ -278,3 +278,30 @@ def test_a_pass_leaves_no_cycles_for_the_collector(seed):
     finally:
         gc.enable()
     assert found == 0, f"a pass left {found} objects in reference cycles"
+
+
+def test_the_cells_orders_kept_from_pass_to_pass_follow_a_pass_that_never_searched_them():
+    """A pass that takes from located nodes without a search by cell (a
+    multi-node replica's, a stop's) still moves them in the orders kept
+    for the next pass (facility_pass.Kept.orders): the node index it moves
+    them in is not filed again where the decision lands."""
+    from .test_facility_properties import kept_cell_orders_are_fresh
+
+    state = State()
+    for i in range(8):
+        labels = {"llmgw.io/fabric": "ib-0", "llmgw.io/rack": f"r{i // 4}", "llmgw.io/pdu": f"p{i // 2}"}
+        gpus = [ev.Gpu(index=g, model="NVIDIA H100 80GB HBM3", memory_gb=80.0, power_w=700.0) for g in range(4)]
+        _publish(state, ev.NodeRegistered(at=T0, node=f"n{i}", gpus=gpus, memory_gb=512.0, cpu_cores=64,
+                                          labels=labels, agent=f"a/{i}"))
+    from llmgw.core.nodeindex import track
+
+    track(state)
+    one = ev.ProfileSpec(name="one", gpus=1)
+    _publish(state, ev.ModelApplied(at=T0 + 1, model=ev.ModelSpec(name="single", profiles=[one], min_replicas=3)))
+    assert _cold_start(state)  # searched by cell: the orders are kept from here
+    assert kept_cell_orders_are_fresh(state)
+    two = ev.ProfileSpec(name="two", gpus=2, nodes=2)
+    _publish(state, ev.ModelApplied(at=T0 + 20, model=ev.ModelSpec(name="pair", profiles=[two], min_replicas=2)))
+    passes = _cold_start(state)
+    assert passes and all(isinstance(a, ev.PlaceReplica) and a.model == "pair" for a in passes[0])
+    assert kept_cell_orders_are_fresh(state)
