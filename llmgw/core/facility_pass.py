@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
+from operator import attrgetter
 
 from . import events as ev
 from .facility import (
@@ -31,6 +32,9 @@ from .facility import (
 )
 from .facility_spread import Cells, Levels, cells_for
 from .state import Node, Shard, State
+
+_POWER_W = attrgetter("power_w")
+
 
 class Kept:
     """What passes read of the facility that changes only with the fold's
@@ -250,11 +254,10 @@ class PassFacility:
                     held = d
                     break
         gpus = node.gpus
-        uniform: float | None = gpus[0].power_w if gpus else 0.0
-        for g in gpus:
-            if g.power_w != uniform:
-                uniform = None
-                break
+        # (In C: a loop over the GPUs in Python was a hundredth of a cold
+        # start with the facility, benchmarks/instructions.py --what cold.)
+        limits = list(map(_POWER_W, gpus))
+        uniform: float | None = (limits[0] if limits.count(limits[0]) == len(limits) else None) if limits else 0.0
         caps = self._facts.caps_of.get(ds)  # (the nodes of a rack and PDU say the same domains)
         if caps is None:
             caps = self._facts.caps_of[ds] = tuple([(d, budgets[d]) for d in ds if d in budgets])
