@@ -9,7 +9,7 @@ CORE = Path(__file__).resolve().parent.parent / "llmgw" / "core"
 
 # Standard modules the core may use: none of them does I/O, reads a clock or draws random numbers.
 # (weakref: placement's node index lives beside a state and goes with it, see core/nodeindex.py.)
-ALLOWED = {"__future__", "typing", "collections", "dataclasses", "hashlib", "re", "enum", "itertools", "functools", "bisect", "heapq", "math", "weakref"}
+ALLOWED = {"__future__", "typing", "collections", "dataclasses", "hashlib", "re", "enum", "itertools", "functools", "bisect", "heapq", "math", "operator", "weakref"}
 ALLOWED_THIRD_PARTY = {"msgspec"}
 
 
