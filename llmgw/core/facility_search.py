@@ -25,11 +25,15 @@ the top (`_Heaps`). A placement so looks at a node or two, and at the
 cells that it or another changed since.
 
 A node in an order is one int, its *key*: its free GPUs, then its rank in
-name order (`_RANK_BITS`); a cursor's key has its level above that
-(`_LEVEL_SHIFT`). Ints order as (level, free GPUs, name) do and compare in
+name order (`_RANK_BITS`). A cursor is one int too: its level, the node's
+key, its cell and its position in the cell's order (`_TOP`, `_CUR_SHIFT`,
+`_POS_BITS`). Ints order as (level, free GPUs, name) do and compare in
 one step, where tuples with the name in them made every heap operation
-and bisection compare two or three fields, and a cursor is (key, cell,
-position).
+and bisection compare two or three fields; cursors as (key, cell,
+position) tuples cost a heap operation twice the time, and a placement
+65 more cache misses (benchmarks/instructions.py --what cold, under
+cachegrind). A cursor's cell and position never decide its order: a
+node's rank is in one cell only.
 
 A mixin of placement.Inventory, apart so that each module stays one concern.
 """
@@ -47,14 +51,22 @@ from .fit import _mixed_reasons, cpu_short, memory_short
 _RANK_BITS = 24  # a node's rank in name order: fewer than 16 million nodes
 _RANK = (1 << _RANK_BITS) - 1
 _LEVEL_SHIFT = 32  # a level above a node's key (free GPUs below 256)
-_KEY = (1 << _LEVEL_SHIFT) - 1
+# A cursor: its level and node's key, then its cell, then its position in
+# the cell's order, as one int (see _Heaps).
+_POS_BITS = 24
+_POS = (1 << _POS_BITS) - 1
+_CELL = (1 << _POS_BITS) - 1  # (cells below 16 million: fewer than nodes)
+_CUR_SHIFT = 2 * _POS_BITS  # the key above the cell and position
+_TOP = _CUR_SHIFT + _LEVEL_SHIFT  # the level above all the rest
+_BELOW = (1 << _TOP) - 1
 
 
 class _Heaps:
     """One model's cells for one kind of profile, in one pass: one heap of
-    cursors (level and node's key as one int, cell, position in the cell's
-    order), lowest level first, `cur[cell]` being the cell's cursor that stands (any
-    other entry of the cell is stale: its nodes changed since).
+    cursors (level, node's key, cell and position in the cell's order, as
+    one int: see the module), lowest level first, `cur[cell]` being the
+    cell's cursor that stands, by identity (any other entry of the cell is
+    stale: its nodes changed since; two equal ones stand for the same).
 
     A cursor's level is its cell's when it was pushed, and a cell's level
     only grows in a pass (a spread only grows): so it is a lower
@@ -160,7 +172,10 @@ class CellSearch:
                     i += 1
                 old = cur[c]
                 if i < n:
-                    e = cur[c] = ((rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]) << _LEVEL_SHIFT | order[i], c, i)
+                    e = cur[c] = (
+                        ((rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]) << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT
+                        | c << _POS_BITS | i
+                    )
                     if old is not None and heap[0] is old:
                         heapreplace(heap, e)
                     else:
@@ -173,20 +188,20 @@ class CellSearch:
         while True:
             while heap:  # the cursor that stands, at its cell's level, of a cell not known refused whole
                 e = heap[0]
-                c = e[1]
+                c = e >> _POS_BITS & _CELL
                 if cur[c] is not e:
                     heappop(heap)  # stale: the cell's nodes changed since
                     continue
                 level = rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]
-                if e[0] >> _LEVEL_SHIFT != level:  # its level grew since (see _Heaps)
-                    e = cur[c] = (level << _LEVEL_SHIFT | e[0] & _KEY, c, e[2])
+                if e >> _TOP != level:  # its level grew since (see _Heaps)
+                    e = cur[c] = level << _TOP | e & _BELOW
                     heapreplace(heap, e)
                 elif c in dead:  # every node of it refused (PassFacility._noted)
                     cur[c] = None
                     heappop(heap)
                 else:
                     break
-            level = heap[0][0] >> _LEVEL_SHIFT if heap else NO_LEVEL
+            level = heap[0] >> _TOP if heap else NO_LEVEL
             # The levels below it have no cell with a node that may fit: what
             # is left of them is the nodes in no cell (level 0) and the model's own.
             if loose and level:
@@ -204,14 +219,14 @@ class CellSearch:
                     j += 1
             if not heap:
                 return None
-            order, at = orders[c], e[2]  # type: ignore[index]
+            order, at = orders[c], e & _POS  # type: ignore[index]
             for i in range(at, len(order)):
                 key = order[i]
                 name = named[key & _RANK]
                 if name in blocked or name in spread:
                     continue  # refused for the pass, or the model runs there (its own come later)
                 if i != at:  # the cursor moved on: another cell may do better now
-                    e = cur[c] = (level << _LEVEL_SHIFT | key, c, i)
+                    e = cur[c] = (level << _LEVEL_SHIFT | key) << _CUR_SHIFT | c << _POS_BITS | i
                     heapreplace(heap, e)
                     break
                 v = views.get(name) or self.view(name)
@@ -242,8 +257,8 @@ class CellSearch:
         if levels.counted():
             rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of  # (a cell's level: see Levels)
             cur = [
-                None if e is None else ((rc[rack_of[e[1]]] * LEVEL_BASE + pc[pdu_of[e[1]]]) << _LEVEL_SHIFT | e[0], e[1], e[2])
-                for e in firsts
+                None if e is None else (rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]) << _TOP | e
+                for c, e in enumerate(firsts)
             ]
         else:  # every cell at level 0, as `_firsts` made them
             cur = list(firsts)
@@ -256,7 +271,7 @@ class CellSearch:
         parts = (heap, cur, fac.dead(p), fac.blocked(p), admitted, levels.rc, levels.pc, levels.rack_of, levels.pdu_of)
         return _Heaps(groups, fac.epoch, len(fac.touched), cur, heap, parts)
 
-    def _firsts(self, gpus: int) -> list[tuple | None]:
+    def _firsts(self, gpus: int) -> list[int | None]:
         """Every cell's first cursor for a profile of this many GPUs (its
         first node with the GPUs free), at level 0 (a model with none of its
         replicas counted yet): kept for the pass as placements change the cells
@@ -268,17 +283,17 @@ class CellSearch:
         if got is None:
             orders = self._cell_orders()
             first = gpus << _RANK_BITS
-            out: list[tuple | None] = []
+            out: list[int | None] = []
             for c, order in enumerate(orders):
                 i = bisect_left(order, first)
-                out.append((order[i], c, i) if i < len(order) else None)
+                out.append(order[i] << _CUR_SHIFT | c << _POS_BITS | i if i < len(order) else None)
             got = self._first_cursors[gpus] = [len(touched), out]
         elif got[0] < len(touched):
             out, orders, first = got[1], self._orders, gpus << _RANK_BITS
             for c in set(touched[got[0] :]):
                 order = orders[c]  # type: ignore[index]
                 i = bisect_left(order, first)
-                out[c] = (order[i], c, i) if i < len(order) else None
+                out[c] = order[i] << _CUR_SHIFT | c << _POS_BITS | i if i < len(order) else None
             got[0] = len(touched)
         return got[1]
 
