@@ -168,7 +168,7 @@ class CellSearch:
             for c in set(new) if len(new) > 1 else new:  # (each pushed once; the heap orders them)
                 order = orders[c]  # type: ignore[index]
                 i, n = bisect_left(order, first), len(order)
-                while i < n and (named[order[i] & _RANK] in blocked or named[order[i] & _RANK] in spread):
+                while i < n and ((name := named[order[i] & _RANK]) in blocked or name in spread):
                     i += 1
                 old = cur[c]
                 if i < n:
