@@ -197,6 +197,7 @@ def cold_start(base: Log, budget: int) -> tuple[float, int, Log, list[int]]:
     track(log.state)  # the node index kept by the fold, as the control plane keeps it once caught up
     replicaindex.track(log.state)  # and each model's replicas
     log.records = list(base.records)
+    heap.settle()  # the state caught up, out of the cycle collector's way, as the control plane's is
     at = T0 + 3600.0
     per_pass = []
     t = now()

@@ -162,10 +162,11 @@ class CellSearch:
             # model's own (as below). A cell's cursor that stands at the top
             # (the cell a placement of the model itself took from, mostly)
             # is replaced there, not left behind stale.
-            new = touched[h.touched_at :]
-            h.touched_at = len(touched)
+            # (Each pushed once; the heap orders them. One, mostly: the
+            # model's own last placement's, taken without a list.)
+            since, h.touched_at = h.touched_at, len(touched)
             first = p.gpus << _RANK_BITS
-            for c in set(new) if len(new) > 1 else new:  # (each pushed once; the heap orders them)
+            for c in set(touched[since:]) if since < len(touched) - 1 else (touched[since],):
                 order = orders[c]  # type: ignore[index]
                 i, n = bisect_left(order, first), len(order)
                 while i < n and ((name := named[order[i] & _RANK]) in blocked or name in spread):
