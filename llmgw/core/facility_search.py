@@ -355,11 +355,10 @@ class CellSearch:
             if got is None or got[0] or got[2] is not node.gpus or got[3] is None or grp.kind is None or fac.credit:
                 if fac.refuses(node, p, v.free[: p.gpus] if grp.kind is not None else self._gpus_for(v, p)):
                     return False
-            elif got[1]:
-                w = p.power_w or got[3] * p.gpus
+            elif got[1] and (w := p.power_w or got[3] * p.gpus):
                 draw = fac._draw if fac._draw is not None else fac.draw
                 for d, cap in got[1]:
-                    if w and draw[d] + w > cap + 1e-6:
+                    if draw[d] + w > cap + 1e-6:
                         fac.refuses(node, p, v.free[: p.gpus])  # (which notes it)
                         return False
         # placement's `_room_reasons` but the facility's (just asked), without the words.

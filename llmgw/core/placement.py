@@ -300,8 +300,10 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         each node runs already; the fewer, the sooner a node is tried. The
         replica's nodes are counted in it: a pass's spreads change only here
         (facility_spread.Levels counts by them)."""
-        if self._fac.active:
-            self._fac.seen = {}  # (only the facility says rejections: see `rejections`)
+        fac = self._fac
+        if fac.active:
+            if fac.seen:
+                fac.seen = {}  # (only the facility says rejections: see `rejections`)
             self._picked = None
         self._found_k = 0
         chosen = self._find(p, spread)
