@@ -57,7 +57,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, LEADER_BUCKET, STREAM
+from . import COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, LEADER_BUCKET, STREAM, signing
 
 ROLES = ("agent", "gateway", "operator", "control", "projector", "fleet")
 # Roles of which a fleet has one each, issued under the role's own name.
@@ -436,6 +436,8 @@ class Keystore:
         self._seed("operator", create_operator_pair)
         self._seed("system", create_account_pair)
         self._seed("account", create_account_pair)
+        # The control plane's command-signing key, its public key beside the credentials (bus/signing.py).
+        signing.ensure_key(self.keys_dir, self.folder, self.config.file_mode)
         self.write_server_conf()
         return self
 
