@@ -32,6 +32,8 @@ field (as a catalog's does) and the agent does not start.
     start_timeout_s: 900   # not healthy by then: the shard failed
     stop_timeout_s: 10     # after SIGTERM, SIGKILL
     engine_ports: 20000-29999  # the ports its engines may listen on (first-last); `llmgw agent --engine-ports`
+    command_key: /etc/llmgw/commands.pub  # the control plane's command key (or the key itself, N...); `--command-key`
+    max_term_jump: 1000    # a command more terms than this past the highest seen is refused (0: no bound)
 
 A node runs only what its agent file declares: the engine kinds under
 `engines` (default: `llama.cpp` alone, the CPU engine that runs llmgw's own
@@ -49,6 +51,12 @@ rather than a label nobody reads. Other labels pass through as they are.
 within it; the agent says which of them another program holds (at
 registration, when it refuses a start on one, and when one is free again),
 so that they are not handed out.
+
+`command_key` is the public key (`creds/commands.pub` of the key store)
+of the control plane's command-signing key: the agent acts only on commands
+signed with it (agent/protocol.py). It is the operator's to give, never
+learned from the bus: issue 35 found that any credential reading the log
+could make NATS deliver a forged command to a node.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .. import yamlfile
 from ..core.placement import PORT_BASE, PORT_LIMIT
+from .protocol import MAX_TERM_JUMP
 
 KNOWN_LABELS = frozenset(
     f"llmgw.io/{k}" for k in ("site", "room", "row", "rack", "pdu", "pool", "fabric", "simulated")
@@ -147,6 +156,8 @@ class AgentFile(BaseModel):
     start_timeout_s: float = Field(900.0, gt=0)
     stop_timeout_s: float = Field(10.0, gt=0)
     engine_ports: PortRange = DEFAULT_ENGINE_PORTS
+    command_key: str = ""  # the control plane's public command key, or a file holding it ("": none, or found)
+    max_term_jump: int = Field(MAX_TERM_JUMP, ge=0)
 
     @field_validator("address")
     @classmethod
@@ -206,6 +217,8 @@ def load(path: str | Path | None) -> AgentFile:
         raise AgentFileError(yamlfile.problems(path, root, problems))
     # "./x.gguf" and "../x" are relative to the file; anything else is kept
     # as written (an absolute path, or a hub id such as Qwen/Qwen2.5-7B).
+    if loaded.command_key.startswith(("./", "../")):  # a file beside this one, as models' paths
+        loaded.command_key = str((path.parent / loaded.command_key).resolve())
     loaded.models = {
         k: str((path.parent / v).resolve()) if v.startswith(("./", "../")) else v for k, v in loaded.models.items()
     }

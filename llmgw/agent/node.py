@@ -12,13 +12,17 @@ It speaks the protocol the simulated agent does (`simulated.py`), for real:
   line; it never starts a second copy of one. An engine that ended while the
   agent was away is reported failed with its exit code or signal and its last
   log lines (the runner recorded them), or stopped if it was being stopped.
-- Commands come only on its node's subject; each (shard, generation, kind) is
-  acted on once, remembered in the state file before acting, however often
-  it is redelivered or re-sent (a crash between remembering and acting leaves
-  the shard unreported at the next registration, which fails it: the safe
-  side). A start names the node at its rank; one that does not name this node
-  is ignored. A command of an older leader's term than the highest seen
-  (kept in the state file) is ignored: a deposed leader is fenced.
+- Commands come only on its node's subject, and it acts only on those the
+  control plane signed for this node, in a term it may act in (protocol.py:
+  a forged command once stopped, started and fenced off this agent). A
+  command of an older leader's term than the highest seen (kept in the
+  state file) is ignored: a deposed leader is fenced; so is one too far
+  ahead of it (the agent file's `max_term_jump`). Each (shard, generation,
+  kind) is acted on once, remembered in the state file before acting,
+  however often it is redelivered or re-sent (a crash between remembering
+  and acting leaves the shard unreported at the next registration, which
+  fails it: the safe side). A start names the node at its rank; one that
+  does not name this node is ignored.
 - Shard states: `starting` once the engine process is started, `loading` once
   it answers HTTP but is not healthy yet, `ready` once its health check
   answers 200 (llama.cpp, vLLM, SGLang: `/health`; a command: `/v1/models`),
@@ -63,6 +67,7 @@ from typing import Callable
 import msgspec
 
 from ..bus import Bus, engine_key_name, publish_fact, until_taken
+from ..bus.signing import Verifier
 from ..core import commands as cmds
 from ..core import events as ev
 from . import logs as engine_logs
@@ -72,6 +77,7 @@ from . import supervisor as sv
 from .agentfile import AgentFile
 from .engines import EngineError, build
 from .inventory import Inventory, discover
+from .protocol import Gate
 from .statefile import AgentState, ShardRecord, StateFile
 from .weights import resolve
 
@@ -114,10 +120,13 @@ class NodeAgent:
         model_dirs: tuple[Path, ...] = (),
         python: str = sys.executable,
         clock: Callable[[], float] = time.time,
+        command_key: Verifier | None = None,
     ) -> None:
         self.bus = bus
         self.name = name
         self.agent_file = agent_file or AgentFile()
+        # Whose commands it obeys: those the control plane signed with this key (None: any, unsigned).
+        self.gate = Gate(name, command_key, max_term_jump=self.agent_file.max_term_jump)
         self.inventory = inventory or discover(self.agent_file)
         self.state_dir = Path(state_dir).resolve()
         self.statefile = StateFile(self.state_dir)
@@ -161,6 +170,7 @@ class NodeAgent:
             if hooks is not None:
                 hooks.append(self._reregister)
             logs_sub = await self._serve_logs()
+            self.gate.say_how()
             self._outbox.put_nowait(_REGISTER)
             for shard in self.adopted:
                 self._watch(shard)
@@ -261,18 +271,12 @@ class NodeAgent:
     # ----------------------------------------------------------------- commands
 
     def _on_command(self, data: bytes) -> None:
-        try:
-            cmd = cmds.decode(data)
-        except msgspec.MsgspecError as e:
-            log.warning("ignoring a command that does not decode: %s", e)
-            return
-        if cmd.term < self.state.term and cmd.log == self.state.log:
-            log.warning("ignoring a %s of term %d: a leader of term %d has spoken", type(cmd).__name__, cmd.term,
-                        self.state.term)
-            return
-        if (cmd.term, cmd.log) != (self.state.term, self.state.log):
-            self.state.term, self.state.log = cmd.term, cmd.log  # a later term, or another log
-            self._save()
+        was = (self.state.term, self.state.log)
+        cmd = self.gate.admit(data, self.state)  # signed for us, in a term we may act in (protocol.py)
+        if cmd is None:
+            return  # refused: nothing changed, the term kept least of all
+        if (cmd.term, cmd.log) != was:
+            self._save()  # a later term, or another log
         if isinstance(cmd, cmds.Reregister):
             log.info("asked to register again: %s", cmd.reason)
             self._outbox.put_nowait(_REGISTER)

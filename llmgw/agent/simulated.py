@@ -28,10 +28,12 @@ from typing import Callable
 import msgspec
 
 from ..bus import Bus, engine_key_name, publish_fact
+from ..bus.signing import Verifier
 from ..core import commands as cmds
 from ..core import events as ev
 from . import power
 from .engines import identity
+from .protocol import MAX_TERM_JUMP, Gate
 from .sim_engine import SimEngine
 
 log = logging.getLogger("llmgw.agent")
@@ -60,6 +62,8 @@ class SimulatedAgent:
         watts_per_gpu: float = 0.0,
         power_limit_w: float = 0.0,
         power_interval_s: float = power.MIN_INTERVAL_S,
+        command_key: Verifier | None = None,
+        max_term_jump: int = MAX_TERM_JUMP,
     ) -> None:
         self.bus = bus
         self.name = name
@@ -89,7 +93,6 @@ class SimulatedAgent:
         self._numbers = itertools.count(1)
         self.registered = asyncio.Event()
         self.term = 0  # the highest leader's term of a command seen (in memory: a simulated node has no state)
-        self.stale_commands = 0  # commands of an older term, ignored
         self.log = ""  # the log the term counts in
         # False: a ready shard serves no HTTP engine and reports no endpoint
         # (a fleet of thousands in one process, where nothing asks them).
@@ -98,6 +101,13 @@ class SimulatedAgent:
         self.register_on_reconnect = register_on_reconnect
         self.beats = beats  # False: its fleet sends its heartbeats (llmgw/agent/fleet.py)
         self.silent = False  # as a machine that died: no heartbeat, no command heard (`silence`)
+        # Whose commands it obeys, as a real agent (protocol.py); a fleet says so once for all.
+        self.gate = Gate(name, command_key, max_term_jump=max_term_jump)
+
+    @property
+    def stale_commands(self) -> int:
+        """Commands of an older term, ignored."""
+        return self.gate.refused["stale term"]
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
@@ -105,6 +115,8 @@ class SimulatedAgent:
         # Commands first, then the registration: a command sent in answer to
         # the registration must find us listening.
         follower = await self.bus.follow_commands(self.name, self._on_command)
+        if self.register_on_reconnect:  # alone (a fleet says it once for all its nodes)
+            self.gate.say_how()
         # A registration follows every fresh connection: commands sent while
         # we were away may be lost, and the control plane re-sends on it.
         hooks = getattr(self.bus, "on_reconnect", None)
@@ -178,16 +190,9 @@ class SimulatedAgent:
     def _on_command(self, data: bytes) -> None:
         if self.silent:
             return
-        try:
-            cmd = cmds.decode(data)
-        except msgspec.MsgspecError as e:
-            log.warning("ignoring a command that does not decode: %s", e)
+        cmd = self.gate.admit(data, self)  # signed for us, in a term we may act in (protocol.py)
+        if cmd is None:
             return
-        if cmd.term < self.term and cmd.log == self.log:
-            self.stale_commands += 1
-            log.warning("ignoring a %s of term %d: a leader of term %d has spoken", type(cmd).__name__, cmd.term, self.term)
-            return
-        self.term, self.log = cmd.term, cmd.log
         if isinstance(cmd, cmds.Reregister):
             log.info("asked to register again: %s", cmd.reason)
             asyncio.create_task(self._register())

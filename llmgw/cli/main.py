@@ -54,6 +54,28 @@ def _component(args, role: str, name: str | None) -> str | None:
     return name
 
 
+def _signer(args):
+    """The control plane's command-signing key (bus/signing.py); exit 2 if the one given cannot be read."""
+    from ..bus import signing
+    from ..ctl.locate import find_state_dir
+
+    try:
+        return signing.find_signer(args.signing_key, state_dir=find_state_dir())
+    except signing.CommandKeyError as e:
+        _fail(f"llmgw {args.command}: {e}", 2)
+
+
+def _verifier(args, from_agent_file: str = ""):
+    """An agent's command key (bus/signing.py find_verifier); exit 2 if the one given cannot be read."""
+    from ..bus import signing
+    from ..ctl.locate import find_state_dir
+
+    try:
+        return signing.find_verifier(args.command_key, from_agent_file, state_dir=find_state_dir())
+    except signing.CommandKeyError as e:
+        _fail(f"llmgw {args.command}: {e}", 2)
+
+
 def _setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -129,6 +151,7 @@ def cmd_control(args) -> None:
     from ..telemetry import setup
 
     _component(args, "control", "control")
+    signer = _signer(args)
     if args.metrics_listen not in ("", "off"):
         from ..control.config import listen_address
 
@@ -147,7 +170,7 @@ def cmd_control(args) -> None:
         snapshots = SnapshotStore(os.path.join(args.state_dir, "control", "snapshot.msgpack"))
         metrics = "" if args.metrics_listen in ("", "off") else args.metrics_listen
         config = ControlConfig(node_grace=args.node_grace, lease_ttl=args.lease_ttl, metrics_listen=metrics)
-        plane = ControlPlane(bus, snapshots=snapshots, config=config)
+        plane = ControlPlane(bus, snapshots=snapshots, config=config, signer=signer)
         try:
             await plane.run(stop)
         finally:
@@ -278,6 +301,7 @@ def cmd_real_agent(args) -> None:
     if args.engine_ports:
         agent_file.engine_ports = args.engine_ports  # the flag wins over the file
     state_dir = Path(args.state_dir or os.path.join(".llmgw", f"agent-{name}"))
+    command_key = _verifier(args, agent_file.command_key)
     _setup_logging(args.verbose)
     url, creds = _nats_url(args), args.creds
 
@@ -297,6 +321,7 @@ def cmd_real_agent(args) -> None:
             agent_file=agent_file,
             stop_engines_on_exit=args.stop_engines_on_exit,
             model_dirs=(state_dir / "models", state_dir.parent / "models"),
+            command_key=command_key,
         )
         try:
             await agent.run(stop)
@@ -631,6 +656,10 @@ def parser() -> argparse.ArgumentParser:
         "--stream-replicas", type=int, default=1, choices=(1, 3, 5), help="JetStream replicas of the streams it creates (3 in a cluster)"
     )
     control.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")
+    control.add_argument(
+        "--signing-key", metavar="FILE",
+        help="the seed it signs agents' commands with (default: the local llmgw up's creds/keys/commands.nk; none: unsigned)",
+    )  # fmt: skip
     control.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
     control.set_defaults(func=cmd_control)
 
@@ -676,6 +705,11 @@ def parser() -> argparse.ArgumentParser:
     add_fleet_arguments(agent)
     agent.add_argument("--nats", metavar="URL", help=NATS_HELP)
     agent.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")
+    agent.add_argument(
+        "--command-key", metavar="KEY|FILE",
+        help="the control plane's public command key (N...), or a file holding it (creds/commands.pub): only commands "
+        "signed with it are obeyed (default: the agent file's command_key, $LLMGW_COMMAND_KEY, else the local llmgw up's)",
+    )  # fmt: skip
     agent.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
     agent.set_defaults(func=cmd_agent)
 

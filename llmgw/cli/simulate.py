@@ -69,9 +69,12 @@ def _shapes(args) -> list[fleet_mod.NodeShape]:
 
 
 def cmd_simulated(args) -> None:
+    from ..agent.protocol import MAX_TERM_JUMP
     from ..bus.nats import NatsBus
+    from .main import _verifier
 
     many = args.fleet is not None or args.fleet_file
+    key_in_file, max_term_jump = "", MAX_TERM_JUMP
     if many:
         if args.connections < 1:
             _fail("llmgw agent: --connections: at least 1", 2)
@@ -84,13 +87,14 @@ def cmd_simulated(args) -> None:
         if not args.name:
             _fail("llmgw agent: a simulated node needs --name", 2)
         labels = {}
-        if args.agent_file:  # a simulated node's labels (its site, rack, PDU) from an agent file
+        if args.agent_file:  # a simulated node's labels (its site, rack, PDU) and command key from an agent file
             from ..agent import agentfile
 
             try:
-                labels = dict(agentfile.load(args.agent_file).labels)
+                loaded = agentfile.load(args.agent_file)
             except agentfile.AgentFileError as e:
                 _fail(f"llmgw agent: {e}", 2)
+            labels, key_in_file, max_term_jump = dict(loaded.labels), loaded.command_key, loaded.max_term_jump
         labels.update(args.label)  # the agent file's, then --label's
         shapes = [
             fleet_mod.NodeShape(
@@ -98,6 +102,7 @@ def cmd_simulated(args) -> None:
             )
         ]
         label = args.name
+    command_key = _verifier(args, key_in_file)  # whose commands its nodes obey (agent/protocol.py)
     _setup_logging(args.verbose)
     url = _nats_url(args)
 
@@ -110,8 +115,11 @@ def cmd_simulated(args) -> None:
                 buses, shapes, spread=fleet_mod.START_SPREAD_S if many else 0.0,
                 loading_after=args.loading_after, ready_after=args.ready_after, fail_models=frozenset(args.fail_model),
                 heartbeat=args.heartbeat, serve=not args.no_serve, watts_per_gpu=args.watts_per_gpu,
-                power_limit_w=args.gpu_power, power_interval_s=args.power_interval,
+                power_limit_w=args.gpu_power, power_interval_s=args.power_interval, command_key=command_key,
+                max_term_jump=max_term_jump,
             )  # fmt: skip
+            # whose commands they obey, once for all
+            next(iter(fleet.agents.values())).gate.say_how(f"{len(shapes)} simulated nodes" if many else "")
             await fleet.run(stop)
         finally:
             for bus in buses:

@@ -38,6 +38,7 @@ import uuid
 from typing import Callable
 
 from ..bus import LEASE_KEY, Bus, Fenced, LeaseTaken
+from ..bus.signing import Signer
 from ..core import commands as cmds
 from ..core import events as ev
 from ..core.decide import decide
@@ -73,9 +74,12 @@ class ControlPlane:
         snapshots: SnapshotStore | None = None,
         clock: Callable[[], float] = time.time,
         config: ControlConfig | None = None,
+        signer: Signer | None = None,
         **overrides,
     ) -> None:
         self.bus = bus
+        # Signs every command for the node it is sent to (bus/signing.py); None: sent unsigned (a dev NATS).
+        self.signer = signer
         self.snapshots = snapshots
         self.clock = clock
         config = config or ControlConfig()
@@ -163,6 +167,11 @@ class ControlPlane:
         await self.bus.ensure_streams()
         last = await self.bus.last_seq()
         self._log_id = await self.bus.log_id()
+        if self.signer is not None:
+            log.info("commands are signed with the key %s (agents check them with it)", self.signer.public_key)
+        else:
+            log.warning("NO COMMAND-SIGNING KEY: commands are sent unsigned, and an agent given a command key refuses "
+                        "them (give --signing-key, creds/keys/commands.nk)")
         if self.snapshots is not None:
             restored = self.snapshots.load(self._log_id, last)
             if restored is not None:
@@ -393,10 +402,21 @@ class ControlPlane:
             # Lost, yet its agent is alive: let it register again, so what it
             # runs is adopted or stopped rather than left running unseen.
             self._asked_to_register[node] = now
-            msg = cmds.encode(
-                cmds.Reregister(reason=f"node {node} was lost: {known.reason}", term=self.term, log=self._log_id)
-            )
-            asyncio.get_running_loop().create_task(self._send_quietly(node, msg))
+            msg = self._command_for(node, cmds.Reregister(reason=f"node {node} was lost: {known.reason}"))
+            if msg is not None:
+                asyncio.get_running_loop().create_task(self._send_quietly(node, msg))
+
+    def _command_for(self, node: str, cmd: cmds.Command) -> bytes | None:
+        """`cmd` as sent to `node`: in our term and log, signed. None unless we
+        lead: `leading()` holds only once our own LeaderElected of this term
+        is folded back from the log, so no command is ever signed for a term
+        the log has not recorded us elected in (agents trust the signature
+        for that: they cannot read the log)."""
+        if not self.leading():
+            return None
+        cmd.term, cmd.log = self.term, self._log_id
+        data = cmds.encode(cmd)
+        return self.signer.seal(node, data) if self.signer is not None else data
 
     async def _send_quietly(self, node: str, data: bytes) -> None:
         try:
@@ -499,11 +519,11 @@ class ControlPlane:
             outstanding.add(key)
             sent = self._sent.get(key)
             if sent is None or now - sent >= self.resend_after or node in resend:
-                if not self.leading():
+                data = self._command_for(node, cmd)
+                if data is None:
                     return  # deposed while sending: a standby sends nothing
-                cmd.term, cmd.log = self.term, self._log_id
                 try:
-                    await self.bus.send_command(node, cmds.encode(cmd))
+                    await self.bus.send_command(node, data)
                     self.commands_sent += 1
                 except Exception as e:  # re-sent on a later pass
                     log.warning("could not send %s to %s: %s", type(cmd).__name__, node, e)
