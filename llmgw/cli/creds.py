@@ -6,6 +6,7 @@
     llmgw creds list [--json]            every credential issued, live or revoked
     llmgw creds revoke agent gpu-7       the server refuses it; the node is treated as lost
     llmgw creds init --dir DIR           a key store for a fleet's servers (deploy/nats/)
+    llmgw creds command-key              the public key agents check commands with (commands.pub)
 
 The key store is `<state dir>/creds` of the local `llmgw up` (found as
 `llmgw ctl` finds it), or `--dir`. A revocation is written into the
@@ -27,14 +28,14 @@ import sys
 import time
 from pathlib import Path
 
-from ..bus import auth
+from ..bus import auth, signing
 
 OK, NOT_FOUND, BAD_INPUT, UNREACHABLE = 0, 1, 2, 3
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("creds", help="issue, list and revoke the bus credentials of nodes, gateways and operators")
-    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB", help="issue, list, revoke or init")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB", help="issue, list, revoke, init or command-key")
 
     def where(q) -> None:
         q.add_argument("--dir", help="the key store (default: <state dir>/creds of the local llmgw up)")
@@ -56,6 +57,10 @@ def add_parser(sub) -> None:
     where(revoke)
     init = verbs.add_parser("init", help="make a key store (operator and account keys) and its server-auth.conf")
     where(init)
+    command_key = verbs.add_parser(
+        "command-key", help="print the public key agents check the control plane's commands with (creds/commands.pub)"
+    )
+    where(command_key)
     p.set_defaults(func=main)
 
 
@@ -81,6 +86,11 @@ def run(args) -> int:
     if args.verb == "init":
         keys.init()
         print(f"key store: {keys.folder.resolve()}\nserver configuration: {keys.server_conf_path.resolve()} (include it in nats-server.conf)")
+        _say_command_key(keys)
+        return OK
+    if args.verb == "command-key":
+        keys.init()  # made if missing (an older key store): idempotent
+        print((keys.folder / signing.PUBLIC_FILE).read_text().strip())
         return OK
     if args.verb == "issue":
         path = keys.issue(args.role, args.name, out=Path(args.out) if args.out else None)
@@ -100,6 +110,15 @@ def run(args) -> int:
     if args.verb == "revoke":
         return _revoke(args, keys)
     raise AssertionError(args.verb)
+
+
+def _say_command_key(keys: auth.Keystore) -> None:
+    pub = keys.folder / signing.PUBLIC_FILE
+    print(
+        f"command key: {pub.read_text().strip()} ({pub.resolve()}: give it to every agent, --command-key or the agent "
+        f"file's command_key; the control plane signs with {(keys.keys_dir / signing.SEED_FILE).resolve()}, "
+        "its --signing-key)"
+    )
 
 
 def _when(t: float) -> str:

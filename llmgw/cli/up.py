@@ -21,7 +21,10 @@ component (control, projector, the agent of its node, its gateway) and one for
 the tools (`creds/operator.creds`, which `llmgw ctl`, `replay` and
 `projections rebuild` run here find by themselves); its NATS refuses
 anonymous connections. With `--nats`, the components present those
-credentials to that server.
+credentials to that server. The control plane signs its commands with the
+key store's command key (`creds/keys/commands.nk`) and the agent obeys only
+those (`--command-key creds/commands.pub`; bus/signing.py), as do agents
+started in another shell here, which find it as they find their credential.
 
 Unless told `--no-console`, the web console (llmgw/console/) on
 `--console-port` (loopback unless `--console-listen` says otherwise), with
@@ -41,6 +44,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..bus import signing
 from ..bus.auth import DEFAULTS as AUTH, CredentialError, Keystore
 from ..bus.server import NatsServer, PortTaken, free_port, port_is_taken
 from ..ctl.locate import DB_FILE, remove_up_file, write_up_file
@@ -201,7 +205,7 @@ def up(
         Child(
             "control plane",
             [py, "-m", "llmgw", "control", "--nats", nats_url, "--state-dir", str(state), "--creds", creds["control"],
-             "--metrics-listen", f"127.0.0.1:{metrics_port}"],
+             "--metrics-listen", f"127.0.0.1:{metrics_port}", "--signing-key", str(keys.keys_dir / signing.SEED_FILE)],
         ),
         # The read models: it waits for the streams the control plane creates.
         Child("projector", [py, "-m", "llmgw.projections", "--nats", nats_url, "--db", str(db), "--creds", creds["projector"]]),
@@ -215,7 +219,7 @@ def up(
                     py, "-m", "llmgw", "agent", "--name", node, "--agent-file", str(af),
                     "--state-dir", str(state / "agent"), "--nats", nats_url, "--stop-engines-on-exit",
                     *(("--engine-ports", str(engine_ports)) if engine_ports else ()),
-                    "--creds", creds["agent"],
+                    "--creds", creds["agent"], "--command-key", str(keys.folder / signing.PUBLIC_FILE),
                 ],
             )  # fmt: skip
         )
