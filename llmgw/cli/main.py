@@ -551,6 +551,11 @@ ABOUT = {
         "server's auth configuration.",
         ["llmgw creds init --dir /etc/llmgw/creds"],
     ),
+    "creds command-key": (
+        "Print the public key of the control plane's command-signing key (creds/commands.pub): every agent is\n"
+        "given it (--command-key, or the agent file's command_key) and obeys only commands signed with it.",
+        ["llmgw creds command-key", "llmgw creds command-key --dir /etc/llmgw/creds > /etc/llmgw/commands.pub"],
+    ),
     "events": ("The event contract as files (events/schema/).", ["llmgw events schema", "llmgw events schema --write"]),
     "events schema": (
         "Check that events/schema/ matches the code (and that no change breaks the log's contract), or write it.",
