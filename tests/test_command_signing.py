@@ -192,6 +192,29 @@ async def test_the_control_plane_signs_only_in_a_term_the_log_elected_it_and_age
         await asyncio.gather(*tasks)
 
 
+def test_the_key_is_given_by_flag_agent_file_or_the_local_key_store_and_a_bad_one_stops_the_start(tmp_path, monkeypatch):
+    from llmgw.agent import agentfile
+
+    keys = auth.Keystore(tmp_path / "state" / "creds").init()
+    pub = (keys.folder / signing.PUBLIC_FILE).read_text().strip()
+    (tmp_path / "commands.pub").write_text(pub + "\n")
+    (tmp_path / "agent.yaml").write_text("command_key: ./commands.pub\nmax_term_jump: 50\n")
+    loaded = agentfile.load(tmp_path / "agent.yaml")
+    assert loaded.command_key == str(tmp_path / "commands.pub") and loaded.max_term_jump == 50
+    monkeypatch.delenv(signing.KEY_ENV, raising=False)
+    assert signing.find_verifier(None, loaded.command_key, state_dir=None).public_key == pub
+    assert signing.find_verifier(None, state_dir=tmp_path / "state").public_key == pub  # a local `llmgw up`'s
+    assert signing.find_verifier(None, state_dir=tmp_path) is None  # none: unsigned, said loudly
+    assert signing.find_signer(None, state_dir=tmp_path / "state").public_key == pub
+    for argv, says in (
+        (("agent", "--simulate", "--name", "x", "--command-key", str(tmp_path / "nope.pub")), "the command key"),
+        (("agent", "--simulate", "--name", "x", "--command-key", str(tmp_path / "agent.yaml")), "not base32"),
+        (("control", "--signing-key", str(tmp_path / "commands.pub")), "is not an nkey seed"),
+    ):
+        out = run_llmgw(*argv, "--nats", "nats://127.0.0.1:1", cwd=tmp_path)
+        assert out.returncode == 2 and says in out.stderr, (argv, out.stderr)
+
+
 # --------------------------------------------------------------------------- over real processes
 
 

@@ -217,7 +217,9 @@ def test_a_rerun_of_up_right_after_ctrl_c_serves_again_and_places_nothing_twice(
     first = processes.start("up-1", *argv)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway_port}/v1", api_key="unused", timeout=30, max_retries=0)
     try:
-        wait_for_log(processes, "up-1", "smollm2 is ready", first, 180)
+        said = wait_for_log(processes, "up-1", "smollm2 is ready", first, 180)
+        # Issue 35: its control plane signs every command and its agent obeys only what was signed.
+        assert "commands are signed with the key" in said and "acting only on commands signed with" in said
         assert ask(client, 60)
         seq_before = json.loads(run_llmgw("replay", "--nats", nats, "--creds", tools_creds(tmp_path), "--json").stdout)["seq"]
     finally:
