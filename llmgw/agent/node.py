@@ -77,7 +77,7 @@ from . import supervisor as sv
 from .agentfile import AgentFile
 from .engines import EngineError, build
 from .inventory import Inventory, discover
-from .protocol import Gate
+from .protocol import Gate, acted_key
 from .statefile import AgentState, ShardRecord, StateFile
 from .weights import resolve
 
@@ -281,8 +281,8 @@ class NodeAgent:
             log.info("asked to register again: %s", cmd.reason)
             self._outbox.put_nowait(_REGISTER)
             return
-        kind = "start" if isinstance(cmd, cmds.StartShard) else "stop"
-        key = (cmd.shard, cmd.generation, kind)
+        key = acted_key(cmd)
+        kind = key[2]
         if key in self._acted:
             self.duplicates += 1
             log.debug("%s of %s generation %d: acted on already", kind, cmd.shard, cmd.generation)

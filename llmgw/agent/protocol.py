@@ -117,3 +117,9 @@ class Gate:
             held += 1
         self._said[kind] = (began, said, held)
         return None
+
+
+def acted_key(cmd: cmds.StartShard | cmds.StopShard) -> tuple[str, int, str]:
+    """What an agent acts on once, however often it arrives (redelivered,
+    re-sent by a new leader): (shard, generation, "start" | "stop")."""
+    return (cmd.shard, cmd.generation, "start" if isinstance(cmd, cmds.StartShard) else "stop")

@@ -33,7 +33,7 @@ from ..core import commands as cmds
 from ..core import events as ev
 from . import power
 from .engines import identity
-from .protocol import MAX_TERM_JUMP, Gate
+from .protocol import MAX_TERM_JUMP, Gate, acted_key
 from .sim_engine import SimEngine
 
 log = logging.getLogger("llmgw.agent")
@@ -197,12 +197,12 @@ class SimulatedAgent:
             log.info("asked to register again: %s", cmd.reason)
             asyncio.create_task(self._register())
             return
-        key = (cmd.shard, cmd.generation, type(cmd).__name__)
+        key = acted_key(cmd)
         if key in self._acted:
             return  # redelivered or re-sent: acted on once
         self._acted.add(key)
         if isinstance(cmd, cmds.StartShard):
-            if (cmd.shard, cmd.generation, "StopShard") in self._acted:
+            if (cmd.shard, cmd.generation, "stop") in self._acted:
                 return
             self._tasks[cmd.shard] = asyncio.create_task(self._start(cmd))
         else:
