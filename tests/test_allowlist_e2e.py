@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from llmgw.bus import signing
 from llmgw.bus.nats import NatsBus
 from llmgw.core import commands as cmds
 from llmgw.core import events as ev
@@ -54,7 +55,10 @@ def test_an_undeclared_engine_is_refused_and_never_runs(nats_server, processes, 
     state = wait_for(url, lambda s: all(m in s.models for m in ("shell", "big")) and refused(s, "shell")
                      and refused(s, "big"), timeout=60)
     assert "engines: llama.cpp; no templates" in state.models["big"].last_failure
-    # Straight onto the command subject, as a wrong control plane would send it.
+    # Straight onto the command subject, as a wrong control plane would send
+    # it: signed with the fleet's command key (issue 35: the agent checks it
+    # first), so that what stops it is the agent file's allowlist.
+    signer = signing.Signer.from_file(nats_server.auth.keys_dir / signing.SEED_FILE)
     forged = cmds.StartShard(
         shard="evil-1.0", replica="evil-1", generation=10**9, model="evil", fingerprint="f", rank=0, gpus=[],
         port=1, nodes=["n1"], profile=ev.ProfileSpec(name="p", engine=f"sh -c 'touch {marker}'", gpus=0),
@@ -63,7 +67,7 @@ def test_an_undeclared_engine_is_refused_and_never_runs(nats_server, processes, 
     async def send_and_read() -> list[ev.ShardStatus]:
         bus = await NatsBus.connect(url)
         try:
-            await bus.send_command("n1", cmds.encode(forged))
+            await bus.send_command("n1", signer.seal("n1", cmds.encode(forged)))
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 said = [ev.decode(data) for _, _, data in await bus.read_matching("llmgw.agent.n1.shard.status")]
