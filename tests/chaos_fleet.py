@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmgw.bus import COMMAND_STREAM, read_log
+from llmgw.bus import COMMAND_STREAM, read_log, signing
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import NatsServer, free_port, nats_server_binary
 from llmgw.core import commands as cmds
@@ -242,7 +242,8 @@ def commands_sent(url: str) -> list[tuple[str, cmds.Command]]:
             done = asyncio.Event()
 
             async def cb(msg) -> None:
-                got.append((msg.subject.rsplit(".", 1)[1], cmds.decode(msg.data)))
+                # (signed by the control plane: the command inside its envelope, bus/signing.py)
+                got.append((msg.subject.rsplit(".", 1)[1], cmds.decode(signing.unsigned_body(msg.data))))
                 if len(got) >= want or msg.metadata.num_pending == 0:
                     done.set()
 
