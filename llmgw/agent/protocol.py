@@ -15,13 +15,17 @@ Every command that reaches an agent's subject passes, in this order:
    re-register of term 10**9 was kept as the highest term, in the real
    agent's state file, and every genuine command after it was "older"
    for ever. A genuine leader moves the term by one per election, and an
-   agent hears a command at least at every placement on it. A command of
-   another log (NATS made anew) begins the count again, as before.
+   agent hears a command at every placement on it. A command of another
+   log (NATS made anew) begins the count again, as before. The bound is a
+   second line only: without a key, a forger repeating itself steps the
+   term up `max_term_jump` at a time; the signature is what stops it. Its
+   cost: a node that hears no command over more than `max_term_jump`
+   elections refuses the leader until its agent file allows more.
 
 A refused command changes nothing (the term kept above all): it is logged
 with why (at most `REFUSAL_LOG_BURST` per reason every `REFUSAL_LOG_EVERY_S`,
-the rest counted, so a flood of forgeries cannot fill the agent's log) and counted by
-reason (`Gate.refused`).
+the rest counted, so a flood of forgeries cannot fill the agent's log)
+and counted by reason (`Gate.refused`).
 """
 
 from __future__ import annotations
@@ -59,7 +63,8 @@ def term_refusal(term: int, log_id: str, seen_term: int, seen_log: str, max_jump
     if term < seen_term:
         return f"a leader of term {seen_term} has spoken"
     if max_jump and term > seen_term + max_jump:
-        return f"more than {max_jump} terms past the highest seen ({seen_term}); max_term_jump allows no more"
+        return (f"more than {max_jump} terms past the highest seen ({seen_term}), which max_term_jump allows "
+                "(a genuine leader that far ahead: raise max_term_jump in the agent file)")
     return ""
 
 
