@@ -215,6 +215,17 @@ def test_the_key_is_given_by_flag_agent_file_or_the_local_key_store_and_a_bad_on
         assert out.returncode == 2 and says in out.stderr, (argv, out.stderr)
 
 
+def test_every_node_of_a_simulated_fleet_checks_the_key(tmp_path):
+    from llmgw.agent.fleet import Fleet, NodeShape
+
+    signer, verifier = _keys(tmp_path)
+    fleet = Fleet([MemoryBus()], [NodeShape(name=f"s{i}", gpus=1) for i in range(3)], command_key=verifier)
+    for name, agent in fleet.agents.items():
+        assert agent.gate.key is verifier
+        assert agent.gate.admit(cmds.encode(_stop()), agent) is None  # unsigned
+        assert agent.gate.admit(signer.seal(name, cmds.encode(_stop())), agent) == _stop()
+
+
 # --------------------------------------------------------------------------- over real processes
 
 
