@@ -178,6 +178,10 @@ async def test_the_control_plane_signs_only_in_a_term_the_log_elected_it_and_age
     bus, stop = MemoryBus(), asyncio.Event()
     plane = ControlPlane(bus, tick=0.05, signer=signer)
     assert plane._command_for("n1", _stop()) is None  # not elected: nothing to sign with
+    # Even holding the lease and believing itself in term 5: the log has not elected it.
+    plane._lease_rev, plane._lease_until, plane.term = 1, time.monotonic() + 60, 5
+    assert plane._command_for("n1", _stop()) is None
+    plane._lease_rev, plane._lease_until, plane.term = 0, 0.0, 0
     agent = SimulatedAgent(bus, "n1", 4, loading_after=0.01, ready_after=0.01, heartbeat=0.1, command_key=verifier)
     tasks = [asyncio.create_task(x.run(stop)) for x in (plane, agent)]
     try:
