@@ -2,7 +2,8 @@
 
 It speaks the real protocol (registers its node with the shards it runs,
 heartbeats, obeys start and stop commands once each by shard id and
-generation, reports shard states) but runs no model: a shard is "loading"
+generation, only those the control plane signed when it is given the key,
+through the real agent's gate (protocol.py), reports shard states) but runs no model: a shard is "loading"
 after `loading_after` seconds and "ready" `ready_after` seconds later, or
 "failed" when its model is in `fail_models` or a test asks (`fail`).
 

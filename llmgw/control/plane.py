@@ -12,8 +12,9 @@ from the start (a snapshot, then the tail) and keeps folding it; the one
 that holds the lease (a key with a TTL in LEADER_BUCKET: created to
 campaign, updated with its last revision to renew) leads. It records that
 in the log (`LeaderElected`, fenced like a decision, with the next term) and
-only then decides and sends commands, each carrying its term; agents refuse
-a command of an older term than they have seen. A leader that cannot renew
+only then decides and sends commands, each carrying its term and signed
+for its node (bus/signing.py: agents obey nothing else); agents refuse a
+command of an older term than they have seen. A leader that cannot renew
 stops acting before its lease can expire; one that finds the lease another's
 is a standby again. A standby decides nothing and sends nothing: it
 publishes only its position, in the lease bucket (`llmgw ctl get leader`).
