@@ -364,10 +364,12 @@ def _attack(auth_nats, processes, tmp_path: Path, state_dir: Path) -> None:
     assert engine_starts(state_dir) == starts, "a forged start ran an engine"
     assert json.loads((state_dir / "agent.json").read_text())["term"] == term, "a forged term reached the state file"
     for node in ("sim", "real"):
-        # Each refused with why (a reason logged REFUSAL_LOG_BURST times a window, the rest counted).
+        # Each refused, with why: every forgery that reached it, by a consumer or straight.
         said = processes.log(node)
         unsigned = direct[node]["unsigned"] + delivered[node] * 3 // 4  # 3 of each 4 forgeries are unsigned
-        assert said.count("ignoring a command: it is not signed") >= min(unsigned, REFUSAL_LOG_BURST), said[-3000:]
+        assert unsigned <= REFUSAL_LOG_BURST  # (all logged: more of one reason in a window are only counted)
+        assert said.count("ignoring a command: it is not signed") == unsigned, said[-3000:]
+        assert said.count("ignoring a command") == direct[node]["all"] + delivered[node], said[-3000:]
         assert "ignoring a command: its signature is not the control plane's for this node" in said
     # Genuine commands are still obeyed: another model, placed and ready on the real agent.
     catalog.write_text(CATALOG.format(more=MORE))
@@ -389,15 +391,20 @@ async def _log_id(server) -> str:
 
 async def _forge_through_consumers(server, genuine, log_id: str) -> dict[str, int]:
     """Each reader credential tries the finding's trick on each node; how many
-    forgeries reached each node's subject (an observer in the agents' account
-    counts them: the server may refuse, or deliver elsewhere)."""
-    observer_creds = server.auth.issue_unrestricted(Path(server.auth.folder).parent / "observer.creds")
-    observer = await nats.connect(server.url, user_credentials=str(observer_creds), allow_reconnect=False)
+    forgeries reached each node's subject. Counted by a fleet credential,
+    which hears every node's commands where agents hear them (the server may
+    refuse the consumer, or deliver where no agent listens: that is another
+    part of issue 35's; the signature must hold either way)."""
+    observer, _ = await _connect(server, "fleet", "observer")
+    verifier = signing.Verifier.load(str(server.auth.folder / signing.PUBLIC_FILE))
     seen = {"sim": 0, "real": 0}
 
     def counter(node):
         async def cb(msg) -> None:
-            seen[node] += 1
+            try:
+                verifier.open(node, msg.data)  # the control plane's own: not a forgery
+            except signing.Refused:
+                seen[node] += 1
 
         return cb
 

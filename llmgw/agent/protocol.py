@@ -45,7 +45,7 @@ log = logging.getLogger("llmgw.agent")
 MAX_TERM_JUMP = 1000  # terms ahead of the highest seen (one log) that a command may be
 # Refusals logged: at most REFUSAL_LOG_BURST of one reason every REFUSAL_LOG_EVERY_S, the rest counted.
 REFUSAL_LOG_EVERY_S = 10.0
-REFUSAL_LOG_BURST = 10
+REFUSAL_LOG_BURST = 20
 
 
 class TermKept(Protocol):
