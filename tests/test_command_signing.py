@@ -27,7 +27,6 @@ import nats
 import nkeys
 import pytest
 
-from llmgw.agent.agentfile import AgentFile
 from llmgw.agent.inventory import Inventory
 from llmgw.agent.node import NodeAgent
 from llmgw.agent.protocol import MAX_TERM_JUMP, REFUSAL_LOG_BURST, Gate, term_refusal
