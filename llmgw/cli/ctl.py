@@ -301,10 +301,10 @@ async def _connect(where: Where):
         raise CtlError(str(e), UNREACHABLE)
     except ConnectionError as e:
         raise CtlError(f"{e} ({where.how_nats})", UNREACHABLE)
-    bus.close_timeout_s = CONFIG.close_timeout_s  # a drain of a frozen NATS must not outlast --timeout
+    bus.drain_at_close = False  # a drain of a frozen NATS would outlast --timeout (bus/nats.py)
     try:
         # Just started, `llmgw up` may not have made the streams yet.
-        await bus.wait_for_streams(timeout=max(0.1, deadline.left(10.0)))
+        await bus.wait_for_streams(timeout=max(0.1, deadline.left(30.0)))
     except TimeoutError as e:
         await bus.close()
         raise CtlError(f"{e} (NATS at {where.nats})", UNREACHABLE)

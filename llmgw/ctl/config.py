@@ -25,8 +25,6 @@ class CliConfig:
     # doubled each time up to the longest, while the deadline leaves time.
     retry_first_s: float = 0.25
     retry_longest_s: float = 2.0
-    # Closing the connection: at most this long for a drain (a frozen NATS would hold it 5 s).
-    close_timeout_s: float = 1.0
     # How often long work (a --wait, a rebuild, reading a long log, fetching weights) says where it stands.
     # $LLMGW_PROGRESS_S sets it (0: at every step, as the tests do).
     progress_every_s: float = 1.0
