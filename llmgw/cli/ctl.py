@@ -1028,6 +1028,8 @@ async def run(args) -> int:
             return UNREACHABLE
         say(f"llmgw ctl: {_clean(_said(e))}")
         return UNREACHABLE
+    except BrokenPipeError:
+        raise  # the reader went away: llmgw/cli/main.py ends quietly (exit 141)
     except Exception as e:  # never a traceback (issue 35): one line; NATS's own errors are exit 3
         from_nats = type(e).__module__.split(".")[0] == "nats"
         say(f"llmgw ctl: {args.verb}: {_clean(_said(e) if from_nats else f'{type(e).__name__}: {e}')}")
