@@ -197,7 +197,8 @@ def add_parser(sub) -> None:
     get.add_argument("--limit", type=int, default=50, metavar="N", help="decisions, preemptions: the latest N (0: all)")
     get.add_argument(
         "--timeout", type=float, default=CONFIG.catch_up_timeout_s, metavar="S",
-        help="seconds to wait for the read models to reach the end of the log",
+        help="seconds the whole command may take, whatever NATS does (first it waits for the read models to "
+        "reach the end of the log; past it, they are shown as they are, exit 3 or 4)",
     )  # fmt: skip
 
     describe = verb("describe", "one model, replica or node: its state now and its history, with reasons")
@@ -209,7 +210,8 @@ def add_parser(sub) -> None:
     describe.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text", help="text for people, json or yaml")
     describe.add_argument(
         "--timeout", type=float, default=CONFIG.catch_up_timeout_s, metavar="S",
-        help="seconds to wait for the read models to reach the end of the log",
+        help="seconds the whole command may take, whatever NATS does (first it waits for the read models to "
+        "reach the end of the log; past it, they are shown as they are, exit 3 or 4)",
     )  # fmt: skip
 
     restart = verb("restart", "replace replicas: beside themselves (surge), or in place")
@@ -263,8 +265,9 @@ def _wait_flags(p: argparse.ArgumentParser, effect: str) -> None:
     )  # fmt: skip
     p.add_argument(
         "--timeout", type=float, default=None, metavar="S",
-        help=f"seconds to wait (default: {CONFIG.projected_timeout_s:g} for the read models, "
-        f"{CONFIG.effect_timeout_s:g} with --wait)",
+        help=f"seconds the whole command may take, publishing and waiting, whatever NATS does (default: "
+        f"{CONFIG.projected_timeout_s:g}, {CONFIG.effect_timeout_s:g} with --wait); NATS not answering in time is "
+        f"exit 3, the read models not reaching the change exit 4, the change not taking effect exit 5",
     )  # fmt: skip
 
 

@@ -111,9 +111,10 @@ async def retrying(what: str, call, *, trouble=None):
             d = current()
             remaining = d.left() if d is not None else 0.0
             if remaining <= pause:
-                raise BusUnavailable(
-                    f"NATS did not answer {what} ({describe_trouble(e)}) in the time given (--timeout): "
+                said = str(e) if isinstance(e, BusUnavailable) else (
+                    f"NATS did not answer {what} ({describe_trouble(e)}): "
                     "the bus is busy, electing a stream leader, or unreachable"
-                ) from None
+                )  # fmt: skip
+                raise BusUnavailable(f"{said}; tried again while --timeout lasted" if d is not None else said) from None
             await asyncio.sleep(pause)
             pause = min(pause * 2, CONFIG.retry_longest_s)
