@@ -20,12 +20,14 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from llmgw.bus import STREAM, auth, read_log
 from llmgw.bus.nats import NatsBus
+from llmgw.bus.server import free_port
 from llmgw.core import events as ev
 from llmgw.ctl.printable import printable, printable_lines
 
@@ -61,7 +63,8 @@ def test_a_nodes_escape_codes_are_shown_escaped_and_the_state_dir_is_its_owners(
     state = tmp_path / ".llmgw"
     state.mkdir(mode=0o755)
     os.chmod(state, 0o755)  # as an older llmgw left it
-    up = Up(tmp_path)
+    console_port = free_port()
+    up = Up(tmp_path, "--console-port", str(console_port))
     try:
         assert _mode(state) == 0o700
         assert "was mode 0755, readable by others: now 0700" in up.text()
@@ -87,9 +90,20 @@ def test_a_nodes_escape_codes_are_shown_escaped_and_the_state_dir_is_its_owners(
         assert "\x1b" not in out.stdout and json.loads(out.stdout)["node"]["labels"]["team"] == EVIL
         # Files of secrets in it: the read models (API-key hashes) are the owner's alone too.
         assert _mode(up.db) == 0o600
-        # And its console has a credential of its own (tested below), issued by up.
+        # And its console has a credential of its own (tested below), issued by up, with which it acts.
         who = auth.identity(state / "creds" / "console-local.creds")
         assert (who.role, who.name) == ("console", "local")
+        assert f"console: http://127.0.0.1:{console_port}/" in up.text()
+        token = (state / "console.token").read_text().strip()
+        host = f"127.0.0.1:{console_port}"
+        request = urllib.request.Request(
+            f"http://{host}/api/action/hold", data=json.dumps({"domain": "rack/r9", "reason": "test"}).encode(),
+            headers={"Authorization": f"Bearer {token}", "Origin": f"http://{host}", "X-LLMGW-Console": "1",
+                     "Content-Type": "application/json"}, method="POST",
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            acted = json.loads(answer.read())
+        assert acted["event"] == "domain.held" and acted["seq"] >= 1
     finally:
         up.stop()
 
