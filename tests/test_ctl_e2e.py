@@ -56,14 +56,14 @@ class Up:
     """`llmgw up` in a folder of its own, its output in a file (a pipe nobody
     reads would fill and stall the children that inherit it)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *more: str) -> None:
         self.folder = folder
         self.port = free_port()
         self.out = folder / "up.out"
         with open(self.out, "wb") as out:
             self.proc = subprocess.Popen(
                 # Simulated agents only: no local agent, so no demo model either.
-                [sys.executable, "-m", "llmgw", "up", "--nats-port", str(self.port), "--no-agent", "--no-gateway"],
+                [sys.executable, "-m", "llmgw", "up", "--nats-port", str(self.port), "--no-agent", "--no-gateway", *more],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=folder, start_new_session=True,
             )
         self.url = f"nats://127.0.0.1:{self.port}"

@@ -22,6 +22,8 @@ Roles and what their credential allows (`permissions`):
                 (LLMGW_LEADER), make the streams (JetStream API; never
                 deleting, purging, or changing the log's limits)
     projector   read the log
+    console C   the web console: read the log; publish only the actions it
+                offers (CONSOLE_ACTIONS), never the catalog, keys or policy
     fleet F     a fleet simulator (`llmgw agent --simulate --fleet N`): many
                 simulated nodes over one connection, so it may publish
                 llmgw.agent.*.> and every node's heartbeat and engine keys,
@@ -59,7 +61,7 @@ from pathlib import Path
 
 from . import COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, LEADER_BUCKET, STREAM, signing
 
-ROLES = ("agent", "gateway", "operator", "control", "projector", "fleet")
+ROLES = ("agent", "gateway", "operator", "control", "projector", "fleet", "console")
 # Roles of which a fleet has one each, issued under the role's own name.
 SINGLE = {"control": "control", "projector": "projector"}
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -69,6 +71,14 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # direct access, KeyValueConfig(direct=True)); gateways read and watch all.
 LOGS_PREFIX = "llmgw.agent-logs"  # llmgw/agent/logs.py
 SIM_PREFIX = "llmgw.sim"  # the simulated agents' test hooks (llmgw.sim.<node>.fail, .silence)
+# What the web console may publish: the actions it offers (llmgw/console/server.py `act`: a node's
+# labels, hold and release a domain, restart a replica, retry a parked model), each its event's subject
+# (core/events.py subject_for; tests/test_console_creds.py checks they are). Nothing else of an
+# operator's: not the catalog (model.applied), API keys, policy or facility budgets.
+CONSOLE_ACTIONS = (
+    "llmgw.ctl.node.labeled", "llmgw.ctl.domain.held", "llmgw.ctl.domain.released",
+    "llmgw.ctl.replicas.restart", "llmgw.ctl.model.retry",
+)  # fmt: skip
 CREDS_ENV = "LLMGW_CREDS"
 CA_ENV = "LLMGW_NATS_CA"  # the CA that signed the servers' certificates (tls:// URLs)
 TAG_ROLE, TAG_NAME = "llmgw-role:", "llmgw-name:"
@@ -215,6 +225,11 @@ def permissions(role: str, name: str) -> Permissions:
         )
     if role == "projector":
         return Permissions(pub_allow=_log_reader(), sub_allow=(inbox,))
+    if role == "console":
+        # Its own (issue 35, finding 9: it acted with the operator's, so a hole in
+        # it could rewrite the catalog): it reads the log it shows, and publishes
+        # only the actions it offers.
+        return Permissions(pub_allow=(*_log_reader(), *CONSOLE_ACTIONS), sub_allow=(inbox,))
     raise CredentialError(f"no such role {role!r}: one of {', '.join(ROLES)}")
 
 

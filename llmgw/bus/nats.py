@@ -92,8 +92,9 @@ def is_trouble(e: BaseException) -> bool:
     # 503 and "JetStream system temporarily unavailable" (10008) mid-election;
     # "no suitable peers for placement" (10005) while a server of the cluster
     # is down (a bucket made then: a gateway exited on it when the stream
-    # leader was killed).
-    return isinstance(e, APIError) and (e.code == 503 or e.err_code in (10008, 10005))
+    # leader was killed). 429 "too many requests": the JetStream API busy
+    # under a flood (a `ctl apply` died of it with a traceback: issue 35).
+    return isinstance(e, APIError) and (e.code in (503, 429) or e.err_code in (10008, 10005))
 
 
 def stream_missing(e: BaseException) -> bool:
@@ -303,6 +304,9 @@ class NatsBus:
         self._beats: _Kept | None = None  # the heartbeat watcher, once following
         self._beats_created = None  # when the bucket it follows was made (another time: made again)
         self._closing = False
+        # close() drains what is pending first (up to 5 s). Not the CLI: it has nothing pending by then, and
+        # nats-py's drain of a frozen NATS neither ends nor heeds a cancel (a `ctl apply --timeout 5` hung on it).
+        self.drain_at_close = True
 
     @classmethod
     async def connect(
@@ -843,6 +847,8 @@ class NatsBus:
         """Drain what is pending; with the server gone, just let go."""
         self._closing = True
         try:
+            if not self.drain_at_close:
+                raise TimeoutError  # closed at once, below
             await asyncio.wait_for(self.nc.drain(), 5.0)
         except Exception:
             try:

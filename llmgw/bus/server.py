@@ -58,10 +58,13 @@ class NatsServer:
     loopback may say anything: only for tests of the bus mechanics.
     """
 
-    def __init__(self, store_dir: str | os.PathLike, port: int = 4222, *, auth=None) -> None:
+    def __init__(self, store_dir: str | os.PathLike, port: int = 4222, *, auth=None, jetstream: dict | None = None) -> None:
         self.store_dir = Path(store_dir)
         self.port = port
         self.auth = auth
+        # More of the jetstream block, as nats-server spells it (a test's
+        # request_queue_limit: a JetStream API that drops what it cannot take).
+        self.jetstream = dict(jetstream or {})
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -91,6 +94,7 @@ class NatsServer:
             )
         self.store_dir.mkdir(parents=True, exist_ok=True)
         conf = self.store_dir / "nats-server.conf"
+        more = "".join(f"  {k}: {v}\n" for k, v in self.jetstream.items())
         conf.write_text(
             f"listen: 127.0.0.1:{self.port}\n"
             f"server_name: llmgw-{self.port}\n"
@@ -99,6 +103,7 @@ class NatsServer:
             "jetstream {\n"
             f"  store_dir: {str(self.store_dir.resolve() / 'jetstream')!r}\n"
             "  sync_interval: always\n"
+            f"{more}"
             "}\n"
             f"pid_file: {str(self.pid_file.resolve())!r}\n".replace("'", '"')
             # nats-server's include paths are relative to the including file

@@ -28,7 +28,7 @@ from ..bus import read_log
 from ..core import events as ev
 from ..core.fold import apply
 from ..core.state import State
-from ..ctl import views
+from ..ctl import deadline, views
 from ..ctl.catalog_file import CatalogError, items, load_catalog
 from ..ctl.config import CONFIG
 from ..ctl.locate import Where, locate
@@ -197,7 +197,8 @@ def add_parser(sub) -> None:
     get.add_argument("--limit", type=int, default=50, metavar="N", help="decisions, preemptions: the latest N (0: all)")
     get.add_argument(
         "--timeout", type=float, default=CONFIG.catch_up_timeout_s, metavar="S",
-        help="seconds to wait for the read models to reach the end of the log",
+        help="seconds the whole command may take, whatever NATS does (first it waits for the read models to "
+        "reach the end of the log; past it, they are shown as they are, exit 3 or 4)",
     )  # fmt: skip
 
     describe = verb("describe", "one model, replica or node: its state now and its history, with reasons")
@@ -209,7 +210,8 @@ def add_parser(sub) -> None:
     describe.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text", help="text for people, json or yaml")
     describe.add_argument(
         "--timeout", type=float, default=CONFIG.catch_up_timeout_s, metavar="S",
-        help="seconds to wait for the read models to reach the end of the log",
+        help="seconds the whole command may take, whatever NATS does (first it waits for the read models to "
+        "reach the end of the log; past it, they are shown as they are, exit 3 or 4)",
     )  # fmt: skip
 
     restart = verb("restart", "replace replicas: beside themselves (surge), or in place")
@@ -263,8 +265,9 @@ def _wait_flags(p: argparse.ArgumentParser, effect: str) -> None:
     )  # fmt: skip
     p.add_argument(
         "--timeout", type=float, default=None, metavar="S",
-        help=f"seconds to wait (default: {CONFIG.projected_timeout_s:g} for the read models, "
-        f"{CONFIG.effect_timeout_s:g} with --wait)",
+        help=f"seconds the whole command may take, publishing and waiting, whatever NATS does (default: "
+        f"{CONFIG.projected_timeout_s:g}, {CONFIG.effect_timeout_s:g} with --wait); NATS not answering in time is "
+        f"exit 3, the read models not reaching the change exit 4, the change not taking effect exit 5",
     )  # fmt: skip
 
 
@@ -284,7 +287,8 @@ def dry_run_flags(p: argparse.ArgumentParser) -> None:
 
 
 def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    """A message on stderr; what it quotes from the log (names, reasons) with its control characters escaped."""
+    print(views.printable_lines(text), file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- the bus
@@ -300,9 +304,10 @@ async def _connect(where: Where):
         raise CtlError(str(e), UNREACHABLE)
     except ConnectionError as e:
         raise CtlError(f"{e} ({where.how_nats})", UNREACHABLE)
+    bus.drain_at_close = False  # a drain of a frozen NATS would outlast --timeout (bus/nats.py)
     try:
         # Just started, `llmgw up` may not have made the streams yet.
-        await bus.wait_for_streams(timeout=10)
+        await bus.wait_for_streams(timeout=max(0.1, deadline.left(30.0)))
     except TimeoutError as e:
         await bus.close()
         raise CtlError(f"{e} (NATS at {where.nats})", UNREACHABLE)
@@ -328,7 +333,7 @@ async def _catalog(bus) -> tuple[State, dict[tuple[str, str], int]]:
     or trusting read models that may be behind."""
     state = State()
     latest: dict[tuple[str, str], int] = {}
-    for seq, subject, data in await bus.read_matching("llmgw.ctl.>"):
+    for seq, subject, data in await deadline.retrying("a read of the catalog", lambda: bus.read_matching("llmgw.ctl.>")):
         apply(state, seq, subject, data)
         try:
             event = ev.decode(data)
@@ -368,9 +373,9 @@ async def wait_projected(db, seq: int, timeout: float, *, what: str) -> None:
                 say(f"  the read models reached event {seq}")
             return
         waited = time.monotonic() - started
-        if waited >= timeout:
+        if waited >= timeout or _passed():
             raise CtlError(
-                f"the read models at {db} stand at event {at} and did not reach {seq} ({what}) in {timeout:g}s: "
+                f"the read models at {db} stand at event {at} and did not reach {seq} ({what}) in {_total(timeout):g}s: "
                 f"the projector is behind or not running (llmgw up runs it; `llmgw projections rebuild` remakes them)",
                 BEHIND,
             )
@@ -380,9 +385,29 @@ async def wait_projected(db, seq: int, timeout: float, *, what: str) -> None:
         await asyncio.sleep(0.02)
 
 
+def _passed() -> bool:
+    """Whether the command's deadline (its --timeout) has passed."""
+    d = deadline.current()
+    return d is not None and d.passed()
+
+
+def _total(timeout: float) -> float:
+    """The time a wait was given, as the operator gave it: the command's --timeout."""
+    d = deadline.current()
+    return d.seconds if d is not None else timeout
+
+
 class Fresh(NamedTuple):
     models: ReadModels
     status: int  # OK, or why the rows may be old: UNREACHABLE, BEHIND (they are shown, with a warning)
+
+
+async def _last_seq(where: Where) -> int:
+    bus = await _connect(where)
+    try:
+        return await deadline.retrying("about the log", bus.last_seq)
+    finally:
+        await bus.close()
 
 
 async def _fresh(where: Where, timeout: float) -> Fresh:
@@ -397,14 +422,16 @@ async def _fresh(where: Where, timeout: float) -> Fresh:
         )
     models = ReadModels(where.db)
     try:
-        bus = await _connect(where)
+        # The log's end, within the command's deadline: else the rows as they are (exit 3).
+        async with asyncio.timeout(deadline.left(timeout)):
+            last = await _last_seq(where)
     except CtlError as e:
         say(f"warning: {e}; showing the read models as they are (event {models.position()})")
         return Fresh(models, e.status)
-    try:
-        last = await bus.last_seq()
-    finally:
-        await bus.close()
+    except TimeoutError as e:  # (a BusUnavailable too)
+        why = str(e) or f"NATS at {where.nats} did not answer in {_total(timeout):g}s"
+        say(f"warning: {why}; showing the read models as they are (event {models.position()})")
+        return Fresh(models, UNREACHABLE)
     try:
         await wait_projected(where.db, last, timeout, what="the end of the log")
     except CtlError as e:
@@ -449,8 +476,8 @@ async def wait_effect(
         if effect.impossible:
             raise CtlError(f"{what}: cannot take effect: {effect.impossible}", NOT_AS_WANTED)
         waited = progress.elapsed()
-        if waited >= timeout:
-            raise CtlError(f"{what}: not done in {timeout:g}s: {effect.where}", NOT_AS_WANTED)
+        if waited >= timeout or _passed():
+            raise CtlError(f"{what}: not done in {_total(timeout):g}s: {effect.where}", NOT_AS_WANTED)
         if effect.where != said or progress.due():
             said = effect.where
             progress.last = time.monotonic()
@@ -545,7 +572,7 @@ async def cmd_apply(args, where: Where) -> int:
                 wait_for = max(wait_for, latest.get((item.kind.replace("api key", "apikey"), item.name), 0))
                 continue
             event = msgspec.structs.replace(item.event, at=time.time())
-            seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
+            seq = await _publish_on(bus, event, next(ids))
             print(f"{label} {'configured' if item.had is not None else 'created'}{whose} (event {seq})")
             wait_for = max(wait_for, seq)
         if catalog.facility is not None:
@@ -554,7 +581,7 @@ async def cmd_apply(args, where: Where) -> int:
                 print("facility unchanged")
             else:
                 event = msgspec.structs.replace(catalog.facility, at=time.time())
-                seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=next(ids))
+                seq = await _publish_on(bus, event, next(ids))
                 print(f"facility configured: {len(event.budgets)} power cap(s) (event {seq})")
                 wait_for = max(wait_for, seq)
     finally:
@@ -594,7 +621,8 @@ async def _dry_run(args, where: Where, what: str, as_if: Callable[[State], tuple
     events, changes = as_if(state)
     timing = Timing(fixed=args.ready_after).learn(state)
     report = dry_run(state, events, time.time(), timing=timing, changes=changes)
-    print(render(report, what, args.output), flush=True)
+    text = render(report, what, args.output)
+    print(views.printable_lines(text) if args.output == "text" else text, flush=True)
     return OK
 
 
@@ -617,7 +645,7 @@ async def cmd_delete(args, where: Where) -> int:
                     f"delete: there is no api key {args.name}{did_you_mean(args.name, state.api_keys)}", NOT_FOUND
                 )
             event = ev.ApiKeyRemoved(at=time.time(), name=args.name)
-        seq = await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"ctl-{uuid.uuid4().hex}")
+        seq = await publish_event(bus, event)
         print(f"{args.kind.replace('apikey', 'api key')} {args.name} deleted (event {seq})", flush=True)
     finally:
         await bus.close()
@@ -634,7 +662,14 @@ async def cmd_delete(args, where: Where) -> int:
 async def publish_event(bus, event: ev.Event) -> int:
     """Publish one operator event on a bus already connected (as the operator); returns its sequence.
     The console publishes its actions through this too."""
-    return await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"ctl-{uuid.uuid4().hex}")
+    return await _publish_on(bus, event, f"ctl-{uuid.uuid4().hex}")
+
+
+async def _publish_on(bus, event: ev.Event, msg_id: str) -> int:
+    """Publish, tried again (the same Nats-Msg-Id: the stream drops a second
+    copy) while the bus is busy, within the command's deadline."""
+    subject, data = ev.subject_for(event), ev.encode(event)
+    return await deadline.retrying(f"a publish to {subject}", lambda: bus.publish(subject, data, msg_id=msg_id))
 
 
 async def _publish(where: Where, event: ev.Event) -> int:
@@ -733,7 +768,7 @@ async def cmd_explain(args, where: Where) -> int:
     if args.model not in state.models:
         raise _no_model("explain-placement", args.model, state.models)
     lines, data = explanation(state, args.model)
-    print("\n".join(lines) if args.output == "text" else views.for_tools(data, args.output))
+    print(views.printable_lines("\n".join(lines)) if args.output == "text" else views.for_tools(data, args.output))
     return OK
 
 
@@ -793,11 +828,12 @@ async def cmd_logs(args, where: Where) -> int:
             if not got:
                 raise CtlError(f"logs: the agents of {', '.join(nodes)} have no log of {args.replica}", NOT_FOUND)
             for shard, part in sorted(got.items()):
-                for line in part["lines"]:
-                    print(f"{shard}: {line}" if len(got) > 1 else line)
+                for line in part["lines"]:  # an engine's own words: escapes shown, never obeyed
+                    print(views.printable(f"{shard}: {line}" if len(got) > 1 else line))
             return OK
+        _lift_deadline()  # a follow runs until Ctrl-C
         async for shard, line in logs.follow(get, args.lines):
-            print(f"{shard}: {line}", flush=True)
+            print(views.printable(f"{shard}: {line}"), flush=True)
         return OK
     except ConnectionError as e:
         raise CtlError(f"logs: {e}", UNREACHABLE)
@@ -805,6 +841,12 @@ async def cmd_logs(args, where: Where) -> int:
         raise CtlError(f"logs: {e}", NOT_FOUND)
     finally:
         await bus.close()
+
+
+def _lift_deadline() -> None:
+    d = deadline.current()
+    if d is not None:
+        d.lift()
 
 
 def _listing(models: ReadModels, args, after: tuple[int, int] | None = None) -> list[dict]:
@@ -833,8 +875,8 @@ async def cmd_get_leader(args, where: Where) -> int:
 
     bus = await _connect(where)
     try:
-        entries = await bus.read_lease()
-        last = await bus.last_seq()
+        entries = await deadline.retrying("about the lease", bus.read_lease)
+        last = await deadline.retrying("about the log", bus.last_seq)
     finally:
         await bus.close()
     rows = []
@@ -894,6 +936,7 @@ async def cmd_get(args, where: Where) -> int:
     text = watch.first(rows)
     if text:
         print(text, flush=True)
+    _lift_deadline()  # what was asked for in time is shown; the watch runs until Ctrl-C
     # Follow: the rows are read again whenever the read models move, and what
     # differs is printed. Decisions and preemptions only ever grow: those
     # after the last one shown are the change (never the older ones --limit left out).
@@ -963,16 +1006,42 @@ VERBS = {
 }
 
 
+def command_timeout(args) -> float:
+    """The whole command's deadline: its --timeout, else its default (that
+    of its wait; CliConfig.command_timeout_s for a verb without --timeout)."""
+    if hasattr(args, "wait"):  # a change: --timeout bounds it all, publishing and waiting
+        return _timeout(args, args.wait)
+    given = getattr(args, "timeout", None)
+    return given if given is not None else CONFIG.command_timeout_s
+
+
 async def run(args) -> int:
     where = locate(args.nats, args.db, getattr(args, "creds", None))
+    command = None
     try:
-        return await VERBS[args.verb](args, where)
+        async with deadline.running(command_timeout(args)) as command:
+            return await VERBS[args.verb](args, where)
     except CtlError as e:
-        say(f"llmgw ctl: {e}")
+        say(f"llmgw ctl: {_clean(str(e))}")
         return e.status
     except (LookupError, TimeoutError) as e:  # no read models, no stream, the bus in trouble
-        say(f"llmgw ctl: {_said(e)}")
+        if command is not None and command.expired():
+            say(f"llmgw ctl: {args.verb}: NATS at {where.nats} did not answer in {command.seconds:g}s (--timeout): "
+                f"the bus is busy, electing a stream leader, or unreachable")
+            return UNREACHABLE
+        say(f"llmgw ctl: {_clean(_said(e))}")
         return UNREACHABLE
+    except BrokenPipeError:
+        raise  # the reader went away: llmgw/cli/main.py ends quietly (exit 141)
+    except Exception as e:  # never a traceback (issue 35): one line; NATS's own errors are exit 3
+        from_nats = type(e).__module__.split(".")[0] == "nats"
+        say(f"llmgw ctl: {args.verb}: {_clean(_said(e) if from_nats else f'{type(e).__name__}: {e}')}")
+        return UNREACHABLE if from_nats else NOT_FOUND
+
+
+def _clean(text: str) -> str:
+    """An error, as the terminal may show it: it can quote what the log said (a name, a reason)."""
+    return views.printable(text)
 
 
 def _said(e: Exception) -> str:

@@ -226,7 +226,8 @@ def cmd_console(args) -> None:
     from ..console.config import ConsoleConfig
     from .exits import Exit
 
-    where = locate(args.nats, args.db, args.creds)
+    where = locate(args.nats, args.db, None)  # (the tools' credential is not the console's: below)
+    creds = _console_creds(args)
     if args.listen in ("127.0.0.1", "localhost") and port_is_taken(args.port):
         _fail(f"llmgw console: the port {args.port} is taken: give another with --port", Exit.BAD_INPUT)
     try:
@@ -242,7 +243,7 @@ def cmd_console(args) -> None:
 
     async def main(stop: asyncio.Event) -> None:
         try:
-            await server.serve(where.nats, str(where.db) if where.db else None, where.creds, token, config, stop,
+            await server.serve(where.nats, str(where.db) if where.db else None, creds, token, config, stop,
                                on_ready=ready)
         except OSError as e:
             if isinstance(e, ConnectionError):
@@ -250,6 +251,28 @@ def cmd_console(args) -> None:
             _fail(f"llmgw console: cannot listen on {args.listen}:{args.port}: {e.strerror or e}", Exit.BAD_INPUT)
 
     _run_until_signalled(main)
+
+
+def _console_creds(args) -> str | None:
+    """The console's own credential (role console: it may publish only the
+    actions it offers; issue 35, finding 9). --creds when given, and it must be
+    a console's (not $LLMGW_CREDS: that is the tools' credential); else the
+    local `llmgw up`'s, issued on first use; else none (a NATS without auth)."""
+    from ..bus.auth import DEFAULTS, CredentialError, Keystore, speaker
+    from ..ctl.locate import find_state_dir
+    from .up import CONSOLE_NAME
+
+    try:
+        if args.creds:
+            speaker(args.creds, "console", None)
+            return args.creds
+        state = find_state_dir()
+        keys = Keystore(state / DEFAULTS.creds_dir) if state is not None else None
+        if keys is not None and keys.exists():
+            return str(keys.ensure("console", CONSOLE_NAME))
+    except CredentialError as e:
+        _fail(f"llmgw console: {e} (`llmgw creds issue console NAME` makes one)", 3)
+    return None
 
 
 def default_node_name() -> str:
@@ -508,10 +531,11 @@ ABOUT = {
     "console": (
         "Serve the web console: the fleet by site, room, row, rack and PDU, its models, replicas, decisions,\n"
         "preemptions and quotas, live; any moment of the log (time travel); why a model would go where; and\n"
-        "the operator's actions (labels, holds, restarts, retries), published as the operator. Only for whoever\n"
+        "the operator's actions (labels, holds, restarts, retries), published with the console's own credential,\n"
+        "which may publish those and nothing else (`llmgw creds issue console NAME`). Only for whoever\n"
         "opens the URL it prints (it carries the token); llmgw up runs one on --console-port.",
         ["llmgw console", "llmgw console --port 9081 --token-file .llmgw/console.token",
-         "llmgw console --listen 0.0.0.0 --nats nats://nats-1:4222 --db /var/lib/llmgw/rm.db --creds ops.creds"],
+         "llmgw console --listen 0.0.0.0 --nats nats://nats-1:4222 --db /var/lib/llmgw/rm.db --creds console.creds"],
     ),
     "projections": ("The SQLite read models that `llmgw ctl` reads.", ["llmgw projections rebuild"]),
     "projections rebuild": (
@@ -741,7 +765,8 @@ def parser() -> argparse.ArgumentParser:
     )
     console.add_argument(
         "--creds", metavar="FILE",
-        help="the operator's NATS credential: it publishes as the operator (default: $LLMGW_CREDS, else the local llmgw up's)",
+        help="the console's NATS credential (`llmgw creds issue console NAME`): it may publish only the actions the "
+        "console offers (default: the local llmgw up's, creds/console-local.creds)",
     )  # fmt: skip
     console.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
     console.set_defaults(func=cmd_console)

@@ -88,6 +88,26 @@ class StateDirInUse(RuntimeError):
     pass
 
 
+STATE_DIR_MODE = 0o700
+CONSOLE_NAME = "local"  # the name of its console's credential, creds/console-local.creds
+
+
+def private_state_dir(state: Path) -> None:
+    """The state dir, made readable by its owner alone; one made more open
+    (by an older llmgw, at 0755) is tightened, saying so. Why (issue 35,
+    finding 9): it held at 0755 the read models and the control plane's
+    snapshot, API-key hashes in both, readable by every local user; the key
+    store below it is 0700 itself, but the rest was not."""
+    import stat
+
+    state.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+    mode = stat.S_IMODE(state.stat().st_mode)
+    if mode != STATE_DIR_MODE:
+        os.chmod(state, STATE_DIR_MODE)
+        print(f"llmgw up: {state} was mode {mode:04o}, readable by others: now {STATE_DIR_MODE:04o} "
+              f"(its read models and snapshot hold API-key hashes)", file=sys.stderr, flush=True)
+
+
 def lock_state_dir(state: Path) -> int:
     """Hold the state dir for the life of this process: the open lock file.
 
@@ -143,7 +163,7 @@ def up(
     from . import demo as demo_mod
 
     state = Path(state_dir)
-    state.mkdir(parents=True, exist_ok=True)
+    private_state_dir(state)
     try:
         # Before anything is started or written (up.json above all).
         lock_state_dir(state)  # its descriptor stays open: held until this process ends
@@ -181,6 +201,8 @@ def up(
     try:
         keys = Keystore(state / AUTH.creds_dir).init()
         creds = {role: str(keys.ensure(role)) for role in ("control", "projector", "operator")}
+        # The console's own: it may publish only the actions it offers (bus/auth.py CONSOLE_ACTIONS).
+        creds["console"] = str(keys.ensure("console", CONSOLE_NAME))
         if agent:
             creds["agent"] = str(keys.ensure("agent", node))
         if gateway_port is not None:
@@ -239,7 +261,7 @@ def up(
         console_url = url_of(console_listen, console_port, token_from(str(token_file)))
         children.append(
             Child("console", [py, "-m", "llmgw", "console", "--nats", nats_url, "--db", str(db), "--port", str(console_port),
-                              "--listen", console_listen, "--token-file", str(token_file), "--creds", creds["operator"]])
+                              "--listen", console_listen, "--token-file", str(token_file), "--creds", creds["console"]])
         )  # fmt: skip
     stopping = False
 

@@ -6,7 +6,11 @@ Who may look: whoever presents the token `llmgw up` prints (in the URL once;
 it is then swapped for an HttpOnly, SameSite=Strict cookie, so it leaves the
 address bar and no script of the page can read it), or `Authorization:
 Bearer TOKEN`. Anything else gets 401 and no data: the console reads the
-whole fleet and publishes as the operator, with the operator's credential.
+whole fleet and publishes the operator's actions. It does so with a
+credential of its own (role console, llmgw/bus/auth.py): the server lets it
+publish those actions and nothing else of an operator's (not the catalog,
+keys or policy). It used the operator's until issue 35 found that a hole in
+the console then reached everything an operator may say.
 An action (POST) must also come from the console's own page: its Origin is
 the console's, and it carries X-LLMGW-Console (a header no form of another
 site can send without a preflight we never answer).

@@ -46,7 +46,8 @@ class SnapshotStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(f".{os.getpid()}.tmp")  # control planes may share a state dir
         data = msgspec.msgpack.encode(Snapshot(fold_version=FOLD_VERSION, log_id=log_id, seq=state.seq, state=encode_state(state)))
-        with open(tmp, "wb") as f:
+        # 0600: the state holds the API keys' hashes (issue 35: a state dir at 0755 showed them to every local user).
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -15,6 +15,16 @@ class CliConfig:
     projected_timeout_s: float = 30.0
     # ... and with --wait, this long for it to take effect (placed and ready; gone; replaced).
     effect_timeout_s: float = 300.0
+    # A command with no --timeout (explain-placement, logs) is bounded by this all the same (issue 35, finding 8).
+    command_timeout_s: float = 60.0
+    # Past a command's deadline, the backstop cancels what still waits on NATS this much later, so that the
+    # waits which check the deadline themselves (for the read models: exit 4; for the effect: exit 5) speak
+    # first (llmgw/ctl/deadline.py).
+    backstop_grace_s: float = 0.5
+    # A call the bus answers busy (a JetStream API 429) or not at all is tried again after this pause,
+    # doubled each time up to the longest, while the deadline leaves time.
+    retry_first_s: float = 0.25
+    retry_longest_s: float = 2.0
     # How often long work (a --wait, a rebuild, reading a long log, fetching weights) says where it stands.
     # $LLMGW_PROGRESS_S sets it (0: at every step, as the tests do).
     progress_every_s: float = 1.0

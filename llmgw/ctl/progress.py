@@ -8,6 +8,7 @@ import sys
 import time
 
 from .config import CONFIG
+from .printable import printable_lines
 
 
 class Progress:
@@ -29,7 +30,7 @@ class Progress:
 
     def say(self, text: str) -> None:
         self.told = True
-        print(text, file=sys.stderr, flush=True)
+        print(printable_lines(text), file=sys.stderr, flush=True)  # it quotes the read models' reasons
 
     def maybe(self, text_of) -> None:
         """Say `text_of()` if a line is due (text_of is called only then)."""

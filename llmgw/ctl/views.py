@@ -1,7 +1,8 @@
 """What `llmgw ctl get` and `describe` print: tables and pages for people,
 JSON and YAML for tools. The rows are the read models' (readmodels.py); this
 only chooses columns and words, and never hides a reason: reasons are shown
-as the log has them.
+as the log has them, their control characters escaped (printable.py: a
+node's label carried terminal escape codes to the operator's terminal).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import yaml
 from ..core.facility import KINDS as KINDS_OF_PLACE
 from ..core.facility import watts as _watts
 from ..text import table, when
+from .printable import printable, printable_data, printable_lines  # noqa: F401 (the CLI's printers use them from here)
 
 KINDS = ("models", "nodes", "replicas", "decisions", "quotas", "preemptions", "domains", "leader", "policy")
 # Every name a kind goes by, as kubectl takes them: plural, singular, short.
@@ -287,6 +289,7 @@ def render(kind: str, rows: list[dict], output: str, *, headers: bool = True, wi
     columns), names, or the rows as one JSON or YAML document."""
     if output in ("json", "yaml"):
         return for_tools(rows, output)
+    rows = printable_data(rows)
     if output == "name":
         return "\n".join(name_of(kind, r) for r in rows)
     if not rows:
@@ -312,7 +315,7 @@ class Watch:
         if self.output not in ("table", "wide"):
             return render(self.kind, rows, self.output, headers=self.headers)
         header = ["EVENT", *header_of(self.kind, self.output)]
-        lines = [["", *cells_of(self.kind, r, self.output)] for r in rows]
+        lines = [["", *cells_of(self.kind, r, self.output)] for r in printable_data(rows)]
         # Room for the longest event word, and for rows to come a little wider than these.
         lines.append(["MODIFIED", *header[1:]])
         self.widths = widths_of(lines, header, None if self.output == "wide" else self.width)
@@ -323,6 +326,7 @@ class Watch:
             return json.dumps({"type": change, "object": with_iso_times(row)})
         if self.output == "yaml":
             return "---\n" + yaml.safe_dump({"type": change, "object": with_iso_times(row)}, sort_keys=False).rstrip()
+        row = printable_data(row)
         if self.output == "name":
             return f"{change} {name_of(self.kind, row)}"
         return line_of([change, *cells_of(self.kind, row, self.output)], self.widths)
@@ -421,4 +425,4 @@ def describe_text(kind: str, page: dict) -> str:
 def describe(kind: str, page: dict, output: str) -> str:
     if output in ("json", "yaml"):
         return for_tools(page, output)
-    return describe_text(kind, page)
+    return describe_text(kind, printable_data(page))

@@ -16,6 +16,7 @@ would fsync on every commit for nothing the log does not already give.
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -35,6 +36,14 @@ PRAGMAS = (
 
 async def connect(path: str | Path) -> aiosqlite.Connection:
     """A connection in autocommit mode: transactions are explicit BEGIN/COMMIT."""
+    # A new file is its owner's alone (SQLite gives its -wal and -shm the same
+    # mode): the rows hold API-key hashes (issue 35). An existing one keeps the
+    # mode an operator gave it.
+    if str(path) != ":memory:":
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            pass
     # The batch writer prepares ~60 statements (statements.py): all stay cached.
     conn = await aiosqlite.connect(str(path), isolation_level=None, cached_statements=256)
     for pragma in PRAGMAS:
