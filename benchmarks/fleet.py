@@ -89,7 +89,7 @@ class Up:
     def start(self) -> float:
         log = open(self.root / "up.log", "ab")
         self.proc = subprocess.Popen(
-            [PY, "-m", "llmgw", "up", "--no-agent", "--no-demo", "--no-gateway", "--nats-port", str(self.nats_port),
+            [PY, "-m", "llmgw", "up", "--no-agent", "--no-demo", "--no-gateway", "--no-console", "--nats-port", str(self.nats_port),
              "--metrics-port", str(self.metrics_port), "--state-dir", str(self.state)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root, start_new_session=True,
         )  # fmt: skip

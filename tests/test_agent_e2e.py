@@ -257,7 +257,7 @@ def test_up_on_a_fresh_folder_answers_a_chat_completion_from_the_real_model_thro
     state_dirs.append(state / "agent")
     proc = subprocess.Popen(
         [sys.executable, "-m", "llmgw", "up", "--nats-port", str(port), "--state-dir", str(state),
-         "--gateway-port", str(gateway_port), "--engine-ports", engine_ports()],
+         "--gateway-port", str(gateway_port), "--console-port", str(free_port()), "--engine-ports", engine_ports()],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=tmp_path,
         stdin=subprocess.DEVNULL,
     )  # fmt: skip

@@ -63,7 +63,7 @@ class Up:
         with open(self.out, "wb") as out:
             self.proc = subprocess.Popen(
                 # Simulated agents only: no local agent, so no demo model either.
-                [sys.executable, "-m", "llmgw", "up", "--nats-port", str(self.port), "--no-agent", "--no-gateway", *more],
+                [sys.executable, "-m", "llmgw", "up", "--nats-port", str(self.port), "--no-agent", "--no-gateway", "--console-port", str(free_port()), *more],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=folder, start_new_session=True,
             )
         self.url = f"nats://127.0.0.1:{self.port}"

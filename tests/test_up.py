@@ -45,7 +45,7 @@ def start_up(tmp_path, port: int, gateway_port: int = 0, extra: tuple = ("--no-a
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "llmgw", "up", "--nats-port", str(port), "--state-dir", str(tmp_path / "state"),
-            "--gateway-port", str(gateway_port or free_port()), "--engine-ports", engine_ports(), *extra,
+            "--gateway-port", str(gateway_port or free_port()), "--console-port", str(free_port()), "--engine-ports", engine_ports(), *extra,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -133,12 +133,12 @@ def test_up_says_clearly_when_its_port_is_taken(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        out = run_llmgw("up", "--nats-port", str(port), "--gateway-port", str(free_port()), "--state-dir",
+        out = run_llmgw("up", "--nats-port", str(port), "--gateway-port", str(free_port()), "--console-port", str(free_port()), "--state-dir",
                         str(tmp_path / "s"), "--no-agent", timeout=30)
         assert out.returncode == 2
         assert f"port {port} on 127.0.0.1 is taken" in out.stderr
         # The gateway's too, before anything is started.
-        out = run_llmgw("up", "--nats-port", str(free_port()), "--gateway-port", str(port), "--state-dir",
+        out = run_llmgw("up", "--nats-port", str(free_port()), "--gateway-port", str(port), "--console-port", str(free_port()), "--state-dir",
                         str(tmp_path / "s2"), "--no-agent", timeout=30)
         assert out.returncode == 2
         assert f"the gateway's port {port} is taken: give another with --gateway-port" in out.stderr
@@ -213,7 +213,7 @@ def test_a_rerun_of_up_right_after_ctrl_c_serves_again_and_places_nothing_twice(
     nats_port, gateway_port = free_port(), free_port()
     nats = f"nats://127.0.0.1:{nats_port}"
     argv = ("up", "--state-dir", str(tmp_path / "state"), "--nats-port", str(nats_port),
-            "--gateway-port", str(gateway_port), "--name", "node-a", "--engine-ports", engine_ports())  # fmt: skip
+            "--gateway-port", str(gateway_port), "--console-port", str(free_port()), "--name", "node-a", "--engine-ports", engine_ports())  # fmt: skip
     first = processes.start("up-1", *argv)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway_port}/v1", api_key="unused", timeout=30, max_retries=0)
     try:
@@ -260,7 +260,7 @@ def test_a_second_up_on_the_same_folder_refuses_naming_the_first(tmp_path):
         other_nats, other_gateway = free_port(), free_port()
         second = subprocess.Popen(
             [sys.executable, "-m", "llmgw", "up", "--nats-port", str(other_nats), "--gateway-port", str(other_gateway),
-             "--state-dir", str(tmp_path / "state"), "--no-agent"],
+             "--console-port", str(free_port()), "--state-dir", str(tmp_path / "state"), "--no-agent"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path,
         )  # fmt: skip
         try:
