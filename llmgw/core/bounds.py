@@ -55,8 +55,9 @@ MAX_NODE_WATTS = 10_000_000.0
 MAX_DOMAIN_WATTS = 10_000_000_000.0
 # Nodes one replica spans (one shard per node).
 MAX_SHARDS_PER_REPLICA = 1024
-# Shards one node runs (each has a port of its own: far below 65,535).
-MAX_SHARDS_PER_NODE = 4096
+# Shards one node runs: each holds a port of its own, so at most one per
+# port (tests/test_placement.py fills a node's whole range with 10,000).
+MAX_SHARDS_PER_NODE = 65_536
 # Replicas of one model, replicas named in one restart, actions of one pass:
 # a million single-GPU replicas is 16,000 nodes of 64 GPUs each.
 MAX_REPLICAS = 2**20

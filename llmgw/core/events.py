@@ -520,6 +520,35 @@ class LeaderElected(Event, tag="leader.elected"):
     basis: b.Seq = 0
 
 
+
+class NodeMuted(Event, tag="node.muted"):
+    """The control plane stopped listening to a node that spoke past its
+    rate (control/rates.py): from this event on, the fold quarantines
+    everything that node's agent publishes ("muted"), and its replicas are
+    lost with it (replaced elsewhere), until an operator unmutes it.
+
+    Why: one node's credential stored ~609,000 events in seconds (issue 35,
+    finding 6); the control plane fell 574,000 events behind and an
+    operator's change waited more than two minutes. The server keeps what a
+    node publishes; the fold need not read it. A decision in the log, so a
+    replay mutes at the same place."""
+
+    node: b.NodeName
+    rate: b.EventRate  # events a second the control plane counted
+    limit: b.EventRate  # the rate it allows a node (ControlConfig.node_rate)
+    window_s: b.Duration = 0.0  # over how long the rate was averaged
+    events: b.Counter = 0  # how many events it counted in that window
+    basis: b.Seq = 0
+
+
+class NodeUnmuted(Event, tag="node.unmuted"):
+    """An operator unmuted a node (`llmgw ctl node unmute NODE`): its agent is
+    heard again from here on; it registers again to be given work."""
+
+    node: b.NodeName
+    reason: b.Text = ""
+
+
 AnyEvent = Union[
     ModelApplied,
     ModelRemoved,
@@ -543,6 +572,8 @@ AnyEvent = Union[
     FacilityApplied,
     NodePower,
     PolicyApplied,
+    NodeMuted,
+    NodeUnmuted,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
@@ -571,6 +602,8 @@ ORIGIN: dict[type[Event], str] = {
     FacilityApplied: "ctl",
     NodePower: "agent",
     PolicyApplied: "ctl",
+    NodeMuted: "control",
+    NodeUnmuted: "ctl",
 }
 
 
