@@ -34,6 +34,8 @@ def _unbounded(t: msgspec.inspect.Type, where: str, seen: set) -> list[str]:
     """The fields under `t` that have no bound: an int or float without both
     ends, a str or list or dict without a maximum length."""
     i = msgspec.inspect
+    if isinstance(t, i.Metadata):  # a description of why the bound is what it is
+        return _unbounded(t.type, where, seen)
     if isinstance(t, (i.IntType, i.FloatType)):
         return [] if t.ge is not None and t.le is not None else [where]
     if isinstance(t, i.StrType):
