@@ -184,3 +184,20 @@ def test_a_burst_is_allowed_a_flood_is_not_and_the_window_slides():
     # A window later, the old counts are gone.
     assert not rates.count("a", 106.0)
     assert rates.seen("a") == (1, 1.0)
+
+
+# --------------------------------------------------------------------------- the control plane's own words
+
+
+def test_a_decision_with_a_reason_past_the_bounds_is_cut_to_fit_not_quarantined():
+    from llmgw.core.bounds import TEXT_LEN, fit_action
+
+    long = "node n refused: no GPU free; " * 2000  # 16,000 nodes' refusals, said at once
+    actions = [fit_action(ev.ModelWaiting(model="m", reason=long)),
+               fit_action(ev.PlaceReplica(replica="m-1", model="m", profile="p", fingerprint="", shards=[],
+                                          reason="r", rejections=[long] * (bounds.MAX_REJECTIONS + 5)))]
+    assert len(actions[0].reason) == TEXT_LEN and actions[0].reason.endswith("more characters)")
+    assert len(actions[1].rejections) == bounds.MAX_REJECTIONS
+    state = State()
+    apply(state, 1, "llmgw.control.control.decided", ev.encode(ev.Decided(at=1.0, basis=0, actions=actions)))
+    assert state.quarantine_count == 0

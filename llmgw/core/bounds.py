@@ -220,3 +220,37 @@ ReplicaIds = many(ReplicaId, MAX_REPLICAS)
 Rejections = many(Text, MAX_REJECTIONS)
 Budgets = mapping(Domain, DomainWatts, MAX_DOMAINS)
 GpuDraws = mapping(GpuIndex, GpuWatts, MAX_GPUS_PER_NODE)
+
+
+# --------------------------------------------------------------------------- the control plane's own words
+
+
+def clip(text: str, most: int = TEXT_LEN) -> str:
+    """`text` cut to fit a bound, saying so."""
+    if len(text) <= most:
+        return text
+    more = f"... ({len(text) - most} more characters)"
+    return text[: most - len(more)] + more
+
+
+def fit_action(action) -> object:
+    """An action of the control plane's, within the contract's bounds.
+
+    The control plane's decisions are events like any other: one past a
+    bound would be quarantined, and the next pass would decide it again, for
+    ever. Its reasons are built from what the fleet holds (every node's
+    refusal, every domain's), so at 16,000 nodes one could outgrow TEXT_LEN:
+    cut here, in the pure core, so a replay decides the same. Actions past
+    any other bound cannot be made from a state the bounds let in."""
+    reason = getattr(action, "reason", "")
+    if len(reason) > TEXT_LEN:
+        action.reason = clip(reason)
+    rejections = getattr(action, "rejections", None)
+    if rejections and (len(rejections) > MAX_REJECTIONS or any(len(r) > TEXT_LEN for r in rejections)):
+        action.rejections = [clip(r) for r in rejections[:MAX_REJECTIONS]]
+    if getattr(action, "inventory", "") and len(action.inventory) > LONG_TEXT_LEN:
+        action.inventory = clip(action.inventory, LONG_TEXT_LEN)
+    for victim in getattr(action, "victims", ()):
+        if len(victim.why) > TEXT_LEN:
+            victim.why = clip(victim.why)
+    return action
