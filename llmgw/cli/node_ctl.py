@@ -15,6 +15,10 @@ from ..core import events as ev
 from ..core.catalog import NAME_RE
 
 ABOUT = {
+    "ctl node": (
+        "Act on one node. `unmute`: hear again a node the control plane muted for speaking past its rate.",
+        ["llmgw ctl node unmute gpu-7 --reason 'agent fixed'"],
+    ),
     "ctl node unmute": (
         "Hear a node again that the control plane muted for speaking past its rate (`llmgw ctl get decisions`\n"
         "and the control plane's log say when and at what rate). Until then everything its agent publishes is\n"

@@ -299,9 +299,9 @@ class NodeRegistered(Event, tag="node.registered"):
 class ShardStatus(Event, tag="shard.status"):
     """An agent reports what became of one shard it was told to run."""
 
-    node: b.NodeName
-    replica: b.ReplicaId
-    shard: b.ShardId
+    node: b.NodeRef
+    replica: b.ReplicaRef
+    shard: b.ShardRef
     generation: b.Seq
     state: ShardState
     reason: b.Text = ""
@@ -309,7 +309,7 @@ class ShardStatus(Event, tag="shard.status"):
     # The name the agent gave the engine at start, which it lists in its
     # GET /v1/models: a gateway serves the replica only from an engine that
     # lists it ("" : the engine carries none, and is taken on its endpoint).
-    identity: b.Identity = ""
+    identity: b.IdentityRef = ""
 
 
 class NodePorts(Event, tag="node.ports"):
@@ -336,7 +336,7 @@ class NodePorts(Event, tag="node.ports"):
     node's (not counted towards parking the model), and when one of those
     ports is free again."""
 
-    node: b.NodeName
+    node: b.NodeRef
     taken: b.Ports = []
 
 
@@ -346,7 +346,7 @@ class NodePower(Event, tag="node.power"):
     changes by enough to matter, at most every few seconds, so that the draw
     placement counts is in the log and replay decides the same."""
 
-    node: b.NodeName
+    node: b.NodeRef
     watts: b.NodeWatts = 0.0  # the node's GPUs together
     gpus: b.GpuDraws = {}  # per GPU index, where known
 
@@ -362,8 +362,8 @@ class ModelLoad(Event, tag="model.load"):
     ready replica counts as queued, which is how an on-demand model is woken.
     `last_used` is when this gateway last sent the model a request."""
 
-    gateway: b.GatewayName
-    model: b.AskedModel
+    gateway: b.GatewayRef
+    model: b.ModelRef
     in_flight: b.Counter = 0
     queued: b.Counter = 0
     last_used: b.Time = 0.0
@@ -377,23 +377,23 @@ class ModelLoad(Event, tag="model.load"):
 
 
 class ShardPlacement(Struct):
-    shard: b.ShardId
-    node: b.NodeName
+    shard: b.ShardRef
+    node: b.NodeRef
     rank: b.Rank
     gpus: b.GpuIndices
     port: b.Port
 
 
 class PlaceReplica(Struct, tag_field="action", tag="place"):
-    replica: b.ReplicaId
-    model: b.ModelName
-    profile: b.ProfileName
-    fingerprint: b.Fingerprint
+    replica: b.ReplicaRef
+    model: b.ModelRef
+    profile: b.ProfileRef
+    fingerprint: b.FingerprintRef
     shards: b.many(ShardPlacement, b.MAX_SHARDS_PER_REPLICA)
     reason: b.Text
     # A replica stopped in the same pass whose GPUs and ports this one takes
     # over: its shards start once the old ones on their node have exited.
-    replaces: b.ReplicaId = ""
+    replaces: b.ReplicaRef = ""
     # The facility's refusals this placement met on its way, by domain
     # (`rack/r4-12 is held: maintenance`): kept on the replica for
     # `ctl describe replica`, since the state that caused them passes.
@@ -401,7 +401,7 @@ class PlaceReplica(Struct, tag_field="action", tag="place"):
 
 
 class StopReplica(Struct, tag_field="action", tag="stop"):
-    replica: b.ReplicaId
+    replica: b.ReplicaRef
     reason: b.Text
     # Drain first: no new requests, and up to this long for those in flight.
     drain_s: b.Duration = 0.0
@@ -410,7 +410,7 @@ class StopReplica(Struct, tag_field="action", tag="stop"):
 class ScaleModel(Struct, tag_field="action", tag="scale"):
     """The number of replicas a model should run changes, and why."""
 
-    model: b.ModelName
+    model: b.ModelRef
     desired: b.ReplicaCount
     reason: b.Text
 
@@ -419,7 +419,7 @@ class RestartReplica(Struct, tag_field="action", tag="restart"):
     """A replica's restart begins: it keeps serving until its replacement does
     (or, `in_place`, it is stopped in this same pass)."""
 
-    replica: b.ReplicaId
+    replica: b.ReplicaRef
     reason: b.Text
     in_place: bool = False
 
@@ -427,15 +427,15 @@ class RestartReplica(Struct, tag_field="action", tag="restart"):
 class RefuseRestart(Struct, tag_field="action", tag="refuse-restart"):
     """A restart is given up; the replica keeps serving, with the reason kept on it."""
 
-    replica: b.ReplicaId
+    replica: b.ReplicaRef
     reason: b.Text
 
 
 class Victim(Struct):
     """One replica stopped to make room, and why it was the one."""
 
-    replica: b.ReplicaId
-    model: b.ModelName
+    replica: b.ReplicaRef
+    model: b.ModelRef
     priority: b.Priority
     tier: b.SmallCount
     why: b.Text  # the tier, in words
@@ -448,7 +448,7 @@ class Preempt(Struct, tag_field="action", tag="preempt"):
     victims follow in the same pass. `inventory` says what the nodes
     involved had free before, for whoever asks why later."""
 
-    model: b.ModelName
+    model: b.ModelRef
     victims: b.many(Victim, b.MAX_VICTIMS)
     reason: b.Text
     inventory: b.LongText = ""
@@ -461,22 +461,22 @@ class ParkModel(Struct, tag_field="action", tag="park"):
     """A model whose replicas keep failing to start is placed no more until
     an operator retries it (`llmgw ctl retry`)."""
 
-    model: b.ModelName
+    model: b.ModelRef
     reason: b.Text
 
 
 class ModelWaiting(Struct, tag_field="action", tag="wait"):
     """The model wants more replicas than it could get; `reason` says why."""
 
-    model: b.ModelName
+    model: b.ModelRef
     reason: b.Text
 
 
 class StopStray(Struct, tag_field="action", tag="stop-stray"):
     """A running shard that no model claims is stopped; its port stays taken until it exits."""
 
-    node: b.NodeName
-    shard: b.ShardId
+    node: b.NodeRef
+    shard: b.ShardRef
     generation: b.Seq
     reason: b.Text
 
@@ -501,7 +501,7 @@ class Decided(Event, tag="control.decided"):
 class NodeLost(Event, tag="node.lost"):
     """The control plane stopped hearing a node's heartbeat; its shards are gone."""
 
-    node: b.NodeName
+    node: b.NodeRef
     reason: b.Text
     basis: b.Seq = 0
 
