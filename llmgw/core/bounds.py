@@ -99,24 +99,26 @@ LONG_TEXT_LEN = 1 << 20  # a preemption's inventory of the nodes involved
 OWNER_LEN = 1024  # a path of up to 16 names
 
 # --------------------------------------------------------------------------- character sets (anchored: msgspec searches)
+#
+# A strict set only where the fold already refused anything else (a node's
+# name at registration, a model's name, an owner's path, a credential's
+# name): the log is forever, and a narrower set would refuse events it once
+# folded (a model owned by "qwen2.5", a domain "rack/r 1"). Elsewhere a name
+# refuses only control characters, which no name holds and which would
+# reach an operator's terminal (issue 35, finding 9: escape codes in a
+# node's labels).
 
 # A token of a NATS subject (node, gateway): what NATS and the fold's
 # NAME_RE (catalog.py) allow.
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
-# Replica ids ("model-3"), shard ids ("model-3.0"), profile names, api key
-# and leader names: the model names' characters, and @ + for what
-# engines are told (identities: "model@model-3.0/8").
+# Replica ids ("model-3") and shard ids ("model-3.0"): the model names'
+# characters, and @ + for what engines are told ("model@model-3.0/8").
 ID_PATTERN = r"^[A-Za-z0-9._:/@+-]*$"
 OWNER_PATTERN = r"^([A-Za-z0-9_-]{1,64}(/[A-Za-z0-9_-]{1,64})*)?$"
-LABEL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
-# Printable ASCII: a label value, a GPU's model name, an agent's name. No
-# control character, so none reaches an operator's terminal (issue 35,
-# finding 9: escape codes in a node's labels).
-PRINTABLE_PATTERN = r"^[\x20-\x7e]*$"
-# Printable ASCII without spaces: an endpoint URL, an engine name.
+# Printable ASCII without spaces: what an engine answers to.
 VISIBLE_PATTERN = r"^[\x21-\x7e]*$"
-# Anything but C0 control characters and DEL: a path, an argument.
+# Anything but C0 control characters and DEL: a path, a label, most names.
 NO_CONTROL_PATTERN = r"^[^\x00-\x1f\x7f]*$"
 HEX_PATTERN = r"^[0-9a-fA-F]*$"
 WORD_PATTERN = r"^[a-z_-]*$"
@@ -168,30 +170,37 @@ EventRate = _float(0.0, 1e12, "events a second")
 NodeName = _str(NAME_LEN, NAME_PATTERN, "a node: a token of a NATS subject", 1)
 GatewayName = _str(NAME_LEN, NAME_PATTERN, "a gateway: a token of a NATS subject", 1)
 ModelName = _str(MODEL_NAME_LEN, MODEL_NAME_PATTERN, "a model or alias", 1)
-ProfileName = _str(MODEL_NAME_LEN, ID_PATTERN, "a profile of a model", 1)
+ProfileName = _str(MODEL_NAME_LEN, NO_CONTROL_PATTERN, "a profile of a model", 1)
 ReplicaId = _str(ID_LEN, ID_PATTERN, "a replica's id")
 ShardId = _str(ID_LEN, ID_PATTERN, "a shard's id")
 Identity = _str(ID_LEN * 2, VISIBLE_PATTERN, "what an engine answers to")
 OwnerPath = _str(OWNER_LEN, OWNER_PATTERN, "an owner: names joined by /")
-LabelKey = _str(LABEL_KEY_LEN, LABEL_KEY_PATTERN, "a label's name (or a short kind: rack)", 1)
-LabelValue = _str(LABEL_VALUE_LEN, PRINTABLE_PATTERN, "a label's value")
-Domain = _str(LABEL_KEY_LEN + LABEL_VALUE_LEN, ID_PATTERN, "a facility domain: KIND/NAME")
+# An owner a model or a key names: the fold never checked it (a model's
+# owner need not be defined; one named "qwen2.5" was folded), so only what
+# no name holds is refused.
+OwnerName = _str(OWNER_LEN, NO_CONTROL_PATTERN, "an owner, as a model or key names it")
+AliasName = _str(MODEL_NAME_LEN, NO_CONTROL_PATTERN, "another name of a model")
+LabelKey = _str(LABEL_KEY_LEN, NO_CONTROL_PATTERN, "a label's name (or a short kind: rack)", 1)
+LabelValue = _str(LABEL_VALUE_LEN, NO_CONTROL_PATTERN, "a label's value")
+Domain = _str(LABEL_KEY_LEN + LABEL_VALUE_LEN, NO_CONTROL_PATTERN, "a facility domain: KIND/NAME")
 DomainKind = _str(32, WORD_PATTERN, "a kind of facility domain")
-Engine = _str(NAME_LEN, VISIBLE_PATTERN, "an engine's name")
+Engine = _str(NAME_LEN, NO_CONTROL_PATTERN, "an engine's name")
 EnginePath = _str(PATH_LEN, NO_CONTROL_PATTERN, "a path or an argument")
-GpuModel = _str(LABEL_VALUE_LEN, PRINTABLE_PATTERN, "a GPU's model name")
+# An engine's argument may hold a newline (a chat template): a length only.
+ArgText = _str(PATH_LEN, None, "an engine's argument")
+GpuModel = _str(LABEL_VALUE_LEN, NO_CONTROL_PATTERN, "a GPU's model name")
 Fingerprint = _str(64, HEX_PATTERN, "a profile's digest")
 KeySha256 = _str(64, HEX_PATTERN, "an api key's SHA-256")
-KeyName = _str(MODEL_NAME_LEN, ID_PATTERN, "an api key's name")
+KeyName = _str(MODEL_NAME_LEN, NO_CONTROL_PATTERN, "an api key's name")
 # A URL a gateway connects to: any node may name any address it likes, so
 # a character set would add nothing but a search per ready status.
 Endpoint = _str(PATH_LEN, None, "a URL")
-AgentName = _str(LABEL_VALUE_LEN, PRINTABLE_PATTERN, "which agent instance spoke")
+AgentName = _str(LABEL_VALUE_LEN, NO_CONTROL_PATTERN, "which agent instance spoke")
 # Said only by the control credential, in every decision: a length, no search.
 Leader = _str(MODEL_NAME_LEN, None, "a control plane's id")
 Role = _str(32, WORD_PATTERN, "a credential's role")
 PublicKey = _str(128, NKEY_PATTERN, "an NKey")
-Priority = _str(32, WORD_PATTERN, "a model's priority class")
+Priority = _str(32, NO_CONTROL_PATTERN, "a model's priority class")
 Word = _str(64, ID_PATTERN, "a short word")
 # A name said again, in the events most of a log is (a shard's status, a
 # gateway's load, a decision's shards): bounded in length only. Its
@@ -230,8 +239,8 @@ GpuIndices = many(GpuIndex, MAX_GPUS_PER_NODE)
 Ports = many(Port, MAX_PORT + 1)
 Labels = mapping(LabelKey, LabelValue, MAX_LABELS)
 LabelKeys = many(LabelKey, MAX_LABELS)
-Args = many(EnginePath, MAX_ARGS)
-Aliases = many(ModelName, MAX_ALIASES)
+Args = many(ArgText, MAX_ARGS)
+Aliases = many(AliasName, MAX_ALIASES)
 ReplicaIds = many(ReplicaId, MAX_REPLICAS)
 Rejections = many(Text, MAX_REJECTIONS)
 Budgets = mapping(Domain, DomainWatts, MAX_DOMAINS)

@@ -85,7 +85,7 @@ class ModelSpec(Struct):
     name: b.ModelName
     profiles: b.many(ProfileSpec, b.MAX_PROFILES)
     aliases: b.Aliases = []
-    owner: b.OwnerPath = ""
+    owner: b.OwnerName = ""
     min_replicas: b.ReplicaCount = 1
     max_replicas: b.ReplicaCount = 0  # 0: as many as min_replicas
     # Scaling on load (what the gateways report in flight and queued): the
@@ -162,7 +162,7 @@ class ModelApplied(Event, tag="model.applied"):
 
 
 class ModelRemoved(Event, tag="model.removed"):
-    name: b.ModelName
+    name: b.ModelRef
 
 
 class ReplicasRestart(Event, tag="replicas.restart"):
@@ -181,7 +181,7 @@ class ReplicasRestart(Event, tag="replicas.restart"):
 class ModelRetry(Event, tag="model.retry"):
     """An operator unparks a model whose replicas kept failing to start."""
 
-    name: b.ModelName
+    name: b.ModelRef
 
 
 class OwnerApplied(Event, tag="owner.applied"):
@@ -195,7 +195,7 @@ class OwnerApplied(Event, tag="owner.applied"):
 
 
 class OwnerRemoved(Event, tag="owner.removed"):
-    name: b.OwnerPath
+    name: b.OwnerName
 
 
 class ApiKeyApplied(Event, tag="apikey.applied"):
@@ -203,7 +203,7 @@ class ApiKeyApplied(Event, tag="apikey.applied"):
     kept: the key itself is never in the log."""
 
     name: b.KeyName
-    owner: b.OwnerPath
+    owner: b.OwnerName
     key_sha256: b.KeySha256
     requests_per_minute: b.Counter = 0  # 0: no limit
     tokens_per_minute: b.Counter = 0
@@ -230,7 +230,7 @@ class NodeLabeled(Event, tag="node.labeled"):
     agent's show again. Keys are short kinds (site, room, row, rack, pdu) or
     whole label names; the fold keeps whole names (llmgw.io/rack)."""
 
-    node: b.NodeName
+    node: b.NodeRef
     set: b.Labels = {}
     remove: b.LabelKeys = []
 
