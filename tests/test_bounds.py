@@ -201,3 +201,9 @@ def test_a_decision_with_a_reason_past_the_bounds_is_cut_to_fit_not_quarantined(
     state = State()
     apply(state, 1, "llmgw.control.control.decided", ev.encode(ev.Decided(at=1.0, basis=0, actions=actions)))
     assert state.quarantine_count == 0
+
+
+def test_a_node_past_its_rate_long_ago_is_not_past_it_now():
+    rates = NodeRates(rate=10.0, window_s=5, burst=20)
+    assert [rates.count("a", 100.0) for _ in range(71)][-1]
+    assert rates.past("a", 100.9) and not rates.past("a", 106.0) and not rates.past("b", 100.0)

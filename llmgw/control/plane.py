@@ -447,7 +447,7 @@ class ControlPlane:
         from then on every reader of the log skips what it says."""
         past, self._past_rate = self._past_rate, set()
         for node in sorted(past):
-            if node in self.state.muted:
+            if node in self.state.muted or not self.rates.past(node, time.monotonic()):
                 continue
             events, rate = self.rates.seen(node)
             limit = self.config.node_rate

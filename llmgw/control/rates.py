@@ -63,20 +63,36 @@ class NodeRates:
                 self._windows.clear()
             w = self._windows[node] = _Window(second, self.window_s)
         elif second != w.second:
-            width = self.window_s
-            if second - w.second >= width:
-                w.counts = [0] * width
-                w.total = 0
-                w.first = second
-            else:
-                for s in range(w.second + 1, second + 1):
-                    i = s % width
-                    w.total -= w.counts[i]
-                    w.counts[i] = 0
-            w.second = second
+            self._slide(w, second)
         w.counts[second % self.window_s] += 1
         w.total += 1
         return w.total > self.allowed
+
+    def past(self, node: str, now: float) -> bool:
+        """Whether the node's window ending at `now` holds more than it may
+        (a standby that counted a flood and leads later mutes only a node
+        still past its rate)."""
+        w = self._windows.get(node)
+        if w is None:
+            return False
+        second = math.floor(now)
+        if second > w.second:
+            self._slide(w, second)
+        return w.total > self.allowed
+
+    def _slide(self, w: _Window, second: int) -> None:
+        """Move the window's end to `second`, forgetting the seconds it leaves."""
+        width = self.window_s
+        if second - w.second >= width:
+            w.counts = [0] * width
+            w.total = 0
+            w.first = second
+        else:
+            for s in range(w.second + 1, second + 1):
+                i = s % width
+                w.total -= w.counts[i]
+                w.counts[i] = 0
+        w.second = second
 
     def seen(self, node: str) -> tuple[int, float]:
         """(events in the window, events a second averaged over the part of
