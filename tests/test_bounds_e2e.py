@@ -166,6 +166,10 @@ def test_a_flooding_node_is_muted_its_replica_moves_and_an_operators_change_is_p
     assert state.nodes[flooder].state == "lost" and state.nodes[flooder].reason.startswith("muted")
     (muted,) = [d for d in _decoded(fleet) if isinstance(d, ev.NodeMuted)]
     assert muted.node == flooder and muted.limit == NODE_RATE and muted.rate > NODE_RATE and muted.events > NODE_BURST
+    decisions = fleet.ctl("get", "decisions", "-o", "json")
+    assert decisions.returncode == 0, decisions.stderr
+    assert any(d["kind"] == "node-muted" and d["node"] == flooder and "past its limit" in d["reason"]
+               for d in json.loads(decisions.stdout)), decisions.stdout
     # What it says from now on is quarantined unread.
     fleet.publish_as(flooder, [(f"llmgw.agent.{flooder}.node.power", msgspec.json.encode(power))] * 5)
     _until(lambda: sum(q.error.startswith(f"muted: node {flooder}") for q in _fold(fleet.server).quarantined) >= 5, 10,
