@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -30,8 +31,13 @@ from .test_auth import _fold, _until
 
 pytestmark = pytest.mark.timeout(150)
 
-# More than a node may send in one window (control/rates.py), sent at once.
-FLOOD = int(NODE_RATE * NODE_RATE_WINDOW_S + NODE_BURST) * 3
+# More than a node may send in one window (control/rates.py), sent at once
+# (LLMGW_FLOOD sets another size, to measure: the test prints its figures).
+# Much more is held up by nats-server's own ingest, which muting cannot
+# help: 100,000 at once took the server ~45 s to store here (2 shared
+# cores), and no consumer was delivered anything meanwhile; the mute came
+# 1 s after delivery resumed. Bounding that is the bus's limits' part.
+FLOOD = int(os.environ.get("LLMGW_FLOOD", 0)) or int(NODE_RATE * NODE_RATE_WINDOW_S + NODE_BURST) * 3
 
 
 class Fleet:
