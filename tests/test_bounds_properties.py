@@ -208,3 +208,27 @@ def test_the_longest_registration_and_the_largest_model_fold_place_snapshot_proj
     assert [r.state for r in state.replicas.values()] == ["ready"]  # one fits: two nodes of 256 GPUs
     assert state.quarantine_count == 0
     assert state.nodes["a" * 64].cpu_used == bounds.MAX_CPU_CORES // 2
+
+
+def test_messages_past_every_bound_are_quarantined_and_projected_as_such():
+    """The worst that can arrive, not only the worst the bounds accept: each
+    is listed in the read models as not an event, with the reason."""
+    raw = [
+        {"type": "node.registered", "node": "evil", "at": 1.0, "cpu_cores": 10**30},
+        {"type": "node.registered", "node": "evil", "at": 10**30, "memory_gb": 1e308},
+        {"type": "node.power", "node": "evil", "at": 1e308, "watts": 10**400},
+        {"type": "node.ports", "node": "evil", "at": 1.0, "taken": [-(10**30)]},
+        {"type": "shard.status", "node": "evil", "at": 1.0, "replica": "r", "shard": "s", "generation": 10**30,
+         "state": "ready"},
+    ]
+    records = [(i + 1, "llmgw.agent.evil.x", msgspec.json.encode(r)) for i, r in enumerate(raw)]
+    records.append((len(records) + 1, "llmgw.agent.evil.x", b'{"type":"node.power","node":"evil","at":1e999}'))
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "rm.db"
+        state = asyncio.run(_project(records, db))
+        import sqlite3
+
+        with sqlite3.connect(db) as conn:
+            listed = conn.execute("SELECT count(*) FROM quarantined").fetchone()[0]
+    assert state.quarantine_count == len(records) == listed and not state.nodes
+    assert all("Expected" in q.error or "out of range" in q.error for q in state.quarantined), state.quarantined
