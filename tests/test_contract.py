@@ -99,6 +99,8 @@ def test_unknown_fields_from_a_newer_publisher_are_ignored(cls):
         ev.FacilityApplied: ev.FacilityApplied(at=1.0, budgets={"pdu/pdu-a": 12000.0}),
         ev.NodePower: ev.NodePower(at=1.0, node="n", watts=700.0, gpus={0: 350.0, 1: 350.0}),
         ev.PolicyApplied: ev.PolicyApplied(at=1.0, policy=Policy(min_lifetime_s=30.0)),
+        ev.NodeMuted: ev.NodeMuted(at=1.0, node="n", rate=5000.0, limit=100.0, window_s=10.0, events=50000),
+        ev.NodeUnmuted: ev.NodeUnmuted(at=1.0, node="n", reason="fixed"),
     }[cls]
     data = msgspec.json.decode(ev.encode(sample))
     data["from_the_future"] = 42

@@ -35,6 +35,7 @@ from ..ctl.locate import Where, locate
 from ..ctl.progress import Progress
 from ..ctl.readmodels import NoReadModels, ReadModels
 from . import facility as facility_cli
+from . import node_ctl
 from .exits import Exit
 
 OK, NOT_FOUND, BAD_INPUT, UNREACHABLE, BEHIND, NOT_AS_WANTED = (
@@ -154,6 +155,7 @@ ABOUT = {
         _examples("explain-placement llama-70b", "explain-placement smollm2 -o json"),
     ),
     **facility_cli.ABOUT,
+    **node_ctl.ABOUT,
 }
 
 
@@ -240,6 +242,7 @@ def add_parser(sub) -> None:
     explain.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text", help="text for people, json or yaml")
 
     facility_cli.add_parsers(verb, lambda p: _where_flags(p, argparse.SUPPRESS), _wait_flags, dry_run_flags)
+    node_ctl.add_parsers(verb, lambda p: _where_flags(p, argparse.SUPPRESS))
 
     from .main import cmd_ctl
 
@@ -1003,6 +1006,7 @@ VERBS = {
     "logs": cmd_logs,
     "label": facility_cli.cmd_label,
     "facility": facility_cli.cmd_facility,
+    "node": node_ctl.cmd_node,
 }
 
 

@@ -169,7 +169,8 @@ def cmd_control(args) -> None:
         )  # fmt: skip
         snapshots = SnapshotStore(os.path.join(args.state_dir, "control", "snapshot.msgpack"))
         metrics = "" if args.metrics_listen in ("", "off") else args.metrics_listen
-        config = ControlConfig(node_grace=args.node_grace, lease_ttl=args.lease_ttl, metrics_listen=metrics)
+        config = ControlConfig(node_grace=args.node_grace, lease_ttl=args.lease_ttl, metrics_listen=metrics,
+                               node_rate=args.node_rate)
         plane = ControlPlane(bus, snapshots=snapshots, config=config, signer=signer)
         try:
             await plane.run(stop)
@@ -617,6 +618,7 @@ def _every_command(p: argparse.ArgumentParser, path: str = ""):
 
 def parser() -> argparse.ArgumentParser:
     from ..control.config import LEASE_TTL_S, METRICS_LISTEN, NODE_GRACE_S
+    from ..control.rates import NODE_BURST, NODE_RATE, NODE_RATE_WINDOW_S
     from ..gateway import config as gateway_config
     from .exits import table_text
 
@@ -672,6 +674,11 @@ def parser() -> argparse.ArgumentParser:
     control.add_argument(
         "--node-grace", type=float, default=NODE_GRACE_S, metavar="S",
         help="seconds without a heartbeat (while heartbeats can be read) before a node is lost",
+    )
+    control.add_argument(
+        "--node-rate", type=float, default=NODE_RATE, metavar="N",
+        help=f"events a second a node may send (averaged over {NODE_RATE_WINDOW_S} s, plus {NODE_BURST} at once) "
+        "before it is muted until an operator unmutes it (`llmgw ctl node unmute`); 0: never",
     )
     control.add_argument(
         "--lease-ttl", type=float, default=LEASE_TTL_S, metavar="S",

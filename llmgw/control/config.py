@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from ..core.liveness import MASS_SILENCE
+from .rates import NODE_BURST, NODE_RATE, NODE_RATE_WINDOW_S
 from ..gateway.config import address as listen_address  # "ADDR:PORT", as the gateway's --metrics-listen
 
 NODE_GRACE_S = 10.0  # without a heartbeat (while they could be read) before a node is lost
@@ -49,4 +50,9 @@ class ControlConfig(msgspec.Struct, kw_only=True):
     bus_probe_every: float = BUS_PROBE_EVERY_S
     bus_probe_timeout: float = BUS_PROBE_TIMEOUT_S
     mass_silence: float = MASS_SILENCE  # more than this share of the nodes silent at once is the bus
+    # A node past this many events a second (averaged over node_rate_window
+    # seconds, plus node_burst at once) is muted (control/rates.py); 0: never.
+    node_rate: float = NODE_RATE
+    node_rate_window: int = NODE_RATE_WINDOW_S
+    node_burst: int = NODE_BURST
     metrics_listen: str = ""  # ADDR:PORT of /metrics; "" none (the CLI's default: METRICS_LISTEN)

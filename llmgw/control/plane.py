@@ -54,6 +54,7 @@ from ..telemetry import tracer
 from . import heap
 from .config import ControlConfig, listen_address
 from .metrics import ControlMetrics
+from .rates import NodeRates
 from .snapshots import SnapshotStore
 
 log = logging.getLogger("llmgw.control")
@@ -121,6 +122,11 @@ class ControlPlane:
         self._lease_until = 0.0  # monotonic: we act as leader until then, unless renewed
         self._holder = ""  # who holds the lease, as last seen by a standby
         self.ready = asyncio.Event()  # set once caught up with the log
+        # Each node's rate (control/rates.py): counted once caught up; a node
+        # past it is muted by the leader's next pass (NodeMuted).
+        self.rates = NodeRates(config.node_rate, config.node_rate_window, config.node_burst)
+        self._past_rate: set[str] = set()
+        self.muted_sent = 0
         self.metrics = ControlMetrics(self)
         self.metrics_port = 0  # where /metrics is served once running (0: not served)
 
@@ -135,6 +141,10 @@ class ControlPlane:
         if seq <= self.state.seq:
             return  # redelivered after a reconnect
         apply(self.state, seq, subject, data)
+        if subject.startswith("llmgw.agent.") and self.ready.is_set() and self.config.node_rate > 0:
+            node = subject[12:].partition(".")[0]
+            if self.rates.count(node, time.monotonic()) and node not in self.state.muted:
+                self._past_rate.add(node)
         if subject.endswith(".node.registered"):
             # A registration follows a fresh connection: whatever we sent that
             # node before may be lost, so everything outstanding goes again.
@@ -397,7 +407,7 @@ class ControlPlane:
         self._last_seen[node] = now
         known = self.state.nodes.get(node)
         if (
-            self.leading() and known is not None and known.state == "lost"
+            self.leading() and known is not None and known.state == "lost" and node not in self.state.muted
             and now - self._asked_to_register.get(node, 0.0) >= self.resend_after
         ):  # fmt: skip
             # Lost, yet its agent is alive: let it register again, so what it
@@ -428,6 +438,7 @@ class ControlPlane:
     async def step(self) -> None:
         """One pass: liveness, then decisions, then commands, then maybe a snapshot."""
         now = self.clock()
+        await self._mute_past_rate(now)
         await self._liveness(now)
         with _tracer.start_as_current_span("control.pass", attributes={"llmgw.basis": self.state.seq}) as span:
             began = time.perf_counter()
@@ -451,6 +462,25 @@ class ControlPlane:
             self._reclaimed_at = now
         else:
             heap.settle()
+
+    async def _mute_past_rate(self, now: float) -> None:
+        """Record that each node past its rate is muted (core/muting.py):
+        from then on every reader of the log skips what it says."""
+        past, self._past_rate = self._past_rate, set()
+        for node in sorted(past):
+            if node in self.state.muted or not self.rates.past(node, time.monotonic()):
+                continue
+            events, rate = self.rates.seen(node)
+            limit = self.config.node_rate
+            log.warning("node %s muted: %d events in %d s (%.0f/s), past its limit of %.0f/s", node, events,
+                        self.rates.window_s, rate, limit)
+            muted = ev.NodeMuted(at=now, node=node, rate=rate, limit=limit, window_s=float(self.rates.window_s),
+                                 events=events, basis=self.state.seq)
+            if await self._publish(muted):
+                self.muted_sent += 1
+                self.rates.forget(node)
+            elif node not in self.state.muted:
+                self._past_rate.add(node)  # refused (fenced): the next pass tries again
 
     async def _liveness(self, now: float) -> None:
         if self._bus_ok_since is None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from . import drains
 from . import events as ev
 from . import preempt
+from .bounds import clip
 from .passes import MAX_PASS_BYTES, ModelPass, Outcome, Pass, drain_s, place_one, why_no_fit
 from .quota import need, over_limit
 from .replicaindex import replicas_of
@@ -152,6 +153,7 @@ def _decide_model(p: Pass, model: Model, live: list[Replica]) -> None:
 
     # Said only when it changes: a placement clears it at fold time (one in
     # place of a restarted replica too, hence no longer `have == len(serving)`).
+    waiting = clip(waiting)  # as it is recorded (bounds.fit_action), so it is said once
     if waiting != model.waiting and (waiting or p.numbers.get(name) == numbered):
         p.add(ev.ModelWaiting(model=name, reason=waiting))
 

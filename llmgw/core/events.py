@@ -19,6 +19,7 @@ from typing import Literal, Union
 
 import msgspec
 
+from . import bounds as b
 from .policy import Policy
 
 SCHEMA_VERSION = 1
@@ -31,8 +32,8 @@ class Struct(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
 class Event(msgspec.Struct, kw_only=True, tag_field="type", gc=False):
     """Base of every event; subclasses set an explicit string tag."""
 
-    v: int = SCHEMA_VERSION
-    at: float
+    v: b.Version = SCHEMA_VERSION
+    at: b.Time
 
 
 # --------------------------------------------------------------------------- catalog
@@ -53,101 +54,101 @@ class ProfileSpec(Struct):
     not encoded, so the fingerprint of a profile written before them stays.
     """
 
-    name: str
-    engine: str = "sim"
-    args: list[str] = []
-    gpus: int = 1
-    nodes: int = 1
-    gpu_memory_gb: float = 0.0
-    memory_gb: float = 0.0
-    gpu_model: str = ""
-    cpu_cores: int = 0
-    pool: str = ""
+    name: b.ProfileName
+    engine: b.Engine = "sim"
+    args: b.Args = []
+    gpus: b.GpuCount = 1
+    nodes: b.ShardCount = 1
+    gpu_memory_gb: b.GpuMemoryGb = 0.0
+    memory_gb: b.HostMemoryGb = 0.0
+    gpu_model: b.GpuModel = ""
+    cpu_cores: b.CpuCores = 0
+    pool: b.LabelValue = ""
     # What the engine serves: a path to weights on the node, or a name the
     # agent knows (its agent file's `models`, or `smollm2`, the demo model).
-    model: str = ""
+    model: b.EnginePath = ""
     # The share of requests a replica of this profile gets from a gateway,
     # relative to the others of the model (least outstanding requests per
     # unit of weight). Routing only: it does not change the fingerprint.
-    weight: float = 1.0
+    weight: b.Ratio = 1.0
     # Facility (core/facility.py). The declared draw of one shard in watts
     # (0: not declared; its GPUs' power limits are counted instead), and a
     # domain kind (site, room, row, rack, pdu) every shard of a multi-node
     # replica must share ("": no such rule).
-    power_w: float = 0.0
-    keep_within: str = ""
+    power_w: b.NodeWatts = 0.0
+    keep_within: b.DomainKind = ""
 
 
 class ModelSpec(Struct):
     """What the catalog says of one model. Profiles are in order of preference."""
 
-    name: str
-    profiles: list[ProfileSpec]
-    aliases: list[str] = []
-    owner: str = ""
-    min_replicas: int = 1
-    max_replicas: int = 0  # 0: as many as min_replicas
+    name: b.ModelName
+    profiles: b.many(ProfileSpec, b.MAX_PROFILES)
+    aliases: b.Aliases = []
+    owner: b.OwnerName = ""
+    min_replicas: b.ReplicaCount = 1
+    max_replicas: b.ReplicaCount = 0  # 0: as many as min_replicas
     # Scaling on load (what the gateways report in flight and queued): the
     # desired count is load / target_load per replica, rounded up, between
     # min and max. 0: no scaling on load, min_replicas run.
-    target_load: float = 0.0
+    target_load: b.Ratio = 0.0
     # A lower desired count must hold this long before replicas are drained,
     # so a dip in traffic does not stop what the next burst needs.
-    scale_down_delay_s: float = 300.0
+    scale_down_delay_s: b.Duration = 300.0
     # On demand: no replica until a request asks for the model, and none
     # again once no request came for idle_s.
     on_demand: bool = False
-    idle_s: float = 600.0
+    idle_s: b.Duration = 600.0
     # How long a replica being stopped may finish the requests it has.
-    drain_grace_s: float = 30.0
+    drain_grace_s: b.Duration = 30.0
     # Who gives way to whom when the fleet is full: critical > standard >
     # opportunistic (see preempt.py).
-    priority: str = "standard"
+    priority: b.Priority = "standard"
 
 
 class Resources(Struct):
     """An amount of the fleet: GPUs, CPU cores, host memory."""
 
-    gpus: int = 0
-    cpu_cores: int = 0
-    memory_gb: float = 0.0
+    gpus: b.FleetAmount = 0
+    cpu_cores: b.FleetAmount = 0
+    memory_gb: b.FleetMemoryGb = 0.0
 
 
 class Limit(Struct):
     """The most an owner may hold; None: no limit on that."""
 
-    gpus: int | None = None
-    cpu_cores: int | None = None
-    memory_gb: float | None = None
+    gpus: b.FleetAmount | None = None
+    cpu_cores: b.FleetAmount | None = None
+    memory_gb: b.FleetMemoryGb | None = None
 
 
 # --------------------------------------------------------------------------- fleet records
 
 
 class Gpu(Struct):
-    index: int
-    model: str = ""
-    memory_gb: float = 0.0
+    index: b.GpuIndex
+    model: b.GpuModel = ""
+    memory_gb: b.GpuMemoryGb = 0.0
     # Its power limit in watts (agent file, or NVML's enforced limit): the
     # derived draw of a shard on it before the agent measures one. 0: unknown.
-    power_w: float = 0.0
+    power_w: b.GpuWatts = 0.0
 
 
 class RunningShard(Struct):
     """A shard an agent says it is running, as reported when it registers."""
 
-    shard: str
-    replica: str
-    model: str
-    profile: str
-    generation: int
-    rank: int = 0
-    gpus: list[int] = []
-    port: int = 0
-    state: str = "ready"
-    endpoint: str = ""
-    fingerprint: str = ""  # of the profile it was started with ("" : not said)
-    identity: str = ""  # what its engine answers to (see ShardStatus.identity)
+    shard: b.ShardId
+    replica: b.ReplicaId
+    model: b.ModelName
+    profile: b.ProfileName
+    generation: b.Seq
+    rank: b.Rank = 0
+    gpus: b.GpuIndices = []
+    port: b.Port = 0
+    state: b.Word = "ready"
+    endpoint: b.Endpoint = ""
+    fingerprint: b.Fingerprint = ""  # of the profile it was started with ("" : not said)
+    identity: b.Identity = ""  # what its engine answers to (see ShardStatus.identity)
 
 
 ShardState = Literal["starting", "loading", "ready", "failed", "stopped"]
@@ -161,7 +162,7 @@ class ModelApplied(Event, tag="model.applied"):
 
 
 class ModelRemoved(Event, tag="model.removed"):
-    name: str
+    name: b.ModelRef
 
 
 class ReplicasRestart(Event, tag="replicas.restart"):
@@ -171,16 +172,16 @@ class ReplicasRestart(Event, tag="replicas.restart"):
     its replacement started in what it frees. `max_surge` and
     `max_unavailable` pace a model's restarts (0 and 0: one at a time)."""
 
-    replicas: list[str]
+    replicas: b.ReplicaIds
     in_place: bool = False
-    max_surge: int = 0
-    max_unavailable: int = 0
+    max_surge: b.ReplicaCount = 0
+    max_unavailable: b.ReplicaCount = 0
 
 
 class ModelRetry(Event, tag="model.retry"):
     """An operator unparks a model whose replicas kept failing to start."""
 
-    name: str
+    name: b.ModelRef
 
 
 class OwnerApplied(Event, tag="owner.applied"):
@@ -188,28 +189,28 @@ class OwnerApplied(Event, tag="owner.applied"):
     org), with what it is guaranteed and the most it may hold. Usage counts
     up the tree: a team's replicas count for its organisation too."""
 
-    name: str
+    name: b.OwnerPath
     guarantee: Resources = msgspec.field(default_factory=Resources)
     limit: Limit = msgspec.field(default_factory=Limit)
 
 
 class OwnerRemoved(Event, tag="owner.removed"):
-    name: str
+    name: b.OwnerName
 
 
 class ApiKeyApplied(Event, tag="apikey.applied"):
     """A key of the gateway, for one owner. Only its SHA-256 travels and is
     kept: the key itself is never in the log."""
 
-    name: str
-    owner: str
-    key_sha256: str
-    requests_per_minute: int = 0  # 0: no limit
-    tokens_per_minute: int = 0
+    name: b.KeyName
+    owner: b.OwnerName
+    key_sha256: b.KeySha256
+    requests_per_minute: b.Counter = 0  # 0: no limit
+    tokens_per_minute: b.Counter = 0
 
 
 class ApiKeyRemoved(Event, tag="apikey.removed"):
-    name: str
+    name: b.KeyName
 
 
 class CredentialRevoked(Event, tag="credential.revoked"):
@@ -217,9 +218,9 @@ class CredentialRevoked(Event, tag="credential.revoked"):
     server refuses it from then on. A node whose agent's credential it was is
     treated as lost, until it registers again (with a new credential)."""
 
-    role: str  # agent, gateway, operator, control, projector
-    name: str  # the node, gateway or operator it was issued for
-    public_key: str = ""
+    role: b.Role  # agent, gateway, operator, control, projector
+    name: b.NodeName  # the node, gateway or operator it was issued for
+    public_key: b.PublicKey = ""
 
 
 class NodeLabeled(Event, tag="node.labeled"):
@@ -229,9 +230,9 @@ class NodeLabeled(Event, tag="node.labeled"):
     agent's show again. Keys are short kinds (site, room, row, rack, pdu) or
     whole label names; the fold keeps whole names (llmgw.io/rack)."""
 
-    node: str
-    set: dict[str, str] = {}
-    remove: list[str] = []
+    node: b.NodeRef
+    set: b.Labels = {}
+    remove: b.LabelKeys = []
 
 
 class DomainHeld(Event, tag="domain.held"):
@@ -239,22 +240,22 @@ class DomainHeld(Event, tag="domain.held"):
     nothing new is placed in it; with `drain`, its replicas are replaced
     elsewhere first and then stopped."""
 
-    domain: str  # KIND/NAME, KIND one of site, room, row, rack, pdu
+    domain: b.Domain  # KIND/NAME, KIND one of site, room, row, rack, pdu
     drain: bool = False
-    reason: str = ""
+    reason: b.Text = ""
 
 
 class DomainReleased(Event, tag="domain.released"):
     """An operator released a held domain: placement may use it again."""
 
-    domain: str
+    domain: b.Domain
 
 
 class FacilityApplied(Event, tag="facility.applied"):
     """The catalog's `facility:` section, whole each time: the power cap in
     watts of each domain that has one (a domain not named has none)."""
 
-    budgets: dict[str, float] = {}
+    budgets: b.Budgets = {}
 
 
 class PolicyApplied(Event, tag="policy.applied"):
@@ -275,40 +276,40 @@ class NodeRegistered(Event, tag="node.registered"):
     ran there and that is missing from it is not running.
     """
 
-    node: str
-    gpus: list[Gpu] = []
+    node: b.NodeName
+    gpus: b.many(Gpu, b.MAX_GPUS_PER_NODE) = []
     # Host memory and CPU cores for shards; 0: not said (an agent that does
     # not know), which placement takes as no limit rather than none at all.
-    memory_gb: float = 0.0
-    cpu_cores: int = 0
+    memory_gb: b.HostMemoryGb = 0.0
+    cpu_cores: b.CpuCores = 0
     # `llmgw.io/pool` and `llmgw.io/fabric` among them steer placement.
-    labels: dict[str, str] = {}
-    running: list[RunningShard] = []
-    agent: str = ""  # which agent instance spoke, for the history
+    labels: b.Labels = {}
+    running: b.many(RunningShard, b.MAX_SHARDS_PER_NODE) = []
+    agent: b.AgentName = ""  # which agent instance spoke, for the history
     # The ports its engines may be given, first to last (its agent file's
     # `engine_ports`); 0 and 0: the default range (placement.PORT_BASE..PORT_LIMIT),
     # which is what an agent written before this field meant.
-    port_first: int = 0
-    port_last: int = 0
+    port_first: b.Port = 0
+    port_last: b.Port = 0
     # The ports of that range another program holds now: kept out of
     # placement until a NodePorts says otherwise (see NodePorts).
-    ports_taken: list[int] = []
+    ports_taken: b.Ports = []
 
 
 class ShardStatus(Event, tag="shard.status"):
     """An agent reports what became of one shard it was told to run."""
 
-    node: str
-    replica: str
-    shard: str
-    generation: int
+    node: b.NodeRef
+    replica: b.ReplicaRef
+    shard: b.ShardRef
+    generation: b.Seq
     state: ShardState
-    reason: str = ""
-    endpoint: str = ""
+    reason: b.Text = ""
+    endpoint: b.Endpoint = ""
     # The name the agent gave the engine at start, which it lists in its
     # GET /v1/models: a gateway serves the replica only from an engine that
     # lists it ("" : the engine carries none, and is taken on its endpoint).
-    identity: str = ""
+    identity: b.IdentityRef = ""
 
 
 class NodePorts(Event, tag="node.ports"):
@@ -335,8 +336,8 @@ class NodePorts(Event, tag="node.ports"):
     node's (not counted towards parking the model), and when one of those
     ports is free again."""
 
-    node: str
-    taken: list[int] = []
+    node: b.NodeRef
+    taken: b.Ports = []
 
 
 class NodePower(Event, tag="node.power"):
@@ -345,9 +346,9 @@ class NodePower(Event, tag="node.power"):
     changes by enough to matter, at most every few seconds, so that the draw
     placement counts is in the log and replay decides the same."""
 
-    node: str
-    watts: float = 0.0  # the node's GPUs together
-    gpus: dict[int, float] = {}  # per GPU index, where known
+    node: b.NodeRef
+    watts: b.NodeWatts = 0.0  # the node's GPUs together
+    gpus: b.GpuDraws = {}  # per GPU index, where known
 
 
 # --------------------------------------------------------------------------- gateways (llmgw.gw.<gateway>.>)
@@ -361,85 +362,85 @@ class ModelLoad(Event, tag="model.load"):
     ready replica counts as queued, which is how an on-demand model is woken.
     `last_used` is when this gateway last sent the model a request."""
 
-    gateway: str
-    model: str
-    in_flight: int = 0
-    queued: int = 0
-    last_used: float = 0.0
+    gateway: b.GatewayRef
+    model: b.ModelRef
+    in_flight: b.Counter = 0
+    queued: b.Counter = 0
+    last_used: b.Time = 0.0
     # Usage: the prompt and completion tokens this gateway counted for the
     # model since its previous report (so the sum over the log is the total).
-    tokens_in: int = 0
-    tokens_out: int = 0
+    tokens_in: b.Counter = 0
+    tokens_out: b.Counter = 0
 
 
 # --------------------------------------------------------------------------- control plane (llmgw.control.>)
 
 
 class ShardPlacement(Struct):
-    shard: str
-    node: str
-    rank: int
-    gpus: list[int]
-    port: int
+    shard: b.ShardRef
+    node: b.NodeRef
+    rank: b.Rank
+    gpus: b.GpuIndices
+    port: b.Port
 
 
 class PlaceReplica(Struct, tag_field="action", tag="place"):
-    replica: str
-    model: str
-    profile: str
-    fingerprint: str
-    shards: list[ShardPlacement]
-    reason: str
+    replica: b.ReplicaRef
+    model: b.ModelRef
+    profile: b.ProfileRef
+    fingerprint: b.FingerprintRef
+    shards: b.many(ShardPlacement, b.MAX_SHARDS_PER_REPLICA)
+    reason: b.Text
     # A replica stopped in the same pass whose GPUs and ports this one takes
     # over: its shards start once the old ones on their node have exited.
-    replaces: str = ""
+    replaces: b.ReplicaRef = ""
     # The facility's refusals this placement met on its way, by domain
     # (`rack/r4-12 is held: maintenance`): kept on the replica for
     # `ctl describe replica`, since the state that caused them passes.
-    rejections: list[str] = []
+    rejections: b.Rejections = []
 
 
 class StopReplica(Struct, tag_field="action", tag="stop"):
-    replica: str
-    reason: str
+    replica: b.ReplicaRef
+    reason: b.Text
     # Drain first: no new requests, and up to this long for those in flight.
-    drain_s: float = 0.0
+    drain_s: b.Duration = 0.0
 
 
 class ScaleModel(Struct, tag_field="action", tag="scale"):
     """The number of replicas a model should run changes, and why."""
 
-    model: str
-    desired: int
-    reason: str
+    model: b.ModelRef
+    desired: b.ReplicaCount
+    reason: b.Text
 
 
 class RestartReplica(Struct, tag_field="action", tag="restart"):
     """A replica's restart begins: it keeps serving until its replacement does
     (or, `in_place`, it is stopped in this same pass)."""
 
-    replica: str
-    reason: str
+    replica: b.ReplicaRef
+    reason: b.Text
     in_place: bool = False
 
 
 class RefuseRestart(Struct, tag_field="action", tag="refuse-restart"):
     """A restart is given up; the replica keeps serving, with the reason kept on it."""
 
-    replica: str
-    reason: str
+    replica: b.ReplicaRef
+    reason: b.Text
 
 
 class Victim(Struct):
     """One replica stopped to make room, and why it was the one."""
 
-    replica: str
-    model: str
-    priority: str
-    tier: int
-    why: str  # the tier, in words
-    idle_s: float = 0.0  # 0: unknown
-    gpus: int = 0
+    replica: b.ReplicaRef
+    model: b.ModelRef
+    priority: b.Priority
+    tier: b.SmallCount
+    why: b.Text  # the tier, in words
+    idle_s: b.Duration = 0.0  # 0: unknown
+    gpus: b.FleetAmount = 0
 
 
 class Preempt(Struct, tag_field="action", tag="preempt"):
@@ -447,37 +448,37 @@ class Preempt(Struct, tag_field="action", tag="preempt"):
     victims follow in the same pass. `inventory` says what the nodes
     involved had free before, for whoever asks why later."""
 
-    model: str
-    victims: list[Victim]
-    reason: str
-    inventory: str = ""
+    model: b.ModelRef
+    victims: b.many(Victim, b.MAX_VICTIMS)
+    reason: b.Text
+    inventory: b.LongText = ""
     # The models that gave room may not take it back before then (or before
     # `model` has what it asked for).
-    hold_until: float = 0.0
+    hold_until: b.Time = 0.0
 
 
 class ParkModel(Struct, tag_field="action", tag="park"):
     """A model whose replicas keep failing to start is placed no more until
     an operator retries it (`llmgw ctl retry`)."""
 
-    model: str
-    reason: str
+    model: b.ModelRef
+    reason: b.Text
 
 
 class ModelWaiting(Struct, tag_field="action", tag="wait"):
     """The model wants more replicas than it could get; `reason` says why."""
 
-    model: str
-    reason: str
+    model: b.ModelRef
+    reason: b.Text
 
 
 class StopStray(Struct, tag_field="action", tag="stop-stray"):
     """A running shard that no model claims is stopped; its port stays taken until it exits."""
 
-    node: str
-    shard: str
-    generation: int
-    reason: str
+    node: b.NodeRef
+    shard: b.ShardRef
+    generation: b.Seq
+    reason: b.Text
 
 
 Action = Union[
@@ -492,17 +493,17 @@ class Decided(Event, tag="control.decided"):
     replay tool can decide again on exactly that state and compare.
     """
 
-    basis: int
-    actions: list[Action]
-    leader: str = ""
+    basis: b.Seq
+    actions: b.many(Action, b.MAX_REPLICAS)
+    leader: b.Leader = ""
 
 
 class NodeLost(Event, tag="node.lost"):
     """The control plane stopped hearing a node's heartbeat; its shards are gone."""
 
-    node: str
-    reason: str
-    basis: int = 0
+    node: b.NodeRef
+    reason: b.Text
+    basis: b.Seq = 0
 
 
 class LeaderElected(Event, tag="leader.elected"):
@@ -513,10 +514,39 @@ class LeaderElected(Event, tag="leader.elected"):
     it has seen; decisions are fenced by the control subjects' sequence,
     which this event moves, so a deposed leader's next decision is refused."""
 
-    term: int
-    leader: str
-    previous: str = ""  # who led before ("": nobody since the log began)
-    basis: int = 0
+    term: b.Term
+    leader: b.Leader
+    previous: b.Leader = ""  # who led before ("": nobody since the log began)
+    basis: b.Seq = 0
+
+
+
+class NodeMuted(Event, tag="node.muted"):
+    """The control plane stopped listening to a node that spoke past its
+    rate (control/rates.py): from this event on, the fold quarantines
+    everything that node's agent publishes ("muted"), and its replicas are
+    lost with it (replaced elsewhere), until an operator unmutes it.
+
+    Why: one node's credential stored ~609,000 events in seconds (issue 35,
+    finding 6); the control plane fell 574,000 events behind and an
+    operator's change waited more than two minutes. The server keeps what a
+    node publishes; the fold need not read it. A decision in the log, so a
+    replay mutes at the same place."""
+
+    node: b.NodeName
+    rate: b.EventRate  # events a second the control plane counted
+    limit: b.EventRate  # the rate it allows a node (ControlConfig.node_rate)
+    window_s: b.Duration = 0.0  # over how long the rate was averaged
+    events: b.Counter = 0  # how many events it counted in that window
+    basis: b.Seq = 0
+
+
+class NodeUnmuted(Event, tag="node.unmuted"):
+    """An operator unmuted a node (`llmgw ctl node unmute NODE`): its agent is
+    heard again from here on; it registers again to be given work."""
+
+    node: b.NodeName
+    reason: b.Text = ""
 
 
 AnyEvent = Union[
@@ -542,6 +572,8 @@ AnyEvent = Union[
     FacilityApplied,
     NodePower,
     PolicyApplied,
+    NodeMuted,
+    NodeUnmuted,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
@@ -570,6 +602,8 @@ ORIGIN: dict[type[Event], str] = {
     FacilityApplied: "ctl",
     NodePower: "agent",
     PolicyApplied: "ctl",
+    NodeMuted: "control",
+    NodeUnmuted: "ctl",
 }
 
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 import msgspec
 
-from . import adoption, decisions, facility
+from . import adoption, decisions, facility, muting
 from . import events as ev
 from .catalog import NAME_RE, fingerprint, spec_problem
 from .policy import problem as policy_problem
@@ -51,7 +51,9 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 13: a placement whose shards do not take what its profile asks (a GPU
 #     count, a GPU twice, a shard count) is voided.
 # 14: each domain's counted draw is kept by the fold (state.domain_draw).
-FOLD_VERSION = 14
+# 15: muted nodes (muting.py): NodeMuted loses the node and quarantines its
+#     agent's events until NodeUnmuted.
+FOLD_VERSION = 15
 
 
 class Refused(ValueError):
@@ -66,6 +68,14 @@ def apply(state: State, seq: int, subject: str, data: bytes) -> State:
 
     The hottest function of every replay: `evolve` and `decode` are inlined.
     """
+    if state.muted and subject.startswith(_AGENT):
+        # A muted node's messages are not even decoded (muting.py): its
+        # flood costs a lookup each. By the subject, the part NATS checks.
+        why = state.muted.get(subject[12:].partition(".")[0])
+        if why is not None:
+            quarantine(state, seq, subject, why)
+            state.seq = seq
+            return state
     try:
         event = _decode(data)
         cls = type(event)
@@ -492,3 +502,5 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.PolicyApplied: _policy_applied,
 }
 _HANDLERS.update(facility.HANDLERS)  # location labels, holds, power caps, measured draw
+_HANDLERS.update(muting.HANDLERS)  # nodes muted past their rate, and unmuted
+node_lost = _node_lost

@@ -29,7 +29,7 @@ def mentions(event: ev.Event) -> set[Entity]:
     elif isinstance(event, ev.ShardStatus):
         out.update({("node", event.node), ("replica", event.replica)})
         out.add(("model", event.replica.rpartition("-")[0]))
-    elif isinstance(event, (ev.NodeLost, ev.NodePorts, ev.NodeLabeled, ev.NodePower)):
+    elif isinstance(event, (ev.NodeLost, ev.NodePorts, ev.NodeLabeled, ev.NodePower, ev.NodeMuted, ev.NodeUnmuted)):
         out.add(("node", event.node))
     elif isinstance(event, ev.ReplicasRestart):
         for r in event.replicas:
@@ -100,6 +100,11 @@ def summary(event: ev.Event, about: Entity | None = None) -> str:
         return f"shard {event.shard} on {event.node} {event.state}{why}"
     if isinstance(event, ev.NodeLost):
         return f"node {event.node} lost: {event.reason}"
+    if isinstance(event, ev.NodeMuted):
+        return (f"node {event.node} muted: {event.events} events at {event.rate:.0f}/s, past its limit of "
+                f"{event.limit:.0f}/s; what it says is ignored until an operator unmutes it")
+    if isinstance(event, ev.NodeUnmuted):
+        return f"node {event.node} unmuted" + (f": {event.reason}" if event.reason else "")
     if isinstance(event, ev.NodePorts):
         held = ", ".join(map(str, event.taken)) or "none"
         return f"node {event.node}: ports held by other programs: {held}"

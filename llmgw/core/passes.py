@@ -22,6 +22,7 @@ import enum
 import msgspec
 
 from . import events as ev
+from .bounds import fit_action
 from . import preempt
 from .explain import why_no_fit as explain_no_fit
 from .placement import Inventory, replicas_per_node
@@ -79,6 +80,7 @@ class Pass:
         fit, the pass is over (later actions must not overtake it)."""
         if self.full:
             return False
+        fit_action(action)  # within the contract's bounds, or it would be quarantined
         size = len(_encode(action)) + 1
         if self.size + size > self.budget and self.actions:
             self.full = True
@@ -98,7 +100,7 @@ class Pass:
         and made its model wait for them to stop, for ever."""
         if self.full:
             return False
-        size = sum(len(_encode(a)) + 1 for a in actions)
+        size = sum(len(_encode(fit_action(a))) + 1 for a in actions)
         if self.size + size > self.budget and self.actions:
             self.full = True
             return False

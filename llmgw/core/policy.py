@@ -18,31 +18,33 @@ from __future__ import annotations
 
 import msgspec
 
+from . import bounds as b
+
 
 class Policy(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """The numbers the rules decide with, fleet-wide."""
 
     # Preemption (preempt.py). A replica is no victim within this long of
     # becoming ready: stopping it throws away a load only just paid for.
-    min_lifetime_s: float = 120.0
+    min_lifetime_s: b.Duration = 120.0
     # How long a model that gave room may not take it back (unless the
     # model it gave room to has what it asked for first).
-    hold_s: float = 120.0
+    hold_s: b.Duration = 120.0
     # Idle this long, an on-demand replica of a lower class goes first.
-    eviction_grace_s: float = 300.0
+    eviction_grace_s: b.Duration = 300.0
     # Replicas stopped at most to make room for one.
-    max_victims: int = 3
+    max_victims: b.SmallCount = 3
     # Restarts (restarts.py): replaced beside themselves at once when the
     # operator gave no pace (max_surge and max_unavailable both 0).
-    restart_max_surge: int = 1
+    restart_max_surge: b.SmallCount = 1
     # Start failures (scaling.py): the first back-off, doubling up to the
     # most, and parked after this many in a row.
-    backoff_first_s: float = 5.0
-    backoff_max_s: float = 300.0
-    park_after: int = 5
+    backoff_first_s: b.Duration = 5.0
+    backoff_max_s: b.Duration = 300.0
+    park_after: b.SmallCount = 5
     # Adoption (decide.py): how long the shards of a multi-node replica
     # rebuilt from registrations may take to all be reported.
-    adopt_wait_s: float = 120.0
+    adopt_wait_s: b.Duration = 120.0
 
 
 FIELDS: tuple[str, ...] = Policy.__struct_fields__

@@ -268,6 +268,9 @@ class State(msgspec.Struct, kw_only=True, weakref=True):
     # Nodes whose agent's credential was revoked, and the sequence of the
     # revocation: lost once decided so, until the node registers again.
     revoked_nodes: dict[str, int] = {}
+    # Nodes muted for speaking past their rate (NodeMuted), and why: the
+    # fold quarantines what their agents say until they are unmuted.
+    muted: dict[str, str] = {}
     owners: dict[str, Owner] = {}  # by path ("org/team")
     # What the live shards of each owner's replicas hold, counted for the
     # owner and every ancestor ("org/team" counts for "org" too); derived,

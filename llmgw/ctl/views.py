@@ -67,6 +67,8 @@ def decision_words(d: dict) -> str:
         return f"{d['leader']} leads"
     if kind == "node-lost":
         return f"node {d['node']} lost"
+    if kind == "node-muted":
+        return f"node {d['node']} muted"
     if kind == "scale":
         return f"scale {d['model']}"
     if kind == "restart":

@@ -201,6 +201,9 @@ def _fold_one(state: State, batch: Batch, ids: dict, seq: int, subject: str, dat
     elif cls is _NODE_LOST:
         why_void = error and f"the event was quarantined: {error}"
         batch.decisions.append((seq, 0, event.at, "node-lost", "", "", event.node, event.reason, why_void, state.leader))
+    elif cls is ev.NodeMuted:  # a decision of the control plane, as a node lost is
+        why_void = error and f"the event was quarantined: {error}"
+        batch.decisions.append((seq, 0, event.at, "node-muted", "", "", event.node, summary(event), why_void, state.leader))
     elif cls is _LEADER_ELECTED:
         # Who leads, as a decision of its own: `ctl get decisions` shows each
         # term begin, and every decision says the leader that took it.
