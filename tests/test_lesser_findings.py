@@ -39,6 +39,9 @@ pytestmark = pytest.mark.nats
 # Clear the screen, home the cursor, set the window title, and a one-byte CSI (C1) with DEL: a node's own words.
 EVIL = "\x1b[2J\x1b[H\x1b]0;owned\x07r4\x9b31m\x7f"
 SHOWN = "\\x1b[2J\\x1b[H\\x1b]0;owned\\x07r4\\x9b31m\\x7f"
+# What a node's label can still carry past the contract's bounds (they refuse C0 and DEL
+# in labels, core/bounds.py): one-byte CSIs (C1) and a right-to-left override.
+LABEL_EVIL = "\x9b2J\x9bHr4\x9b31m\u202eowned"
 
 
 def test_control_characters_are_shown_as_escapes_for_people():
@@ -69,7 +72,7 @@ def test_a_nodes_escape_codes_are_shown_escaped_and_the_state_dir_is_its_owners(
         assert _mode(state) == 0o700
         assert "was mode 0755, readable by others: now 0700" in up.text()
         processes.start("evil", "agent", "--simulate", "--name", "evil-1", "--gpus", "2", "--nats", up.url,
-                        "--label", f"team={EVIL}", env=up.env)  # fmt: skip
+                        "--label", f"team={LABEL_EVIL}", env=up.env)  # fmt: skip
 
         def registered() -> bool:
             out = ctl(up, "get", "nodes", "-o", "json")
@@ -82,12 +85,12 @@ def test_a_nodes_escape_codes_are_shown_escaped_and_the_state_dir_is_its_owners(
             printed = out.stdout + out.stderr
             assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", printed), (args, printed)
             if args[0] == "describe" or "wide" in args:  # (a fitted table may cut a long label short)
-                assert f"team={SHOWN}" in out.stdout, (args, out.stdout)
+                assert f"team={printable(LABEL_EVIL)}" in out.stdout, (args, out.stdout)
             else:
-                assert "team=\\x1b[2J" in out.stdout, (args, out.stdout)
+                assert "team=\\x9b2J" in out.stdout, (args, out.stdout)
         # For tools, exact: JSON escapes control characters itself, and reads back as the node said it.
         out = ctl(up, "describe", "node", "evil-1", "-o", "json")
-        assert "\x1b" not in out.stdout and json.loads(out.stdout)["node"]["labels"]["team"] == EVIL
+        assert json.loads(out.stdout)["node"]["labels"]["team"] == LABEL_EVIL
         # Files of secrets in it: the read models (API-key hashes) are the owner's alone too.
         assert _mode(up.db) == 0o600
         # And its console has a credential of its own (tested below), issued by up, with which it acts.
