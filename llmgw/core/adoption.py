@@ -10,6 +10,7 @@ GPUs and port held until it exits) when nothing claims it.
 from __future__ import annotations
 
 from . import events as ev
+from .admission import claim_problem
 from .catalog import profile_named
 from .facility import shard_watts
 from .quota import count_shard
@@ -65,8 +66,11 @@ def take_reports(state: State, node: Node, e: ev.NodeRegistered) -> None:
         if r.shard not in ours:
             unknown.setdefault(r.replica, []).append(r)
     for rid, group in unknown.items():
-        for r in _adopt(state, node, rid, group, e.at):
-            why = _stray_reason(state, r, node.name)
+        # Not a replica placed elsewhere, nor one of a pool the node is not
+        # in (admission.py): those it may not claim are strays, stopped.
+        refused = claim_problem(state, node, rid, group)
+        for r in group if refused else _adopt(state, node, rid, group, e.at):
+            why = refused or _stray_reason(state, r, node.name)
             node.strays[r.shard] = Stray(generation=r.generation, gpus=list(r.gpus), port=r.port, reason=why)
             for g in r.gpus:
                 node.used.setdefault(g, r.shard)

@@ -404,6 +404,9 @@ class StopReplica(Struct, tag_field="action", tag="stop"):
     reason: str
     # Drain first: no new requests, and up to this long for those in flight.
     drain_s: float = 0.0
+    # Stopped for not being ready by its start deadline (core/admission.py):
+    # the fold counts it as a start failure of its model (backoff, parking).
+    failed_to_start: bool = False
 
 
 class ScaleModel(Struct, tag_field="action", tag="scale"):

@@ -20,7 +20,7 @@ from typing import Callable
 
 import msgspec
 
-from . import adoption, decisions, facility
+from . import admission, adoption, decisions, facility
 from . import events as ev
 from .catalog import NAME_RE, fingerprint, spec_problem
 from .policy import problem as policy_problem
@@ -51,7 +51,10 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 13: a placement whose shards do not take what its profile asks (a GPU
 #     count, a GPU twice, a shard count) is voided.
 # 14: each domain's counted draw is kept by the fold (state.domain_draw).
-FOLD_VERSION = 14
+# 15: admission (admission.py): a node's own pool is a claim, counted only
+#     when an operator set it (or the policy is open); a node's report of a
+#     replica placed elsewhere is a stray; a start deadline (state.unstarted).
+FOLD_VERSION = 15
 
 
 class Refused(ValueError):
@@ -259,7 +262,10 @@ def _policy_applied(state: State, e: ev.PolicyApplied, seq: int) -> None:
     problem = policy_problem(e.policy)
     if problem:
         raise Refused(problem)
+    before = state.policy.admission
     state.policy = e.policy
+    if e.policy.admission != before:
+        admission.settle_all(state)
 
 
 def _api_key_applied(state: State, e: ev.ApiKeyApplied, seq: int) -> None:
@@ -338,6 +344,8 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
         operator_labels=dict(state.node_labels.get(e.node, {})),
     )
     node.taken = in_range(node, e.ports_taken)
+    admission.take_claims(node)  # its own pool is a claim; the operator's counts
+    admission.settle(state, node)
     if old is not None:  # what it counted for its domains goes with it: its shards are held afresh
         facility.forget_draw(state, old)
     state.nodes[name] = node

@@ -86,6 +86,7 @@ def tally(state: State, rep: Replica, sign: int) -> None:
 
 
 def started(state: State, rep: Replica) -> None:
+    state.unstarted.pop(rep.id, None)  # its start deadline is met (admission.py)
     model = state.models.get(rep.model)
     if model is not None and model.start_failures:
         model.start_failures = 0

@@ -138,6 +138,11 @@ class Node(msgspec.Struct, kw_only=True, gc=False):
     # label`), whole names, over the agent's `labels` (a copy of
     # State.node_labels, which outlives registrations).
     operator_labels: dict[str, str] = {}
+    # Labels the operator decides (admission.RESTRICTED: the pool) as its
+    # agent claimed them: they steer nothing unless an operator set them
+    # too, or the policy is `admission: open` (admission.py); `labels`
+    # holds the values that count.
+    claims: dict[str, str] = {}
     # What its GPUs draw, as its agent last measured (NodePower), and when;
     # and its live shards not covered by a measurement yet, with the draw
     # each is counted at meanwhile (derived, like `used`).
@@ -299,6 +304,10 @@ class State(msgspec.Struct, kw_only=True, weakref=True):
     voided: list[Voided] = []
     # The numbers the rules decide with, as the last PolicyApplied said.
     policy: Policy = msgspec.field(default_factory=Policy)
+    # Replicas placed and never ready yet, by id, with when they were placed,
+    # in log order: the candidates for the start deadline (admission.py).
+    # Kept as placements land, replicas become ready and replicas go.
+    unstarted: dict[str, float] = {}
 
 
 def add_gb(a: float, b: float) -> float:
