@@ -91,6 +91,12 @@ class Replica(msgspec.Struct, kw_only=True, gc=False):
     preempted_for: str = ""  # the model it was stopped to make room for
     # The facility's refusals its placement met (PlaceReplica.rejections).
     rejections: list[str] = []
+    # Stopped for not being ready by its start deadline (admission.py): while
+    # it is stopping its nodes count as its model's for spread, so that its
+    # replacement goes elsewhere where it can (a node that never starts what
+    # it is given, and never says it stopped it, got every retry: best fit
+    # prefers the node with the fewest GPUs free).
+    late: bool = False
 
 
 class Stray(msgspec.Struct, kw_only=True, gc=False):
