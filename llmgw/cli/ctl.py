@@ -34,6 +34,7 @@ from ..ctl.config import CONFIG
 from ..ctl.locate import Where, locate
 from ..ctl.progress import Progress
 from ..ctl.readmodels import NoReadModels, ReadModels
+from . import admission as admission_cli
 from . import facility as facility_cli
 from .exits import Exit
 
@@ -154,6 +155,7 @@ ABOUT = {
         _examples("explain-placement llama-70b", "explain-placement smollm2 -o json"),
     ),
     **facility_cli.ABOUT,
+    **admission_cli.ABOUT,
 }
 
 
@@ -238,6 +240,7 @@ def add_parser(sub) -> None:
     explain.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text", help="text for people, json or yaml")
 
     facility_cli.add_parsers(verb, lambda p: _where_flags(p, argparse.SUPPRESS), _wait_flags, dry_run_flags)
+    admission_cli.add_parsers(verb, lambda p: _where_flags(p, argparse.SUPPRESS), _wait_flags)
 
     from .main import cmd_ctl
 
@@ -960,6 +963,7 @@ VERBS = {
     "logs": cmd_logs,
     "label": facility_cli.cmd_label,
     "facility": facility_cli.cmd_facility,
+    "node": admission_cli.cmd_node,
 }
 
 

@@ -406,6 +406,9 @@ def describe_text(kind: str, page: dict) -> str:
                 ("Labels", _labels(now["labels"]) or "(none)"), ("Registered", _age(now["registered_at"])),
                 ("Location", _location(now.get("location", {})) or "(none)"),
                 ("Draw", _watts(now.get("power_w", 0.0))),
+                # What it says of itself that placement does not count (core/admission.py).
+                ("Not admitted", _labels(now.get("unadmitted", {})) + f" (claimed; `llmgw ctl node admit {now['name']}`)"
+                 if now.get("unadmitted") else "(nothing)"),
             ])
             out.append("GPUs:")
             rows = [[str(g["index"]), g["model"], f"{g['memory_gb']:g} GB", g["shard"] or "free"] for g in now["gpus"]]
