@@ -16,9 +16,13 @@ import time
 from ..core import events as ev
 
 ABOUT = {
+    "ctl node": (
+        "What an operator says of a node: `admit` counts what it claims of itself (its pool).",
+        ["llmgw ctl node admit gpu-7"],
+    ),
     "ctl node admit": (
         "Admit what a node claims of itself that placement does not count until an operator says so: its\n"
-        "pool (llmgw.io/pool, from its agent file). `ctl describe node` shows such claims as 'Not admitted'.\n"
+        "pool (llmgw.io/pool, from its agent file). `ctl describe node` shows such claims ('Claimed').\n"
         "Published as the operator's label, as `ctl label NODE pool=NAME` would.",
         ["llmgw ctl node admit gpu-7", "llmgw ctl describe node gpu-7"],
     ),

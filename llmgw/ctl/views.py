@@ -407,8 +407,8 @@ def describe_text(kind: str, page: dict) -> str:
                 ("Location", _location(now.get("location", {})) or "(none)"),
                 ("Draw", _watts(now.get("power_w", 0.0))),
                 # What it says of itself that placement does not count (core/admission.py).
-                ("Not admitted", _labels(now.get("unadmitted", {})) + f" (claimed; `llmgw ctl node admit {now['name']}`)"
-                 if now.get("unadmitted") else "(nothing)"),
+                ("Claimed", _labels(now["unadmitted"]) + f" (not admitted: `llmgw ctl node admit {now['name']}`)"
+                 if now.get("unadmitted") else "(nothing not admitted)"),
             ])
             out.append("GPUs:")
             rows = [[str(g["index"]), g["model"], f"{g['memory_gb']:g} GB", g["shard"] or "free"] for g in now["gpus"]]
