@@ -151,15 +151,17 @@ def test_a_placement_not_ready_by_its_start_deadline_is_a_start_failure_and_goes
     assert "not ready by its start deadline" in actions[1].reason
     m = f.state.models["m"]
     assert m.start_failures == 1 and m.last_failure.startswith("m-1: not ready within 60s")
-    assert f.state.replicas["m-1"].state == "stopping" and f.state.replicas["m-1"].late
+    assert f.state.replicas["m-1"].state == "stopping" and m.late_nodes == ["idle"]
     actions = f.decide()
     assert "backing off: 1 replica(s) in a row failed to start" in actions[0].reason  # as after any start failure
     f.tick(5)
-    # Elsewhere, though best fit would pick the node with one GPU (free again
-    # if it ever says it stopped): the late replica's node counts for spread.
+    f.stopped("m-1")  # its agent says it stopped it: its one GPU is free again
+    # Elsewhere, though best fit would pick the node with one GPU free: the
+    # node where it did not start counts for the model's spread.
     assert said(f.decide()) == ["place m-2 (m/default) on good:[0]"]
     f.make_ready()
     assert f.state.models["m"].start_failures == 0 and "m-2" not in f.state.unstarted
+    assert f.state.models["m"].late_nodes == []  # started: no node to avoid any more
     checked, differences = verify(f.log)
     assert checked and differences == []  # replay decides the same: the deadline is measured with `now`
 

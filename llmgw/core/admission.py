@@ -32,7 +32,8 @@ Three rules, one per finding, each read by the fold or by decide:
    not ready within the policy's `start_timeout_s` is stopped as a start
    failure (decide, StopReplica.failed_to_start), counted as a shard that
    failed to start is (`count_start_failure`): the model backs off and is
-   parked after `park_after`, and the replica is placed again elsewhere.
+   parked after `park_after`, and the replica is placed again, elsewhere
+   where it can be (Model.late_nodes weigh in its spread).
    Measured with decide's `now`, as every other timeout, so replay decides
    the same.
 
@@ -190,3 +191,6 @@ def count_start_failure(state: State, rep: Replica, why: str, at: float) -> None
         model.start_failures += 1
         model.last_failure = f"{rep.id}: {why}"
         model.failed_at = at
+        late = [sh.node for sh in rep.shards if sh.state != "ready" and sh.node not in model.late_nodes]
+        if late:
+            model.late_nodes = [*model.late_nodes, *late]

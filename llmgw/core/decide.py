@@ -25,8 +25,6 @@ them, and a fleet with nothing to do costs one look at each model and node.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from . import drains
 from .admission import overdue, start_overdue
 from . import events as ev
@@ -65,12 +63,9 @@ def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Ac
     # The replicas of the models that need a look only (replicaindex.py), in
     # the state's order.
     by_model: dict[str, list[Replica]] = {}
-    timed_out: set[str] = set()  # models with one stopped so in this pass: no replacement before the backoff
-    late: dict[str, list[Replica]] = {}  # replicas stopped past their start deadline, by model
+    timed_out: set[str] = set()  # models with one stopped past its start deadline: no replacement before the backoff
     for rep in replicas_of(state, look):
         if rep.state == "stopping":
-            if rep.late:
-                late.setdefault(rep.model, []).append(rep)
             continue
         why = _why_stop(state, rep, now)
         if why:
@@ -79,7 +74,6 @@ def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Ac
         why = start_overdue(state, rep, now)
         if why:
             p.add(ev.StopReplica(replica=rep.id, reason=why, failed_to_start=True))
-            late.setdefault(rep.model, []).append(rep)
             timed_out.add(rep.model)
         else:
             by_model.setdefault(rep.model, []).append(rep)
@@ -90,7 +84,7 @@ def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Ac
     for name in sorted((n for n in look if n in state.models), key=lambda n: (not _room_freed(state, n), n)):
         if p.full:
             break
-        _decide_model(p, state.models[name], by_model.get(name, []), name in timed_out, late.get(name, ()))
+        _decide_model(p, state.models[name], by_model.get(name, []), name in timed_out)
     return p.actions
 
 
@@ -126,15 +120,11 @@ def _models_to_look_at(state: State, now: float) -> set[str]:
     return look
 
 
-def _decide_model(
-    p: Pass, model: Model, live: list[Replica], late: bool = False, late_replicas: Iterable[Replica] = ()
-) -> None:
+def _decide_model(p: Pass, model: Model, live: list[Replica], late: bool = False) -> None:
     """One model: its desired count, what is above and below it, its restarts.
     `late`: a replica of it was stopped past its start deadline in this pass,
     a start failure the fold counts when the pass lands; the replacement is
-    placed by a later pass, after the backoff, as after any start failure.
-    `late_replicas`: those stopping so, whose nodes count for spread
-    (Replica.late says why)."""
+    placed by a later pass, after the backoff, as after any start failure."""
     name = model.spec.name
     if p.stopped:
         # Replicas of this model preempted earlier in this pass are gone
@@ -142,9 +132,8 @@ def _decide_model(
         # another one too and left it below its minimum (a critical one too).
         live = [r for r in live if r.id not in p.stopped]
     m = ModelPass(p, model, live)
-    for rep in late_replicas:
-        for sh in rep.shards:
-            m.spread[sh.node] = m.spread.get(sh.node, 0) + 1
+    for node in model.late_nodes:  # where its replicas did not start in time: elsewhere first (admission.py)
+        m.spread[node] = m.spread.get(node, 0) + 1
     n = m.n
     if n != decided(model):
         p.add(ev.ScaleModel(model=name, desired=n, reason=why_desired(model, p.now)))

@@ -217,7 +217,6 @@ def _stop(state: State, a: ev.StopReplica, e: ev.Decided, seq: int) -> str:
         if rep.ready_at:
             return f"replica {a.replica} became ready meanwhile"
         admission.count_start_failure(state, rep, a.reason, e.at)
-        rep.late = True
     tally = state.tallies[rep.model]
     tally.live -= 1
     if rep.state == "failed":

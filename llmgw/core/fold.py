@@ -245,6 +245,7 @@ def _model_retry(state: State, e: ev.ModelRetry, seq: int) -> None:
         raise Refused(f"there is no model {e.name} to retry")
     model.parked = ""
     model.start_failures = 0
+    model.late_nodes = []
 
 
 def _owner_applied(state: State, e: ev.OwnerApplied, seq: int) -> None:

@@ -90,6 +90,8 @@ def started(state: State, rep: Replica) -> None:
     model = state.models.get(rep.model)
     if model is not None and model.start_failures:
         model.start_failures = 0
+    if model is not None and model.late_nodes:
+        model.late_nodes = []  # it starts somewhere: no node to avoid for it any more
 
 
 

@@ -91,12 +91,6 @@ class Replica(msgspec.Struct, kw_only=True, gc=False):
     preempted_for: str = ""  # the model it was stopped to make room for
     # The facility's refusals its placement met (PlaceReplica.rejections).
     rejections: list[str] = []
-    # Stopped for not being ready by its start deadline (admission.py): while
-    # it is stopping its nodes count as its model's for spread, so that its
-    # replacement goes elsewhere where it can (a node that never starts what
-    # it is given, and never says it stopped it, got every retry: best fit
-    # prefers the node with the fewest GPUs free).
-    late: bool = False
 
 
 class Stray(msgspec.Struct, kw_only=True, gc=False):
@@ -221,12 +215,18 @@ class Model(msgspec.Struct, kw_only=True, gc=False):
     held_for: str = ""
     # Replicas stopped to make room for it: it waits for them to go.
     preempting: list[str] = []
+    # Nodes where a replica of it was not ready by its start deadline
+    # (admission.py), until one of its replicas is ready: they count as
+    # holding one of its replicas more for spread, so that the next goes
+    # elsewhere where it can. Without it, best fit (fewest GPUs free) gave
+    # every retry to the node that never started the first.
+    late_nodes: list[str] = []
 
 
 # The fields of a Model that a new definition of it does not reset.
 RUNTIME = (
     "desired", "load", "last_used", "peaks", "start_failures", "last_failure", "failed_at", "parked",
-    "restart_queue", "restart_surge", "restart_unavailable", "held_until", "held_for", "preempting",
+    "restart_queue", "restart_surge", "restart_unavailable", "held_until", "held_for", "preempting", "late_nodes",
 )
 
 
