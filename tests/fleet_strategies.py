@@ -359,7 +359,7 @@ class World:
     def kinds(self) -> list[str]:
         kinds = ["decide", "status", "apply", "register", "decide", "status", "apply", "status", "register"]
         kinds += ["status", "decide", "remove", "lose", "load", "restart", "retry", "owner", "ports", "ports"]
-        kinds += ["admit", "admit", "policy"]
+        kinds += ["admit", "admit", "policy", "policy"]
         if self.stale:
             kinds += ["stale", "stale"]
         if self.rogue:
@@ -391,6 +391,15 @@ class World:
                 step = Step(kind="register", before=self.states[-1])
                 self._step_register(step, name)
                 yield step
+            if self.draw(st.booleans(), "pools admitted at the start"):
+                # An operator admits what the nodes claim (`ctl node admit`):
+                # without it no pool counts, and pool rules meet nothing.
+                for name in sorted(self.fleet):
+                    claimed = self.facts[name].labels.get("llmgw.io/pool", "")
+                    if claimed:
+                        step = Step(kind="admit", before=self.states[-1])
+                        self._emit(step, ev.NodeLabeled(at=self.tick(), node=name, set={"pool": claimed}))
+                        yield step
             if self.facility:
                 step = Step(kind="budget", before=self.states[-1])
                 self._step_budget(step)

@@ -216,3 +216,26 @@ def test_a_pool_restricted_profile_is_placed_only_on_nodes_whose_pool_the_operat
                 assert node.labels.get(POOL) == prof.pool
                 own = node.claims.get(POOL) if before.policy.admission == "open" else None
                 assert prof.pool in (node.operator_labels.get(POOL), own)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_every_replica_past_its_start_deadline_is_stopped_by_the_next_pass(data):
+    """Worlds whose policies set short start deadlines (fleet_strategies'
+    policy step): a fresh pass stops every replica placed and not ready by
+    its deadline, whatever else it decides, and nothing before it."""
+    world = World(data)
+    for step in world.run():
+        if not isinstance(step.event, ev.Decided) or not step.fresh:
+            continue
+        before, now = step.state_before(), step.event.at
+        stopped = {a.replica: a for a in step.event.actions if isinstance(a, ev.StopReplica)}
+        timeout = before.policy.start_timeout_s
+        for rid in before.unstarted:
+            rep = before.replicas[rid]  # (the fold keeps none that has gone)
+            late = not rep.ready_at and not rep.want_shards and rep.state not in ("ready", "stopping", "failed")
+            if late and now - rep.placed_at > timeout:
+                assert rid in stopped, f"{rid} placed at {rep.placed_at}, not ready at {now}: not stopped"
+        for rid, a in stopped.items():
+            if a.failed_to_start:
+                assert now - before.replicas[rid].placed_at > timeout
