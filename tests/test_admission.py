@@ -239,3 +239,26 @@ def test_every_replica_past_its_start_deadline_is_stopped_by_the_next_pass(data)
         for rid, a in stopped.items():
             if a.failed_to_start:
                 assert now - before.replicas[rid].placed_at > timeout
+
+
+def test_the_catalog_s_policy_sets_admission_and_the_start_deadline_and_ctl_shows_them(tmp_path):
+    from llmgw.ctl import views
+    from llmgw.ctl.catalog_file import load_catalog
+    from llmgw.core.policy import DEFAULT, FIELDS
+    from llmgw.yamlfile import YamlFileError
+
+    path = tmp_path / "catalog.yaml"
+    path.write_text("policy:\n  admission: open\n  start_timeout_s: 90\n")
+    policy = load_catalog(path).policy
+    assert policy.admission == "open" and policy.start_timeout_s == 90
+    assert DEFAULT.admission == "operator" and DEFAULT.start_timeout_s == 1800
+    for bad in ("admission: trusting", "start_timeout_s: 0"):
+        path.write_text(f"policy:\n  {bad}\n")
+        try:
+            load_catalog(path)
+            raise AssertionError(f"{bad} accepted")
+        except (YamlFileError, ValueError):
+            pass
+    rows = [{"field": f, "value": getattr(policy, f), "default": getattr(DEFAULT, f), "seq": 7} for f in FIELDS]
+    text = views.render("policy", rows, "table", width=200)
+    assert "admission" in text and "open" in text and "operator" in text and "start_timeout_s" in text

@@ -46,6 +46,11 @@ def _location(location: dict) -> str:
     return ",".join(f"{k}={location[k]}" for k in KINDS_OF_PLACE if k in location)
 
 
+def _number(value) -> str:
+    """A policy's value: a number as %g, a word (admission: operator) as it is."""
+    return value if isinstance(value, str) else format(value, "g")
+
+
 def _labels(labels: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
@@ -157,7 +162,7 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
     "policy": (
         "field",
         ["FIELD", "VALUE", "DEFAULT", "SET AT"],
-        lambda r: [r["field"], format(r["value"], "g"), format(r["default"], "g"), str(r["seq"]) if r["seq"] else ""],
+        lambda r: [r["field"], _number(r["value"]), _number(r["default"]), str(r["seq"]) if r["seq"] else ""],
     ),
 }
 
