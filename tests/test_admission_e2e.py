@@ -26,6 +26,7 @@ from llmgw.bus.nats import NatsBus
 from llmgw.core import events as ev
 from llmgw.core.fold import apply
 from llmgw.core.state import State
+from llmgw.gateway import routing
 
 from .conftest import run_llmgw
 from .scenario import publish
@@ -145,6 +146,11 @@ def test_a_node_s_own_word_decides_no_placement_and_no_routing(tmp_path, process
         stray = state.nodes["mallory"].strays[rep.shards[0].id]
         assert stray.reason == f"replica {rep.id} was placed on idle: node mallory may claim only shards placed on it"
         assert any(isinstance(a, ev.StopStray) and a.node == "mallory" for a in decided(up))
+        # The gateway's table, built from the same log: secure's prompts go
+        # to the replica on trusted only, never to mallory's endpoint.
+        targets = routing.build(state).resolve("secure").targets
+        assert [t.replica for t in targets] == [secure[0]["id"]]  # the one ready on trusted
+        assert state.replicas[secure[0]["id"]].shards[0].node == "trusted"
         out = ctl(up, "describe", "node", "mallory")
         assert "may claim only shards placed on it" in out.stdout, out.stdout
     finally:
