@@ -4,7 +4,10 @@ An agent that registers says every shard it runs. `take_reports` matches
 that against what the log believes runs on the node: shards we placed that
 it reports are kept, those it does not mention have failed, and what else it
 runs is adopted when the catalog still asks for it, or kept as a stray (its
-GPUs and port held until it exits) when nothing claims it.
+GPUs and port held until it exits) when nothing claims it. A node claims
+only what the log placed on it, and adopts only into a pool it is in
+(admission.py): a replica placed on another node, reported here, is a stray
+here (it was taken over, and its prompts with it: issue 35).
 """
 
 from __future__ import annotations
@@ -90,7 +93,8 @@ def _adopt(state: State, node: Node, rid: str, group: list[ev.RunningShard], at:
       treated as rivals: they are simply on a node whose agent registered a
       moment later (treating them as a competing claim tore multi-node
       replicas apart on every restart).
-    - A reported replica replaces one we merely placed under the same id; if
+    - A reported replica replaces one we merely placed under the same id on
+      this node (one placed on another is refused before: admission.py); if
       ours has a shard that came up, two things really run, and the one we
       did not ask for is the stray.
     - Ids are never used twice in one log: a replica that this log placed
