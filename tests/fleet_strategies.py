@@ -430,6 +430,12 @@ class World:
         claim counts only so (or under `admission: open`)."""
         name = self.draw(sampled_from(sorted(self.fleet)))
         claimed = self.facts[name].labels.get("llmgw.io/pool", "")
+        if self.draw(st.booleans()):  # `ctl node admit`: its GPUs as claimed, or fewer (it claims more since)
+            gpus = self.fleet[name]
+            count = self.draw(st.integers(max(len(gpus) - 2, 0), len(gpus)))
+            models = sorted({g.model for g in gpus[:count]})
+            self._emit(step, ev.NodeAdmitted(at=self.tick(), node=name, gpus=count, gpu_models=models, pool=claimed))
+            return
         if self.draw(st.integers(0, 3)):
             pool = claimed if claimed and self.draw(st.booleans()) else self.draw(sampled_from([p for p in POOLS if p]))
             event = ev.NodeLabeled(at=self.tick(), node=name, set={"pool": pool})
@@ -441,7 +447,7 @@ class World:
         """An operator applies a policy: whose word counts for a node's pool,
         and a start deadline short enough to pass within a world's steps."""
         policy = Policy(
-            admission=self.draw(sampled_from(("operator", "open"))),
+            admission=self.draw(sampled_from(("operator", "open", "manual"))),
             start_timeout_s=self.draw(sampled_from((45.0, 200.0, 1800.0))),
         )
         self._emit(step, ev.PolicyApplied(at=self.tick(), policy=policy))

@@ -71,6 +71,47 @@ def test_policy_open_counts_the_node_s_own_word_and_operator_takes_it_back():
     assert [a for a in f.decide() if isinstance(a, ev.PlaceReplica)] == []
 
 
+def test_manual_admission_places_on_a_node_only_once_admitted_and_while_it_claims_no_more():
+    f = Fleet()
+    policy(f, admission="manual")
+    f.register("a", gpus=2, gpu_model="A100", labels={POOL: "secure"})
+    f.apply(model("m"))
+    (wait,) = f.decide()
+    assert isinstance(wait, ev.ModelWaiting) and "waits for admission (`llmgw ctl node admit a`" in wait.reason
+    f.publish(ev.NodeAdmitted(at=f.tick(), node="a", gpus=2, gpu_models=["A100"], pool="secure"))
+    node = f.state.nodes["a"]
+    assert node.cordon == "" and node.labels[POOL] == "secure" and node.operator_labels[POOL] == "secure"
+    assert said(f.decide()) == ["place m-1 (m/default) on a:[0]"]
+    f.make_ready()
+    # It claims more than it was admitted with: cordoned again; what runs stays.
+    f.register("a", gpus=8, gpu_model="H100", running=f.running_on("a"), labels={POOL: "secure"})
+    node = f.state.nodes["a"]
+    assert node.cordon.startswith("claims 8 GPU(s) (H100), admitted with 2 (A100)")
+    assert f.state.replicas["m-1"].state == "ready"
+    f.apply(model("m", min_replicas=2))
+    assert [a for a in f.decide() if isinstance(a, ev.PlaceReplica)] == []
+    # A stale placement decided before the cordon is voided by the fold.
+    rogue = ev.PlaceReplica(replica="m-2", model="m", profile="default", fingerprint=f.state.models["m"].fingerprints["default"],
+                            shards=[ev.ShardPlacement(shard="m-2.0", node="a", rank=0, gpus=[5], port=20005)], reason="stale")
+    f.publish(ev.Decided(at=f.tick(), basis=f.state.seq, actions=[rogue]))
+    assert "m-2" not in f.state.replicas and "claims 8 GPU(s)" in f.state.voided[-1].reason
+    f.publish(ev.NodeAdmitted(at=f.tick(), node="a", gpus=8, gpu_models=["H100"]))
+    assert said(f.decide()) == ["place m-2 (m/default) on a:[1]"]
+    policy(f, admission="operator")  # back: nothing cordoned
+    f.register("b", gpus=1)
+    assert f.state.nodes["b"].cordon == ""
+
+
+def test_manual_admission_a_node_not_admitted_adopts_nothing():
+    f = Fleet()
+    policy(f, admission="manual")
+    f.apply(model("m"))
+    engine = ev.RunningShard(shard="m-9.0", replica="m-9", model="m", profile="default", generation=3, gpus=[0],
+                             port=20000, state="ready", endpoint="http://x:20000")
+    f.register("x", gpus=1, running=[engine])
+    assert "m-9" not in f.state.replicas and "waits for admission" in f.state.nodes["x"].strays["m-9.0"].reason
+
+
 # --------------------------------------------------------------------------- rule 2: only what the log placed there
 
 
@@ -196,10 +237,12 @@ def test_a_slow_start_ready_by_its_deadline_is_not_touched_and_repeated_timeouts
 @settings(max_examples=40, deadline=None)
 @given(st.data())
 def test_a_pool_restricted_profile_is_placed_only_on_nodes_whose_pool_the_operator_set(data):
-    """Worlds where agents claim pools and operators set and remove them, and
-    policies switch between operator and open: every placement of a profile
-    with a pool lands on nodes whose counted pool is that one, and that pool
-    is the operator's (or, under `open`, the node's claim)."""
+    """Worlds where agents claim pools and operators set and remove them,
+    admit nodes, and policies switch between operator, open and manual:
+    every placement of a profile with a pool lands on nodes whose counted
+    pool is that one, and that pool is the operator's (or, under `open`,
+    the node's claim); under `manual`, only on admitted nodes that claim no
+    more than they were admitted with."""
     world = World(data)
     for step in world.run():
         if not isinstance(step.event, ev.Decided) or not step.fresh:
@@ -208,12 +251,17 @@ def test_a_pool_restricted_profile_is_placed_only_on_nodes_whose_pool_the_operat
         for a in step.event.actions:
             if not isinstance(a, ev.PlaceReplica):
                 continue
+            if before.policy.admission == "manual":
+                for s in a.shards:
+                    adm, node = before.admitted.get(s.node), before.nodes[s.node]
+                    assert adm is not None and len(node.gpus) <= adm.gpus, f"{s.node} not admitted for what it claims"
+                    assert {g.model for g in node.gpus} <= set(adm.gpu_models)
             prof = profile_named(before.models[a.model].spec, a.profile)
             if not prof.pool:
                 continue
             for s in a.shards:
                 node = before.nodes[s.node]
-                assert node.labels.get(POOL) == prof.pool
+                assert node.labels.get(POOL) == prof.pool and not node.cordon
                 own = node.claims.get(POOL) if before.policy.admission == "open" else None
                 assert prof.pool in (node.operator_labels.get(POOL), own)
 

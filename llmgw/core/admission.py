@@ -20,6 +20,9 @@ Three rules, one per finding, each read by the fold or by decide:
    lab, a test fleet with no operator). Only the pool: it is the label that
    keeps a model to trusted nodes (ProfileSpec.pool); fabric and location
    labels steer where among the nodes a model may use, not whether it may.
+   The policy `admission: manual` goes further: a node is placed on only
+   once an operator admitted it (NodeAdmitted), and only while it claims no
+   more GPUs, of no other models, than then (`cordoned`).
 2. **A node claims only what the log placed on it** (`claim_problem`). A
    registration that says a node runs a replica the log placed on another
    node does not take it over: what it runs is a stray there, stopped, and
@@ -45,7 +48,7 @@ from __future__ import annotations
 from . import events as ev
 from .catalog import profile_named
 from .nodeindex import POOL_LABEL, touch
-from .state import Node, Replica, State
+from .state import Admitted, Node, Replica, State
 
 # The labels whose value is the operator's to set (rule 1), by whole name,
 # and the short keys `llmgw ctl label` takes for them.
@@ -82,16 +85,56 @@ def counted(state: State, node: Node, key: str) -> str:
 
 
 def settle(state: State, node: Node) -> None:
-    """Put into the node's labels the restricted ones that count (after a
-    registration, an operator's label, a policy change)."""
+    """Put into the node's labels the restricted ones that count, and say
+    whether it is cordoned (after a registration, an operator's label or
+    admission, a policy change)."""
     labels = {k: v for k, v in node.labels.items() if k not in RESTRICTED}
     for key in RESTRICTED:
         value = counted(state, node, key)
         if value:
             labels[key] = value
-    if labels != node.labels:
-        node.labels = labels
-        touch(state, node.name)  # its pool files it in the placement index
+    cordon = cordoned(state, node)
+    if labels != node.labels or cordon != node.cordon:
+        node.labels, node.cordon = labels, cordon
+        touch(state, node.name)  # its pool and its cordon file it in the placement index
+
+
+def cordoned(state: State, node: Node) -> str:
+    """Why placement passes the node over under `admission: manual` ("" : it
+    does not): not admitted, or claiming more GPUs, or other models of
+    them, than it was admitted with (a node that claimed 8 H100s got the
+    restricted model's prompts: issue 35)."""
+    if state.policy.admission != "manual":
+        return ""
+    admitted = state.admitted.get(node.name)
+    if admitted is None:
+        return f"waits for admission (`llmgw ctl node admit {node.name}`: the policy is admission: manual)"
+    models = sorted({g.model for g in node.gpus})
+    if len(node.gpus) > admitted.gpus or not set(models) <= set(admitted.gpu_models):
+        return (f"claims {len(node.gpus)} GPU(s) ({', '.join(models) or 'no model'}), admitted with "
+                f"{admitted.gpus} ({', '.join(admitted.gpu_models) or 'no model'}): `llmgw ctl node admit "
+                f"{node.name}` again if that is so")
+    return ""
+
+
+def node_admitted(state: State, e: ev.NodeAdmitted, seq: int) -> None:
+    """An operator admitted a node: its GPUs as claimed then, and its pool
+    (the operator's from now on, as `ctl label NODE pool=` sets it)."""
+    from . import facility  # here: facility imports this module in its handlers
+
+    if e.gpus < 0 or len(e.gpu_models) > 64:
+        from .fold import Refused  # the fold imports this module
+
+        raise Refused(f"node.admitted of {e.node}: a count of GPUs and at most 64 models")
+    state.admitted[e.node] = Admitted(gpus=e.gpus, gpu_models=sorted(set(e.gpu_models)))
+    if e.pool:
+        facility.node_labeled(state, ev.NodeLabeled(at=e.at, node=e.node, set={"pool": e.pool}), seq)
+    node = state.nodes.get(e.node)
+    if node is not None:
+        settle(state, node)
+
+
+HANDLERS = {ev.NodeAdmitted: node_admitted}
 
 
 def settle_all(state: State) -> None:
@@ -113,6 +156,8 @@ def claim_problem(state: State, node: Node, rid: str, group: list[ev.RunningShar
     """Why shards a registering node reports, of replica `rid`, that the log
     did not place on it, may not be taken as its ("" when adoption may
     rebuild or merge them, as adoption.py says)."""
+    if node.cordon:
+        return f"node {node.name} {node.cordon}: it adopts nothing meanwhile"
     existing = state.replicas.get(rid)
     if existing is not None:
         if not existing.want_shards:

@@ -90,6 +90,8 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         node = nodes.get(s.node)
         if node is None or node.state != "ready":
             return f"node {s.node} is not ready"
+        if node.cordon:
+            return f"node {s.node} {node.cordon}"
         memory_used, cpu_used = node.memory_used, node.cpu_used
         if handed:
             for sh in handed.values():

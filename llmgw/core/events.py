@@ -234,6 +234,20 @@ class NodeLabeled(Event, tag="node.labeled"):
     remove: list[str] = []
 
 
+class NodeAdmitted(Event, tag="node.admitted"):
+    """An operator admitted a node (`llmgw ctl node admit NODE`): what it
+    claimed of itself is granted, as it claimed it then. Its pool becomes
+    the operator's (as `ctl label NODE pool=` sets it); its GPUs (how many,
+    of which models) are what it may claim from then on under the policy
+    `admission: manual`, where a node is placed on only once admitted and
+    only while it claims no more than that (core/admission.py)."""
+
+    node: str
+    gpus: int = 0
+    gpu_models: list[str] = []
+    pool: str = ""
+
+
 class DomainHeld(Event, tag="domain.held"):
     """An operator held a facility domain (`llmgw ctl facility hold rack/r4-12`):
     nothing new is placed in it; with `drain`, its replicas are replaced
@@ -545,6 +559,7 @@ AnyEvent = Union[
     FacilityApplied,
     NodePower,
     PolicyApplied,
+    NodeAdmitted,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
@@ -573,6 +588,7 @@ ORIGIN: dict[type[Event], str] = {
     FacilityApplied: "ctl",
     NodePower: "agent",
     PolicyApplied: "ctl",
+    NodeAdmitted: "ctl",
 }
 
 

@@ -53,7 +53,8 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 14: each domain's counted draw is kept by the fold (state.domain_draw).
 # 15: admission (admission.py): a node's own pool is a claim, counted only
 #     when an operator set it (or the policy is open); a node's report of a
-#     replica placed elsewhere is a stray; a start deadline (state.unstarted).
+#     replica placed elsewhere is a stray; a start deadline (state.unstarted);
+#     under `admission: manual`, a node not admitted (NodeAdmitted) is cordoned.
 FOLD_VERSION = 15
 
 
@@ -501,3 +502,4 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.PolicyApplied: _policy_applied,
 }
 _HANDLERS.update(facility.HANDLERS)  # location labels, holds, power caps, measured draw
+_HANDLERS.update(admission.HANDLERS)  # nodes an operator admitted

@@ -23,8 +23,10 @@ import msgspec
 # Who decides the labels that keep a model to trusted nodes (admission.py):
 # "operator", the default, counts only what an operator set (`llmgw ctl
 # label`, `llmgw ctl node admit`); "open" also counts what a node says of
-# itself, as before issue 35 (a lab, a test fleet with no operator).
-Admission = Literal["operator", "open"]
+# itself, as before issue 35 (a lab, a test fleet with no operator);
+# "manual" is "operator", and a node is placed on only once admitted (`ctl
+# node admit`), and only while it claims no more GPUs than it was admitted with.
+Admission = Literal["operator", "open", "manual"]
 
 
 class Policy(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):

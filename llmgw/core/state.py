@@ -143,6 +143,10 @@ class Node(msgspec.Struct, kw_only=True, gc=False):
     # too, or the policy is `admission: open` (admission.py); `labels`
     # holds the values that count.
     claims: dict[str, str] = {}
+    # Why placement passes it over though it is ready ("" : it does not):
+    # under `admission: manual`, not admitted, or claiming more GPUs than
+    # it was admitted with (admission.settle).
+    cordon: str = ""
     # What its GPUs draw, as its agent last measured (NodePower), and when;
     # and its live shards not covered by a measurement yet, with the draw
     # each is counted at meanwhile (derived, like `used`).
@@ -250,6 +254,14 @@ class Hold(msgspec.Struct, kw_only=True, gc=False):
     drain: bool = False
 
 
+class Admitted(msgspec.Struct, kw_only=True, gc=False):
+    """What an operator admitted of a node (NodeAdmitted): the most GPUs it
+    may claim, of these models."""
+
+    gpus: int = 0
+    gpu_models: list[str] = []
+
+
 class Quarantined(msgspec.Struct, kw_only=True, gc=False):
     seq: int
     subject: str
@@ -310,6 +322,9 @@ class State(msgspec.Struct, kw_only=True, weakref=True):
     voided: list[Voided] = []
     # The numbers the rules decide with, as the last PolicyApplied said.
     policy: Policy = msgspec.field(default_factory=Policy)
+    # Nodes an operator admitted (`ctl node admit`), kept for nodes not
+    # registered now too: what they may claim (admission.py).
+    admitted: dict[str, Admitted] = {}
     # Replicas placed and never ready yet, by id, with when they were placed,
     # in log order: the candidates for the start deadline (admission.py).
     # Kept as placements land, replicas become ready and replicas go.

@@ -141,7 +141,7 @@ class _Policy(BaseModel):
     park_after: int = Field(DEFAULT.park_after, ge=1)
     adopt_wait_s: float = Field(DEFAULT.adopt_wait_s, ge=0)
     start_timeout_s: float = Field(DEFAULT.start_timeout_s, gt=0)
-    admission: Literal["operator", "open"] = DEFAULT.admission
+    admission: Literal["operator", "open", "manual"] = DEFAULT.admission
 
 
 class _Facility(BaseModel):

@@ -336,7 +336,7 @@ def node_row(n: Node) -> tuple:
     return (
         n.name,
         n.state,
-        n.reason,
+        n.reason or n.cordon,  # (a ready node cordoned says why: admission.py)
         len(n.gpus),
         len(used),
         _json_text(gpus),
