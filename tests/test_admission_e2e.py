@@ -171,3 +171,44 @@ async def _claim(up: Up, creds: str, rep) -> None:
                                              labels={"llmgw.io/pool": "secure"}))
     finally:
         await bus.close()
+
+
+MANUAL = """\
+policy:
+  admission: manual
+models:
+  - name: secure
+    profiles: [{name: p, gpus: 1, pool: secure}]
+"""
+
+
+def test_under_manual_admission_a_node_is_placed_on_once_admitted_and_not_while_it_claims_more(tmp_path, processes):
+    up = Up(tmp_path)
+    try:
+        catalog = tmp_path / "catalog.yaml"
+        catalog.write_text(MANUAL)
+        out = ctl(up, "apply", "-f", str(catalog))
+        assert out.returncode == 0, out.stderr
+        first = processes.start("gpu-1", "agent", "--simulate", "--name", "gpu-1", "--nats", up.url, "--gpus", "2",
+                                "--label", "llmgw.io/pool=secure", env=up.env)
+        until(lambda: "waits for admission" in ctl(up, "describe", "node", "gpu-1").stdout, "gpu-1 cordoned")
+        out = ctl(up, "describe", "node", "gpu-1")
+        assert "`llmgw ctl node admit gpu-1`" in out.stdout and "llmgw.io/pool=secure (not admitted" in out.stdout
+        until(lambda: "1 cordoned (first: gpu-1 waits for admission" in ctl(up, "describe", "model", "secure").stdout,
+              "secure says why it waits")
+        assert not replicas(up)
+
+        out = ctl(up, "node", "admit", "gpu-1")
+        assert out.returncode == 0, out.stderr
+        assert "node gpu-1 admitted: 2 GPU(s) (SIM-80GB), llmgw.io/pool=secure" in out.stdout, out.stdout
+        until(lambda: [r for r in replicas(up).values() if r["state"] == "ready" and r["nodes"] == ["gpu-1"]],
+              "secure ready on gpu-1")
+
+        # The same node comes back claiming more GPUs: cordoned again, what runs stays.
+        processes.kill9(first)
+        processes.start("gpu-1b", "agent", "--simulate", "--name", "gpu-1", "--nats", up.url, "--gpus", "8",
+                        "--label", "llmgw.io/pool=secure", env=up.env)
+        until(lambda: "claims 8 GPU(s) (SIM-80GB), admitted with 2" in ctl(up, "describe", "node", "gpu-1").stdout,
+              "gpu-1 cordoned for claiming more")
+    finally:
+        up.stop()

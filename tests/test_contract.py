@@ -99,6 +99,7 @@ def test_unknown_fields_from_a_newer_publisher_are_ignored(cls):
         ev.FacilityApplied: ev.FacilityApplied(at=1.0, budgets={"pdu/pdu-a": 12000.0}),
         ev.NodePower: ev.NodePower(at=1.0, node="n", watts=700.0, gpus={0: 350.0, 1: 350.0}),
         ev.PolicyApplied: ev.PolicyApplied(at=1.0, policy=Policy(min_lifetime_s=30.0)),
+        ev.NodeAdmitted: ev.NodeAdmitted(at=1.0, node="n", gpus=8, gpu_models=["H100"], pool="secure"),
     }[cls]
     data = msgspec.json.decode(ev.encode(sample))
     data["from_the_future"] = 42
