@@ -11,7 +11,7 @@ Issue 35, finding 5, tried against a real fleet with one node credential:
 
 Three rules, one per finding, each read by the fold or by decide:
 
-1. **The pool is the operator's** (`labels`, `settle`). A node's own
+1. **The pool is the operator's** (`take_claims`, `settle`). A node's own
    `llmgw.io/pool` (from its agent file) is kept as a claim (`Node.claims`)
    and steers nothing; the pool placement reads (`Node.labels`) is the one
    an operator set with `llmgw ctl label NODE pool=secure`, or admitted

@@ -26,9 +26,9 @@ them, and a fleet with nothing to do costs one look at each model and node.
 from __future__ import annotations
 
 from . import drains
-from .admission import overdue, start_overdue
 from . import events as ev
 from . import preempt
+from .admission import overdue, start_overdue
 from .passes import MAX_PASS_BYTES, ModelPass, Outcome, Pass, drain_s, place_one, why_no_fit
 from .quota import need, over_limit
 from .replicaindex import replicas_of
