@@ -78,6 +78,7 @@ from llmgw.core.decide import MAX_PASS_BYTES, decide  # noqa: E402
 from llmgw.core.fold import apply, copy_state, encode_state  # noqa: E402
 from llmgw.core.history import verify  # noqa: E402
 from llmgw.core.nodeindex import track  # noqa: E402
+from llmgw.core.policy import Policy  # noqa: E402
 from llmgw.core.state import State  # noqa: E402
 
 GOAL_PLACEMENTS = 5_000
@@ -143,6 +144,10 @@ def fleet(n: int, located: bool = False) -> list[ev.NodeRegistered]:
         )
     return out
 
+
+# The nodes' pools as their agents say them (the policy `admission: open`,
+# core/admission.py): what this measures is the search, not who set a pool.
+OPEN = ev.PolicyApplied(at=T0 - 1.0, policy=Policy(admission="open"))
 
 # (GPUs per shard, nodes per replica, share of all replicas)
 MIX = [(1, 1, 0.86), (2, 1, 0.06), (4, 1, 0.02), (8, 1, 0.01), (2, 2, 0.05)]
@@ -229,6 +234,7 @@ def run(nodes: int, replicas: int, repeat: int, small_budget: bool) -> dict:
     rng = random.Random(SEED)
     base = Log()
     t = now()
+    base.publish(OPEN)
     for e in fleet(nodes):
         base.publish(e)
     specs = catalog(replicas, rng)
@@ -346,6 +352,7 @@ def facility_comparison(nodes: int, replicas: int, repeat: int) -> None:
     bases = {}
     for located in (False, True):
         base = Log()
+        base.publish(OPEN)
         for e in fleet(nodes, located):
             base.publish(e)
         if located:

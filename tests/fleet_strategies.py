@@ -47,6 +47,7 @@ from llmgw.core.catalog import profile_named
 from llmgw.core.decide import decide
 from llmgw.core.fold import apply, decode_state, encode_state
 from llmgw.core.placement import port_range
+from llmgw.core.policy import Policy
 from llmgw.core.state import LIVE_SHARD_STATES, State
 
 GPU_MEMORY_GB = (16.0, 24.0, 40.0, 80.0)
@@ -358,6 +359,7 @@ class World:
     def kinds(self) -> list[str]:
         kinds = ["decide", "status", "apply", "register", "decide", "status", "apply", "status", "register"]
         kinds += ["status", "decide", "remove", "lose", "load", "restart", "retry", "owner", "ports", "ports"]
+        kinds += ["admit", "admit", "policy", "policy"]
         if self.stale:
             kinds += ["stale", "stale"]
         if self.rogue:
@@ -389,6 +391,15 @@ class World:
                 step = Step(kind="register", before=self.states[-1])
                 self._step_register(step, name)
                 yield step
+            if self.draw(st.booleans(), "pools admitted at the start"):
+                # An operator admits what the nodes claim (`ctl node admit`):
+                # without it no pool counts, and pool rules meet nothing.
+                for name in sorted(self.fleet):
+                    claimed = self.facts[name].labels.get("llmgw.io/pool", "")
+                    if claimed:
+                        step = Step(kind="admit", before=self.states[-1])
+                        self._emit(step, ev.NodeLabeled(at=self.tick(), node=name, set={"pool": claimed}))
+                        yield step
             if self.facility:
                 step = Step(kind="budget", before=self.states[-1])
                 self._step_budget(step)
@@ -410,6 +421,36 @@ class World:
         if self.draw(st.booleans()):
             spec = self.draw(model_specs(name, self.plain, self.facility))  # a changed spec
         self._emit(step, ev.ModelApplied(at=self.tick(), model=spec))
+
+    # ------------------------------------------------------------------ admission (core/admission.py)
+
+    def _step_admit(self, step: Step) -> None:
+        """An operator sets a node's pool (`llmgw ctl label NODE pool=`, or `ctl
+        node admit`, often what the node claims) or removes it: a node's own
+        claim counts only so (or under `admission: open`)."""
+        name = self.draw(sampled_from(sorted(self.fleet)))
+        claimed = self.facts[name].labels.get("llmgw.io/pool", "")
+        if self.draw(st.booleans()):  # `ctl node admit`: its GPUs as claimed, or fewer (it claims more since)
+            gpus = self.fleet[name]
+            count = self.draw(st.integers(max(len(gpus) - 2, 0), len(gpus)))
+            models = sorted({g.model for g in gpus[:count]})
+            self._emit(step, ev.NodeAdmitted(at=self.tick(), node=name, gpus=count, gpu_models=models, pool=claimed))
+            return
+        if self.draw(st.integers(0, 3)):
+            pool = claimed if claimed and self.draw(st.booleans()) else self.draw(sampled_from([p for p in POOLS if p]))
+            event = ev.NodeLabeled(at=self.tick(), node=name, set={"pool": pool})
+        else:
+            event = ev.NodeLabeled(at=self.tick(), node=name, remove=["pool"])
+        self._emit(step, event)
+
+    def _step_policy(self, step: Step) -> None:
+        """An operator applies a policy: whose word counts for a node's pool,
+        and a start deadline short enough to pass within a world's steps."""
+        policy = Policy(
+            admission=self.draw(sampled_from(("operator", "open", "manual"))),
+            start_timeout_s=self.draw(sampled_from((45.0, 200.0, 1800.0))),
+        )
+        self._emit(step, ev.PolicyApplied(at=self.tick(), policy=policy))
 
     # ------------------------------------------------------------------ the facility
 

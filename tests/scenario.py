@@ -66,6 +66,11 @@ class Fleet:
             )
         )
 
+    def admit(self, node: str, **labels: str) -> None:
+        """An operator sets a node's labels (`llmgw ctl label`, `ctl node
+        admit`): the pool counts only this way (core/admission.py)."""
+        self.publish(ev.NodeLabeled(at=self.tick(), node=node, set=labels))
+
     def lose(self, node: str, reason: str = "no heartbeat") -> None:
         self.publish(ev.NodeLost(at=self.tick(), node=node, reason=reason))
 

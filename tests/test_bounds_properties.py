@@ -184,6 +184,9 @@ def test_the_longest_registration_and_the_largest_model_fold_place_snapshot_proj
     model.owner = "o"
     events = [
         _worst_node("a" * 64), _worst_node("b" * 64), owner,
+        # The pool is the operator's to set (core/admission.py): what the nodes claim steers nothing.
+        ev.NodeLabeled(at=bounds.MAX_TIME, node="a" * 64, set={"pool": "p"}),
+        ev.NodeLabeled(at=bounds.MAX_TIME, node="b" * 64, set={"pool": "p"}),
         ev.FacilityApplied(at=bounds.MAX_TIME, budgets={"pdu/p": bounds.MAX_DOMAIN_WATTS}),
         ev.ModelApplied(at=bounds.MAX_TIME, model=model),
         ev.ModelLoad(at=bounds.MAX_TIME, gateway="g" * 64, model=model.name, in_flight=bounds.MAX_COUNTER,

@@ -59,8 +59,10 @@ def test_operator_labels_win_over_the_agents_until_removed():
 def test_a_label_that_is_not_a_location_is_refused():
     f = Fleet()
     f.register("a")
-    f.publish(ev.NodeLabeled(at=f.tick(), node="a", set={"llmgw.io/pool": "x"}))
+    f.publish(ev.NodeLabeled(at=f.tick(), node="a", set={"llmgw.io/fabric": "x"}))
     assert f.state.quarantine_count == 1 and "only location labels" in f.state.quarantined[-1].error
+    f.publish(ev.NodeLabeled(at=f.tick(), node="a", set={"llmgw.io/pool": "x"}))  # the pool is the operator's too
+    assert f.state.quarantine_count == 1 and f.state.nodes["a"].labels["llmgw.io/pool"] == "x"
 
 
 # --------------------------------------------------------------------------- spread

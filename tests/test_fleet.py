@@ -168,7 +168,7 @@ def test_a_fleet_of_simulated_nodes_registers_serves_fails_and_falls_silent(tmp_
         assert sorted(state.nodes) == [f"f-{i:02d}" for i in range(1, 13)]
         assert state.nodes["f-05"].labels["llmgw.io/rack"] == "rack-0002"
         assert state.nodes["f-05"].labels["llmgw.io/pdu"] == "pdu-0003"
-        assert state.nodes["f-05"].labels["llmgw.io/pool"] == "pool-2"  # --label: a pattern too
+        assert state.nodes["f-05"].claims["llmgw.io/pool"] == "pool-2"  # --label: a pattern too (a claim: admission.py)
         ready_now = [r for r in state.replicas.values() if r.state == "ready"]
         deadline = time.monotonic() + 30
         while not all(state.nodes[r.shards[0].node].power_w == 300 for r in ready_now) and time.monotonic() < deadline:

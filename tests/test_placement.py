@@ -201,6 +201,8 @@ def test_pool_a_profile_asks_for_takes_only_nodes_with_that_label():
     f.register("a", gpus=8)
     f.register("b", gpus=8, labels={POOL_LABEL: "batch"})
     f.register("c", gpus=8, labels={POOL_LABEL: "serve"})
+    f.admit("b", pool="batch")  # the pool counts as an operator set it (admission.py)
+    f.admit("c", pool="serve")
     f.apply(model("m", min_replicas=2, profiles=[profile(gpus=1, pool="serve")]))
     assert where(f.decide()) == [("c",), ("c",)]
     r = reasons_of(f, "m", "p")
@@ -327,6 +329,7 @@ def test_the_first_profile_that_fits_wins():
 def test_explain_gives_each_node_its_reasons_for_each_profile():
     f = Fleet()
     f.register("a", gpus=2, gpu_model="L4", memory_gb=64, cpu_cores=8, labels={POOL_LABEL: "batch"})
+    f.admit("a", pool="batch")
     f.register("b", gpus=8, mem=40)
     f.register("c", gpus=8)
     f.lose("c")
@@ -372,6 +375,8 @@ def test_the_waiting_reason_is_a_summary_of_what_explain_says():
     f.register("a", gpus=2, labels={POOL_LABEL: "batch"})
     f.register("b", gpus=2, labels={POOL_LABEL: "serve"})
     f.register("c", gpus=8, labels={POOL_LABEL: "batch"})
+    for node, pool in (("a", "batch"), ("b", "serve"), ("c", "batch")):
+        f.admit(node, pool=pool)
     f.apply(model("m", profiles=[profile(gpus=4, pool="serve")]))
     (wait,) = f.decide()
     e = explain(f.state, "m")

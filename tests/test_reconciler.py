@@ -599,18 +599,21 @@ def test_adoption_stops_a_multi_node_replica_whose_other_shards_are_not_reported
     assert said(f.decide()) == ["stop stray big-1.1 on b", "big waits"]  # for its GPUs: held until it exits
 
 
-def test_adoption_a_reported_replica_replaces_one_merely_placed_under_the_same_id():
+def test_adoption_a_reported_replica_placed_on_another_node_is_a_stray_there():
+    # Issue 35, finding 5: this was adopted ("merely placed: what the fleet
+    # runs wins"), and an attacker's node that reported a replica placed
+    # elsewhere took it over and its prompts. A node claims only what the
+    # log placed on it (admission.py): the copy is a stray, ours stays.
     old = old_fleet(model("m"), {"b": {"gpus": 1}})
     f = Fleet()
     f.register("a", gpus=1)
     f.apply(model("m"))
     assert said(f.decide()) == ["place m-1 (m/default) on a:[0]"]  # before b's agent said what it runs
     f.register("b", gpus=1, running=old.running_on("b"))
-    assert [s.node for s in f.state.replicas["m-1"].shards] == ["b"] and f.ready("m") == ["m-1"]
-    assert f.state.nodes["a"].used == {} and f.state.nodes["a"].ports == {}  # what ours held is free again
-    assert list(cmds.outstanding(f.state)) == []  # and nothing is started on a
-    assert replicaindex.check(f.state) == []  # the model's replicas as the pass reads them: the adopted one
-    assert f.decide() == []
+    assert [s.node for s in f.state.replicas["m-1"].shards] == ["a"] and f.state.replicas["m-1"].state == "placing"
+    assert f.state.nodes["b"].strays["m-1.0"].reason == "replica m-1 was placed on a: node b may claim only shards placed on it"
+    assert replicaindex.check(f.state) == []
+    assert said(f.decide()) == ["stop stray m-1.0 on b"]
 
 
 def test_adoption_a_reported_replica_is_a_stray_when_ours_has_come_up():
@@ -623,7 +626,7 @@ def test_adoption_a_reported_replica_is_a_stray_when_ours_has_come_up():
     f.register("b", gpus=1, running=old.running_on("b"))
     assert [s.node for s in f.state.replicas["m-1"].shards] == ["a"]
     stray = f.state.nodes["b"].strays["m-1.0"]
-    assert stray.reason == "replica m-1 runs on a already: this copy of it is not the one the control plane placed"
+    assert stray.reason == "replica m-1 was placed on a: node b may claim only shards placed on it"
     assert said(f.decide()) == ["stop stray m-1.0 on b"]
 
 

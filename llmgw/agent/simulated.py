@@ -55,6 +55,7 @@ class SimulatedAgent:
         loading_after: float = 0.1,
         ready_after: float = 0.5,
         fail_models: frozenset[str] = frozenset(),
+        never_start: bool = False,
         heartbeat: float = 1.0,
         clock: Callable[[], float] = time.time,
         serve: bool = True,
@@ -83,6 +84,10 @@ class SimulatedAgent:
         self.loading_after = loading_after
         self.ready_after = ready_after
         self.fail_models = fail_models
+        # A node that takes what it is given and never starts it nor says so
+        # (issue 35, finding 5: those replicas stayed "placing" for ever),
+        # for the tests of the start deadline (core/admission.py).
+        self.never_start = never_start
         self.heartbeat = heartbeat
         self.clock = clock
         self.instance = uuid.uuid4().hex[:8]
@@ -213,6 +218,8 @@ class SimulatedAgent:
             asyncio.create_task(self._stop(cmd))
 
     async def _start(self, cmd: cmds.StartShard) -> None:
+        if self.never_start:
+            return
         # In place of another shard: its GPUs and port are ours once it has exited.
         while any(s in self.running for s in cmd.after):
             await asyncio.sleep(0.02)

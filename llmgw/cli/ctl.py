@@ -242,7 +242,7 @@ def add_parser(sub) -> None:
     explain.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text", help="text for people, json or yaml")
 
     facility_cli.add_parsers(verb, lambda p: _where_flags(p, argparse.SUPPRESS), _wait_flags, dry_run_flags)
-    node_ctl.add_parsers(verb, lambda p: _where_flags(p, argparse.SUPPRESS))
+    node_ctl.add_parsers(verb, lambda p: _where_flags(p, argparse.SUPPRESS), _wait_flags)
 
     from .main import cmd_ctl
 

@@ -11,19 +11,20 @@ from __future__ import annotations
 import time
 
 from ..core import events as ev
-from ..core import facility
+from ..core import admission, facility
 from ..ctl import views
 from ..ctl.config import CONFIG
 from ..ctl.readmodels import ReadModels
 
 ABOUT = {
     "ctl label": (
-        "Set or remove a node's location labels (site, room, row, rack, pdu): KIND=NAME sets, KIND- removes.\n"
-        "Set this way they win over the node's agent file until removed, when the agent's show again.\n"
+        "Set or remove a node's location labels (site, room, row, rack, pdu) or its pool: KIND=NAME sets, KIND-\n"
+        "removes. Set this way they win over the node's agent file until removed, when the agent's show again;\n"
+        "a pool counts only when set this way (or by `ctl node admit`), unless the policy says admission: open.\n"
         "Placement spreads a model's replicas across racks and PDUs, and holds and power caps name domains\n"
         "of these labels (KIND/NAME).",
         ["llmgw ctl label gpu-1 rack=r4-12 pdu=pdu-a", "llmgw ctl label gpu-1 rack-",
-         "llmgw ctl label gpu-1 llmgw.io/row=row-4"],
+         "llmgw ctl label gpu-1 llmgw.io/row=row-4", "llmgw ctl label gpu-1 pool=secure"],
     ),
     "ctl facility": (
         "The facility's domains (KIND/NAME: site, room, row, rack, pdu): nodes in each, GPUs used and free,\n"
@@ -48,11 +49,12 @@ ABOUT = {
 
 def add_parsers(verb, where_flags, wait_flags, dry_run_flags) -> None:
     """The verbs, on ctl's subparsers (`verb(name, help)` makes one)."""
-    label = verb("label", "set (KIND=NAME) or remove (KIND-) a node's location labels")
+    label = verb("label", "set (KIND=NAME) or remove (KIND-) a node's location labels or its pool")
     label.add_argument("node", metavar="NODE", help="the node (`llmgw ctl get nodes` lists them)")
     label.add_argument(
         "labels", nargs="+", metavar="KIND=NAME|KIND-",
-        help=f"KIND one of {', '.join(facility.KINDS)} (or its whole label, llmgw.io/rack); KIND- removes it",
+        help=f"KIND one of {', '.join((*facility.KINDS, *admission.KEYS))} (or its whole label, llmgw.io/rack); "
+        "KIND- removes it",
     )
     wait_flags(label, "(nothing more to wait for: the read models show the location)")
 
@@ -92,25 +94,31 @@ async def _dry_run_facility(args, where_, action: str) -> int:
     return await _dry_run(args, where_, f"facility {action} {args.domain}{how}", as_if)
 
 
+def _label_name(key: str) -> str:
+    """A location's whole label name, or the pool's (the operator's to set: core/admission.py)."""
+    return facility.label_name(key) or admission.label_name(key)
+
+
 def parse_labels(items: list[str]) -> tuple[dict[str, str], list[str]]:
     """KIND=NAME and KIND- arguments as (set, remove); ValueError says what is wrong."""
     set_: dict[str, str] = {}
     remove: list[str] = []
+    kinds = ", ".join((*facility.KINDS, *admission.KEYS))
     for item in items:
         if item.endswith("-") and "=" not in item:
             key = item[:-1]
-            if not facility.label_name(key):
-                raise ValueError(f"{item!r}: {key!r} is not a location ({', '.join(facility.KINDS)})")
-            remove.append(facility.label_name(key))
+            if not _label_name(key):
+                raise ValueError(f"{item!r}: {key!r} is not a location or pool ({kinds})")
+            remove.append(_label_name(key))
             continue
         key, sep, value = item.partition("=")
         if not sep or not value:
             raise ValueError(f"{item!r}: give KIND=NAME to set or KIND- to remove")
-        if not facility.label_name(key):
-            raise ValueError(f"{item!r}: {key!r} is not a location ({', '.join(facility.KINDS)})")
+        if not _label_name(key):
+            raise ValueError(f"{item!r}: {key!r} is not a location or pool ({kinds})")
         if "/" in value or len(value) > 64:
             raise ValueError(f"{item!r}: a name without '/', at most 64 characters")
-        set_[facility.label_name(key)] = value
+        set_[_label_name(key)] = value
     return set_, remove
 
 

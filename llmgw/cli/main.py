@@ -725,6 +725,10 @@ def parser() -> argparse.ArgumentParser:
         help="simulated: shards of this model fail instead of becoming ready (repeat for more)",
     )  # fmt: skip
     agent.add_argument(
+        "--never-start", action="store_true",
+        help="simulated: start nothing it is given and say nothing of it (tests the start deadline)",
+    )  # fmt: skip
+    agent.add_argument(
         "--watts-per-gpu", type=float, default=0.0, metavar="W",
         help="simulated: the draw measured of each GPU in use, sent as node.power (0: none measured)",
     )  # fmt: skip

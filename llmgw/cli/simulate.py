@@ -114,6 +114,7 @@ def cmd_simulated(args) -> None:
             fleet = fleet_mod.Fleet(
                 buses, shapes, spread=fleet_mod.START_SPREAD_S if many else 0.0,
                 loading_after=args.loading_after, ready_after=args.ready_after, fail_models=frozenset(args.fail_model),
+                never_start=args.never_start,
                 heartbeat=args.heartbeat, serve=not args.no_serve, watts_per_gpu=args.watts_per_gpu,
                 power_limit_w=args.gpu_power, power_interval_s=args.power_interval, command_key=command_key,
                 max_term_jump=max_term_jump,

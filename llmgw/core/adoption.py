@@ -4,12 +4,16 @@ An agent that registers says every shard it runs. `take_reports` matches
 that against what the log believes runs on the node: shards we placed that
 it reports are kept, those it does not mention have failed, and what else it
 runs is adopted when the catalog still asks for it, or kept as a stray (its
-GPUs and port held until it exits) when nothing claims it.
+GPUs and port held until it exits) when nothing claims it. A node claims
+only what the log placed on it, and adopts only into a pool it is in
+(admission.py): a replica placed on another node, reported here, is a stray
+here (it was taken over, and its prompts with it: issue 35).
 """
 
 from __future__ import annotations
 
 from . import events as ev
+from .admission import claim_problem
 from .catalog import profile_named
 from .facility import shard_watts
 from .quota import count_shard
@@ -65,8 +69,11 @@ def take_reports(state: State, node: Node, e: ev.NodeRegistered) -> None:
         if r.shard not in ours:
             unknown.setdefault(r.replica, []).append(r)
     for rid, group in unknown.items():
-        for r in _adopt(state, node, rid, group, e.at):
-            why = _stray_reason(state, r, node.name)
+        # Not a replica placed elsewhere, nor one of a pool the node is not
+        # in (admission.py): those it may not claim are strays, stopped.
+        refused = claim_problem(state, node, rid, group)
+        for r in group if refused else _adopt(state, node, rid, group, e.at):
+            why = refused or _stray_reason(state, r, node.name)
             node.strays[r.shard] = Stray(generation=r.generation, gpus=list(r.gpus), port=r.port, reason=why)
             for g in r.gpus:
                 node.used.setdefault(g, r.shard)
@@ -86,7 +93,8 @@ def _adopt(state: State, node: Node, rid: str, group: list[ev.RunningShard], at:
       treated as rivals: they are simply on a node whose agent registered a
       moment later (treating them as a competing claim tore multi-node
       replicas apart on every restart).
-    - A reported replica replaces one we merely placed under the same id; if
+    - A reported replica replaces one we merely placed under the same id on
+      this node (one placed on another is refused before: admission.py); if
       ours has a shard that came up, two things really run, and the one we
       did not ask for is the stray.
     - Ids are never used twice in one log: a replica that this log placed

@@ -28,6 +28,7 @@ from __future__ import annotations
 from . import drains
 from . import events as ev
 from . import preempt
+from .admission import overdue, start_overdue
 from .bounds import clip
 from .passes import MAX_PASS_BYTES, ModelPass, Outcome, Pass, drain_s, place_one, why_no_fit
 from .quota import need, over_limit
@@ -63,12 +64,18 @@ def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Ac
     # The replicas of the models that need a look only (replicaindex.py), in
     # the state's order.
     by_model: dict[str, list[Replica]] = {}
+    timed_out: set[str] = set()  # models with one stopped past its start deadline: no replacement before the backoff
     for rep in replicas_of(state, look):
         if rep.state == "stopping":
             continue
         why = _why_stop(state, rep, now)
         if why:
             p.add(ev.StopReplica(replica=rep.id, reason=why))
+            continue
+        why = start_overdue(state, rep, now)
+        if why:
+            p.add(ev.StopReplica(replica=rep.id, reason=why, failed_to_start=True))
+            timed_out.add(rep.model)
         else:
             by_model.setdefault(rep.model, []).append(rep)
 
@@ -78,7 +85,7 @@ def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Ac
     for name in sorted((n for n in look if n in state.models), key=lambda n: (not _room_freed(state, n), n)):
         if p.full:
             break
-        _decide_model(p, state.models[name], by_model.get(name, []))
+        _decide_model(p, state.models[name], by_model.get(name, []), name in timed_out)
     return p.actions
 
 
@@ -102,6 +109,8 @@ def _models_to_look_at(state: State, now: float) -> set[str]:
     for name, t in tallies.items():
         if t.failed or t.unwanted or t.retiring or t.assembling:
             look.add(name)
+    if state.unstarted:
+        look |= overdue(state, now)
     for name, model in state.models.items():
         t = tallies.get(name)
         live = t.live if t is not None else 0
@@ -112,8 +121,11 @@ def _models_to_look_at(state: State, now: float) -> set[str]:
     return look
 
 
-def _decide_model(p: Pass, model: Model, live: list[Replica]) -> None:
-    """One model: its desired count, what is above and below it, its restarts."""
+def _decide_model(p: Pass, model: Model, live: list[Replica], late: bool = False) -> None:
+    """One model: its desired count, what is above and below it, its restarts.
+    `late`: a replica of it was stopped past its start deadline in this pass,
+    a start failure the fold counts when the pass lands; the replacement is
+    placed by a later pass, after the backoff, as after any start failure."""
     name = model.spec.name
     if p.stopped:
         # Replicas of this model preempted earlier in this pass are gone
@@ -121,6 +133,8 @@ def _decide_model(p: Pass, model: Model, live: list[Replica]) -> None:
         # another one too and left it below its minimum (a critical one too).
         live = [r for r in live if r.id not in p.stopped]
     m = ModelPass(p, model, live)
+    for node in model.late_nodes:  # where its replicas did not start in time: elsewhere first (admission.py)
+        m.spread[node] = m.spread.get(node, 0) + 1
     n = m.n
     if n != decided(model):
         p.add(ev.ScaleModel(model=name, desired=n, reason=why_desired(model, p.now)))
@@ -139,7 +153,7 @@ def _decide_model(p: Pass, model: Model, live: list[Replica]) -> None:
     # restart in place (max_unavailable), and the next pass scaled it down again.
     replaced = begin_restarts(p, m)  # (first: it moves replicas from serving to retiring)
     m.have = len(m.serving) + replaced
-    placing = _place_missing(p, m)
+    placing = _place_missing(p, m, late)
     if placing is None:
         return  # the pass's message is full: the next pass goes on
     outcome, waiting = placing
@@ -158,13 +172,13 @@ def _decide_model(p: Pass, model: Model, live: list[Replica]) -> None:
         p.add(ev.ModelWaiting(model=name, reason=waiting))
 
 
-def _place_missing(p: Pass, m: ModelPass) -> tuple[Outcome, str] | None:
+def _place_missing(p: Pass, m: ModelPass, late: bool = False) -> tuple[Outcome, str] | None:
     """Place the replicas the model is short of; how that went, and why it
     waits ("" when it does not). None: the pass's message filled up on the way."""
     if m.have >= m.n:
         return Outcome.ENOUGH, ""
     model, spec = m.model, m.spec
-    blocked = _blocked(p, model)
+    blocked = _blocked(p, model) or (f"a replica of {m.name} was not ready by its start deadline" if late else "")
     if blocked:
         return Outcome.NOT_TRIED, blocked
     number = p.next_number(m.name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from . import admission
 from . import events as ev
 from .catalog import profile_named
 from .facility import count_unmeasured, counted, place_one_shard, power_problem, shard_watts
@@ -89,6 +90,8 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         node = nodes.get(s.node)
         if node is None or node.state != "ready":
             return f"node {s.node} is not ready"
+        if node.cordon:
+            return f"node {s.node} {node.cordon}"
         memory_used, cpu_used = node.memory_used, node.cpu_used
         if handed:
             for sh in handed.values():
@@ -193,6 +196,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         rejections=list(a.rejections),
     )
     added(state, state.replicas[rid])
+    admission.placed(state, state.replicas[rid])
     if model.spec.owner:
         for sh in shards:
             count_shard(state, model.spec.owner, sh, +1)
@@ -211,6 +215,10 @@ def _stop(state: State, a: ev.StopReplica, e: ev.Decided, seq: int) -> str:
         return f"replica {a.replica} is gone"
     if rep.state == "stopping":
         return f"replica {a.replica} is stopping already"
+    if a.failed_to_start:
+        if rep.ready_at:
+            return f"replica {a.replica} became ready meanwhile"
+        admission.count_start_failure(state, rep, a.reason, e.at)
     tally = state.tallies[rep.model]
     tally.live -= 1
     if rep.state == "failed":

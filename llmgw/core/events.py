@@ -235,6 +235,20 @@ class NodeLabeled(Event, tag="node.labeled"):
     remove: b.LabelKeys = []
 
 
+class NodeAdmitted(Event, tag="node.admitted"):
+    """An operator admitted a node (`llmgw ctl node admit NODE`): what it
+    claimed of itself is granted, as it claimed it then. Its pool becomes
+    the operator's (as `ctl label NODE pool=` sets it); its GPUs (how many,
+    of which models) are what it may claim from then on under the policy
+    `admission: manual`, where a node is placed on only once admitted and
+    only while it claims no more than that (core/admission.py)."""
+
+    node: b.NodeRef
+    gpus: b.GpuCount = 0
+    gpu_models: b.many(b.GpuModel, b.MAX_GPUS_PER_NODE) = []
+    pool: b.LabelValue = ""
+
+
 class DomainHeld(Event, tag="domain.held"):
     """An operator held a facility domain (`llmgw ctl facility hold rack/r4-12`):
     nothing new is placed in it; with `drain`, its replicas are replaced
@@ -405,6 +419,9 @@ class StopReplica(Struct, tag_field="action", tag="stop"):
     reason: b.Text
     # Drain first: no new requests, and up to this long for those in flight.
     drain_s: b.Duration = 0.0
+    # Stopped for not being ready by its start deadline (core/admission.py):
+    # the fold counts it as a start failure of its model (backoff, parking).
+    failed_to_start: bool = False
 
 
 class ScaleModel(Struct, tag_field="action", tag="scale"):
@@ -574,6 +591,7 @@ AnyEvent = Union[
     PolicyApplied,
     NodeMuted,
     NodeUnmuted,
+    NodeAdmitted,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
@@ -604,6 +622,7 @@ ORIGIN: dict[type[Event], str] = {
     PolicyApplied: "ctl",
     NodeMuted: "control",
     NodeUnmuted: "ctl",
+    NodeAdmitted: "ctl",
 }
 
 

@@ -47,6 +47,11 @@ def why_no_fit(inv: Inventory, profiles: list[ProfileSpec]) -> str:
     """The reason a model waits, when none of its profiles fits: for each
     profile, how many nodes refuse it for each rule (a summary of `explain`)."""
     if not inv.ready():
+        # Those cordoned (admission.py) are ready but passed over: say why (a
+        # scan of the nodes, only when none is placeable, which is rare).
+        cordoned = sorted((n, node.cordon) for n, node in inv._state.nodes.items() if node.cordon and node.state == "ready")
+        if cordoned:
+            return f"no node is ready: {len(cordoned)} cordoned (first: {cordoned[0][0]} {cordoned[0][1]})"
         return "no node is ready"
     return "no room: " + "; ".join(summarize(profile_fit(inv, p)) for p in profiles)
 

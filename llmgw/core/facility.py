@@ -399,20 +399,23 @@ def render(rule: str, need: str, have: str) -> str:
 
 def node_labeled(state: State, e: ev.NodeLabeled, seq: int) -> None:
     """Operator location labels: set ones win over the agent's; removed ones
-    let the agent's show again. Only location labels (KINDS)."""
+    let the agent's show again. Only location labels (KINDS), and the
+    labels admission.py leaves to the operator (the pool)."""
+    from . import admission  # here: it imports catalog.py, which imports this module
+
     changes = {}
     for key, value in e.set.items():
-        name = label_name(key)
+        name = label_name(key) or admission.label_name(key)
         if not name:
-            raise _refused(f"label {key!r}: only location labels may be set this way ({', '.join(KINDS)})")
+            raise _refused(f"label {key!r}: only location labels ({', '.join(KINDS)}) and pool may be set this way")
         if not value or "/" in value or len(value) > 64:
             raise _refused(f"label {key}={value!r}: a name without '/', at most 64 characters")
         changes[name] = value
     removed = []
     for key in e.remove:
-        name = label_name(key)
+        name = label_name(key) or admission.label_name(key)
         if not name:
-            raise _refused(f"label {key!r}: only location labels may be removed this way ({', '.join(KINDS)})")
+            raise _refused(f"label {key!r}: only location labels ({', '.join(KINDS)}) and pool may be removed this way")
         removed.append(name)
     labels = dict(state.node_labels.get(e.node, {}))
     labels.update(changes)
@@ -426,6 +429,7 @@ def node_labeled(state: State, e: ev.NodeLabeled, seq: int) -> None:
     if node is not None:
         node.operator_labels = dict(labels)
         relocate(state, node.name)
+        admission.settle(state, node)
 
 
 def domain_held(state: State, e: ev.DomainHeld, seq: int) -> None:

@@ -20,7 +20,7 @@ from typing import Callable
 
 import msgspec
 
-from . import adoption, decisions, facility, muting
+from . import admission, adoption, decisions, facility, muting
 from . import events as ev
 from .catalog import NAME_RE, fingerprint, spec_problem
 from .policy import problem as policy_problem
@@ -51,9 +51,13 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 13: a placement whose shards do not take what its profile asks (a GPU
 #     count, a GPU twice, a shard count) is voided.
 # 14: each domain's counted draw is kept by the fold (state.domain_draw).
-# 15: muted nodes (muting.py): NodeMuted loses the node and quarantines its
+# 15: admission (admission.py): a node's own pool is a claim, counted only
+#     when an operator set it (or the policy is open); a node's report of a
+#     replica placed elsewhere is a stray; a start deadline (state.unstarted);
+#     under `admission: manual`, a node not admitted (NodeAdmitted) is cordoned.
+# 16: muted nodes (muting.py): NodeMuted loses the node and quarantines its
 #     agent's events until NodeUnmuted.
-FOLD_VERSION = 15
+FOLD_VERSION = 16
 
 
 class Refused(ValueError):
@@ -252,6 +256,7 @@ def _model_retry(state: State, e: ev.ModelRetry, seq: int) -> None:
         raise Refused(f"there is no model {e.name} to retry")
     model.parked = ""
     model.start_failures = 0
+    model.late_nodes = []
 
 
 def _owner_applied(state: State, e: ev.OwnerApplied, seq: int) -> None:
@@ -269,7 +274,10 @@ def _policy_applied(state: State, e: ev.PolicyApplied, seq: int) -> None:
     problem = policy_problem(e.policy)
     if problem:
         raise Refused(problem)
+    before = state.policy.admission
     state.policy = e.policy
+    if e.policy.admission != before:
+        admission.settle_all(state)
 
 
 def _api_key_applied(state: State, e: ev.ApiKeyApplied, seq: int) -> None:
@@ -348,6 +356,8 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
         operator_labels=dict(state.node_labels.get(e.node, {})),
     )
     node.taken = in_range(node, e.ports_taken)
+    admission.take_claims(node)  # its own pool is a claim; the operator's counts
+    admission.settle(state, node)
     if old is not None:  # what it counted for its domains goes with it: its shards are held afresh
         facility.forget_draw(state, old)
     state.nodes[name] = node
@@ -503,4 +513,5 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
 }
 _HANDLERS.update(facility.HANDLERS)  # location labels, holds, power caps, measured draw
 _HANDLERS.update(muting.HANDLERS)  # nodes muted past their rate, and unmuted
+_HANDLERS.update(admission.HANDLERS)  # nodes an operator admitted
 node_lost = _node_lost

@@ -29,7 +29,8 @@ def mentions(event: ev.Event) -> set[Entity]:
     elif isinstance(event, ev.ShardStatus):
         out.update({("node", event.node), ("replica", event.replica)})
         out.add(("model", event.replica.rpartition("-")[0]))
-    elif isinstance(event, (ev.NodeLost, ev.NodePorts, ev.NodeLabeled, ev.NodePower, ev.NodeMuted, ev.NodeUnmuted)):
+    elif isinstance(event, (ev.NodeLost, ev.NodePorts, ev.NodeLabeled, ev.NodePower, ev.NodeMuted, ev.NodeUnmuted,
+                            ev.NodeAdmitted)):
         out.add(("node", event.node))
     elif isinstance(event, ev.ReplicasRestart):
         for r in event.replicas:
@@ -137,6 +138,10 @@ def summary(event: ev.Event, about: Entity | None = None) -> str:
     if isinstance(event, ev.NodeLabeled):
         said = [f"{k}={v}" for k, v in sorted(event.set.items())] + [f"{k}-" for k in event.remove]
         return f"node {event.node} labeled: {' '.join(said)}"
+    if isinstance(event, ev.NodeAdmitted):
+        pool = f", pool {event.pool}" if event.pool else ""
+        return (f"node {event.node} admitted: {event.gpus} GPU(s) "
+                f"({', '.join(event.gpu_models) or 'no model'}){pool}")
     if isinstance(event, ev.DomainHeld):
         how = " for draining" if event.drain else ""
         return f"{event.domain} held{how}: {event.reason or 'no reason given'}"

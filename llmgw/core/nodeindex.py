@@ -122,7 +122,7 @@ class NodeIndex:
             self.built = True
             self.dirty.clear()
             nodes = state.nodes
-            names = sorted(n for n, node in nodes.items() if node.state == "ready")
+            names = sorted(n for n, node in nodes.items() if node.state == "ready" and not node.cordon)
             self.top = max((len(nodes[n].gpus) for n in names), default=0)
             for name in names:  # in name order: each bucket stays sorted by appending
                 self._file(name, nodes[name], append=True)
@@ -145,7 +145,7 @@ class NodeIndex:
 
     def _refile(self, name: str, node: Node | None) -> None:
         old = self.entries.get(name)
-        if node is None or node.state != "ready":
+        if node is None or node.state != "ready" or node.cordon:  # (cordoned: admission.py)
             if old is not None:
                 if self.refiled is not None:
                     self.refiled.append(name)

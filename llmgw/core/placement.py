@@ -110,7 +110,8 @@ class _View:
     def __init__(self, name: str, node: Node, groups: tuple[Group, ...]) -> None:
         self.name = name
         self.node = node
-        self.ready = node.state == "ready"  # a node that is not: explained, never placed on
+        # A node that is not (or is cordoned: admission.py): explained, never placed on.
+        self.ready = node.state == "ready" and not node.cordon
         gpus, used = node.gpus, node.used
         # Only GPUs the node has: a stray may report one it does not.
         self.free = sorted(g.index for g in gpus if g.index not in used) if used else sorted(g.index for g in gpus)
@@ -230,7 +231,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         """Every rule this node breaks for one shard of the profile; () when it fits."""
         node = v.node
         if not v.ready:
-            have = node.state + (f": {node.reason}" if node.reason else "")
+            have = node.cordon or node.state + (f": {node.reason}" if node.reason else "")
             return (Reason(rule=READY, need="a ready node", have=have),)
         return self._fixed_reasons(v, p) + self._room_reasons(v, p)
 

@@ -16,9 +16,19 @@ drain_grace_s and scale_down_delay_s (ModelSpec).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from . import bounds as b
+
+# Who decides the labels that keep a model to trusted nodes (admission.py):
+# "operator", the default, counts only what an operator set (`llmgw ctl
+# label`, `llmgw ctl node admit`); "open" also counts what a node says of
+# itself, as before issue 35 (a lab, a test fleet with no operator);
+# "manual" is "operator", and a node is placed on only once admitted (`ctl
+# node admit`), and only while it claims no more GPUs than it was admitted with.
+Admission = Literal["operator", "open", "manual"]
 
 
 class Policy(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -45,6 +55,14 @@ class Policy(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     # Adoption (decide.py): how long the shards of a multi-node replica
     # rebuilt from registrations may take to all be reported.
     adopt_wait_s: b.Duration = 120.0
+    # Start deadline (admission.py): a replica placed and not ready this long
+    # after is failed as a start failure and placed elsewhere (backing off,
+    # parked after park_after). Without one, a node that never started what
+    # it was given kept it "placing" for ever (issue 35, finding 5). Long
+    # enough for a large model's weights to load.
+    start_timeout_s: b.Duration = 1800.0
+    # Whose word counts for a node's `llmgw.io/pool` (see Admission above).
+    admission: Admission = "operator"
 
 
 FIELDS: tuple[str, ...] = Policy.__struct_fields__
@@ -55,12 +73,15 @@ def problem(policy: Policy) -> str:
     """Why a policy cannot be folded ("" when it can): every number is an
     amount, and a park after 0 failures would park every model at once."""
     for name in FIELDS:
-        if getattr(policy, name) < 0:
+        value = getattr(policy, name)
+        if not isinstance(value, str) and value < 0:
             return f"policy: {name} must not be negative"
     if policy.park_after < 1:
         return "policy: park_after must be at least 1"
     if policy.restart_max_surge < 1:
         return "policy: restart_max_surge must be at least 1 (0 would begin no restart)"
+    if policy.start_timeout_s <= 0:
+        return "policy: start_timeout_s must be above 0 (0 would fail every replica at its placement)"
     return ""
 
 

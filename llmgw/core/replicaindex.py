@@ -66,6 +66,7 @@ def added(state: State, rep: Replica) -> None:
 
 def removed(state: State, rep: Replica) -> None:
     """The fold took a replica out of state.replicas."""
+    state.unstarted.pop(rep.id, None)  # no start deadline for what is gone (admission.py)
     idx = _INDEXES.get(id(state))
     if idx is not None:
         idx.remove(rep.model, rep.id)

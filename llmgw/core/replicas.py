@@ -86,9 +86,12 @@ def tally(state: State, rep: Replica, sign: int) -> None:
 
 
 def started(state: State, rep: Replica) -> None:
+    state.unstarted.pop(rep.id, None)  # its start deadline is met (admission.py)
     model = state.models.get(rep.model)
     if model is not None and model.start_failures:
         model.start_failures = 0
+    if model is not None and model.late_nodes:
+        model.late_nodes = []  # it starts somewhere: no node to avoid for it any more
 
 
 

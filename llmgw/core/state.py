@@ -138,6 +138,15 @@ class Node(msgspec.Struct, kw_only=True, gc=False):
     # label`), whole names, over the agent's `labels` (a copy of
     # State.node_labels, which outlives registrations).
     operator_labels: dict[str, str] = {}
+    # Labels the operator decides (admission.RESTRICTED: the pool) as its
+    # agent claimed them: they steer nothing unless an operator set them
+    # too, or the policy is `admission: open` (admission.py); `labels`
+    # holds the values that count.
+    claims: dict[str, str] = {}
+    # Why placement passes it over though it is ready ("" : it does not):
+    # under `admission: manual`, not admitted, or claiming more GPUs than
+    # it was admitted with (admission.settle).
+    cordon: str = ""
     # What its GPUs draw, as its agent last measured (NodePower), and when;
     # and its live shards not covered by a measurement yet, with the draw
     # each is counted at meanwhile (derived, like `used`).
@@ -210,12 +219,18 @@ class Model(msgspec.Struct, kw_only=True, gc=False):
     held_for: str = ""
     # Replicas stopped to make room for it: it waits for them to go.
     preempting: list[str] = []
+    # Nodes where a replica of it was not ready by its start deadline
+    # (admission.py), until one of its replicas is ready: they count as
+    # holding one of its replicas more for spread, so that the next goes
+    # elsewhere where it can. Without it, best fit (fewest GPUs free) gave
+    # every retry to the node that never started the first.
+    late_nodes: list[str] = []
 
 
 # The fields of a Model that a new definition of it does not reset.
 RUNTIME = (
     "desired", "load", "last_used", "peaks", "start_failures", "last_failure", "failed_at", "parked",
-    "restart_queue", "restart_surge", "restart_unavailable", "held_until", "held_for", "preempting",
+    "restart_queue", "restart_surge", "restart_unavailable", "held_until", "held_for", "preempting", "late_nodes",
 )
 
 
@@ -237,6 +252,14 @@ class Hold(msgspec.Struct, kw_only=True, gc=False):
     reason: str = ""
     since: float = 0.0
     drain: bool = False
+
+
+class Admitted(msgspec.Struct, kw_only=True, gc=False):
+    """What an operator admitted of a node (NodeAdmitted): the most GPUs it
+    may claim, of these models."""
+
+    gpus: int = 0
+    gpu_models: list[str] = []
 
 
 class Quarantined(msgspec.Struct, kw_only=True, gc=False):
@@ -302,6 +325,13 @@ class State(msgspec.Struct, kw_only=True, weakref=True):
     voided: list[Voided] = []
     # The numbers the rules decide with, as the last PolicyApplied said.
     policy: Policy = msgspec.field(default_factory=Policy)
+    # Nodes an operator admitted (`ctl node admit`), kept for nodes not
+    # registered now too: what they may claim (admission.py).
+    admitted: dict[str, Admitted] = {}
+    # Replicas placed and never ready yet, by id, with when they were placed,
+    # in log order: the candidates for the start deadline (admission.py).
+    # Kept as placements land, replicas become ready and replicas go.
+    unstarted: dict[str, float] = {}
 
 
 def add_gb(a: float, b: float) -> float:

@@ -140,6 +140,8 @@ class _Policy(BaseModel):
     backoff_max_s: float = Field(DEFAULT.backoff_max_s, ge=0)
     park_after: int = Field(DEFAULT.park_after, ge=1)
     adopt_wait_s: float = Field(DEFAULT.adopt_wait_s, ge=0)
+    start_timeout_s: float = Field(DEFAULT.start_timeout_s, gt=0)
+    admission: Literal["operator", "open", "manual"] = DEFAULT.admission
 
 
 class _Facility(BaseModel):

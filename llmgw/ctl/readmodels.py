@@ -20,7 +20,7 @@ from ..projections.db import POSITION_NAME
 # The JSON columns of each table (projections/0001_initial.sql).
 _JSON = {
     "models": ("aliases", "profiles"),
-    "nodes": ("gpus", "labels", "strays", "location"),
+    "nodes": ("gpus", "labels", "strays", "location", "unadmitted"),
     "replicas": ("rejections",),
     "shards": ("gpus",),
     "quotas": ("guarantee", "limits", "usage", "borrowed"),

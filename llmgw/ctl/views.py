@@ -48,6 +48,11 @@ def _location(location: dict) -> str:
     return ",".join(f"{k}={location[k]}" for k in KINDS_OF_PLACE if k in location)
 
 
+def _number(value) -> str:
+    """A policy's value: a number as %g, a word (admission: operator) as it is."""
+    return value if isinstance(value, str) else format(value, "g")
+
+
 def _labels(labels: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
@@ -161,7 +166,7 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
     "policy": (
         "field",
         ["FIELD", "VALUE", "DEFAULT", "SET AT"],
-        lambda r: [r["field"], format(r["value"], "g"), format(r["default"], "g"), str(r["seq"]) if r["seq"] else ""],
+        lambda r: [r["field"], _number(r["value"]), _number(r["default"]), str(r["seq"]) if r["seq"] else ""],
     ),
 }
 
@@ -412,6 +417,9 @@ def describe_text(kind: str, page: dict) -> str:
                 ("Labels", _labels(now["labels"]) or "(none)"), ("Registered", _age(now["registered_at"])),
                 ("Location", _location(now.get("location", {})) or "(none)"),
                 ("Draw", _watts(now.get("power_w", 0.0))),
+                # What it says of itself that placement does not count (core/admission.py).
+                ("Claimed", _labels(now["unadmitted"]) + f" (not admitted: `llmgw ctl node admit {now['name']}`)"
+                 if now.get("unadmitted") else "(nothing not admitted)"),
             ])
             out.append("GPUs:")
             rows = [[str(g["index"]), g["model"], f"{g['memory_gb']:g} GB", g["shard"] or "free"] for g in now["gpus"]]

@@ -31,7 +31,7 @@ import msgspec
 
 from ..core import events as ev
 from ..core.catalog import max_replicas
-from ..core import facility
+from ..core import admission, facility
 from ..core.decisions import describe_action
 from ..core.fold import apply
 from ..core.history import action_about, mentions, summary
@@ -54,7 +54,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "models": ("name", "owner", "min_replicas", "max_replicas", "aliases", "profiles", "waiting", "applied_at",
                "desired", "parked"),
     "nodes": ("name", "state", "reason", "gpus_total", "gpus_used", "gpus", "labels", "memory_gb", "cpu_cores",
-              "agent", "strays", "registered_at", "location", "power_w"),
+              "agent", "strays", "registered_at", "location", "power_w", "unadmitted"),
     "replicas": ("id", "model", "profile", "fingerprint", "state", "reason", "placed_at", "ready_at", "stopping_at",
                  "restart", "restart_reason", "rejections"),
     "shards": ("id", "replica", "node", "rank", "gpus", "port", "generation", "state", "reason", "endpoint"),
@@ -339,7 +339,7 @@ def node_row(n: Node) -> tuple:
     return (
         n.name,
         n.state,
-        n.reason,
+        n.reason or n.cordon,  # (a ready node cordoned says why: admission.py)
         len(n.gpus),
         len(used),
         _json_text(gpus),
@@ -351,6 +351,7 @@ def node_row(n: Node) -> tuple:
         n.registered_at,
         _json_text(facility.location(n)),
         facility.node_draw(n),
+        _json_text(admission.unadmitted(n)),
     )
 
 
