@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import httptools
 
 from . import api
+from .edge_limits import client_of
 
 if TYPE_CHECKING:
     from .server import Gateway
@@ -80,6 +81,7 @@ class Client(asyncio.Protocol):
     __slots__ = (
         "gw", "transport", "parser", "req", "parts", "size", "busy", "queue", "closed", "local", "exchange",
         "paused", "url", "admin", "phase", "deadline", "head_bytes", "length", "refusal", "cfg",
+        "client", "answer_by", "task", "late", "answered",
     )  # fmt: skip
 
     def __init__(self, gw: "Gateway", admin: bool = False) -> None:
@@ -103,6 +105,11 @@ class Client(asyncio.Protocol):
         self.head_bytes = 0  # of the head being received, counted as they arrive
         self.length = -1  # the Content-Length of the request being received
         self.refusal: tuple | None = None  # to answer once the answers owed before it are sent
+        self.client: str | None = None  # its address, as its limits count it (edge_limits.client_of)
+        self.answer_by = 0.0  # the request being answered must be answered by then (request_timeout)
+        self.task: asyncio.Task | None = None  # the request being proxied
+        self.late = False  # past request_timeout: its task was cancelled for it
+        self.answered = 0  # requests answered: whether handling that raised had answered
 
     # ----------------------------------------------------------------- asyncio
 
@@ -113,6 +120,8 @@ class Client(asyncio.Protocol):
         self.local = host.startswith("127.") or host in ("::1", "::ffff:127.0.0.1") or not host
         gw = self.gw
         clients = gw.clients
+        self.client = client_of(host)
+        held = gw.per_client.opened(self.client)  # counted until connection_lost, refused or not
         cap = gw.config.max_connections
         if len(clients) >= cap:
             gw.metrics.edge("max_connections")
@@ -122,6 +131,18 @@ class Client(asyncio.Protocol):
                 return
             clients.add(self)
             self.refuse(503, f"this gateway holds {cap} connections already: retry later", b"Retry-After: 1\r\n")
+            return
+        per = gw.config.max_connections_per_client
+        if held > per:
+            # One client must not take every slot (issue 35: one client's 4,300 idle
+            # connections did): refused as the cap above is, while others are served.
+            gw.metrics.edge("max_connections_per_client")
+            if held > per + max(16, per // 8):
+                self.closed = True
+                transport.abort()
+                return
+            clients.add(self)
+            self.refuse(429, f"this client holds {per} connections to this gateway already: retry later", b"Retry-After: 1\r\n")
             return
         clients.add(self)
 
@@ -152,6 +173,9 @@ class Client(asyncio.Protocol):
         self.phase = LINGER
         self.deadline = 0.0
         self.gw.clients.discard(self)
+        if self.client is not None:
+            self.gw.per_client.closed(self.client)
+            self.client = None
         ex = self.exchange
         if ex is not None:
             ex.client_gone()
@@ -249,13 +273,45 @@ class Client(asyncio.Protocol):
             self.queue.append(req)
         else:
             self.busy = True
-            self.gw.handle(self, req)
+            self.start(req)
 
     # ----------------------------------------------------------------- answers
+
+    def start(self, req: Request) -> None:
+        """Handle `req`, within request_timeout. Whatever goes wrong in handling it
+        is answered (500 in OpenAI's shape) rather than leaving it unanswered and
+        the connection held: issue 35 found a RecursionError that nothing caught
+        did that, for good."""
+        self.answer_by = self.gw.now + self.cfg.request_timeout
+        answered = self.answered
+        try:
+            self.gw.handle(self, req)
+        except Exception as e:
+            self.gw.internal_error(e)
+            if self.answered == answered and self.busy:
+                self.reply(req, 500, api.error_body(500, "internal error of the gateway", "internal_error"))
+
+    def answer_late(self) -> None:
+        """The request being handled is past request_timeout (the gateway's sweep):
+        a proxied one's task is cancelled, and answers for itself (504, or its
+        stream's error event); anything else is cut off."""
+        self.answer_by = 0.0
+        self.late = True
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+            return
+        self.gw.metrics.edge("request_timeout")
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
 
     def finished(self, keep_alive: bool) -> None:
         """The answer to the current request is complete."""
         self.exchange = None
+        self.task = None
+        self.answer_by = 0.0
+        self.answered += 1
         if self.closed:
             return
         if not keep_alive:
@@ -263,7 +319,7 @@ class Client(asyncio.Protocol):
             self.transport.close()
             return
         if self.queue:
-            self.gw.handle(self, self.queue.popleft())
+            self.start(self.queue.popleft())
         elif self.refusal is not None:
             self.busy = False
             self.refuse(*self.refusal)
@@ -319,5 +375,5 @@ class Client(asyncio.Protocol):
 _EDGE_WHY = {413: "max_body", 414: "max_request_line", 400: "malformed"}
 _EDGE_CODE = {
     408: "request_timeout", 413: "request_too_large", 414: "url_too_long", 431: "headers_too_large",
-    503: "too_many_connections",
+    429: "too_many_connections", 503: "too_many_connections",
 }  # fmt: skip

@@ -41,6 +41,7 @@ from . import api
 from .engine_errors import openai_error
 from .config import GatewayConfig
 from .connection import Client, Request, _enough_files, _status_line
+from .edge_limits import Connections, KeyFailures, nests_deeper
 from .limits import KeyLimits, retry_after
 from .load import Loads
 from .metrics import Metrics
@@ -233,6 +234,9 @@ class Gateway:
         self.loads = Loads()
         self.metrics = Metrics()
         self.clients: set[Client] = set()
+        self.per_client = Connections()  # open connections by client address
+        self.key_failures = KeyFailures(config.max_key_failures, config.key_failure_window)
+        self._errors_logged: set[str] = set()
         self.turn = 0
         self.waiters: list[asyncio.Future] = []
         self.server: asyncio.AbstractServer | None = None
@@ -326,12 +330,28 @@ class Gateway:
         while True:
             await asyncio.sleep(tick)
             now = self.now = time.monotonic()
-            late = [c for c in self.clients if 0.0 < c.deadline < now]
+            late = [c for c in self.clients if 0.0 < c.deadline < now or 0.0 < c.answer_by < now]
             for c in late:
                 try:
-                    c.expire()
+                    if 0.0 < c.answer_by < now:
+                        c.answer_late()
+                    if 0.0 < c.deadline < now:
+                        c.expire()
                 except Exception:  # one connection must not stop the sweep
                     log.exception("closing a connection past its deadline")
+
+    def internal_error(self, e: Exception) -> None:
+        """A bug met in handling a request (answered 500): its traceback logged
+        once per kind and place, then only counted, so that a client who can
+        trigger it cannot flood the log."""
+        tb = e.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where = f"{type(e).__name__} at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb else type(e).__name__
+        self.metrics.edge("internal_error")
+        if where not in self._errors_logged and len(self._errors_logged) < 1000:
+            self._errors_logged.add(where)
+            log.error("handling a request failed (answered 500; logged once): %s", where, exc_info=e)
 
     # ----------------------------------------------------------------- requests
 
@@ -390,10 +410,23 @@ class Gateway:
         if not auth:
             client.reply(req, 401, api.error_body(401, "You didn't provide an API key (Authorization: Bearer KEY).", "invalid_api_key"))
             return False, None
+        # Wrong keys are throttled by client address, before the key is looked at
+        # (issue 35: 500 wrong keys at 8,590/s never met a 429).
+        wait = self.key_failures.wait(client.client or "", self.now)
+        if wait > 0:
+            self.metrics.edge("max_key_failures")
+            after = retry_after(wait)
+            client.reply(
+                req, 429,
+                api.error_body(429, f"Too many incorrect API keys from this address: retry in {after}s.", "too_many_key_failures"),
+                headers=b"Retry-After: %d\r\n" % after,
+            )  # fmt: skip
+            return False, None
         if auth[:7].lower() == b"bearer ":
             auth = auth[7:].strip()
         found = keys.get(hashlib.sha256(auth).hexdigest())
         if found is None:
+            self.key_failures.failed(client.client or "", self.now)
             client.reply(req, 401, api.error_body(401, "Incorrect API key provided.", "invalid_api_key"))
             return False, None
         req.auth = found[0].encode()  # the key's name from here on; the key itself is forgotten
@@ -403,6 +436,12 @@ class Gateway:
         ok, owner = self.authenticate(client, req)
         if not ok:
             return
+        depth = self.config.max_json_depth
+        if nests_deeper(req.body, depth):  # before any decoder recurses into it
+            self.metrics.edge("max_json_depth")
+            self.metrics.answered("", "", 400, 0.0)
+            why = f"the request body nests deeper than {depth} levels (or is not JSON)"
+            return client.reply(req, 400, api.error_body(400, why, "json_too_deep"))
         try:
             head = api.request_head(req.body)
         except ValueError as e:
@@ -430,7 +469,7 @@ class Gateway:
         body = req.body
         if head.model != route.name:
             body = api.with_model(body, route.name)
-        asyncio.get_running_loop().create_task(self.proxy(client, req, path, route.name, head.stream, body, owner is not None))
+        client.task = asyncio.get_running_loop().create_task(self.proxy(client, req, path, route.name, head.stream, body, owner is not None))
 
     async def proxy(self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, keyed: bool) -> None:
         now = time.time()
@@ -505,6 +544,18 @@ class Gateway:
             else:
                 client.transport.abort()
                 client.finished(False)
+        except asyncio.CancelledError:
+            if not client.late:
+                raise
+            # Past request_timeout (the client's answer_late): 504, or the stream ends with an error.
+            status, why = 504, f"the request was not answered within {self.config.request_timeout:g}s"
+            self.metrics.edge("request_timeout")
+            req.keep_alive = False  # and the connection is freed
+            if ex is None or not ex.sent:
+                client.reply(req, 504, api.error_body(504, why, "request_timeout"))
+            else:
+                ex.keep_alive = False
+                self._broken(client, ex, why, 504, "request_timeout")
         finally:
             elapsed = time.monotonic() - req.received
             self.metrics.answered(model, replica, status, elapsed)
@@ -576,6 +627,16 @@ class Gateway:
                     ex.status = 0
                     continue
                 break
+        except asyncio.CancelledError:  # past request_timeout: the engine stops generating for no one
+            up, ex.upstream = ex.upstream, None
+            if up is not None:
+                up.abort()
+            ex._resolve(TIMEOUT)
+            if ex.sent:
+                b.breaker.released()  # a long answer, not the replica's fault
+            else:
+                b.breaker.failure(time.monotonic())
+            raise
         finally:
             b.outstanding -= 1
             meter.change(time.time(), in_flight=-1)
@@ -592,12 +653,12 @@ class Gateway:
             b.breaker.released()
         return ex
 
-    def _broken(self, client: Client, ex: Exchange, why: str) -> None:
-        """The replica failed after the client had the first byte: end cleanly if the framing allows."""
+    def _broken(self, client: Client, ex: Exchange, why: str, status: int = 502, code: str = "upstream_error") -> None:
+        """The replica failed (or time ran out) after the client had the first byte: end cleanly if the framing allows."""
         if client.closed:
             return client.finished(False)
         if ex.chunked:
-            tail = api.sse_error(502, why, "upstream_error") if ex.stream else b""
+            tail = api.sse_error(status, why, code) if ex.stream else b""
             framed = (b"%x\r\n%s\r\n" % (len(tail), tail) if tail else b"") + b"0\r\n\r\n"
             client.transport.write(framed)
             client.finished(ex.keep_alive)
