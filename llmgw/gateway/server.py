@@ -551,6 +551,7 @@ class Gateway:
             status, why = 504, f"the request was not answered within {self.config.request_timeout:g}s"
             self.metrics.edge("request_timeout")
             req.keep_alive = False  # and the connection is freed
+            ex = client.exchange or ex  # the attempt under way when cancelled (attempt() never returned it)
             if ex is None or not ex.sent:
                 client.reply(req, 504, api.error_body(504, why, "request_timeout"))
             else:
