@@ -434,6 +434,31 @@ def test_json_depth_counts_structure_not_text():
     assert nests_deeper(b"[" * 70, 64)  # brackets that do not match: not JSON either
 
 
+def test_json_depth_agrees_with_the_decoded_documents_depth():
+    import random
+
+    from llmgw.gateway.edge_limits import nests_deeper
+
+    rng = random.Random(35)
+
+    def document(levels: int):
+        if levels == 0 or rng.random() < 0.2:
+            return "".join(rng.choice('[]{}"\\ a,:') for _ in range(rng.randrange(6)))  # text that looks like structure
+        if rng.random() < 0.5:
+            return [document(levels - 1) for _ in range(rng.randrange(4))]
+        return {f"k{i}[": document(levels - 1) for i in range(rng.randrange(4))}
+
+    def depth(o) -> int:
+        children = o if isinstance(o, list) else list(o.values()) if isinstance(o, dict) else None
+        return 0 if children is None else 1 + max(map(depth, children), default=0)
+
+    for _ in range(400):
+        o = document(rng.randrange(1, 10))
+        text = json.dumps(o, separators=rng.choice(((",", ":"), (", ", ": ")))).encode()
+        for limit in range(1, 10):
+            assert nests_deeper(text, limit) == (depth(o) > limit), (text, limit, depth(o))
+
+
 def test_a_client_is_its_address_and_an_ipv6_one_its_64():
     from llmgw.gateway.edge_limits import KeyFailures, client_of
 

@@ -21,17 +21,17 @@ from functools import lru_cache
 _KEPT = b'"[]{}'
 _NOT_KEPT = bytes(c for c in range(256) if c not in _KEPT)
 _BRACES_AS_BRACKETS = bytes.maketrans(b"{}", b"[]")
-_STRING = re.compile(rb'"[^"]*"')
 
 
 @lru_cache(maxsize=4)
 def _nested_at_most(limit: int) -> re.Pattern:
-    """A regular expression that matches brackets, balanced and at most `limit` deep.
-    Written out level by level (no recursion in it or in matching it); possessive,
-    so the matcher never backtracks: one pass, whatever the input."""
-    pattern = b""
+    """A regular expression that matches strings and brackets, the brackets
+    balanced and at most `limit` deep. Written out level by level (no recursion
+    in it or in matching it); possessive, so the matcher never backtracks: one
+    pass, whatever the input."""
+    pattern = rb'(?:"[^"]*+")*+'
     for _ in range(limit):
-        pattern = rb"(?:\[" + pattern + rb"\])*+"
+        pattern = rb'(?:"[^"]*+"|\[' + pattern + rb"\])*+"
     return re.compile(pattern)
 
 
@@ -41,15 +41,21 @@ def nests_deeper(body: bytes, limit: int) -> bool:
     and without decoding it: brackets inside strings do not count.
 
     Most requests have fewer brackets in all than the limit, which two counts
-    show. Otherwise the text is cut to its structure (escapes, then all but
-    quotes and brackets dropped, then strings) and matched once: about 30 ns
-    a byte at worst (a body of brackets only), and only for a request whose
-    key was good."""
+    show. Otherwise the text is cut to its structure, each step a pass in C:
+    escapes dropped (a quote or backslash in a string), then every byte but
+    quotes and brackets, then the strings left empty; when no string is left,
+    the empty pairs too (each deepest point is in one, so what is left is
+    exactly one level less deep); then one match. On a loaded 2-core machine: a 23 kB conversation
+    of 100 messages ~0.15 ms; 32 MiB crafted to be slow about a second, and
+    only for a request whose key was good (max_body bounds it).
+    """
     if body.count(b"[") + body.count(b"{") <= limit:
         return False
-    structure = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_KEPT)
-    structure = _STRING.sub(b"", structure).translate(_BRACES_AS_BRACKETS)
-    return _nested_at_most(limit).fullmatch(structure) is None
+    structure = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(_BRACES_AS_BRACKETS, _NOT_KEPT)
+    structure = structure.replace(b'""', b"")
+    if b'"' in structure:  # strings with brackets in them: the match skips them
+        return _nested_at_most(limit).fullmatch(structure) is None
+    return _nested_at_most(limit - 1).fullmatch(structure.replace(b"[]", b"")) is None
 
 
 # --------------------------------------------------------------------------- who a client is
