@@ -31,7 +31,8 @@ What a client past a limit of the HTTP edge gets:
 Against one client (edge_limits.py; issue 35, finding 7: one client locked
 the edge for every other):
 
-    max_connections_per_client  429, closed    open connections of one client address (an IPv6
+    max_connections_per_client
+                       429, closed       open connections of one client address (an IPv6
                                          client's /64), answered 429 with Retry-After; past it by
                                          an eighth more, closed at once, unanswered. 256: what
                                          one engine batches at once (vLLM's max_num_seqs) and
@@ -53,7 +54,7 @@ the edge for every other):
                                          is not even looked up (0: no limit)
 
 Timeouts are kept to about a quarter of the shortest (at most 1 s): a
-sweep, not a timer per request.
+sweep, not a timer per request (request_timeout too).
 """
 
 from __future__ import annotations

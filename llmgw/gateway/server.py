@@ -16,9 +16,12 @@ then 503 with Retry-After; so does one whose replicas failed the request
 while another is coming (routing.when_none_ready).
 
 The HTTP edge (connection.py: one client connection) holds to
-config.GatewayConfig's limits: sizes counted as the bytes arrive (a refusal stops the parser: nothing past a limit is buffered),
-each connection's deadline by its phase (idle, head, body, answer, linger)
-looked at by one sweep a tick, open connections capped. It listens on
+config.GatewayConfig's limits: sizes counted as the bytes arrive (a refusal
+stops the parser: nothing past a limit is buffered), each connection's
+deadline by its phase (idle, head, body, answer, linger) and each request's
+by request_timeout looked at by one sweep a tick, open connections capped,
+in all and per client address, wrong keys throttled per address, and a
+request's JSON depth checked before it is decoded (edge_limits.py). It listens on
 `listen` only (and /metrics on `metrics_listen` when given): what the log
 says never moves it.
 """
