@@ -12,8 +12,11 @@ Measured, one after the other, on one gateway:
                     the client had sent when it came
     slowloris       N connections (default 2000) each sending a request's head a byte a
                     second: connections held each second (the gateway's own count, from
-                    /metrics), its RSS, how each was cut (408, 503, closed), when the last
-                    was, and a real request's latency through the gateway during the attack
+                    /metrics), its RSS, how each was cut (408, 429, 503, closed), when the last
+                    was, and a real request's latency through the gateway during the attack,
+                    from another client address (127.0.0.2). The slow connections all come from
+                    one address, so that --max-connections-per-client holds them first (add
+                    `-- --max-connections-per-client 4096` to see the whole gateway's cap hold)
 
 The gateway, its nats-server and upstream are set up as in benchmarks/gateway.py.
 """
@@ -39,6 +42,8 @@ sys.path.insert(0, str(HERE))
 
 import gateway as bench  # noqa: E402  (benchmarks/gateway.py: the upstream, the log)
 
+OTHER_CLIENT = "127.0.0.2"  # the real request's address during the slow connections' attack
+
 
 def status_kib(pid: int, field: str) -> int:
     for line in open(f"/proc/{pid}/status"):
@@ -47,10 +52,11 @@ def status_kib(pid: int, field: str) -> int:
     return 0
 
 
-def exchange(port: int, data: bytes, timeout: float = 30.0, head: bytes = b"") -> tuple[bytes, int]:
+def exchange(port: int, data: bytes, timeout: float = 30.0, head: bytes = b"", source: str = "") -> tuple[bytes, int]:
     """Send `head`, then `data` (from a thread, as fast as it goes, 64 KiB a send) and
-    read the answer's head; (the status line, bytes of `data` sent when the answer came)."""
-    s = socket.create_connection(("127.0.0.1", port))
+    read the answer's head; (the status line, bytes of `data` sent when the answer came).
+    `source`: the client's address (another loopback one: another client)."""
+    s = socket.create_connection(("127.0.0.1", port), source_address=(source, 0) if source else None)
     s.sendall(head)
     sent = 0
     done = threading.Event()
@@ -85,7 +91,7 @@ def exchange(port: int, data: bytes, timeout: float = 30.0, head: bytes = b"") -
 
 def metric(port: int, name: str) -> float | None:
     try:
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(OTHER_CLIENT, 0))
         s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         data = b""
         while chunk := s.recv(65536):
@@ -144,7 +150,7 @@ async def slowloris(port: int, n: int, gw_pid: int, seconds: float) -> dict:
         held = await loop.run_in_executor(None, metric, port, "llmgw_gateway_connections")
         timeline.append((round(time.monotonic() - start, 1), len(alive), None if held is None else int(held) - 1, status_kib(gw_pid, "VmRSS")))
         t0 = time.perf_counter()
-        status, _ = await loop.run_in_executor(None, exchange, port, bench.request_bytes(port))
+        status, _ = await loop.run_in_executor(None, exchange, port, bench.request_bytes(port), 30.0, b"", OTHER_CLIENT)
         probe.append((time.perf_counter() - t0) * 1e3 if b" 200 " in status else float("nan"))
         if not alive:
             break

@@ -415,3 +415,100 @@ def test_a_64_mb_url_does_not_grow_the_gateway_process(nats_server, processes):
     peak = _rss_kib(gw.pid, "VmHWM")
     print("rss before, peak (KiB):", before, peak)
     assert peak - before < 16 * 1024, (before, peak)  # not the URL's 64 MB (nor twice that, echoed)
+
+
+# --------------------------------------------------------------------------- against one client (edge_limits.py)
+
+
+def test_json_depth_counts_structure_not_text():
+    from llmgw.gateway.edge_limits import nests_deeper
+
+    def nested(n: int) -> bytes:
+        return b'{"a": ' + b"[" * n + b"]" * n + b"}"
+
+    assert not nests_deeper(nested(63), 64) and nests_deeper(nested(64), 64) and nests_deeper(nested(100_000), 64)
+    shallow = b'{"a": [{"b": [1, {"c": 2}]}], "d": [[], {}]}' * 40  # 5 deep, 320 brackets
+    assert not nests_deeper(shallow, 5) and nests_deeper(shallow, 4)
+    text = json.dumps({"messages": [{"content": "[" * 500 + '\\" {' * 100 + "\\\\"}]}).encode()
+    assert not nests_deeper(text, 4)  # brackets, escaped quotes and backslashes in strings are text
+    assert nests_deeper(b"[" * 70, 64)  # brackets that do not match: not JSON either
+
+
+def test_json_depth_agrees_with_the_decoded_documents_depth():
+    import random
+
+    from llmgw.gateway.edge_limits import nests_deeper
+
+    rng = random.Random(35)
+
+    def document(levels: int):
+        if levels == 0 or rng.random() < 0.2:
+            return "".join(rng.choice('[]{}"\\ a,:') for _ in range(rng.randrange(6)))  # text that looks like structure
+        if rng.random() < 0.5:
+            return [document(levels - 1) for _ in range(rng.randrange(4))]
+        return {f"k{i}[": document(levels - 1) for i in range(rng.randrange(4))}
+
+    def depth(o) -> int:
+        children = o if isinstance(o, list) else list(o.values()) if isinstance(o, dict) else None
+        return 0 if children is None else 1 + max(map(depth, children), default=0)
+
+    for _ in range(400):
+        o = document(rng.randrange(1, 10))
+        text = json.dumps(o, separators=rng.choice(((",", ":"), (", ", ": ")))).encode()
+        for limit in range(1, 10):
+            assert nests_deeper(text, limit) == (depth(o) > limit), (text, limit, depth(o))
+
+
+def test_a_client_is_its_address_and_an_ipv6_one_its_64():
+    from llmgw.gateway.edge_limits import KeyFailures, client_of
+
+    assert client_of("10.0.0.7") == "10.0.0.7" and client_of("::ffff:10.0.0.7") == "10.0.0.7"
+    assert client_of("2001:db8:1:2:aaaa::1") == client_of("2001:db8:1:2:bbbb::9") == "2001:db8:1:2::/64"
+    assert client_of("2001:db8:1:3::1") != client_of("2001:db8:1:2::1")
+    # Wrong keys: a burst of `allowed`, then one every window/allowed; a full bucket is forgotten.
+    k = KeyFailures(3, 60.0)
+    for _ in range(3):
+        assert k.wait("a", 0.0) == 0
+        k.failed("a", 0.0)
+    assert k.wait("a", 0.0) == pytest.approx(20.0) and k.wait("b", 0.0) == 0 and k.wait("a", 20.0) == 0
+    k.sweep(60.0)
+    assert k.levels == {}
+
+
+async def test_an_error_in_handling_is_answered_500_in_openais_shape_and_logged_once(setup, monkeypatch, caplog):
+    from llmgw.gateway import api
+
+    await served(setup)
+
+    def broken(body: bytes):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(api, "request_head", broken)  # a fault injected where a bug would be
+    reader, writer = await connect(setup)
+    for _ in range(3):  # on one kept-alive connection: each answered, the connection still serves
+        payload = json.dumps({"model": "m", "messages": CHAT}).encode()
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload))
+        status, _, body = await answer_of(reader)
+        assert status == 500 and an_error(body, "internal_error")["type"] == "server_error"
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert (await answer_of(reader))[0] == 200
+    writer.close()
+    assert sum("logged once" in r.getMessage() for r in caplog.records) == 1
+    assert setup.gw.metrics.refused["internal_error"] == 3
+
+
+def test_the_limits_against_one_client_are_flags():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    got = from_args(p.parse_args(["--max-connections-per-client", "8", "--max-json-depth", "16", "--request-timeout", "30",
+                                  "--max-key-failures", "0", "--key-failure-window", "10"]))  # fmt: skip
+    assert (got.max_connections_per_client, got.max_json_depth, got.request_timeout, got.max_key_failures, got.key_failure_window) == (
+        8, 16, 30.0, 0, 10.0,
+    )
+    d = GatewayConfig()
+    assert (d.max_connections_per_client, d.max_json_depth, d.request_timeout, d.max_key_failures) == (256, 64, 3600.0, 20)
+    for bad in ({"max_json_depth": 0}, {"max_connections_per_client": 0}, {"request_timeout": 0}):
+        with pytest.raises(ValueError):
+            GatewayConfig(**bad)

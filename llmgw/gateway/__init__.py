@@ -11,7 +11,11 @@ without I/O, the shell around them is thin:
     load.py      load and usage per model, coalesced into reports    (pure)
     metrics.py   counters and histograms, Prometheus' text format     (pure)
     api.py       OpenAI's shapes: errors, the model list, usage       (pure)
+    edge_limits.py  against one client: JSON depth, connections per
+                 address, wrong keys per address                     (pure)
     upstream.py  pooled keep-alive HTTP/1.1 connections to the engines (shell)
     config.py    addresses, the HTTP edge's limits, timeouts: one object with named defaults
-    server.py    the HTTP server, the log followed, reports published  (shell)
+    connection.py  one client connection: parsed, limited, answered  (shell)
+    exchange.py  one attempt at one replica, passed back as it comes  (shell)
+    server.py    the gateway: requests routed, the log followed, reports published  (shell)
 """

@@ -49,6 +49,8 @@ def request_head(body: bytes) -> RequestHead:
         raise ValueError(f"invalid request body: {e}") from None
     except msgspec.DecodeError:
         raise ValueError("the request body must be a JSON object") from None
+    except RecursionError:  # nested past the interpreter's limit: the edge's max_json_depth stops these first
+        raise ValueError("the request body nests too deeply") from None
 
 
 _generic = msgspec.json.Decoder()

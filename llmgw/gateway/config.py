@@ -28,8 +28,33 @@ What a client past a limit of the HTTP edge gets:
                                          its end), so that the client reads the answer rather
                                          than a reset
 
+Against one client (edge_limits.py; issue 35, finding 7: one client locked
+the edge for every other):
+
+    max_connections_per_client
+                       429, closed       open connections of one client address (an IPv6
+                                         client's /64), answered 429 with Retry-After; past it by
+                                         an eighth more, closed at once, unanswered. 256: what
+                                         one engine batches at once (vLLM's max_num_seqs) and
+                                         2.5 times the keep-alive pool of the openai SDK (100),
+                                         while sixteen addresses are needed to fill the 4096
+    max_json_depth     400               how deep a request's JSON may nest, checked without
+                                         recursion before it is decoded (1,000 deep raised a
+                                         RecursionError that left the request unanswered); 64
+                                         is far past any OpenAI request (tool schemas nest ~10)
+    request_timeout    504 / error event a request's whole handling, from its last byte in to its
+                                         answer's last byte out (the wait for a replica, every
+                                         attempt, the stream): past it, 504 if nothing was sent,
+                                         else a stream ends with an error event (another answer
+                                         is cut off), and the connection is closed. An hour: a
+                                         long generation streams for many minutes
+    max_key_failures   429               wrong API keys one client address may try in
+                                         key_failure_window (a bucket: then one every
+                                         window/N); past it, 429 with Retry-After and the key
+                                         is not even looked up (0: no limit)
+
 Timeouts are kept to about a quarter of the shortest (at most 1 s): a
-sweep, not a timer per request.
+sweep, not a timer per request (request_timeout too).
 """
 
 from __future__ import annotations
@@ -72,6 +97,15 @@ class GatewayConfig:
     keepalive_timeout: float = _f(75.0, "seconds a connection may stay idle between requests")
     max_connections: int = _f(4096, "open client connections (503 and closed past it)")
     linger_timeout: float = _f(2.0, "seconds a refused connection still reads (and drops) before it is closed")
+    # Against one client (edge_limits.py).
+    max_connections_per_client: int = _f(256, "open connections of one client address, an IPv6 client's /64 (429 and closed past it)")
+    max_json_depth: int = _f(64, "how deep a request's JSON may nest (400 past it)")
+    request_timeout: float = _f(
+        3600.0, "seconds a request may take, from its last byte in to its answer's last byte out "
+        "(504, or a stream's error event, and closed past it)",
+    )  # fmt: skip
+    max_key_failures: int = _f(20, "wrong API keys one client address may try per --key-failure-window (429 past it; 0: no limit)")
+    key_failure_window: float = _f(60.0, "seconds in which --max-key-failures wrong keys are allowed")
     # Upstream.
     wait_timeout: float = _f(300.0, "seconds a request waits for a ready replica (an on-demand model waking) before 503")
     upstream_timeout: float = _f(600.0, "seconds to wait for an engine's first byte")
@@ -84,7 +118,10 @@ class GatewayConfig:
             v = getattr(self, f.name)
             if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
                 raise ValueError(f"{f.name} must not be negative, not {v}")
-        for f in ("max_request_line", "max_header_bytes", "max_connections", "header_timeout", "body_timeout", "keepalive_timeout"):
+        for f in (
+            "max_request_line", "max_header_bytes", "max_connections", "header_timeout", "body_timeout", "keepalive_timeout",
+            "max_connections_per_client", "max_json_depth", "request_timeout", "key_failure_window",
+        ):  # fmt: skip
             if getattr(self, f) <= 0:
                 raise ValueError(f"{f} must be positive")
         if self.metrics_listen:
@@ -97,7 +134,7 @@ class GatewayConfig:
     @property
     def tick(self) -> float:
         """How often the timeouts are looked at."""
-        return max(0.02, min(1.0, min(self.header_timeout, self.body_timeout, self.keepalive_timeout, self.linger_timeout or 1.0) / 4))
+        return max(0.02, min(1.0, min(self.header_timeout, self.body_timeout, self.keepalive_timeout, self.linger_timeout or 1.0, self.request_timeout) / 4))
 
 
 def _flag(f: dataclasses.Field) -> str:

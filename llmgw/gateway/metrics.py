@@ -11,8 +11,9 @@ control plane's are (llmgw/control/metrics.py): one way of doing metrics.
     llmgw_gateway_in_flight{model}, llmgw_gateway_queued{model}
     llmgw_gateway_replica_outstanding{model,replica}, llmgw_gateway_breaker_open{model,replica}
     llmgw_gateway_connections                              open client connections
-    llmgw_gateway_edge_refused_total{why}                  connections cut by a limit of the HTTP edge
-                                                           (why: its name in config.py, or malformed)
+    llmgw_gateway_edge_refused_total{why}                  connections cut, or requests refused, by a limit of
+                                                           the HTTP edge (why: its name in config.py, or
+                                                           malformed, or internal_error: a bug answered 500)
 
 A request answered by no replica (refused, unknown model, limited) has replica "".
 A key's view (`models` given) has only those models' rows and no edge figures.
