@@ -86,6 +86,33 @@ class AuthConfig:
     dir_mode: int = 0o700
     max_responses: int = 1  # replies a user may send to a request it received (allow_responses)
     local_operator: str = "local"  # the name of the tools' credential, creds/operator.creds
+    # The largest message each role may publish (the user JWT's `payload`;
+    # -1: the server's own limit, 1 MB). One node stored 54 MB of 900 kB
+    # events in 0.2 s (issue 35, finding 6): a node's facts are a few kB
+    # (a registration with 64 GPUs is 3 kB), its logs answers are cut to fit
+    # (agent/logs.py MAX_ANSWER). The largest catalog event of
+    # deploy/catalog.fleet.yaml is 391 bytes (measured): an operator's limit
+    # leaves room for catalogs hundreds of times larger. The control plane's
+    # decisions grow with the fleet, so it keeps the server's.
+    agent_max_payload: int = 64 * 1024  # agents and fleet simulators
+    reader_max_payload: int = 64 * 1024  # gateways (their load reports) and the projector (API requests only)
+    operator_max_payload: int = 256 * 1024
+    control_max_payload: int = -1
+    # Consumers the llmgw account may hold at once (the account JWT's
+    # `consumer`): readers create only ephemeral ones, which the server
+    # deletes once their reader is gone, but any number while connected.
+    # Generous for a fleet: each gateway holds ~3, a control plane ~3, each
+    # `ctl` command 1 or 2 while it runs.
+    max_consumers: int = 10_000
+
+    def max_payload(self, role: str) -> int:
+        if role in ("agent", "fleet"):
+            return self.agent_max_payload
+        if role == "operator":
+            return self.operator_max_payload
+        if role == "control":
+            return self.control_max_payload
+        return self.reader_max_payload
 
 
 DEFAULTS = AuthConfig()
@@ -117,12 +144,18 @@ def inbox_prefix(role: str, name: str) -> str:
 
 def _reader(stream: str) -> tuple[str, ...]:
     """Read a stream through consumers of one's own: ordered push consumers
-    (nats-py's, the fast reader's), their flow control, stream info."""
+    (nats-py's, the fast reader's), their flow control, stream info.
+
+    Ephemeral consumers only: `CONSUMER.CREATE.<stream>` with no name is
+    what nats-py's ordered consumers and KV watchers (and catchup.py) ask,
+    and the server refuses a durable name there; the named and durable
+    create subjects (`CONSUMER.CREATE.<stream>.<name>[.<filter>]`,
+    `CONSUMER.DURABLE.CREATE.>`) are not allowed. Readers made durable
+    consumers without limit, kept forever (issue 35, finding 9)."""
     api = "$JS.API"
     return (
         f"{api}.STREAM.INFO.{stream}",
         f"{api}.CONSUMER.CREATE.{stream}",
-        f"{api}.CONSUMER.CREATE.{stream}.>",
         f"{api}.CONSUMER.INFO.{stream}.>",
         f"{api}.CONSUMER.DELETE.{stream}.>",
         f"$JS.FC.{stream}.>",
@@ -135,6 +168,9 @@ def _log_reader() -> tuple[str, ...]:
     return (
         "$JS.API.INFO",
         *_reader(STREAM),
+        # one message by its sequence: whether a duplicate ack points at our
+        # own message (NatsBus._is_ours); nothing the log's reader cannot read anyway
+        f"$JS.API.STREAM.MSG.GET.{STREAM}",
         f"$JS.API.STREAM.INFO.{COMMAND_STREAM}",
         f"$JS.API.STREAM.INFO.KV_{HEARTBEAT_BUCKET}",
     )
@@ -196,7 +232,6 @@ def permissions(role: str, name: str) -> Permissions:
                 f"{SIM_PREFIX}.*.fail",
                 f"{SIM_PREFIX}.*.silence",  # a simulated node falls silent (its machine lost), or speaks again
                 *_log_reader(),
-                f"$JS.API.STREAM.MSG.GET.{STREAM}",
                 *_bucket_reader(LEADER_BUCKET),  # `ctl get leader`: who holds the lease, how far standbys follow
             ),
             sub_allow=(inbox,),
@@ -456,7 +491,7 @@ class Keystore:
     def _account_jwt(self, okp, akp, name: str, *, jetstream: bool, revocations: dict[str, int]) -> str:
         limits = {"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1, "wildcards": True, "conn": -1, "leaf": -1}
         if jetstream:
-            limits.update(mem_storage=-1, disk_storage=-1, streams=-1, consumer=-1)
+            limits.update(mem_storage=-1, disk_storage=-1, streams=-1, consumer=self.config.max_consumers)
         nats: dict = {"type": "account", "version": 2, "limits": limits}
         if revocations:
             # A user JWT issued at or before its key's time here is refused.
@@ -557,7 +592,8 @@ class Keystore:
             pub["deny"] = list(perms.pub_deny)
         nats: dict = {
             "type": "user", "version": 2, "pub": pub, "sub": {"allow": list(perms.sub_allow)},
-            "subs": -1, "data": -1, "payload": -1, "tags": [f"{TAG_ROLE}{role}", f"{TAG_NAME}{name}"],
+            "subs": -1, "data": -1, "payload": self.config.max_payload(role),
+            "tags": [f"{TAG_ROLE}{role}", f"{TAG_NAME}{name}"],
         }  # fmt: skip
         if perms.responses:
             nats["resp"] = {"max": self.config.max_responses, "ttl": 0}

@@ -44,7 +44,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
-from . import auth, catchup
+from . import auth, buckets, catchup, msgids
 from . import (
     COMMAND_PREFIX,
     COMMAND_STREAM,
@@ -462,6 +462,8 @@ class NatsBus:
         self._keys = await self._make_bucket(
             KeyValueConfig(bucket=ENGINE_KEYS_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas, direct=True)
         )
+        for bucket in (HEARTBEAT_BUCKET, ENGINE_KEYS_BUCKET):
+            await buckets.harden(self.js, bucket)  # one made by an older llmgw
 
     def _heartbeat_config(self) -> KeyValueConfig:
         """Heartbeats live in memory: they are not history (only each node's
@@ -489,17 +491,9 @@ class NatsBus:
         return kv
 
     async def _make_bucket(self, config: KeyValueConfig):
-        """A KV bucket, made as `config` says if missing (left as it is if there)."""
-        try:
-            return await self.js.key_value(config.bucket)
-        except NotFoundError:
-            pass
-        try:
-            return await self.js.create_key_value(config)
-        except APIError as e:
-            if e.err_code != 10058:  # made meanwhile by another process
-                raise
-            return await self.js.key_value(config.bucket)
+        """A KV bucket, made as `config` says if missing (left as it is if there),
+        with no rollups or purges (bus/buckets.py)."""
+        return await buckets.make(self.js, config)
 
     def _bucket(self, bucket: str, direct: bool = False):
         """A handle on a bucket without asking the server about it (`direct`:
@@ -561,6 +555,17 @@ class NatsBus:
         for attempt in range(PUBLISH_TRIES):
             try:
                 ack = await self.js.publish(subject, data, stream=STREAM, headers=headers)
+                if ack.duplicate and not await self._is_ours(ack.seq, subject, data):
+                    # Someone published first under our id (issue 35, finding 3):
+                    # what it points at is not ours, so ours has not landed.
+                    log.warning(
+                        "a publish to %s was acked as a duplicate of message %d, which is not ours: "
+                        "its id %s was claimed by another publisher; publishing again under a fresh id",
+                        subject, ack.seq, msg_id,
+                    )  # fmt: skip
+                    msg_id = msgids.fresh(msg_id)
+                    headers["Nats-Msg-Id"] = msg_id
+                    continue
                 return ack.seq
             except Exception as e:
                 if isinstance(e, APIError) and e.err_code == WRONG_LAST_SEQUENCE:
@@ -584,6 +589,20 @@ class NatsBus:
         # a timeout); this says why, at once.
         if self.identity is not None and not auth.may_publish(self.identity.permissions, subject):
             raise PermissionError(f"the credential of {self.identity.describe()} may not publish on {subject}")
+
+    async def _is_ours(self, seq: int, subject: str, data: bytes) -> bool:
+        """Whether the log's message `seq` is the one we published (same
+        subject, same bytes): what a duplicate ack must point at to count as
+        landed. A credential that may not read the log (an agent's, a fleet
+        simulator's) takes the ack at its word: its ids are random per
+        message (bus/msgids.py), so no one can claim them first."""
+        if self.identity is not None and not auth.may_publish(self.identity.permissions, f"$JS.API.STREAM.MSG.GET.{STREAM}"):
+            return True
+        try:
+            msg = await self._retrying("whether a publish landed", lambda: self.js.get_msg(STREAM, seq))
+        except NotFoundError:
+            return False
+        return msg.subject == subject and msg.data == data
 
     async def _landed(self, msg_id: str) -> int:
         """The sequence of the last control message if it carries `msg_id`."""
@@ -791,20 +810,10 @@ class NatsBus:
     async def lease(self, ttl: float) -> "_NatsLease":
         """The control planes' lease bucket (LEADER_BUCKET), made if missing:
         every key in it lives `ttl` seconds after its last write."""
-        try:
-            kv = await self.js.key_value(LEADER_BUCKET)
-            return _NatsLease(kv, (await kv.status()).ttl or ttl)
-        except Exception as e:
-            if not isinstance(e, NotFoundError):
-                raise
-        try:
-            kv = await self.js.create_key_value(
-                KeyValueConfig(bucket=LEADER_BUCKET, history=1, ttl=ttl, storage=StorageType.FILE, replicas=self.replicas)
-            )
-        except APIError as e:
-            if e.err_code != 10058:  # made meanwhile by another control plane
-                raise
-            kv = await self.js.key_value(LEADER_BUCKET)
+        kv = await buckets.make(
+            self.js, KeyValueConfig(bucket=LEADER_BUCKET, history=1, ttl=ttl, storage=StorageType.FILE, replicas=self.replicas)
+        )
+        await buckets.harden(self.js, LEADER_BUCKET)  # one made by an older llmgw
         return _NatsLease(kv, (await kv.status()).ttl or ttl)
 
     async def read_lease(self) -> dict[str, bytes]:

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..bus import auth
+from ..bus import auth, msgids
 
 OK, NOT_FOUND, BAD_INPUT, UNREACHABLE = 0, 1, 2, 3
 
@@ -136,7 +136,7 @@ async def _record(nats: str, creds, role: str, name: str, key: str) -> None:
     bus = await NatsBus.connect(nats, name="llmgw-creds", creds=creds)
     try:
         event = ev.CredentialRevoked(at=time.time(), role=role, name=name, public_key=key)
-        await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"revoked-{key}")
+        await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=msgids.fresh(f"revoked-{key}"))
     finally:
         await bus.close()
 
