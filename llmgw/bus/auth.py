@@ -1,9 +1,13 @@
 """Who may speak on the bus: NATS decentralized JWT auth, enforced by nats-server.
 
 "Who speaks is in the subject" holds only if a subject is bound to a speaker.
-Every component connects as a NATS user of its own (a user JWT signed by the
-llmgw account, itself signed by an operator key), and the user JWT carries
-the subject permissions of its role. nats-server checks them on every
+Every component connects as a NATS user of its own (a user JWT signed by an
+account key, itself signed by an operator key), and the user JWT carries
+the subject permissions of its role. Agents and fleet simulators are users
+of the NODES account, everyone else of the llmgw account, and the control
+plane has one user in each: its commands go out in NODES, where no reader of
+the log can make the server deliver (bus/accounts.py says why and what
+crosses). nats-server checks them on every
 publish and subscription: a forgery is refused with a permissions violation
 and never reaches the log. Nothing here enforces anything itself; it only
 writes the keys, the JWTs, the `.creds` files and the server's configuration.
@@ -18,7 +22,7 @@ Roles and what their credential allows (`permissions`):
                 fold of it) and the engine keys
     operator    publish llmgw.ctl.>, ask agents for logs; read the log and
                 the lease bucket (LLMGW_LEADER: `ctl get leader`)
-    control     publish llmgw.control.> and llmgw.cmd.>, hold the lease
+    control     publish llmgw.control.> (and llmgw.cmd.> with its NODES user), hold the lease
                 (LLMGW_LEADER), make the streams (JetStream API; never
                 deleting, purging, or changing the log's limits)
     projector   read the log
@@ -37,12 +41,12 @@ nobody reads another's replies (JetStream acks, request answers).
 
 The key store (`Keystore`) is a folder, `<state dir>/creds` for `llmgw up`:
 
-    keys/*.nk            the NATS operator, system account and llmgw account seeds
+    keys/*.nk            the NATS operator, system, llmgw and nodes account seeds
     issued.json          every credential issued: role, name, public key, when, revoked
     <role>[-<name>].creds  one per credential (NATS .creds: any NATS client uses it)
     server-auth.conf     what nats-server needs: operator, accounts, revocations
 
-All files 0600. A revocation goes into the account JWT (`revocations`); the
+All files 0600. A revocation goes into its account's JWT (`revocations`); the
 server learns it on a configuration reload (SIGHUP), closes the revoked
 user's connections and refuses it from then on.
 """
@@ -58,6 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, LEADER_BUCKET, STREAM
+from . import accounts
+from .accounts import LOGS_PREFIX, SIM_PREFIX
 
 ROLES = ("agent", "gateway", "operator", "control", "projector", "fleet")
 # Roles of which a fleet has one each, issued under the role's own name.
@@ -67,8 +73,6 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # the agent of node N puts only N.> keys and reads back only those, by
 # subject ($JS.API.DIRECT.GET.<stream>.<subject>: the bucket is made with
 # direct access, KeyValueConfig(direct=True)); gateways read and watch all.
-LOGS_PREFIX = "llmgw.agent-logs"  # llmgw/agent/logs.py
-SIM_PREFIX = "llmgw.sim"  # the simulated agents' test hooks (llmgw.sim.<node>.fail, .silence)
 CREDS_ENV = "LLMGW_CREDS"
 CA_ENV = "LLMGW_NATS_CA"  # the CA that signed the servers' certificates (tls:// URLs)
 TAG_ROLE, TAG_NAME = "llmgw-role:", "llmgw-name:"
@@ -80,6 +84,7 @@ class AuthConfig:
 
     operator_name: str = "llmgw"
     account_name: str = "LLMGW"
+    nodes_account_name: str = "NODES"  # agents and fleet simulators (bus/accounts.py)
     system_account_name: str = "SYS"
     creds_dir: str = "creds"  # under the state dir of `llmgw up`
     file_mode: int = 0o600
@@ -239,7 +244,9 @@ def permissions(role: str, name: str) -> Permissions:
     if role == "control":
         return Permissions(
             # (the lease: create, update and delete in its bucket, by subject)
-            pub_allow=("llmgw.control.>", f"{COMMAND_PREFIX}.>", f"$KV.{LEADER_BUCKET}.>", "$JS.API.>", "$JS.FC.>"),
+            # Commands go out through its second credential, in NODES
+            # (commands_permissions, bus/accounts.py): here they reach no agent.
+            pub_allow=("llmgw.control.>", f"$KV.{LEADER_BUCKET}.>", "$JS.API.>", "$JS.FC.>"),
             # It makes the streams, but the log is forever: no deleting, no purging,
             # no changing the log's limits (which could discard its history).
             pub_deny=(
@@ -251,6 +258,12 @@ def permissions(role: str, name: str) -> Permissions:
     if role == "projector":
         return Permissions(pub_allow=_log_reader(), sub_allow=(inbox,))
     raise CredentialError(f"no such role {role!r}: one of {', '.join(ROLES)}")
+
+
+def commands_permissions(name: str) -> Permissions:
+    """The control plane's user in NODES: commands, and nothing else."""
+    # (its inbox is named as its llmgw user's: another account, so no one else's)
+    return Permissions(pub_allow=(accounts.COMMANDS,), sub_allow=(f"{inbox_prefix('control', name)}.>",))
 
 
 def check_name(role: str, name: str) -> None:
@@ -412,6 +425,7 @@ class Issued:
     file: str
     issued_at: float
     revoked_at: float = 0.0
+    account: str = accounts.LLMGW  # whose key signed it (bus/accounts.py); rows before the split: llmgw
 
     @property
     def revoked(self) -> bool:
@@ -471,6 +485,7 @@ class Keystore:
         self._seed("operator", create_operator_pair)
         self._seed("system", create_account_pair)
         self._seed("account", create_account_pair)
+        self._seed("nodes", create_account_pair)
         self.write_server_conf()
         return self
 
@@ -488,11 +503,11 @@ class Keystore:
         nats = {"type": "operator", "version": 2, "system_account": system_pub}
         return encode_jwt({"sub": okp.public_key.decode(), "name": self.config.operator_name, "nats": nats}, okp)
 
-    def _account_jwt(self, okp, akp, name: str, *, jetstream: bool, revocations: dict[str, int]) -> str:
+    def _account_jwt(self, okp, akp, name: str, *, jetstream: bool, revocations: dict[str, int], crossings: dict | None = None) -> str:
         limits = {"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1, "wildcards": True, "conn": -1, "leaf": -1}
         if jetstream:
             limits.update(mem_storage=-1, disk_storage=-1, streams=-1, consumer=self.config.max_consumers)
-        nats: dict = {"type": "account", "version": 2, "limits": limits}
+        nats: dict = {"type": "account", "version": 2, "limits": limits, **(crossings or {})}
         if revocations:
             # A user JWT issued at or before its key's time here is refused.
             nats["revocations"] = dict(sorted(revocations.items()))
@@ -510,25 +525,39 @@ class Keystore:
         okp = self._seed("operator", None)
         skp = self._seed("system", None)
         akp = self._seed("account", None)
-        revoked = {i.public_key: int(i.revoked_at) + 1 for i in self.issued() if i.revoked}
-        sys_pub, acc_pub = skp.public_key.decode(), akp.public_key.decode()
+        nkp = self._seed("nodes", lambda: _new_key(__import__("nkeys").PREFIX_BYTE_ACCOUNT))  # a store from before the split
+        revoked: dict[str, dict[str, int]] = {accounts.LLMGW: {}, accounts.NODES: {}}
+        for i in self.issued():
+            if i.revoked:
+                revoked.setdefault(i.account, {})[i.public_key] = int(i.revoked_at) + 1
+        sys_pub, acc_pub, nodes_pub = skp.public_key.decode(), akp.public_key.decode(), nkp.public_key.decode()
         # Signed once and kept: nats-server reloads no change to its trusted
         # operator, and only the account's JWT (its revocations) ever changes.
         operator = self._kept("operator.jwt", lambda: self._operator_jwt(okp, sys_pub))
         system = self._kept(
             "system.jwt", lambda: self._account_jwt(okp, skp, self.config.system_account_name, jetstream=False, revocations={})
         )
-        account = self._account_jwt(okp, akp, self.config.account_name, jetstream=True, revocations=revoked)
+        account = self._account_jwt(
+            okp, akp, self.config.account_name, jetstream=True, revocations=revoked[accounts.LLMGW],
+            crossings=accounts.llmgw_crossings(nodes_pub),
+        )  # fmt: skip
+        # No JetStream in NODES: none of its users can ask the server to deliver anything.
+        nodes = self._account_jwt(
+            okp, nkp, self.config.nodes_account_name, jetstream=False, revocations=revoked[accounts.NODES],
+            crossings=accounts.nodes_crossings(acc_pub),
+        )  # fmt: skip
         return (
             "# Written by llmgw (llmgw/bus/auth.py): decentralized JWT auth.\n"
             "# No anonymous connections: every client presents a user JWT of the\n"
-            f"# {self.config.account_name} account, whose permissions the server enforces.\n"
+            f"# {self.config.account_name} account, or of {self.config.nodes_account_name} (agents: bus/accounts.py),\n"
+            "# whose permissions the server enforces.\n"
             f'operator: "{operator}"\n'
             f"system_account: {sys_pub}\n"
             "resolver: MEMORY\n"
             "resolver_preload: {\n"
             f'  {sys_pub}: "{system}"\n'
             f'  {acc_pub}: "{account}"\n'
+            f'  {nodes_pub}: "{nodes}"\n'
             "}\n"
         )
 
@@ -585,7 +614,20 @@ class Keystore:
         self._require()
         name = name or SINGLE.get(role) or (self.config.local_operator if role == "operator" else "")
         perms = permissions(role, name)  # checks role and name
-        akp = self._seed("account", None)
+        path = Path(out) if out else self.file_for(role, name)
+        account = accounts.account_of(role)
+        rows = self.issued()
+        rows.append(self._user(role, name, perms, account, path))
+        if role == "control":  # its second credential, in NODES: commands
+            rows.append(self._user(role, name, commands_permissions(name), accounts.NODES, accounts.commands_creds_path(path)))
+        self._save(rows)
+        return path
+
+    def _user(self, role: str, name: str, perms: Permissions, account: str, path: Path) -> Issued:
+        """A user of `account` (signed by its key) with those permissions, written to `path`."""
+        import nkeys
+
+        akp = self._seed("nodes" if account == accounts.NODES else "account", lambda: _new_key(nkeys.PREFIX_BYTE_ACCOUNT))
         ukp = _new_key(nkeys.PREFIX_BYTE_USER)
         pub: dict = {"allow": list(perms.pub_allow)}
         if perms.pub_deny:
@@ -598,25 +640,24 @@ class Keystore:
         if perms.responses:
             nats["resp"] = {"max": self.config.max_responses, "ttl": 0}
         token = encode_jwt({"sub": ukp.public_key.decode(), "name": f"llmgw-{role}-{name}", "nats": nats}, akp)
-        path = Path(out) if out else self.file_for(role, name)
         _write_private(path, creds_text(token, ukp.seed.decode()), self.config.file_mode)
-        rows = self.issued()
-        rows.append(Issued(role=role, name=name, public_key=ukp.public_key.decode(), file=str(path.resolve()), issued_at=time.time()))
-        self._save(rows)
-        return path
+        return Issued(role=role, name=name, public_key=ukp.public_key.decode(), file=str(path.resolve()), issued_at=time.time(), account=account)
 
     def issue_unrestricted(self, path: Path) -> Path:
         """A credential that may publish and read anything: for a test harness
         or a benchmark that loads a recorded log (every speaker's events at
         once). It has no llmgw role, so no component accepts it as its own;
-        never give one to a component, and keep it out of a fleet."""
+        never give one to a component, and keep it out of a fleet. Beside it,
+        the same in NODES (accounts.commands_creds_path): a bus connected
+        with it sends commands there, as a control plane does."""
         import nkeys
 
         self._require()
-        user = _new_key(nkeys.PREFIX_BYTE_USER)
-        nats = {"type": "user", "version": 2, "pub": {"allow": [">"]}, "sub": {"allow": [">"]}, "subs": -1, "data": -1, "payload": -1}
-        token = encode_jwt({"sub": user.public_key.decode(), "name": "llmgw-unrestricted", "nats": nats}, self._seed("account", None))
-        _write_private(Path(path), creds_text(token, user.seed.decode()), self.config.file_mode)
+        for key, out in (("account", Path(path)), ("nodes", accounts.commands_creds_path(path))):
+            user = _new_key(nkeys.PREFIX_BYTE_USER)
+            nats = {"type": "user", "version": 2, "pub": {"allow": [">"]}, "sub": {"allow": [">"]}, "subs": -1, "data": -1, "payload": -1}
+            token = encode_jwt({"sub": user.public_key.decode(), "name": "llmgw-unrestricted", "nats": nats}, self._seed(key, None))
+            _write_private(out, creds_text(token, user.seed.decode()), self.config.file_mode)
         return Path(path)
 
     def ensure(self, role: str, name: str | None = None) -> Path:
@@ -628,15 +669,22 @@ class Keystore:
 
     def _ensure(self, role: str, name: str) -> Path:
         path = self.file_for(role, name)
-        if path.exists():
-            try:
-                who = identity(path)
-            except CredentialError:
-                who = None
-            live = {i.public_key for i in self.issued() if not i.revoked}
-            if who is not None and who.public_key in live:
-                return path
+        # Each file present, live, and of its role's account (one issued
+        # before the accounts were split is issued again).
+        wanted = [(path, accounts.account_of(role))]
+        if role == "control":
+            wanted.append((accounts.commands_creds_path(path), accounts.NODES))
+        live = {(i.public_key, i.account) for i in self.issued() if not i.revoked}
+        if all(self._holds(p, account, live) for p, account in wanted):
+            return path
         return self._issue(role, name)
+
+    @staticmethod
+    def _holds(path: Path, account: str, live: set) -> bool:
+        try:
+            return path.exists() and (identity(path).public_key, account) in live
+        except CredentialError:
+            return False
 
     def revoke(self, role: str, name: str) -> list[Issued]:
         """Revoke every live credential of that role and name; returns them.

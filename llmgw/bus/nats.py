@@ -44,7 +44,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
-from . import auth, buckets, catchup, msgids
+from . import accounts, auth, buckets, catchup, msgids
 from . import (
     COMMAND_PREFIX,
     COMMAND_STREAM,
@@ -303,6 +303,8 @@ class NatsBus:
         self._beats: _Kept | None = None  # the heartbeat watcher, once following
         self._beats_created = None  # when the bucket it follows was made (another time: made again)
         self._closing = False
+        self._commands_opts: dict = {}  # how _commander connects (as _connect_once did, but the credential)
+        self._commands_nc = None  # the control plane's connection in NODES, once opened
 
     @classmethod
     async def connect(
@@ -416,6 +418,7 @@ class NatsBus:
             raise ConnectionError(f"cannot reach NATS at {url}: {e or type(e).__name__}") from None
         bus = cls(nc, replicas, who)
         bus.creds = creds
+        bus._commands_opts = {**opts, "name": f"{name}-commands"}
         return bus
 
     # ----------------------------------------------------------------- streams
@@ -700,8 +703,42 @@ class NatsBus:
         # A fresh id per send: a re-send is meant to arrive again (agents
         # dedupe by shard and generation), a retried publish is not.
         self._commands_sent += 1
-        msg_id = f"cmd-{self._instance}-{self._commands_sent}"
-        await self.js.publish(f"{COMMAND_PREFIX}.{node}", data, stream=COMMAND_STREAM, headers={"Nats-Msg-Id": msg_id})
+        msg_id = msgids.fresh(f"cmd-{self._instance}-{self._commands_sent}")
+        subject, headers = f"{COMMAND_PREFIX}.{node}", {"Nats-Msg-Id": msg_id}
+        commander = await self._commander()
+        if commander is None:  # one account (no auth): the command stream acks it
+            await self.js.publish(subject, data, stream=COMMAND_STREAM, headers=headers)
+            return
+        # In NODES, where nothing has JetStream: a core publish, flushed so
+        # that a connection gone is an error here; the llmgw account's
+        # command stream keeps a copy (bus/accounts.py).
+        await commander.publish(subject, data, headers=headers)
+        await commander.flush(timeout=5.0)
+
+    async def _commander(self):
+        """The connection commands go out on when the agents are in an
+        account of their own (bus/accounts.py): the credential beside ours
+        (control.creds -> control-commands.creds). None without one."""
+        if self._commands_nc is not None:
+            return self._commands_nc
+        path = accounts.commands_creds_path(self.creds) if self.creds else None
+        if path is None or not path.exists():
+            if self.identity is not None and self.identity.role == "control":
+                raise PermissionError(
+                    f"no credential for commands beside {self.creds} (expected {path}): "
+                    "issue the control plane's credentials again (`llmgw creds issue control`)"
+                )
+            return None
+        who = auth.identity(path, foreign_ok=True)
+        opts = {**self._commands_opts, "user_credentials": str(path)}
+        opts.pop("inbox_prefix", None)
+        if who is not None:
+            opts["inbox_prefix"] = who.inbox_prefix
+        try:
+            self._commands_nc = await nats.connect(**opts)
+        except Exception as e:
+            raise ConnectionError(f"cannot connect for commands with {path}: {e or type(e).__name__}") from None
+        return self._commands_nc
 
     async def follow_commands(self, node: str, on_command: OnCommand) -> _Sub:
         # A plain subscription on the node's own subject, not a JetStream
@@ -851,6 +888,11 @@ class NatsBus:
     async def close(self) -> None:
         """Drain what is pending; with the server gone, just let go."""
         self._closing = True
+        if self._commands_nc is not None:
+            try:
+                await asyncio.wait_for(self._commands_nc.drain(), 5.0)
+            except Exception:
+                pass
         try:
             await asyncio.wait_for(self.nc.drain(), 5.0)
         except Exception:

@@ -1,0 +1,101 @@
+"""Two accounts: the nodes apart from everything that reads the log.
+
+nats-server 2.15 does not check a push consumer's deliver subject against
+its creator's permissions (nats-server#8274; #8279 not merged), and sends a
+JetStream API reply (a direct get, a pull's next message, a stream message
+get) to whatever reply subject the requester names. So within one account,
+any user with JetStream API access can make the server write content of its
+choosing onto any subject of that account. When the agents' command
+subjects were in the llmgw account, the gateway, operator and projector
+credentials (all readers of the log) commanded every node that way: live
+replicas stopped, a re-register with term 10^9 locked an agent out of every
+genuine command for good, an engine was started on 0.0.0.0 (issue 35,
+finding 1). Permissions cannot stop that; an account boundary does: a
+subject of one account is not one of another's.
+
+So agents and fleet simulators are users of their own account, NODES, which
+has no JetStream at all: no one in it can ask the server to deliver
+anything. The command subjects `llmgw.cmd.<node>` are NODES' subjects, and
+the one user of NODES that may publish on them is the control plane's
+second credential (`<control creds>-commands.creds`, issued with it). What
+crosses between the accounts is named here, each direction's exports and
+imports in the account JWTs:
+
+    LLMGW -> NODES (services, NODES imports): a node's facts into the log
+      (the stream captures them, the JetStream ack comes back on the
+      reply), heartbeat puts, engine-key puts and its direct gets.
+    NODES -> LLMGW (services, LLMGW imports): operators' log requests to
+      agents (`llmgw.agent-logs.<node>`), the simulators' test hooks
+      (`llmgw.sim.<node>.*`).
+    NODES -> LLMGW (a stream, LLMGW imports): a copy of every command, which
+      LLMGW's command stream (COMMAND_STREAM) keeps a while as the record of
+      what was sent. A reader delivering into LLMGW's `llmgw.cmd.<node>`
+      reaches that copy's subject, not an agent.
+
+Each node's user permissions in NODES still confine it to its own subjects
+and keys. What a node credential can still do inside NODES: aim the reply of
+its own request (a direct get of its engine key, a fact's ack) at another
+node's command subject, whose agent then receives a JetStream answer as if
+it were a command. Nothing here refuses that; the command's signature does.
+What an LLMGW reader can still do: make the server deliver onto the
+imported service subjects, i.e. send a node a logs request or (to a
+simulated node) a test hook.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import COMMAND_PREFIX, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET
+
+LOGS_PREFIX = "llmgw.agent-logs"  # llmgw/agent/logs.py
+SIM_PREFIX = "llmgw.sim"  # the simulated agents' test hooks (llmgw.sim.<node>.fail, .silence)
+NODE_ROLES = frozenset({"agent", "fleet"})
+LLMGW, NODES = "llmgw", "nodes"  # which account key signs a user (keys/account.nk, keys/nodes.nk)
+COMMANDS_SUFFIX = "-commands"
+
+# What NODES' users reach in LLMGW (LLMGW exports, NODES imports).
+INTO_THE_LOG = (
+    "llmgw.agent.>",
+    f"$KV.{HEARTBEAT_BUCKET}.>",
+    f"$KV.{ENGINE_KEYS_BUCKET}.>",
+    f"$JS.API.DIRECT.GET.KV_{ENGINE_KEYS_BUCKET}.>",
+)
+# What LLMGW's users reach in NODES (NODES exports, LLMGW imports).
+TO_THE_NODES = (f"{LOGS_PREFIX}.>", f"{SIM_PREFIX}.>")
+COMMANDS = f"{COMMAND_PREFIX}.>"
+
+
+def account_of(role: str) -> str:
+    return NODES if role in NODE_ROLES else LLMGW
+
+
+def commands_creds_path(creds: str | Path) -> Path:
+    """The control plane's NODES credential, beside its llmgw one:
+    control.creds -> control-commands.creds."""
+    p = Path(creds)
+    return p.with_name(f"{p.stem}{COMMANDS_SUFFIX}{p.suffix or '.creds'}")
+
+
+def _service(subject: str) -> dict:
+    return {"name": subject, "subject": subject, "type": "service", "response_type": "Singleton"}
+
+
+def _import(subject: str, account: str, kind: str = "service") -> dict:
+    return {"name": subject, "subject": subject, "account": account, "type": kind}
+
+
+def llmgw_crossings(nodes_account: str) -> dict:
+    """The exports and imports of the llmgw account's JWT."""
+    return {
+        "exports": [_service(s) for s in INTO_THE_LOG],
+        "imports": [_import(s, nodes_account) for s in TO_THE_NODES] + [_import(COMMANDS, nodes_account, "stream")],
+    }
+
+
+def nodes_crossings(llmgw_account: str) -> dict:
+    """The exports and imports of the nodes account's JWT."""
+    return {
+        "exports": [_service(s) for s in TO_THE_NODES] + [{"name": COMMANDS, "subject": COMMANDS, "type": "stream"}],
+        "imports": [_import(s, llmgw_account) for s in INTO_THE_LOG],
+    }

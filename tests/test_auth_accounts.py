@@ -1,0 +1,173 @@
+"""Issue 35, finding 1: no reader of the log can make the server deliver
+into a command subject. Tried over a real nats-server with auth on, as each
+reader's credential (gateway, operator, projector): a push consumer that
+delivers to `llmgw.cmd.<node>`, and JetStream API requests whose reply is
+`llmgw.cmd.<node>`. The server does deliver them (it checks neither,
+nats-server#8274), but into the llmgw account's subject of that name: the
+agents are in NODES (bus/accounts.py), and a subscriber holding the agent's
+credential sees nothing, where the control plane's genuine command arrives."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import nats
+import pytest
+
+from llmgw.bus import COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, LEADER_BUCKET, STREAM, accounts, auth
+from llmgw.bus.nats import NatsBus
+
+from .test_auth import Speaker, _control
+
+pytestmark = pytest.mark.timeout(60)
+
+QUIET_S = 1.0  # how long the agent's subscriber listens for what must not come
+
+
+async def _listen(server, role: str, name: str, subject: str) -> tuple[object, list]:
+    """A subscription on `subject` holding `role name`'s credential; what it receives."""
+    got: list = []
+    creds = server.creds(role, name) if role else str(server.auth.issue_unrestricted(server.store_dir / "harness.creds"))
+    who = auth.identity(creds, foreign_ok=True)
+    nc = await nats.connect(server.url, user_credentials=creds, **({"inbox_prefix": who.inbox_prefix} if who else {}))
+
+    async def cb(msg) -> None:
+        got.append(msg.data)
+
+    await nc.subscribe(subject, cb=cb)
+    await nc.flush()
+    return nc, got
+
+
+READERS = {"gateway": "g1", "operator": None, "projector": None}
+
+
+@pytest.mark.parametrize("role", list(READERS))
+async def test_a_reader_cannot_make_the_server_deliver_into_a_command_subject(auth_nats, role):
+    control = await _control(auth_nats)
+    target = f"{COMMAND_PREFIX}.a"
+    agent_nc, to_agent = await _listen(auth_nats, "agent", "a", target)
+    # Where the attack lands: the llmgw account's subject of that name (seen
+    # by an llmgw user), which is the command stream's copy, not an agent.
+    llmgw_nc, in_llmgw = await _listen(auth_nats, None, "", target)
+    reader = await Speaker.connect(auth_nats, role, READERS[role])
+    try:
+        # A command-shaped message in the log (the control plane's subjects
+        # are the attacker's to read, not to write: published by it here).
+        await control.publish("llmgw.control.x", b'{"command":"stop","shard":"m-1.0","generation":9}', msg_id="c1", expect_control_seq=0)
+        node = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("agent", "a"))
+        await node.put_engine_key("a.s.1", "k")  # something in a bucket for a direct get
+        await node.close()
+        attacks = [
+            # a push consumer delivering the log into the command subject
+            (f"$JS.API.CONSUMER.CREATE.{STREAM}", {"stream_name": STREAM, "config": {"deliver_subject": target, "ack_policy": "none", "deliver_policy": "all"}}),
+            # stream message gets, their answer sent to the command subject
+            (f"$JS.API.STREAM.MSG.GET.{STREAM}", {"seq": 1}),
+            (f"$JS.API.DIRECT.GET.KV_{ENGINE_KEYS_BUCKET}", {"seq": 1}),
+            (f"$JS.API.DIRECT.GET.KV_{LEADER_BUCKET}", {"seq": 1}),
+            (f"$JS.API.STREAM.MSG.GET.{COMMAND_STREAM}", {"seq": 1}),
+        ]
+        perms = auth.permissions(role, READERS[role] or ("local" if role == "operator" else role))
+        tried = 0
+        for subject, body in attacks:
+            if auth.may_publish(perms, subject):
+                await reader.nc.publish(subject, json.dumps(body).encode(), reply=target)
+                tried += 1
+        await reader.nc.flush()
+        assert tried >= 2, "the reader could try nothing: the test tries no attack"
+        await asyncio.sleep(QUIET_S)
+        assert to_agent == [], f"the {role}'s deliveries reached the agent: {to_agent}"
+        assert in_llmgw, "the server delivered nothing at all: the attack was not made"
+        # And the genuine command, through the control plane's NODES credential, arrives.
+        await control.send_command("a", b'{"command":"reregister"}')
+        for _ in range(100):
+            if to_agent:
+                break
+            await asyncio.sleep(0.02)
+        assert to_agent == [b'{"command":"reregister"}']
+    finally:
+        await reader.close()
+        await agent_nc.close()
+        await llmgw_nc.close()
+        await control.close()
+
+
+async def test_the_command_stream_keeps_a_copy_of_each_command(auth_nats):
+    control = await _control(auth_nats)
+    try:
+        await control.send_command("a", b'{"command":"reregister"}')
+        for _ in range(100):
+            if (await control.js.stream_info(COMMAND_STREAM)).state.messages == 1:
+                break
+            await asyncio.sleep(0.02)
+        msg = await control.js.get_msg(COMMAND_STREAM, 1)
+        assert (msg.subject, msg.data) == (f"{COMMAND_PREFIX}.a", b'{"command":"reregister"}')
+    finally:
+        await control.close()
+
+
+async def test_only_the_control_planes_commands_credential_publishes_commands(auth_nats):
+    """In NODES, a command subject takes only the control plane's second
+    credential: not a node's (to another or to itself), not a fleet simulator's."""
+    for role, name in (("agent", "b"), ("fleet", "sim")):
+        speaker = await Speaker.connect(auth_nats, role, name)
+        try:
+            for subject in (f"{COMMAND_PREFIX}.a", f"{COMMAND_PREFIX}.b"):
+                await speaker.nc.publish(subject, b"{}")
+                assert await speaker.refused("publish", subject), (role, subject)
+        finally:
+            await speaker.close()
+    creds = auth_nats.creds("control")
+    commands = accounts.commands_creds_path(creds)
+    claims = auth.jwt_claims(auth.read_creds(commands)[0])
+    assert claims["nats"]["pub"]["allow"] == [f"{COMMAND_PREFIX}.>"]
+    assert claims["iss"] == auth.jwt_claims(auth.read_creds(auth_nats.creds("agent", "a"))[0])["iss"]  # both of NODES
+    assert claims["iss"] != auth.jwt_claims(auth.read_creds(creds)[0])["iss"]
+
+
+async def test_nodes_still_reach_the_log_heartbeats_and_their_engine_keys(auth_nats):
+    control = await _control(auth_nats)
+    agent = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("agent", "a"))
+    try:
+        await agent.ensure_streams()
+        seq = await agent.publish("llmgw.agent.a.shard.status", b"{}", msg_id="f1")
+        assert seq == 1 and await agent.publish("llmgw.agent.a.shard.status", b"{}", msg_id="f1") == 1
+        await agent.beat("a", b'{"at":1}')
+        await agent.put_engine_key("a.s.1", "secret")
+        assert await agent.engine_key("a.s.1") == "secret"
+        assert (await (await control.js.key_value("llmgw-heartbeats")).get("a")).value == b'{"at":1}'
+    finally:
+        await agent.close()
+        await control.close()
+
+
+def test_control_credentials_are_issued_listed_and_revoked_together(tmp_path):
+    keys = auth.Keystore(tmp_path / "creds").init()
+    path = keys.issue("control")
+    commands = accounts.commands_creds_path(path)
+    assert commands.exists() and commands.name == "control-commands.creds"
+    rows = [(r.role, r.account) for r in keys.issued()]
+    assert rows == [("control", accounts.LLMGW), ("control", accounts.NODES)]
+    assert keys.ensure("control") == path  # both there and live: kept
+    keys.revoke("control", "control")
+    assert not path.exists() and not commands.exists()
+    revoked: dict[str, set] = {}
+    for token in keys.server_conf().split('"')[1::2]:
+        claims = auth.jwt_claims(token)
+        revoked[claims["name"]] = set(claims["nats"].get("revocations", {}))
+    llmgw, nodes = keys.issued()
+    assert llmgw.revoked and nodes.revoked
+    assert revoked[keys.config.account_name] == {llmgw.public_key} and revoked[keys.config.nodes_account_name] == {nodes.public_key}
+
+
+def test_a_node_credential_from_before_the_split_is_issued_again(tmp_path):
+    """A key store of an older llmgw signed agents with the llmgw account key:
+    `ensure` (what `llmgw up` and a local agent use) issues it again in NODES."""
+    keys = auth.Keystore(tmp_path / "creds").init()
+    old = keys._user("agent", "a", auth.permissions("agent", "a"), accounts.LLMGW, keys.file_for("agent", "a"))
+    keys._save([old])
+    path = keys.ensure("agent", "a")
+    claims = auth.jwt_claims(auth.read_creds(path)[0])
+    assert claims["sub"] != old.public_key
+    assert [r.account for r in keys.issued()] == [accounts.LLMGW, accounts.NODES]
