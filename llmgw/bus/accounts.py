@@ -99,3 +99,35 @@ def nodes_crossings(llmgw_account: str) -> dict:
         "exports": [_service(s) for s in TO_THE_NODES] + [{"name": COMMANDS, "subject": COMMANDS, "type": "stream"}],
         "imports": [_import(s, llmgw_account) for s in INTO_THE_LOG],
     }
+
+
+async def connect_commands(creds, who, opts: dict):
+    """The control plane's connection in NODES, with the credential beside
+    `creds` (connected as `opts` say, which are its llmgw connection's);
+    None when there is none and `who` is no control plane (no auth, or a
+    harness that sends commands in one account)."""
+    import asyncio
+
+    import nats
+
+    from . import auth
+
+    path = commands_creds_path(creds) if creds else None
+    if path is None or not path.exists():
+        if who is not None and who.role == "control":
+            raise PermissionError(
+                f"no credential for commands beside {creds} (expected {path}): "
+                "issue the control plane's credentials again (`llmgw creds issue control`)"
+            )
+        return None
+    mine = auth.identity(path, foreign_ok=True)
+    opts = {**opts, "user_credentials": str(path)}
+    opts.pop("inbox_prefix", None)
+    if mine is not None:
+        opts["inbox_prefix"] = mine.inbox_prefix
+    try:
+        # Bounded: nats-py's first connect with reconnects without end (a
+        # process that runs forever) would hold the control plane's pass.
+        return await asyncio.wait_for(nats.connect(**opts), auth.DEFAULTS.commands_connect_timeout_s)
+    except Exception as e:
+        raise ConnectionError(f"cannot connect for commands with {path}: {e or type(e).__name__}") from None

@@ -109,6 +109,11 @@ class AuthConfig:
     # Generous for a fleet: each gateway holds ~3, a control plane ~3, each
     # `ctl` command 1 or 2 while it runs.
     max_consumers: int = 10_000
+    # The control plane's connection for commands (bus/accounts.py): how long
+    # its first connect may take, and a command's flush (a connection gone is
+    # an error, the command sent again at the next pass).
+    commands_connect_timeout_s: float = 5.0
+    command_flush_timeout_s: float = 5.0
 
     def max_payload(self, role: str) -> int:
         if role in ("agent", "fleet"):
@@ -521,11 +526,13 @@ class Keystore:
 
     def server_conf(self) -> str:
         """The part of nats-server's configuration that turns auth on."""
+        import nkeys
+
         self._require()
         okp = self._seed("operator", None)
         skp = self._seed("system", None)
         akp = self._seed("account", None)
-        nkp = self._seed("nodes", lambda: _new_key(__import__("nkeys").PREFIX_BYTE_ACCOUNT))  # a store from before the split
+        nkp = self._seed("nodes", lambda: _new_key(nkeys.PREFIX_BYTE_ACCOUNT))  # a store from before the split
         revoked: dict[str, dict[str, int]] = {accounts.LLMGW: {}, accounts.NODES: {}}
         for i in self.issued():
             if i.revoked:

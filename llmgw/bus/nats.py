@@ -713,31 +713,14 @@ class NatsBus:
         # that a connection gone is an error here; the llmgw account's
         # command stream keeps a copy (bus/accounts.py).
         await commander.publish(subject, data, headers=headers)
-        await commander.flush(timeout=5.0)
+        await commander.flush(timeout=auth.DEFAULTS.command_flush_timeout_s)
 
     async def _commander(self):
         """The connection commands go out on when the agents are in an
-        account of their own (bus/accounts.py): the credential beside ours
-        (control.creds -> control-commands.creds). None without one."""
-        if self._commands_nc is not None:
-            return self._commands_nc
-        path = accounts.commands_creds_path(self.creds) if self.creds else None
-        if path is None or not path.exists():
-            if self.identity is not None and self.identity.role == "control":
-                raise PermissionError(
-                    f"no credential for commands beside {self.creds} (expected {path}): "
-                    "issue the control plane's credentials again (`llmgw creds issue control`)"
-                )
-            return None
-        who = auth.identity(path, foreign_ok=True)
-        opts = {**self._commands_opts, "user_credentials": str(path)}
-        opts.pop("inbox_prefix", None)
-        if who is not None:
-            opts["inbox_prefix"] = who.inbox_prefix
-        try:
-            self._commands_nc = await nats.connect(**opts)
-        except Exception as e:
-            raise ConnectionError(f"cannot connect for commands with {path}: {e or type(e).__name__}") from None
+        account of their own: the credential beside ours (bus/accounts.py).
+        None without one."""
+        if self._commands_nc is None:
+            self._commands_nc = await accounts.connect_commands(self.creds, self.identity, self._commands_opts)
         return self._commands_nc
 
     async def follow_commands(self, node: str, on_command: OnCommand) -> _Sub:
