@@ -188,3 +188,13 @@ async def test_the_accounts_consumers_are_bounded(tmp_path):
             await control.close()
     finally:
         server.stop()
+
+
+async def test_the_memory_bus_too_counts_a_claimed_id_as_not_landed():
+    from llmgw.bus.memory import MemoryBus
+
+    bus = MemoryBus()
+    squat = await bus.publish("llmgw.gw.g1.model.load", b"squat", msg_id="leader-1")
+    ours = await bus.publish("llmgw.control.decided", b"ours", msg_id="leader-1", expect_control_seq=0)
+    assert ours != squat and bus.log[ours - 1] == ("llmgw.control.decided", b"ours")
+    assert await bus.publish("llmgw.control.decided", b"ours", msg_id="leader-1") == ours  # a retry: one event
