@@ -173,32 +173,37 @@ def test_a_node_credential_from_before_the_split_is_issued_again(tmp_path):
     assert [r.account for r in keys.issued()] == [accounts.LLMGW, accounts.NODES]
 
 
-@pytest.mark.xfail(strict=True, reason="open: within the llmgw account a reader's JetStream API still writes into the log and the buckets")
+@pytest.mark.xfail(strict=True, reason="open: within the llmgw account a reader's JetStream API answers are stored in the log and the buckets")
 async def test_a_reader_cannot_make_the_server_write_into_the_log_or_the_buckets(auth_nats):
     """What the account split does NOT close (reported with issue 35): the
-    same server behaviour, aimed at the llmgw account's own subjects. A
-    gateway has its own message (any payload) delivered onto another node's
-    heartbeat key and engine key, and a stream message get answered onto the
-    control plane's subject; the streams there store them. When this passes,
-    drop the xfail and say so in the README."""
+    same server behaviour aimed at the llmgw account's own subjects. A
+    JetStream API answer sent to a reply subject that a stream captures is
+    stored there: a stream message get (JSON of the server's making, the
+    gateway's message inside) as node b's heartbeat and engine key, or as a
+    decision; a direct get of an engine key (raw bytes a node chose) as node
+    b's fact. (Push consumers' deliveries were not stored, in 2.15.1.) When
+    this passes, drop the xfail and say so in the README."""
     from llmgw.bus import HEARTBEAT_BUCKET
 
     control = await _control(auth_nats)
+    node = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("agent", "a"))
     gateway = await Speaker.connect(auth_nats, "gateway", "g1")
     try:
+        await node.put_engine_key("a.s.1", '{"chosen":"by node a"}')
         await gateway.nc.publish("llmgw.gw.g1.model.load", b'{"chosen":"by the gateway"}')
         await gateway.nc.flush()
-        for target in (f"$KV.{HEARTBEAT_BUCKET}.b", f"$KV.{ENGINE_KEYS_BUCKET}.b.s.1"):
-            config = {"deliver_subject": target, "ack_policy": "none", "deliver_policy": "all", "filter_subject": "llmgw.gw.g1.>"}
-            await gateway.nc.publish(f"$JS.API.CONSUMER.CREATE.{STREAM}", json.dumps({"stream_name": STREAM, "config": config}).encode(), reply="_INBOX.gateway.g1.x")
-        await gateway.nc.publish(f"$JS.API.STREAM.MSG.GET.{STREAM}", b'{"seq":1}', reply="llmgw.control.decided")
+        get = f"$JS.API.STREAM.MSG.GET.{STREAM}"
+        for target in (f"$KV.{HEARTBEAT_BUCKET}.b", f"$KV.{ENGINE_KEYS_BUCKET}.b.s.1", "llmgw.control.decided"):
+            await gateway.nc.publish(get, b'{"seq":1}', reply=target)
+        await gateway.nc.publish(f"$JS.API.DIRECT.GET.KV_{ENGINE_KEYS_BUCKET}", b'{"seq":1}', reply="llmgw.agent.b.node.registered")
         await gateway.nc.flush()
         await asyncio.sleep(QUIET_S)
         stored = {}
         for stream in (STREAM, f"KV_{HEARTBEAT_BUCKET}", f"KV_{ENGINE_KEYS_BUCKET}"):
             stored.update((await control.js.stream_info(stream, subjects_filter=">")).state.subjects or {})
-        forged = {s for s in stored if s.startswith(("llmgw.control.", "$KV."))}
+        forged = {s for s in stored if s.startswith(("llmgw.control.", "llmgw.agent.b.", f"$KV.{HEARTBEAT_BUCKET}.b", f"$KV.{ENGINE_KEYS_BUCKET}.b."))}
         assert not forged, f"stored under subjects the gateway may not publish: {sorted(forged)}"
     finally:
         await gateway.close()
+        await node.close()
         await control.close()
