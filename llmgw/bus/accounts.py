@@ -51,7 +51,9 @@ from . import COMMAND_PREFIX, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET
 LOGS_PREFIX = "llmgw.agent-logs"  # llmgw/agent/logs.py
 SIM_PREFIX = "llmgw.sim"  # the simulated agents' test hooks (llmgw.sim.<node>.fail, .silence)
 NODE_ROLES = frozenset({"agent", "fleet"})
-LLMGW, NODES = "llmgw", "nodes"  # which account key signs a user (keys/account.nk, keys/nodes.nk)
+READER_ROLES = frozenset({"gateway", "operator", "projector"})
+# Which account key signs a user (keys/account.nk, keys/nodes.nk, keys/readers.nk).
+LLMGW, NODES, READERS = "llmgw", "nodes", "readers"
 COMMANDS_SUFFIX = "-commands"
 
 # What NODES' users reach in LLMGW (LLMGW exports, NODES imports).
@@ -61,13 +63,31 @@ INTO_THE_LOG = (
     f"$KV.{ENGINE_KEYS_BUCKET}.>",
     f"$JS.API.DIRECT.GET.KV_{ENGINE_KEYS_BUCKET}.>",
 )
-# What LLMGW's users reach in NODES (NODES exports, LLMGW imports).
+# What LLMGW's and READERS' users reach in NODES (NODES exports, both import).
 TO_THE_NODES = (f"{LOGS_PREFIX}.>", f"{SIM_PREFIX}.>")
 COMMANDS = f"{COMMAND_PREFIX}.>"
+# What READERS' users reach in LLMGW: the JetStream API a reader uses
+# (no pulls: no MSG.NEXT), flow control of its consumers, its own facts...
+READER_API = (
+    "$JS.API.INFO",
+    "$JS.API.STREAM.INFO.>",
+    "$JS.API.CONSUMER.CREATE.>",
+    "$JS.API.CONSUMER.INFO.>",
+    "$JS.API.CONSUMER.DELETE.>",
+    "$JS.API.STREAM.MSG.GET.>",
+    "$JS.API.DIRECT.GET.>",
+    "$JS.FC.>",
+)
+READER_FACTS = ("llmgw.gw.>", "llmgw.ctl.>")
+# ... and, as streams, what its consumers deliver: into its inbox (each
+# reader's user may subscribe only its own, bus/auth.py inbox_prefix).
+READER_INBOXES = tuple(f"_INBOX.{role}.>" for role in sorted(READER_ROLES))
 
 
 def account_of(role: str) -> str:
-    return NODES if role in NODE_ROLES else LLMGW
+    if role in NODE_ROLES:
+        return NODES
+    return READERS if role in READER_ROLES else LLMGW
 
 
 def commands_creds_path(creds: str | Path) -> Path:
@@ -85,18 +105,49 @@ def _import(subject: str, account: str, kind: str = "service") -> dict:
     return {"name": subject, "subject": subject, "account": account, "type": kind}
 
 
+def _stream(subject: str) -> dict:
+    return {"name": subject, "subject": subject, "type": "stream"}
+
+
+def _covers(pattern: str, subject: str) -> bool:
+    """Whether `pattern` matches every subject `subject` (a pattern itself) does."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]) or s[i] == ">":
+            return False
+    return len(p) == len(s)
+
+
+def _distinct(subjects) -> list[str]:
+    """Each subject once, those another covers left out: nats-server refuses
+    an account whose exports overlap (and then every user of it)."""
+    subjects = list(dict.fromkeys(subjects))
+    return [s for s in subjects if not any(o != s and _covers(o, s) for o in subjects)]
+
+
 def llmgw_crossings(nodes_account: str) -> dict:
     """The exports and imports of the llmgw account's JWT."""
     return {
-        "exports": [_service(s) for s in INTO_THE_LOG],
+        "exports": [_service(s) for s in _distinct((*INTO_THE_LOG, *READER_API, *READER_FACTS))] + [_stream(s) for s in READER_INBOXES],
         "imports": [_import(s, nodes_account) for s in TO_THE_NODES] + [_import(COMMANDS, nodes_account, "stream")],
+    }
+
+
+def readers_crossings(llmgw_account: str, nodes_account: str) -> dict:
+    """The imports of the readers' account's JWT (it exports nothing)."""
+    return {
+        "imports": [_import(s, llmgw_account) for s in (*READER_API, *READER_FACTS)]
+        + [_import(s, llmgw_account, "stream") for s in READER_INBOXES]
+        + [_import(s, nodes_account) for s in TO_THE_NODES],
     }
 
 
 def nodes_crossings(llmgw_account: str) -> dict:
     """The exports and imports of the nodes account's JWT."""
     return {
-        "exports": [_service(s) for s in TO_THE_NODES] + [{"name": COMMANDS, "subject": COMMANDS, "type": "stream"}],
+        "exports": [_service(s) for s in TO_THE_NODES] + [_stream(COMMANDS)],
         "imports": [_import(s, llmgw_account) for s in INTO_THE_LOG],
     }
 

@@ -85,6 +85,7 @@ class AuthConfig:
     operator_name: str = "llmgw"
     account_name: str = "LLMGW"
     nodes_account_name: str = "NODES"  # agents and fleet simulators (bus/accounts.py)
+    readers_account_name: str = "READERS"  # gateways, operators, the projector (bus/accounts.py)
     system_account_name: str = "SYS"
     creds_dir: str = "creds"  # under the state dir of `llmgw up`
     file_mode: int = 0o600
@@ -491,6 +492,7 @@ class Keystore:
         self._seed("system", create_account_pair)
         self._seed("account", create_account_pair)
         self._seed("nodes", create_account_pair)
+        self._seed("readers", create_account_pair)
         self.write_server_conf()
         return self
 
@@ -532,12 +534,14 @@ class Keystore:
         okp = self._seed("operator", None)
         skp = self._seed("system", None)
         akp = self._seed("account", None)
-        nkp = self._seed("nodes", lambda: _new_key(nkeys.PREFIX_BYTE_ACCOUNT))  # a store from before the split
-        revoked: dict[str, dict[str, int]] = {accounts.LLMGW: {}, accounts.NODES: {}}
+        # (made here for a store from before the split)
+        nkp = self._seed("nodes", lambda: _new_key(nkeys.PREFIX_BYTE_ACCOUNT))
+        rkp = self._seed("readers", lambda: _new_key(nkeys.PREFIX_BYTE_ACCOUNT))
+        revoked: dict[str, dict[str, int]] = {accounts.LLMGW: {}, accounts.NODES: {}, accounts.READERS: {}}
         for i in self.issued():
             if i.revoked:
                 revoked.setdefault(i.account, {})[i.public_key] = int(i.revoked_at) + 1
-        sys_pub, acc_pub, nodes_pub = skp.public_key.decode(), akp.public_key.decode(), nkp.public_key.decode()
+        sys_pub, acc_pub, nodes_pub, readers_pub = (k.public_key.decode() for k in (skp, akp, nkp, rkp))
         # Signed once and kept: nats-server reloads no change to its trusted
         # operator, and only the account's JWT (its revocations) ever changes.
         operator = self._kept("operator.jwt", lambda: self._operator_jwt(okp, sys_pub))
@@ -553,6 +557,12 @@ class Keystore:
             okp, nkp, self.config.nodes_account_name, jetstream=False, revocations=revoked[accounts.NODES],
             crossings=accounts.nodes_crossings(acc_pub),
         )  # fmt: skip
+        # Nor in READERS: the server's answers to a reader's requests land
+        # there, where no stream captures them (bus/accounts.py).
+        readers = self._account_jwt(
+            okp, rkp, self.config.readers_account_name, jetstream=False, revocations=revoked[accounts.READERS],
+            crossings=accounts.readers_crossings(acc_pub, nodes_pub),
+        )  # fmt: skip
         return (
             "# Written by llmgw (llmgw/bus/auth.py): decentralized JWT auth.\n"
             "# No anonymous connections: every client presents a user JWT of the\n"
@@ -565,6 +575,7 @@ class Keystore:
             f'  {sys_pub}: "{system}"\n'
             f'  {acc_pub}: "{account}"\n'
             f'  {nodes_pub}: "{nodes}"\n'
+            f'  {readers_pub}: "{readers}"\n'
             "}\n"
         )
 
@@ -634,7 +645,8 @@ class Keystore:
         """A user of `account` (signed by its key) with those permissions, written to `path`."""
         import nkeys
 
-        akp = self._seed("nodes" if account == accounts.NODES else "account", lambda: _new_key(nkeys.PREFIX_BYTE_ACCOUNT))
+        key = {accounts.NODES: "nodes", accounts.READERS: "readers"}.get(account, "account")
+        akp = self._seed(key, lambda: _new_key(nkeys.PREFIX_BYTE_ACCOUNT))
         ukp = _new_key(nkeys.PREFIX_BYTE_USER)
         pub: dict = {"allow": list(perms.pub_allow)}
         if perms.pub_deny:
