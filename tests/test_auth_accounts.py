@@ -3,9 +3,11 @@ into a command subject. Tried over a real nats-server with auth on, as each
 reader's credential (gateway, operator, projector): a push consumer that
 delivers to `llmgw.cmd.<node>`, and JetStream API requests whose reply is
 `llmgw.cmd.<node>`. The server does deliver them (it checks neither,
-nats-server#8274), but into the llmgw account's subject of that name: the
-agents are in NODES (bus/accounts.py), and a subscriber holding the agent's
-credential sees nothing, where the control plane's genuine command arrives."""
+nats-server#8274), but a push consumer's into the llmgw account's subject of
+that name and an answer into READERS': the agents are in NODES
+(bus/accounts.py), and a subscriber holding the agent's credential sees
+nothing, where the control plane's genuine command arrives. Likewise
+nothing is written into the log or the buckets."""
 
 from __future__ import annotations
 
@@ -48,8 +50,8 @@ async def test_a_reader_cannot_make_the_server_deliver_into_a_command_subject(au
     control = await _control(auth_nats)
     target = f"{COMMAND_PREFIX}.a"
     agent_nc, to_agent = await _listen(auth_nats, "agent", "a", target)
-    # Where the attack lands: the llmgw account's subject of that name (seen
-    # by an llmgw user), which is the command stream's copy, not an agent.
+    # Where the push consumer's deliveries land: the llmgw account's subject
+    # of that name (seen by an llmgw user), the command stream's copy's, not an agent's.
     llmgw_nc, in_llmgw = await _listen(auth_nats, None, "", target)
     reader = await Speaker.connect(auth_nats, role, READERS[role])
     try:

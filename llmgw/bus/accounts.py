@@ -1,45 +1,61 @@
-"""Two accounts: the nodes apart from everything that reads the log.
+"""Three accounts: the log, the nodes, and those who read the log.
 
 nats-server 2.15 does not check a push consumer's deliver subject against
 its creator's permissions (nats-server#8274; #8279 not merged), and sends a
-JetStream API reply (a direct get, a pull's next message, a stream message
-get) to whatever reply subject the requester names. So within one account,
-any user with JetStream API access can make the server write content of its
-choosing onto any subject of that account. When the agents' command
-subjects were in the llmgw account, the gateway, operator and projector
-credentials (all readers of the log) commanded every node that way: live
-replicas stopped, a re-register with term 10^9 locked an agent out of every
-genuine command for good, an engine was started on 0.0.0.0 (issue 35,
-finding 1). Permissions cannot stop that; an account boundary does: a
-subject of one account is not one of another's.
+JetStream API answer (a direct get, a stream message get, a consumer's
+info, a publish's ack) to whatever reply subject the requester names. So
+within one account, any user with JetStream API access can make the server
+write onto any subject of that account. When everyone was a user of the
+llmgw account, the gateway, operator and projector credentials (all readers
+of the log) commanded every node that way: live replicas stopped, a
+re-register with term 10^9 locked an agent out of every genuine command for
+good, an engine was started on 0.0.0.0 (issue 35, finding 1). Aimed at the
+log's own subjects, the same answers were stored: a stream message get as
+another node's heartbeat or engine key, or as a decision; a direct get of an
+engine key (bytes a node chose) as another node's fact. Permissions cannot
+stop that; account boundaries do: an answer lands in the requester's
+account, and a subject of one account is not one of another's.
 
-So agents and fleet simulators are users of their own account, NODES, which
-has no JetStream at all: no one in it can ask the server to deliver
-anything. The command subjects `llmgw.cmd.<node>` are NODES' subjects, and
-the one user of NODES that may publish on them is the control plane's
-second credential (`<control creds>-commands.creds`, issued with it). What
-crosses between the accounts is named here, each direction's exports and
-imports in the account JWTs:
+    LLMGW    the streams and buckets; the control plane (the one user with
+             JetStream API access of its own), a test harness
+    NODES    agents and fleet simulators; no JetStream. The command
+             subjects `llmgw.cmd.<node>` are its subjects, and the one user
+             that may publish on them is the control plane's second
+             credential (`<control creds>-commands.creds`, issued with it).
+    READERS  gateways, operators, the projector; no JetStream of its own:
+             the API a reader uses is imported from LLMGW, so the server's
+             answers to it land in READERS, where no stream captures them.
 
-    LLMGW -> NODES (services, NODES imports): a node's facts into the log
-      (the stream captures them, the JetStream ack comes back on the
-      reply), heartbeat puts, engine-key puts and its direct gets.
-    NODES -> LLMGW (services, LLMGW imports): operators' log requests to
-      agents (`llmgw.agent-logs.<node>`), the simulators' test hooks
-      (`llmgw.sim.<node>.*`).
-    NODES -> LLMGW (a stream, LLMGW imports): a copy of every command, which
-      LLMGW's command stream (COMMAND_STREAM) keeps a while as the record of
-      what was sent. A reader delivering into LLMGW's `llmgw.cmd.<node>`
-      reaches that copy's subject, not an agent.
+What crosses (the account JWTs' exports and imports):
 
-Each node's user permissions in NODES still confine it to its own subjects
-and keys. What a node credential can still do inside NODES: aim the reply of
-its own request (a direct get of its engine key, a fact's ack) at another
-node's command subject, whose agent then receives a JetStream answer as if
-it were a command. Nothing here refuses that; the command's signature does.
-What an LLMGW reader can still do: make the server deliver onto the
-imported service subjects, i.e. send a node a logs request or (to a
-simulated node) a test hook.
+    LLMGW -> NODES (services): a node's facts into the log (the stream
+      captures them, the ack comes back on the reply), heartbeat puts,
+      engine-key puts and their direct gets.
+    LLMGW -> READERS (services): the readers' JetStream API (stream info,
+      ephemeral consumers, message gets, direct gets; no pulls), their
+      consumers' flow control, gateways' and operators' facts.
+    LLMGW -> READERS (streams): what readers' consumers deliver, into
+      `_INBOX.<role>.>` (each reader may subscribe only its own inbox).
+    NODES -> LLMGW, READERS (services): operators' log requests to agents
+      (`llmgw.agent-logs.<node>`), the simulators' test hooks.
+    NODES -> LLMGW (a stream): a copy of every command, which LLMGW's
+      command stream (COMMAND_STREAM) keeps a while as the record of what
+      was sent; a delivery into LLMGW's `llmgw.cmd.<node>` reaches no agent.
+
+An answer delivered to a reply subject reaches that account's subscribers
+only, never a service import onward (tried: a node's answers aimed at the
+log's subjects through NODES' imports are not stored; a reader's aimed at
+NODES' hooks through READERS' imports do not arrive). Each user's
+permissions still confine it within its account.
+
+What is left (tests/test_auth_accounts.py tries each):
+- A node can aim the answer to its own request (the direct get of its own
+  engine key: bytes it chose; a fact's ack) at another node's command
+  subject, within NODES. The command's signature refuses it, nothing here.
+- A reader's push consumer, which lives in LLMGW, may still deliver onto
+  any LLMGW subject: 2.15.1 stores no such delivery in a stream (tried),
+  and the only subscribers there are the control plane's and a harness's
+  inboxes, whose subjects are random.
 """
 
 from __future__ import annotations

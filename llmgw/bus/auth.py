@@ -4,10 +4,11 @@
 Every component connects as a NATS user of its own (a user JWT signed by an
 account key, itself signed by an operator key), and the user JWT carries
 the subject permissions of its role. Agents and fleet simulators are users
-of the NODES account, everyone else of the llmgw account, and the control
-plane has one user in each: its commands go out in NODES, where no reader of
-the log can make the server deliver (bus/accounts.py says why and what
-crosses). nats-server checks them on every
+of the NODES account, gateways, operators and the projector of READERS, the
+control plane of the llmgw account (the streams), with a second user in
+NODES for its commands: no one but the control plane can make the server
+write into the log, the buckets or a command subject (bus/accounts.py says
+why and what crosses). nats-server checks them on every
 publish and subscription: a forgery is refused with a permissions violation
 and never reaches the log. Nothing here enforces anything itself; it only
 writes the keys, the JWTs, the `.creds` files and the server's configuration.
@@ -41,7 +42,7 @@ nobody reads another's replies (JetStream acks, request answers).
 
 The key store (`Keystore`) is a folder, `<state dir>/creds` for `llmgw up`:
 
-    keys/*.nk            the NATS operator, system, llmgw and nodes account seeds
+    keys/*.nk            the NATS operator's and the system, llmgw, nodes and readers accounts' seeds
     issued.json          every credential issued: role, name, public key, when, revoked
     <role>[-<name>].creds  one per credential (NATS .creds: any NATS client uses it)
     server-auth.conf     what nats-server needs: operator, accounts, revocations
