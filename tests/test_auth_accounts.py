@@ -27,8 +27,8 @@ pytestmark = pytest.mark.timeout(60)
 QUIET_S = 1.0  # how long the agent's subscriber listens for what must not come
 
 
-async def _listen(server, role: str, name: str, subject: str) -> tuple[object, list]:
-    """A subscription on `subject` holding `role name`'s credential; what it receives."""
+async def _listen(server, role: str, name: str, *subjects: str) -> tuple[object, list]:
+    """Subscriptions on `subjects` holding `role name`'s credential; what they receive."""
     got: list = []
     creds = server.creds(role, name) if role else str(server.auth.issue_unrestricted(server.store_dir / "harness.creds"))
     who = auth.identity(creds, foreign_ok=True)
@@ -37,7 +37,8 @@ async def _listen(server, role: str, name: str, subject: str) -> tuple[object, l
     async def cb(msg) -> None:
         got.append(msg.data)
 
-    await nc.subscribe(subject, cb=cb)
+    for subject in subjects:
+        await nc.subscribe(subject, cb=cb)
     await nc.flush()
     return nc, got
 
@@ -223,3 +224,36 @@ async def _stored(control: NatsBus) -> dict[str, int]:
     for stream in (STREAM, f"KV_{HEARTBEAT_BUCKET}", f"KV_{ENGINE_KEYS_BUCKET}"):
         stored.update((await control.js.stream_info(stream, subjects_filter=">")).state.subjects or {})
     return stored
+
+
+async def test_a_gateway_cannot_make_the_server_deliver_a_nodes_log_request_or_test_hook(auth_nats):
+    """The subjects that do cross into NODES (operators' log requests, the
+    simulators' hooks) take a gateway's publish nowhere (its permissions),
+    nor the server's deliveries and answers aimed there on its behalf."""
+    control = await _control(auth_nats)
+    fleet_nc, to_fleet = await _listen(auth_nats, "fleet", "sim", "llmgw.sim.*.>", "llmgw.agent-logs.*")
+    gateway = await Speaker.connect(auth_nats, "gateway", "g1")
+    try:
+        await control.publish("llmgw.control.x", b"{}", msg_id="c1", expect_control_seq=0)
+        for target in ("llmgw.sim.a.fail", "llmgw.sim.a.silence", "llmgw.agent-logs.a"):
+            config = {"deliver_subject": target, "ack_policy": "none", "deliver_policy": "all"}
+            await gateway.nc.publish(f"$JS.API.CONSUMER.CREATE.{STREAM}", json.dumps({"stream_name": STREAM, "config": config}).encode())
+            await gateway.nc.publish(f"$JS.API.STREAM.MSG.GET.{STREAM}", b'{"seq":1}', reply=target)
+            await gateway.nc.publish(target, b"a")
+            assert await gateway.refused("publish", target)
+        await asyncio.sleep(QUIET_S)
+        assert to_fleet == []
+        # (the subscriptions work: an operator's request arrives)
+        operator = await Speaker.connect(auth_nats, "operator")
+        await operator.nc.publish("llmgw.sim.a.fail", b"m-1.0")
+        await operator.nc.flush()
+        for _ in range(100):
+            if to_fleet:
+                break
+            await asyncio.sleep(0.02)
+        await operator.close()
+        assert to_fleet == [b"m-1.0"]
+    finally:
+        await gateway.close()
+        await fleet_nc.close()
+        await control.close()
