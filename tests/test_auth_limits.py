@@ -198,3 +198,48 @@ async def test_the_memory_bus_too_counts_a_claimed_id_as_not_landed():
     ours = await bus.publish("llmgw.control.decided", b"ours", msg_id="leader-1", expect_control_seq=0)
     assert ours != squat and bus.log[ours - 1] == ("llmgw.control.decided", b"ours")
     assert await bus.publish("llmgw.control.decided", b"ours", msg_id="leader-1") == ours  # a retry: one event
+
+
+async def test_a_gateway_squatting_on_the_control_planes_next_ids_does_not_freeze_it(auth_nats):
+    """Finding 3 over a real control plane: a gateway keeps publishing under
+    the id the plane will use next (read off its generator, which no one
+    outside this process can), from before the plane's election on. The
+    plane still gets elected and places the model an operator applied on the
+    node that registered, each claimed id costing it one more publish."""
+    from llmgw.agent.simulated import SimulatedAgent
+    from llmgw.control.plane import ControlPlane
+
+    from .scenario import model, until
+
+    control = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("control"))
+    await control.ensure_streams()
+    gateway = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("gateway", "g1"))
+    operator = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("operator"))
+    node = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("agent", "n1"))
+    plane = ControlPlane(control, tick=0.05)
+    agent = SimulatedAgent(node, "n1", 1, loading_after=0.01, ready_after=0.01, heartbeat=0.2)
+    stop = asyncio.Event()
+    squatted: set[str] = set()
+
+    async def squat() -> None:
+        load = ev.ModelLoad(at=1.0, gateway="g1", model="m")
+        while not stop.is_set():
+            claimed = plane._msg_ids.peek()
+            if claimed not in squatted:
+                squatted.add(claimed)
+                await gateway.publish(ev.subject_for(load), ev.encode(load), msg_id=claimed)
+            await asyncio.sleep(0.005)
+
+    squatter = asyncio.create_task(squat())
+    await until(lambda: squatted)
+    tasks = [asyncio.create_task(x.run(stop)) for x in (plane, agent)]
+    try:
+        applied = ev.ModelApplied(at=1.0, model=model("m"))
+        await operator.publish(ev.subject_for(applied), ev.encode(applied), msg_id="apply-m")
+        await until(lambda: [r.state for r in plane.state.replicas.values()] == ["ready"], timeout=20)
+        assert plane.leading() and len(squatted) >= 2
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, squatter)
+        for bus in (gateway, operator, node, control):
+            await bus.close()
