@@ -257,3 +257,33 @@ async def test_a_gateway_cannot_make_the_server_deliver_a_nodes_log_request_or_t
         await gateway.close()
         await fleet_nc.close()
         await control.close()
+
+
+async def test_what_a_node_can_still_aim_at_another_node(auth_nats):
+    """A node's own requests may name any reply subject. Aimed at the log's
+    and the buckets' subjects (through NODES' imports), nothing is stored:
+    an answer reaches only the requester's account's subscribers. Aimed at
+    another node's command subject in NODES, it arrives: the answer to a
+    direct get of its own engine key (bytes the node chose, with JetStream's
+    Nats-Stream header) and a fact's ack. The command's signature is what
+    refuses those (the agent's check); this test pins down that they come."""
+    from llmgw.bus import HEARTBEAT_BUCKET
+
+    control = await _control(auth_nats)
+    a = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("agent", "a"))
+    b_nc, to_b = await _listen(auth_nats, "agent", "b", f"{COMMAND_PREFIX}.b")
+    try:
+        await a.put_engine_key("a.s.1", '{"command":"stop"}')
+        before = await _stored(control)
+        own_key = f"$JS.API.DIRECT.GET.KV_{ENGINE_KEYS_BUCKET}.$KV.{ENGINE_KEYS_BUCKET}.a.s.1"
+        for target in ("llmgw.agent.b.node.registered", "llmgw.control.decided", f"$KV.{HEARTBEAT_BUCKET}.b", f"$KV.{ENGINE_KEYS_BUCKET}.b.s.1"):
+            await a.nc.publish(own_key, b"", reply=target)
+        await a.nc.publish(own_key, b"", reply=f"{COMMAND_PREFIX}.b")
+        await a.nc.flush()
+        await asyncio.sleep(QUIET_S)
+        assert await _stored(control) == before
+        assert to_b == [b'{"command":"stop"}']
+    finally:
+        await b_nc.close()
+        await a.close()
+        await control.close()
