@@ -197,10 +197,7 @@ async def test_the_bus_says_at_once_what_a_credential_may_not_publish(auth_nats)
 async def test_engine_keys_only_of_its_own_node_and_read_by_gateways(auth_nats):
     """The permission for part 4 (engine keys): agent N puts only keys N.>,
     reads back only those; gateways read all; other agents none."""
-    from nats.js.api import KeyValueConfig
-
-    control = await _control(auth_nats)
-    await control.js.create_key_value(KeyValueConfig(bucket=auth.ENGINE_KEYS_BUCKET, history=1, direct=True))
+    control = await _control(auth_nats)  # makes the bucket (with direct gets)
     a = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("agent", "a"))
     b = await Speaker.connect(auth_nats, "agent", "b")
     gw = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("gateway", "g1"))

@@ -290,7 +290,11 @@ def _forgeries(node: str, log_id: str, shard: str, generation: int, port: int) -
     }
 
 
+# The nodes' own pools steer placement here (`admission: open`, core/admission.py): this test is
+# about commands, and each model must land on the agent it is meant for.
 CATALOG = """\
+policy:
+  admission: open
 models:
   - name: sim-m
     profiles: [{{name: p, gpus: 1, pool: sim}}]
@@ -437,7 +441,14 @@ async def _forge_through_consumers(server, genuine, log_id: str) -> dict[str, in
 
 
 async def _forge_directly(server, genuine, log_id: str) -> dict[str, dict[str, int]]:
-    nc, _ = await _connect(server, "control")
+    # Straight onto the node's command subject, where only the control plane's
+    # credential in the nodes' account reaches (bus/accounts.py): as if the
+    # wall around it were breached, or a node aimed an answer of its own there.
+    from llmgw.bus import accounts
+
+    creds = accounts.commands_creds_path(server.creds("control"))
+    nc = await nats.connect(server.url, user_credentials=str(creds), inbox_prefix=auth.inbox_prefix("control", "control"),
+                            allow_reconnect=False)  # fmt: skip
     counts: dict[str, dict[str, int]] = {}
     signer = signing.Signer.from_file(server.auth.keys_dir / signing.SEED_FILE)
     try:

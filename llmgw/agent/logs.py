@@ -34,8 +34,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import quote, unquote
 
+from ..bus import auth
+
 SUBJECT_PREFIX = "llmgw.agent-logs"
-MAX_CHUNK = 256 * 1024  # bytes per shard in one answer (NATS' default payload limit is 1 MB)
+# An answer is a message the agent publishes, so it fits the agent's
+# credential's payload limit (bus/auth.py AuthConfig.agent_max_payload:
+# a larger one would be refused and the agent's connection closed), with
+# room for the JSON around the lines and their escapes; `--follow` asks again
+# for what is left.
+MAX_ANSWER = auth.DEFAULTS.agent_max_payload - 4096
+MAX_CHUNK = 16 * 1024  # bytes per shard in one answer
 DEFAULT_LINES = 100
 
 
@@ -127,7 +135,10 @@ def answer(state_dir: str | os.PathLike, request: bytes) -> bytes:
             raise ValueError("offsets must be a mapping of shard to offset")
     except (ValueError, KeyError, TypeError) as e:
         return json.dumps({"error": f"a logs request is JSON with a replica: {e}"}).encode()
-    return json.dumps(read(state_dir, replica, lines, offsets)).encode()
+    out = json.dumps(read(state_dir, replica, lines, offsets), ensure_ascii=False).encode()
+    if len(out) > MAX_ANSWER:
+        return json.dumps({"error": f"the answer ({len(out)} bytes) is larger than an agent may send ({MAX_ANSWER}): ask for fewer lines"}).encode()
+    return out
 
 
 async def fetch(

@@ -55,7 +55,6 @@ It speaks the protocol the simulated agent does (`simulated.py`), for real:
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import secrets
 import sys
@@ -68,6 +67,7 @@ import msgspec
 
 from ..bus import Bus, engine_key_name, publish_fact, until_taken
 from ..bus.signing import Verifier
+from ..bus.msgids import MsgIds
 from ..core import commands as cmds
 from ..core import events as ev
 from . import logs as engine_logs
@@ -150,7 +150,7 @@ class NodeAgent:
         self._watchers: dict[str, asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
         self._outbox: asyncio.Queue = asyncio.Queue()
-        self._numbers = itertools.count(1)
+        self._msg_ids = MsgIds(f"{self.name}-{self.instance}")  # unpredictable: see bus/msgids.py
         self.taken: list[int] = []  # ports of its range another program holds, as last said
         self.power = power.Coalescer()  # which power readings become NodePower events
 
@@ -599,7 +599,7 @@ class NodeAgent:
                 except Exception:  # never the end of the publisher: the next registration may do
                     log.exception("could not build the registration")
                     continue
-                await publish_fact(self.bus, event, f"{self.name}-{self.instance}-{next(self._numbers)}")
+                await publish_fact(self.bus, event, next(self._msg_ids))
                 if item is _REGISTER:
                     log.info("registered with %d running shard(s)", len(event.running))  # type: ignore[attr-defined]
                     self.registered.set()

@@ -19,7 +19,6 @@ port, as a crashed engine's would be.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import secrets
 import time
@@ -30,6 +29,7 @@ import msgspec
 
 from ..bus import Bus, engine_key_name, publish_fact
 from ..bus.signing import Verifier
+from ..bus.msgids import MsgIds
 from ..core import commands as cmds
 from ..core import events as ev
 from . import power
@@ -96,7 +96,7 @@ class SimulatedAgent:
         self._tasks: dict[str, asyncio.Task] = {}
         self.engines: dict[str, SimEngine] = {}  # by shard: those serving
         self.generations: dict[str, int] = {}  # by shard: the generation of the engine serving
-        self._numbers = itertools.count(1)
+        self._msg_ids = MsgIds(f"{self.name}-{self.instance}")  # unpredictable: see bus/msgids.py
         self.registered = asyncio.Event()
         self.term = 0  # the highest leader's term of a command seen (in memory: a simulated node has no state)
         self.log = ""  # the log the term counts in
@@ -299,4 +299,4 @@ class SimulatedAgent:
 
     async def _emit(self, event: ev.Event) -> None:
         """Publish a fact, retrying (same Msg-Id) until the bus takes it."""
-        await publish_fact(self.bus, event, f"{self.name}-{self.instance}-{next(self._numbers)}")
+        await publish_fact(self.bus, event, next(self._msg_ids))

@@ -1,9 +1,14 @@
 """Who may speak on the bus: NATS decentralized JWT auth, enforced by nats-server.
 
 "Who speaks is in the subject" holds only if a subject is bound to a speaker.
-Every component connects as a NATS user of its own (a user JWT signed by the
-llmgw account, itself signed by an operator key), and the user JWT carries
-the subject permissions of its role. nats-server checks them on every
+Every component connects as a NATS user of its own (a user JWT signed by an
+account key, itself signed by an operator key), and the user JWT carries
+the subject permissions of its role. Agents and fleet simulators are users
+of the NODES account, gateways, operators and the projector of READERS, the
+control plane of the llmgw account (the streams), with a second user in
+NODES for its commands: no one but the control plane can make the server
+write into the log, the buckets or a command subject (bus/accounts.py says
+why and what crosses). nats-server checks them on every
 publish and subscription: a forgery is refused with a permissions violation
 and never reaches the log. Nothing here enforces anything itself; it only
 writes the keys, the JWTs, the `.creds` files and the server's configuration.
@@ -18,7 +23,7 @@ Roles and what their credential allows (`permissions`):
                 fold of it) and the engine keys
     operator    publish llmgw.ctl.>, ask agents for logs; read the log and
                 the lease bucket (LLMGW_LEADER: `ctl get leader`)
-    control     publish llmgw.control.> and llmgw.cmd.>, hold the lease
+    control     publish llmgw.control.> (and llmgw.cmd.> with its NODES user), hold the lease
                 (LLMGW_LEADER), make the streams (JetStream API; never
                 deleting, purging, or changing the log's limits)
     projector   read the log
@@ -39,12 +44,12 @@ nobody reads another's replies (JetStream acks, request answers).
 
 The key store (`Keystore`) is a folder, `<state dir>/creds` for `llmgw up`:
 
-    keys/*.nk            the NATS operator, system account and llmgw account seeds
+    keys/*.nk            the NATS operator's and the system, llmgw, nodes and readers accounts' seeds
     issued.json          every credential issued: role, name, public key, when, revoked
     <role>[-<name>].creds  one per credential (NATS .creds: any NATS client uses it)
     server-auth.conf     what nats-server needs: operator, accounts, revocations
 
-All files 0600. A revocation goes into the account JWT (`revocations`); the
+All files 0600. A revocation goes into its account's JWT (`revocations`); the
 server learns it on a configuration reload (SIGHUP), closes the revoked
 user's connections and refuses it from then on.
 """
@@ -60,6 +65,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, LEADER_BUCKET, STREAM, signing
+from . import accounts
+from .accounts import LOGS_PREFIX, SIM_PREFIX
 
 ROLES = ("agent", "gateway", "operator", "control", "projector", "fleet", "console")
 # Roles of which a fleet has one each, issued under the role's own name.
@@ -69,8 +76,6 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # the agent of node N puts only N.> keys and reads back only those, by
 # subject ($JS.API.DIRECT.GET.<stream>.<subject>: the bucket is made with
 # direct access, KeyValueConfig(direct=True)); gateways read and watch all.
-LOGS_PREFIX = "llmgw.agent-logs"  # llmgw/agent/logs.py
-SIM_PREFIX = "llmgw.sim"  # the simulated agents' test hooks (llmgw.sim.<node>.fail, .silence)
 # What the web console may publish: the actions it offers (llmgw/console/server.py `act`: a node's
 # labels, hold and release a domain, restart a replica, retry a parked model), each its event's subject
 # (core/events.py subject_for; tests/test_console_creds.py checks they are). Nothing else of an
@@ -90,12 +95,46 @@ class AuthConfig:
 
     operator_name: str = "llmgw"
     account_name: str = "LLMGW"
+    nodes_account_name: str = "NODES"  # agents and fleet simulators (bus/accounts.py)
+    readers_account_name: str = "READERS"  # gateways, operators, the projector (bus/accounts.py)
     system_account_name: str = "SYS"
     creds_dir: str = "creds"  # under the state dir of `llmgw up`
     file_mode: int = 0o600
     dir_mode: int = 0o700
     max_responses: int = 1  # replies a user may send to a request it received (allow_responses)
     local_operator: str = "local"  # the name of the tools' credential, creds/operator.creds
+    # The largest message each role may publish (the user JWT's `payload`;
+    # -1: the server's own limit, 1 MB). One node stored 54 MB of 900 kB
+    # events in 0.2 s (issue 35, finding 6): a node's facts are a few kB
+    # (a registration with 64 GPUs is 3 kB), its logs answers are cut to fit
+    # (agent/logs.py MAX_ANSWER). The largest catalog event of
+    # deploy/catalog.fleet.yaml is 391 bytes (measured): an operator's limit
+    # leaves room for catalogs hundreds of times larger. The control plane's
+    # decisions grow with the fleet, so it keeps the server's.
+    agent_max_payload: int = 64 * 1024  # agents and fleet simulators
+    reader_max_payload: int = 64 * 1024  # gateways (their load reports) and the projector (API requests only)
+    operator_max_payload: int = 256 * 1024
+    control_max_payload: int = -1
+    # Consumers the llmgw account may hold at once (the account JWT's
+    # `consumer`): readers create only ephemeral ones, which the server
+    # deletes once their reader is gone, but any number while connected.
+    # Generous for a fleet: each gateway holds ~3, a control plane ~3, each
+    # `ctl` command 1 or 2 while it runs.
+    max_consumers: int = 10_000
+    # The control plane's connection for commands (bus/accounts.py): how long
+    # its first connect may take, and a command's flush (a connection gone is
+    # an error, the command sent again at the next pass).
+    commands_connect_timeout_s: float = 5.0
+    command_flush_timeout_s: float = 5.0
+
+    def max_payload(self, role: str) -> int:
+        if role in ("agent", "fleet"):
+            return self.agent_max_payload
+        if role == "operator":
+            return self.operator_max_payload
+        if role == "control":
+            return self.control_max_payload
+        return self.reader_max_payload
 
 
 DEFAULTS = AuthConfig()
@@ -127,12 +166,18 @@ def inbox_prefix(role: str, name: str) -> str:
 
 def _reader(stream: str) -> tuple[str, ...]:
     """Read a stream through consumers of one's own: ordered push consumers
-    (nats-py's, the fast reader's), their flow control, stream info."""
+    (nats-py's, the fast reader's), their flow control, stream info.
+
+    Ephemeral consumers only: `CONSUMER.CREATE.<stream>` with no name is
+    what nats-py's ordered consumers and KV watchers (and catchup.py) ask,
+    and the server refuses a durable name there; the named and durable
+    create subjects (`CONSUMER.CREATE.<stream>.<name>[.<filter>]`,
+    `CONSUMER.DURABLE.CREATE.>`) are not allowed. Readers made durable
+    consumers without limit, kept forever (issue 35, finding 9)."""
     api = "$JS.API"
     return (
         f"{api}.STREAM.INFO.{stream}",
         f"{api}.CONSUMER.CREATE.{stream}",
-        f"{api}.CONSUMER.CREATE.{stream}.>",
         f"{api}.CONSUMER.INFO.{stream}.>",
         f"{api}.CONSUMER.DELETE.{stream}.>",
         f"$JS.FC.{stream}.>",
@@ -145,6 +190,9 @@ def _log_reader() -> tuple[str, ...]:
     return (
         "$JS.API.INFO",
         *_reader(STREAM),
+        # one message by its sequence: whether a duplicate ack points at our
+        # own message (NatsBus._is_ours); nothing the log's reader cannot read anyway
+        f"$JS.API.STREAM.MSG.GET.{STREAM}",
         f"$JS.API.STREAM.INFO.{COMMAND_STREAM}",
         f"$JS.API.STREAM.INFO.KV_{HEARTBEAT_BUCKET}",
     )
@@ -206,7 +254,6 @@ def permissions(role: str, name: str) -> Permissions:
                 f"{SIM_PREFIX}.*.fail",
                 f"{SIM_PREFIX}.*.silence",  # a simulated node falls silent (its machine lost), or speaks again
                 *_log_reader(),
-                f"$JS.API.STREAM.MSG.GET.{STREAM}",
                 *_bucket_reader(LEADER_BUCKET),  # `ctl get leader`: who holds the lease, how far standbys follow
             ),
             sub_allow=(inbox,),
@@ -214,7 +261,9 @@ def permissions(role: str, name: str) -> Permissions:
     if role == "control":
         return Permissions(
             # (the lease: create, update and delete in its bucket, by subject)
-            pub_allow=("llmgw.control.>", f"{COMMAND_PREFIX}.>", f"$KV.{LEADER_BUCKET}.>", "$JS.API.>", "$JS.FC.>"),
+            # Commands go out through its second credential, in NODES
+            # (commands_permissions, bus/accounts.py): here they reach no agent.
+            pub_allow=("llmgw.control.>", f"$KV.{LEADER_BUCKET}.>", "$JS.API.>", "$JS.FC.>"),
             # It makes the streams, but the log is forever: no deleting, no purging,
             # no changing the log's limits (which could discard its history).
             pub_deny=(
@@ -231,6 +280,12 @@ def permissions(role: str, name: str) -> Permissions:
         # only the actions it offers.
         return Permissions(pub_allow=(*_log_reader(), *CONSOLE_ACTIONS), sub_allow=(inbox,))
     raise CredentialError(f"no such role {role!r}: one of {', '.join(ROLES)}")
+
+
+def commands_permissions(name: str) -> Permissions:
+    """The control plane's user in NODES: commands, and nothing else."""
+    # (its inbox is named as its llmgw user's: another account, so no one else's)
+    return Permissions(pub_allow=(accounts.COMMANDS,), sub_allow=(f"{inbox_prefix('control', name)}.>",))
 
 
 def check_name(role: str, name: str) -> None:
@@ -392,6 +447,7 @@ class Issued:
     file: str
     issued_at: float
     revoked_at: float = 0.0
+    account: str = accounts.LLMGW  # whose key signed it (bus/accounts.py); rows before the split: llmgw
 
     @property
     def revoked(self) -> bool:
@@ -451,6 +507,8 @@ class Keystore:
         self._seed("operator", create_operator_pair)
         self._seed("system", create_account_pair)
         self._seed("account", create_account_pair)
+        self._seed("nodes", create_account_pair)
+        self._seed("readers", create_account_pair)
         # The control plane's command-signing key, its public key beside the credentials (bus/signing.py).
         signing.ensure_key(self.keys_dir, self.folder, self.config.file_mode)
         self.write_server_conf()
@@ -470,11 +528,11 @@ class Keystore:
         nats = {"type": "operator", "version": 2, "system_account": system_pub}
         return encode_jwt({"sub": okp.public_key.decode(), "name": self.config.operator_name, "nats": nats}, okp)
 
-    def _account_jwt(self, okp, akp, name: str, *, jetstream: bool, revocations: dict[str, int]) -> str:
+    def _account_jwt(self, okp, akp, name: str, *, jetstream: bool, revocations: dict[str, int], crossings: dict | None = None) -> str:
         limits = {"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1, "wildcards": True, "conn": -1, "leaf": -1}
         if jetstream:
-            limits.update(mem_storage=-1, disk_storage=-1, streams=-1, consumer=-1)
-        nats: dict = {"type": "account", "version": 2, "limits": limits}
+            limits.update(mem_storage=-1, disk_storage=-1, streams=-1, consumer=self.config.max_consumers)
+        nats: dict = {"type": "account", "version": 2, "limits": limits, **(crossings or {})}
         if revocations:
             # A user JWT issued at or before its key's time here is refused.
             nats["revocations"] = dict(sorted(revocations.items()))
@@ -488,29 +546,54 @@ class Keystore:
 
     def server_conf(self) -> str:
         """The part of nats-server's configuration that turns auth on."""
+        import nkeys
+
         self._require()
         okp = self._seed("operator", None)
         skp = self._seed("system", None)
         akp = self._seed("account", None)
-        revoked = {i.public_key: int(i.revoked_at) + 1 for i in self.issued() if i.revoked}
-        sys_pub, acc_pub = skp.public_key.decode(), akp.public_key.decode()
+        # (made here for a store from before the split)
+        nkp = self._seed("nodes", lambda: _new_key(nkeys.PREFIX_BYTE_ACCOUNT))
+        rkp = self._seed("readers", lambda: _new_key(nkeys.PREFIX_BYTE_ACCOUNT))
+        revoked: dict[str, dict[str, int]] = {accounts.LLMGW: {}, accounts.NODES: {}, accounts.READERS: {}}
+        for i in self.issued():
+            if i.revoked:
+                revoked.setdefault(i.account, {})[i.public_key] = int(i.revoked_at) + 1
+        sys_pub, acc_pub, nodes_pub, readers_pub = (k.public_key.decode() for k in (skp, akp, nkp, rkp))
         # Signed once and kept: nats-server reloads no change to its trusted
         # operator, and only the account's JWT (its revocations) ever changes.
         operator = self._kept("operator.jwt", lambda: self._operator_jwt(okp, sys_pub))
         system = self._kept(
             "system.jwt", lambda: self._account_jwt(okp, skp, self.config.system_account_name, jetstream=False, revocations={})
         )
-        account = self._account_jwt(okp, akp, self.config.account_name, jetstream=True, revocations=revoked)
+        account = self._account_jwt(
+            okp, akp, self.config.account_name, jetstream=True, revocations=revoked[accounts.LLMGW],
+            crossings=accounts.llmgw_crossings(nodes_pub),
+        )  # fmt: skip
+        # No JetStream in NODES: none of its users can ask the server to deliver anything.
+        nodes = self._account_jwt(
+            okp, nkp, self.config.nodes_account_name, jetstream=False, revocations=revoked[accounts.NODES],
+            crossings=accounts.nodes_crossings(acc_pub),
+        )  # fmt: skip
+        # Nor in READERS: the server's answers to a reader's requests land
+        # there, where no stream captures them (bus/accounts.py).
+        readers = self._account_jwt(
+            okp, rkp, self.config.readers_account_name, jetstream=False, revocations=revoked[accounts.READERS],
+            crossings=accounts.readers_crossings(acc_pub, nodes_pub),
+        )  # fmt: skip
         return (
             "# Written by llmgw (llmgw/bus/auth.py): decentralized JWT auth.\n"
             "# No anonymous connections: every client presents a user JWT of the\n"
-            f"# {self.config.account_name} account, whose permissions the server enforces.\n"
+            f"# {self.config.account_name} account, or of {self.config.nodes_account_name} (agents: bus/accounts.py),\n"
+            "# whose permissions the server enforces.\n"
             f'operator: "{operator}"\n'
             f"system_account: {sys_pub}\n"
             "resolver: MEMORY\n"
             "resolver_preload: {\n"
             f'  {sys_pub}: "{system}"\n'
             f'  {acc_pub}: "{account}"\n'
+            f'  {nodes_pub}: "{nodes}"\n'
+            f'  {readers_pub}: "{readers}"\n'
             "}\n"
         )
 
@@ -567,37 +650,51 @@ class Keystore:
         self._require()
         name = name or SINGLE.get(role) or (self.config.local_operator if role == "operator" else "")
         perms = permissions(role, name)  # checks role and name
-        akp = self._seed("account", None)
+        path = Path(out) if out else self.file_for(role, name)
+        account = accounts.account_of(role)
+        rows = self.issued()
+        rows.append(self._user(role, name, perms, account, path))
+        if role == "control":  # its second credential, in NODES: commands
+            rows.append(self._user(role, name, commands_permissions(name), accounts.NODES, accounts.commands_creds_path(path)))
+        self._save(rows)
+        return path
+
+    def _user(self, role: str, name: str, perms: Permissions, account: str, path: Path) -> Issued:
+        """A user of `account` (signed by its key) with those permissions, written to `path`."""
+        import nkeys
+
+        key = {accounts.NODES: "nodes", accounts.READERS: "readers"}.get(account, "account")
+        akp = self._seed(key, lambda: _new_key(nkeys.PREFIX_BYTE_ACCOUNT))
         ukp = _new_key(nkeys.PREFIX_BYTE_USER)
         pub: dict = {"allow": list(perms.pub_allow)}
         if perms.pub_deny:
             pub["deny"] = list(perms.pub_deny)
         nats: dict = {
             "type": "user", "version": 2, "pub": pub, "sub": {"allow": list(perms.sub_allow)},
-            "subs": -1, "data": -1, "payload": -1, "tags": [f"{TAG_ROLE}{role}", f"{TAG_NAME}{name}"],
+            "subs": -1, "data": -1, "payload": self.config.max_payload(role),
+            "tags": [f"{TAG_ROLE}{role}", f"{TAG_NAME}{name}"],
         }  # fmt: skip
         if perms.responses:
             nats["resp"] = {"max": self.config.max_responses, "ttl": 0}
         token = encode_jwt({"sub": ukp.public_key.decode(), "name": f"llmgw-{role}-{name}", "nats": nats}, akp)
-        path = Path(out) if out else self.file_for(role, name)
         _write_private(path, creds_text(token, ukp.seed.decode()), self.config.file_mode)
-        rows = self.issued()
-        rows.append(Issued(role=role, name=name, public_key=ukp.public_key.decode(), file=str(path.resolve()), issued_at=time.time()))
-        self._save(rows)
-        return path
+        return Issued(role=role, name=name, public_key=ukp.public_key.decode(), file=str(path.resolve()), issued_at=time.time(), account=account)
 
     def issue_unrestricted(self, path: Path) -> Path:
         """A credential that may publish and read anything: for a test harness
         or a benchmark that loads a recorded log (every speaker's events at
         once). It has no llmgw role, so no component accepts it as its own;
-        never give one to a component, and keep it out of a fleet."""
+        never give one to a component, and keep it out of a fleet. Beside it,
+        the same in NODES (accounts.commands_creds_path): a bus connected
+        with it sends commands there, as a control plane does."""
         import nkeys
 
         self._require()
-        user = _new_key(nkeys.PREFIX_BYTE_USER)
-        nats = {"type": "user", "version": 2, "pub": {"allow": [">"]}, "sub": {"allow": [">"]}, "subs": -1, "data": -1, "payload": -1}
-        token = encode_jwt({"sub": user.public_key.decode(), "name": "llmgw-unrestricted", "nats": nats}, self._seed("account", None))
-        _write_private(Path(path), creds_text(token, user.seed.decode()), self.config.file_mode)
+        for key, out in (("account", Path(path)), ("nodes", accounts.commands_creds_path(path))):
+            user = _new_key(nkeys.PREFIX_BYTE_USER)
+            nats = {"type": "user", "version": 2, "pub": {"allow": [">"]}, "sub": {"allow": [">"]}, "subs": -1, "data": -1, "payload": -1}
+            token = encode_jwt({"sub": user.public_key.decode(), "name": "llmgw-unrestricted", "nats": nats}, self._seed(key, None))
+            _write_private(out, creds_text(token, user.seed.decode()), self.config.file_mode)
         return Path(path)
 
     def ensure(self, role: str, name: str | None = None) -> Path:
@@ -609,15 +706,22 @@ class Keystore:
 
     def _ensure(self, role: str, name: str) -> Path:
         path = self.file_for(role, name)
-        if path.exists():
-            try:
-                who = identity(path)
-            except CredentialError:
-                who = None
-            live = {i.public_key for i in self.issued() if not i.revoked}
-            if who is not None and who.public_key in live:
-                return path
+        # Each file present, live, and of its role's account (one issued
+        # before the accounts were split is issued again).
+        wanted = [(path, accounts.account_of(role))]
+        if role == "control":
+            wanted.append((accounts.commands_creds_path(path), accounts.NODES))
+        live = {(i.public_key, i.account) for i in self.issued() if not i.revoked}
+        if all(self._holds(p, account, live) for p, account in wanted):
+            return path
         return self._issue(role, name)
+
+    @staticmethod
+    def _holds(path: Path, account: str, live: set) -> bool:
+        try:
+            return path.exists() and (identity(path).public_key, account) in live
+        except CredentialError:
+            return False
 
     def revoke(self, role: str, name: str) -> list[Issued]:
         """Revoke every live credential of that role and name; returns them.

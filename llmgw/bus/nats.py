@@ -44,7 +44,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
-from . import auth, catchup
+from . import accounts, auth, buckets, catchup, msgids
 from . import (
     COMMAND_PREFIX,
     COMMAND_STREAM,
@@ -307,6 +307,8 @@ class NatsBus:
         # close() drains what is pending first (up to 5 s). Not the CLI: it has nothing pending by then, and
         # nats-py's drain of a frozen NATS neither ends nor heeds a cancel (a `ctl apply --timeout 5` hung on it).
         self.drain_at_close = True
+        self._commands_opts: dict = {}  # how _commander connects (as _connect_once did, but the credential)
+        self._commands_nc = None  # the control plane's connection in NODES, once opened
 
     @classmethod
     async def connect(
@@ -420,6 +422,7 @@ class NatsBus:
             raise ConnectionError(f"cannot reach NATS at {url}: {e or type(e).__name__}") from None
         bus = cls(nc, replicas, who)
         bus.creds = creds
+        bus._commands_opts = {**opts, "name": f"{name}-commands"}
         return bus
 
     # ----------------------------------------------------------------- streams
@@ -466,6 +469,8 @@ class NatsBus:
         self._keys = await self._make_bucket(
             KeyValueConfig(bucket=ENGINE_KEYS_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas, direct=True)
         )
+        for bucket in (HEARTBEAT_BUCKET, ENGINE_KEYS_BUCKET):
+            await buckets.harden(self.js, bucket)  # one made by an older llmgw
 
     def _heartbeat_config(self) -> KeyValueConfig:
         """Heartbeats live in memory: they are not history (only each node's
@@ -493,17 +498,9 @@ class NatsBus:
         return kv
 
     async def _make_bucket(self, config: KeyValueConfig):
-        """A KV bucket, made as `config` says if missing (left as it is if there)."""
-        try:
-            return await self.js.key_value(config.bucket)
-        except NotFoundError:
-            pass
-        try:
-            return await self.js.create_key_value(config)
-        except APIError as e:
-            if e.err_code != 10058:  # made meanwhile by another process
-                raise
-            return await self.js.key_value(config.bucket)
+        """A KV bucket, made as `config` says if missing (left as it is if there),
+        with no rollups or purges (bus/buckets.py)."""
+        return await buckets.make(self.js, config)
 
     def _bucket(self, bucket: str, direct: bool = False):
         """A handle on a bucket without asking the server about it (`direct`:
@@ -565,6 +562,17 @@ class NatsBus:
         for attempt in range(PUBLISH_TRIES):
             try:
                 ack = await self.js.publish(subject, data, stream=STREAM, headers=headers)
+                if ack.duplicate and not await self._is_ours(ack.seq, subject, data):
+                    # Someone published first under our id (issue 35, finding 3):
+                    # what it points at is not ours, so ours has not landed.
+                    log.warning(
+                        "a publish to %s was acked as a duplicate of message %d, which is not ours: "
+                        "its id %s was claimed by another publisher; publishing again under a fresh id",
+                        subject, ack.seq, msg_id,
+                    )  # fmt: skip
+                    msg_id = msgids.fresh(msg_id)
+                    headers["Nats-Msg-Id"] = msg_id
+                    continue
                 return ack.seq
             except Exception as e:
                 if isinstance(e, APIError) and e.err_code == WRONG_LAST_SEQUENCE:
@@ -588,6 +596,20 @@ class NatsBus:
         # a timeout); this says why, at once.
         if self.identity is not None and not auth.may_publish(self.identity.permissions, subject):
             raise PermissionError(f"the credential of {self.identity.describe()} may not publish on {subject}")
+
+    async def _is_ours(self, seq: int, subject: str, data: bytes) -> bool:
+        """Whether the log's message `seq` is the one we published (same
+        subject, same bytes): what a duplicate ack must point at to count as
+        landed. A credential that may not read the log (an agent's, a fleet
+        simulator's) takes the ack at its word: its ids are random per
+        message (bus/msgids.py), so no one can claim them first."""
+        if self.identity is not None and not auth.may_publish(self.identity.permissions, f"$JS.API.STREAM.MSG.GET.{STREAM}"):
+            return True
+        try:
+            msg = await self._retrying("whether a publish landed", lambda: self.js.get_msg(STREAM, seq))
+        except NotFoundError:
+            return False
+        return msg.subject == subject and msg.data == data
 
     async def _landed(self, msg_id: str) -> int:
         """The sequence of the last control message if it carries `msg_id`."""
@@ -685,8 +707,25 @@ class NatsBus:
         # A fresh id per send: a re-send is meant to arrive again (agents
         # dedupe by shard and generation), a retried publish is not.
         self._commands_sent += 1
-        msg_id = f"cmd-{self._instance}-{self._commands_sent}"
-        await self.js.publish(f"{COMMAND_PREFIX}.{node}", data, stream=COMMAND_STREAM, headers={"Nats-Msg-Id": msg_id})
+        msg_id = msgids.fresh(f"cmd-{self._instance}-{self._commands_sent}")
+        subject, headers = f"{COMMAND_PREFIX}.{node}", {"Nats-Msg-Id": msg_id}
+        commander = await self._commander()
+        if commander is None:  # one account (no auth): the command stream acks it
+            await self.js.publish(subject, data, stream=COMMAND_STREAM, headers=headers)
+            return
+        # In NODES, where nothing has JetStream: a core publish, flushed so
+        # that a connection gone is an error here; the llmgw account's
+        # command stream keeps a copy (bus/accounts.py).
+        await commander.publish(subject, data, headers=headers)
+        await commander.flush(timeout=auth.DEFAULTS.command_flush_timeout_s)
+
+    async def _commander(self):
+        """The connection commands go out on when the agents are in an
+        account of their own: the credential beside ours (bus/accounts.py).
+        None without one."""
+        if self._commands_nc is None:
+            self._commands_nc = await accounts.connect_commands(self.creds, self.identity, self._commands_opts)
+        return self._commands_nc
 
     async def follow_commands(self, node: str, on_command: OnCommand) -> _Sub:
         # A plain subscription on the node's own subject, not a JetStream
@@ -795,20 +834,10 @@ class NatsBus:
     async def lease(self, ttl: float) -> "_NatsLease":
         """The control planes' lease bucket (LEADER_BUCKET), made if missing:
         every key in it lives `ttl` seconds after its last write."""
-        try:
-            kv = await self.js.key_value(LEADER_BUCKET)
-            return _NatsLease(kv, (await kv.status()).ttl or ttl)
-        except Exception as e:
-            if not isinstance(e, NotFoundError):
-                raise
-        try:
-            kv = await self.js.create_key_value(
-                KeyValueConfig(bucket=LEADER_BUCKET, history=1, ttl=ttl, storage=StorageType.FILE, replicas=self.replicas)
-            )
-        except APIError as e:
-            if e.err_code != 10058:  # made meanwhile by another control plane
-                raise
-            kv = await self.js.key_value(LEADER_BUCKET)
+        kv = await buckets.make(
+            self.js, KeyValueConfig(bucket=LEADER_BUCKET, history=1, ttl=ttl, storage=StorageType.FILE, replicas=self.replicas)
+        )
+        await buckets.harden(self.js, LEADER_BUCKET)  # one made by an older llmgw
         return _NatsLease(kv, (await kv.status()).ttl or ttl)
 
     async def read_lease(self) -> dict[str, bytes]:
@@ -846,6 +875,11 @@ class NatsBus:
     async def close(self) -> None:
         """Drain what is pending; with the server gone, just let go."""
         self._closing = True
+        if self._commands_nc is not None:
+            try:
+                await asyncio.wait_for(self._commands_nc.drain(), 5.0)
+            except Exception:
+                pass
         try:
             if not self.drain_at_close:
                 raise TimeoutError  # closed at once, below

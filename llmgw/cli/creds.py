@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..bus import auth, signing
+from ..bus import accounts, auth, msgids, signing
 
 OK, NOT_FOUND, BAD_INPUT, UNREACHABLE = 0, 1, 2, 3
 
@@ -96,16 +96,19 @@ def run(args) -> int:
         path = keys.issue(args.role, args.name, out=Path(args.out) if args.out else None)
         who = auth.identity(path)
         print(f"{path}\t{who.role} {who.name}\t{who.public_key}")
+        commands = accounts.commands_creds_path(path)
+        if args.role == "control" and commands.exists():  # its commands, in NODES: keep the two together
+            print(f"{commands}\t{who.role} {who.name} (commands)\t{auth.identity(commands).public_key}")
         return OK
     if args.verb == "list":
         rows = keys.issued()
         if args.json:
             print(json.dumps([r.__dict__ for r in rows], indent=1))
             return OK
-        print(f"{'ROLE':<10} {'NAME':<24} {'ISSUED':<20} {'STATUS':<28} FILE")
+        print(f"{'ROLE':<10} {'NAME':<24} {'ACCOUNT':<8} {'ISSUED':<20} {'STATUS':<28} FILE")
         for r in rows:
             status = "revoked " + _when(r.revoked_at) if r.revoked else "live"
-            print(f"{r.role:<10} {r.name:<24} {_when(r.issued_at):<20} {status:<28} {r.file}")
+            print(f"{r.role:<10} {r.name:<24} {r.account:<8} {_when(r.issued_at):<20} {status:<28} {r.file}")
         return OK
     if args.verb == "revoke":
         return _revoke(args, keys)
@@ -155,7 +158,7 @@ async def _record(nats: str, creds, role: str, name: str, key: str) -> None:
     bus = await NatsBus.connect(nats, name="llmgw-creds", creds=creds)
     try:
         event = ev.CredentialRevoked(at=time.time(), role=role, name=name, public_key=key)
-        await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"revoked-{key}")
+        await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=msgids.fresh(f"revoked-{key}"))
     finally:
         await bus.close()
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
-import itertools
 import sys
 import time
 import uuid
@@ -25,6 +24,7 @@ from typing import NamedTuple
 import msgspec
 
 from ..bus import read_log
+from ..bus.msgids import MsgIds
 from ..core import events as ev
 from ..core.fold import apply
 from ..core.state import State
@@ -563,7 +563,7 @@ async def cmd_apply(args, where: Where) -> int:
     if getattr(args, "dry_run", False):
         return await _dry_run(args, where, "apply", lambda state: _apply_as_if(state, catalog))
     bus = await _connect(where)
-    ids = (f"ctl-{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
+    ids = MsgIds(f"ctl-{uuid.uuid4().hex[:12]}")
     wait_for = 0
     try:
         state, latest = await _catalog(bus)

@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 from ..agent import agentfile, weights
+from ..bus import msgids
 from ..core import events as ev
 
 DEMO_SPEC = ev.ModelSpec(
@@ -82,7 +83,7 @@ async def apply_demo(url: str, timeout: float = 30.0, creds=None) -> str:
         if removed:
             return f"the demo model {DEMO_SPEC.name} was removed once: not applied again"
         event = ev.ModelApplied(at=time.time(), model=DEMO_SPEC)
-        await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"up-demo-{int(time.time() * 1000)}")
+        await bus.publish(ev.subject_for(event), ev.encode(event), msg_id=msgids.fresh(f"up-demo-{int(time.time() * 1000)}"))
         return f"applied the demo model {DEMO_SPEC.name} (SmolLM2-135M-Instruct on llama.cpp, CPU)"
     finally:
         await bus.close()

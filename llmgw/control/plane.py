@@ -28,7 +28,6 @@ the fleet falls silent at once.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import os
@@ -40,6 +39,7 @@ from typing import Callable
 
 from ..bus import LEASE_KEY, Bus, Fenced, LeaseTaken
 from ..bus.signing import Signer
+from ..bus.msgids import MsgIds
 from ..core import commands as cmds
 from ..core import events as ev
 from ..core.decide import decide
@@ -116,7 +116,7 @@ class ControlPlane:
         self._snapshot_time = 0.0
         self._reclaimed_at = 0.0  # the last full collection of the frozen state (heap.reclaim)
         self._log_id = ""
-        self._msg_numbers = itertools.count(1)
+        self._msg_ids = MsgIds(self.leader)  # unpredictable: see bus/msgids.py
         self._lease = None
         self._lease_rev = 0  # the revision of our lease key; 0: we do not hold it
         self._lease_until = 0.0  # monotonic: we act as leader until then, unless renewed
@@ -529,7 +529,7 @@ class ControlPlane:
             seq = await self.bus.publish(
                 ev.subject_for(event),
                 ev.encode(event),
-                msg_id=f"{self.leader}-{next(self._msg_numbers)}",
+                msg_id=next(self._msg_ids),
                 expect_control_seq=basis,
             )
         except Fenced as e:

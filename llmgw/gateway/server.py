@@ -35,6 +35,7 @@ import logging
 import time
 import uuid
 
+from ..bus.msgids import fresh as fresh_msg_id
 from ..core import events as ev
 from ..core.fold import apply
 from ..core.state import State
@@ -585,7 +586,7 @@ class Gateway:
         )  # fmt: skip
         self._published += 1
         try:
-            await self.bus.publish(ev.subject_for(event), ev.encode(event), msg_id=f"gw-{self.name}-{self._instance}-{self._published}")
+            await self.bus.publish(ev.subject_for(event), ev.encode(event), msg_id=fresh_msg_id(f"gw-{self.name}-{self._instance}-{self._published}"))
         except Exception as e:
             now = time.monotonic()
             if now - self._publish_warned > 30:
