@@ -78,3 +78,13 @@ def test_a_bad_api_key_names_its_line_and_field(tmp_path, text, expected):
     with pytest.raises(CatalogError) as e:
         load_catalog(write(tmp_path, text))
     assert expected in str(e.value)
+
+
+def test_a_value_past_the_event_contracts_bounds_is_refused_before_anything_is_published(tmp_path):
+    # Issue 35: the fold quarantines an event past the bounds (core/bounds.py); published,
+    # `ctl apply` would have said "applied" while nothing changed.
+    path = tmp_path / "c.yaml"
+    path.write_text("models:\n  - name: m\n    profiles:\n      - name: p\n        gpus: 0\n        cpu_cores: 100000\n")
+    with pytest.raises(CatalogError) as e:
+        load(path)
+    assert str(path) in str(e.value) and "model m" in str(e.value) and "$.model.profiles[0].cpu_cores" in str(e.value)

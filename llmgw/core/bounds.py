@@ -184,7 +184,10 @@ LabelKey = _str(LABEL_KEY_LEN, NO_CONTROL_PATTERN, "a label's name (or a short k
 LabelValue = _str(LABEL_VALUE_LEN, NO_CONTROL_PATTERN, "a label's value")
 Domain = _str(LABEL_KEY_LEN + LABEL_VALUE_LEN, NO_CONTROL_PATTERN, "a facility domain: KIND/NAME")
 DomainKind = _str(32, WORD_PATTERN, "a kind of facility domain")
-Engine = _str(NAME_LEN, NO_CONTROL_PATTERN, "an engine's name")
+# An engine's kind or the name of a template its agent file declares; a
+# catalog may name anything (a whole command line, which an agent refuses to
+# run: tests/test_allowlist_e2e.py), so a path's length.
+Engine = _str(PATH_LEN, NO_CONTROL_PATTERN, "an engine's name")
 EnginePath = _str(PATH_LEN, NO_CONTROL_PATTERN, "a path or an argument")
 # An engine's argument may hold a newline (a chat template): a length only.
 ArgText = _str(PATH_LEN, None, "an engine's argument")

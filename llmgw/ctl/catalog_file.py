@@ -278,5 +278,31 @@ def load_catalog(path: str | Path) -> Catalog:
     ]
     facility = FacilityApplied(at=0.0, budgets=dict(catalog.facility.budgets)) if catalog.facility else None
     policy = Policy(**catalog.policy.model_dump()) if catalog.policy is not None else None
+    _within_contract(path, models, owners, keys, facility, policy)
     return Catalog(models=models, owners=owners, api_keys=keys, facility=facility, policy=policy,
                    given=tuple(sorted(catalog.model_fields_set)))
+
+
+def _within_contract(path: Path, models, owners, keys, facility, policy) -> None:
+    """Each event the file would publish, decoded as the fold will decode it:
+    one past the contract's bounds (core/bounds.py) would be quarantined by
+    the fold, so `ctl apply` said "applied" while nothing changed. Refused
+    here instead, naming the file, the entry and the field."""
+    import msgspec
+
+    from ..core import events as ev
+
+    named = [(f"model {m.name}", ModelApplied(at=0.0, model=m)) for m in models]
+    named += [(f"owner {o.name}", o) for o in owners] + [(f"api key {k.name}", k) for k in keys]
+    if facility is not None:
+        named.append(("facility", facility))
+    if policy is not None:
+        named.append(("policy", PolicyApplied(at=0.0, policy=policy)))
+    errors = []
+    for what, event in named:
+        try:
+            ev.decode(ev.encode(event))
+        except msgspec.ValidationError as e:
+            errors.append(f"{path}: {what}: {e} (past the event contract's bounds, llmgw/core/bounds.py)")
+    if errors:
+        raise CatalogError("\n".join(errors))
