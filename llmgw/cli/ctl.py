@@ -1038,9 +1038,13 @@ async def run(args) -> int:
     except BrokenPipeError:
         raise  # the reader went away: llmgw/cli/main.py ends quietly (exit 141)
     except Exception as e:  # never a traceback (issue 35): one line; NATS's own errors are exit 3
-        from_nats = type(e).__module__.split(".")[0] == "nats"
-        say(f"llmgw ctl: {args.verb}: {_clean(_said(e) if from_nats else f'{type(e).__name__}: {e}')}")
-        return UNREACHABLE if from_nats else NOT_FOUND
+        # NATS's own errors name the bus: a CI run printed only "nats:
+        # connection closed" when the server was killed mid-apply.
+        if type(e).__module__.split(".")[0] == "nats":
+            say(f"llmgw ctl: {args.verb}: NATS at {where.nats}: {_clean(_said(e))}")
+            return UNREACHABLE
+        say(f"llmgw ctl: {args.verb}: {_clean(f'{type(e).__name__}: {e}')}")
+        return NOT_FOUND
 
 
 def _clean(text: str) -> str:
