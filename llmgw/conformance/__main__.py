@@ -1,0 +1,5 @@
+import sys
+
+from .matrix import main
+
+sys.exit(main())
