@@ -190,6 +190,7 @@ class SimulatedAgent:
                 memory_gb=self.memory_gb,
                 cpu_cores=self.cpu_cores,
                 labels=dict(self.labels),
+                simulated=True,
             )
         )
 
