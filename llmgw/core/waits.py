@@ -57,6 +57,12 @@ class WaitKind(str, enum.Enum):
     WAKING = "waking"
 
 
+# The kinds decide says (ModelWaiting.kind), in the order above.
+DECIDED = (
+    WaitKind.NO_ROOM, WaitKind.OVER_LIMIT, WaitKind.PARKED, WaitKind.NO_NODE, WaitKind.ROOM_LATER,
+    WaitKind.PREEMPTING, WaitKind.HELD, WaitKind.BACKING_OFF,
+)  # fmt: skip
+
 # What a request is refused for at once: nothing the control plane does will
 # bring a replica until something changes (a node added, the catalog or a
 # limit changed, `ctl retry`).
@@ -108,6 +114,16 @@ def legacy_kind(reason: str) -> WaitKind:
     return WaitKind.NONE
 
 
+def model_kind(model) -> str:
+    """Why a model (a state.Model) waits, as a kind's value ("" when it does
+    not wait; "other" for a reason of a kind this code does not know)."""
+    if model.parked:
+        return WaitKind.PARKED.value
+    if not model.waiting:
+        return ""
+    return kind_of(model.waiting_kind).value or "other"
+
+
 def request_wait(model, on_way: int, loading: int = 0) -> Wait:
     """Why a request for `model` (a state.Model) that no ready replica can
     take waits, and so whether it should (`Wait.fails_fast`): `on_way` of its
@@ -116,6 +132,10 @@ def request_wait(model, on_way: int, loading: int = 0) -> Wait:
     if model.parked:
         return Wait(WaitKind.PARKED, f"model {model.spec.name} is parked: {model.parked}")
     kind = kind_of(model.waiting_kind)
+    if kind is WaitKind.PARKED:
+        # Parked is read from the model, not its reason: `ctl retry` unparks
+        # it at once, and the reason says so only at the next pass.
+        kind = WaitKind.NONE
     if kind in FAIL_FAST and not on_way:
         return Wait(kind, f"model {model.spec.name} cannot be served now: {model.waiting}")
     if on_way:
