@@ -734,7 +734,10 @@ def parser() -> argparse.ArgumentParser:
         "--stop-engines-on-exit", action="store_true",
         help="stop the engines when the agent stops (llmgw up); by default they outlive it and are adopted again",
     )  # fmt: skip
-    agent.add_argument("--engine-ports", type=_port_range, metavar="FIRST-LAST", help=ENGINE_PORTS_HELP)
+    agent.add_argument(
+        "--engine-ports", type=_port_range, metavar="FIRST-LAST",
+        help=ENGINE_PORTS_HELP + "; with --simulate, its simulated engines listen on them (default: ports the system picks)",
+    )  # fmt: skip
     agent.add_argument("--gpus", type=int, default=8, metavar="N", help="GPUs of a simulated node")
     agent.add_argument("--gpu-memory", type=float, default=80.0, metavar="GB", help="GB per simulated GPU")
     agent.add_argument("--loading-after", type=float, default=0.1, metavar="S", help="simulated: seconds from starting to loading")
