@@ -44,7 +44,8 @@ from .waits import Wait, WaitKind
 __all__ = ["decide", "restart_state", "Outcome", "MAX_PASS_BYTES", "ADOPT_WAIT_S", "YOUNG_VICTIMS"]
 
 # In the waiting reason of a model whose victims are within their minimum
-# lifetime: what tells a simulation (core/whatif.py) to wake at their end.
+# lifetime (its kind, waits.WaitKind.ROOM_LATER, is what a simulation,
+# core/whatif.py, wakes at their end for).
 YOUNG_VICTIMS = "would make room but became ready less than"
 
 
