@@ -59,6 +59,9 @@ def test_a_model_short_of_room_for_one_more_replica_still_waits_for_the_one_load
     f.report("m-1.0", "loading")
     assert verdict(f, "m") is NoneReady.WAIT  # m-1 is on its way
     assert request_wait(f.state.models["m"], on_way=1, loading=1).kind is WaitKind.LOADING
+    f.report("m-1.0", "ready")
+    assert verdict(f, "m") is NoneReady.WAIT  # served: no room is room for a second one
+    assert not build(f.state).routes["m"].no_wait
     f.report("m-1.0", "failed", reason="crashed")
     assert verdict(f, "m") is NoneReady.WAIT  # failed, to be replaced in the room it frees
 

@@ -124,11 +124,13 @@ def model_kind(model) -> str:
     return kind_of(model.waiting_kind).value or "other"
 
 
-def request_wait(model, on_way: int, loading: int = 0) -> Wait:
+def request_wait(model, on_way: int, loading: int = 0, ready: int = 0) -> Wait:
     """Why a request for `model` (a state.Model) that no ready replica can
     take waits, and so whether it should (`Wait.fails_fast`): `on_way` of its
     replicas are placing, starting or loading (or failed, to be replaced),
-    `loading` of them loading."""
+    `loading` of them loading, `ready` of them ready. A model with a ready
+    replica is served: no room is room for more, and a request that finds
+    their breakers open waits for them as before."""
     if model.parked:
         return Wait(WaitKind.PARKED, f"model {model.spec.name} is parked: {model.parked}")
     kind = kind_of(model.waiting_kind)
@@ -136,12 +138,16 @@ def request_wait(model, on_way: int, loading: int = 0) -> Wait:
         # Parked is read from the model, not its reason: `ctl retry` unparks
         # it at once, and the reason says so only at the next pass.
         kind = WaitKind.NONE
-    if kind in FAIL_FAST and not on_way:
-        return Wait(kind, f"model {model.spec.name} cannot be served now: {model.waiting}")
+    if kind in FAIL_FAST:
+        if not on_way and not ready:
+            return Wait(kind, f"model {model.spec.name} cannot be served now: {model.waiting}")
+        kind = WaitKind.NONE  # it has replicas, or one is coming: the room it lacks is for more
     if on_way:
         return Wait(WaitKind.LOADING if loading else WaitKind.PLACING)
     if kind is not WaitKind.NONE:
         return Wait(kind, model.waiting)
+    if ready:
+        return Wait(WaitKind.NONE)  # (their breakers are open: waited for, as any)
     if model.spec.on_demand and decided(model) == 0:
         return Wait(WaitKind.WAKING)
     return Wait(WaitKind.PLACING)

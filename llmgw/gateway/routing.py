@@ -136,6 +136,7 @@ class _Counts:
     live: int = 0
     on_way: int = 0  # in COMING_STATES
     loading: int = 0
+    ready: int = 0
 
 
 def _counts(state: State) -> dict[str, _Counts]:
@@ -151,6 +152,8 @@ def _counts(state: State) -> dict[str, _Counts]:
             c.on_way += 1
             if r.state == "loading":
                 c.loading += 1
+        elif r.state == "ready":
+            c.ready += 1
     return out
 
 
@@ -179,7 +182,7 @@ def build(state: State) -> Table:
         model = state.models[name]
         spec = model.spec
         c = counts.get(name, none)
-        wait = request_wait(model, c.on_way, c.loading)
+        wait = request_wait(model, c.on_way, c.loading, c.ready)
         kind = ""
         if wait.fails_fast:  # parked, no room, over a limit: core/waits.py
             no_wait, kind = wait.reason, wait.kind.value
