@@ -156,6 +156,7 @@ class NodeFacts:
     cpu_cores: int
     labels: dict[str, str]
     ports: tuple[int, int] = (0, 0)  # first and last engine port (0, 0: the default)
+    simulated: bool = False  # a simulated agent's node: no real engine's profile goes there (fit.SIMULATED)
 
 
 @st.composite
@@ -173,7 +174,7 @@ def node_facts(draw, facility: bool = False) -> NodeFacts:
                 labels[f"llmgw.io/{kind}"] = name
     return NodeFacts(
         memory_gb=draw(sampled_from(HOST_MEMORY_GB)), cpu_cores=draw(sampled_from(CPU_CORES)), labels=labels,
-        ports=draw(sampled_from(PORT_RANGES)),
+        ports=draw(sampled_from(PORT_RANGES)), simulated=draw(sampled_from([False, False, True])),
     )
 
 
@@ -213,7 +214,9 @@ def _profile_specs(draw, name: str, plain: bool = False) -> ev.ProfileSpec:
         )
     return ev.ProfileSpec(
         name=name,
-        engine="sim",
+        # A real engine's profile goes on no simulated node unless it says `simulate`.
+        engine=draw(sampled_from(["sim", "sim", "llama.cpp"])),
+        simulate=draw(sampled_from([False, False, True])),
         args=draw(sampled_from([[], ["--fast"], ["--tp", "2"]])),
         gpus=draw(st.integers(0, 4)),
         nodes=draw(sampled_from([1, 1, 2, 3])),
@@ -626,6 +629,7 @@ class World:
             port_first=facts.ports[0],
             port_last=facts.ports[1],
             ports_taken=self.draw(st.lists(sampled_from(others), max_size=2, unique=True)) if others else [],
+            simulated=facts.simulated,
         )
 
     def _step_ports(self, step: Step) -> None:

@@ -51,7 +51,8 @@ def quota_fleets(draw, tiny: bool = False) -> tuple[dict[str, list[ev.Gpu]], dic
         count = 2 if tiny else draw(st.sampled_from([1, 2, 2, 3, 4, 4]))
         fleet[name] = [ev.Gpu(index=i, model=kind, memory_gb=80.0) for i in range(count)]
         labels = {"llmgw.io/fabric": "ib-0"} if draw(st.integers(0, 3)) else {}
-        facts[name] = (draw(st.sampled_from([0.0, 256.0])), draw(st.sampled_from([0, 32])), labels)
+        facts[name] = (draw(st.sampled_from([0.0, 256.0])), draw(st.sampled_from([0, 32])), labels,
+                       draw(st.sampled_from([False, False, False, True])))  # simulated: no real engine runs there
     return fleet, facts
 
 
@@ -65,6 +66,9 @@ def quota_profiles(draw, name: str) -> ev.ProfileSpec:
         gpu_model=draw(st.sampled_from(["", "", "", "", "H100", "A100", "L4"])),
         memory_gb=draw(st.sampled_from([0.0, 0.0, 32.0])),
         cpu_cores=draw(st.sampled_from([0, 0, 4])),
+        # A real engine's: on no simulated node, unless it may run simulated there.
+        engine=draw(st.sampled_from(["sim", "sim", "sim", "llama.cpp"])),
+        simulate=draw(st.booleans()),
     )
 
 
@@ -111,7 +115,9 @@ class QuotaWorld(World):
         if not self.fleet:
             fleet, facts = self.draw(quota_fleets(tiny=self.models_at_most <= 2), "fleet")
             self.fleet = fleet
-            self.facts = {n: NodeFacts(memory_gb=m, cpu_cores=c, labels=labels) for n, (m, c, labels) in facts.items()}
+            self.facts = {
+                n: NodeFacts(memory_gb=m, cpu_cores=c, labels=labels, simulated=sim) for n, (m, c, labels, sim) in facts.items()
+            }
         if not self.catalog:
             catalog = self.draw(quota_catalogs(tiny=self.models_at_most <= 2), "catalog")
             self.catalog = dict(list(catalog.items())[: self.models_at_most])

@@ -53,6 +53,7 @@ class Fleet:
         cpu_cores: int = 0,
         labels: dict[str, str] | None = None,
         power_w: float = 0.0,
+        simulated: bool = False,
     ) -> None:
         self.publish(
             ev.NodeRegistered(
@@ -63,6 +64,7 @@ class Fleet:
                 cpu_cores=cpu_cores,
                 labels=labels or {},
                 running=running or [],
+                simulated=simulated,
             )
         )
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmgw.core import events as ev
 from llmgw.bus.server import free_port
-from llmgw.control.metrics import WAITING_KINDS, waiting_kind
+from llmgw.control.metrics import WAITING_KINDS
 
 from .conftest import run_llmgw
 from .test_up import start_up, stop_up, tools_creds
@@ -64,18 +65,17 @@ def wait_for(url: str, check, timeout: float = 90.0) -> dict:
     raise AssertionError(f"/metrics never showed it; last scrape: {sorted(last.items())[:80]}")
 
 
-def test_waiting_kinds_name_the_cores_reasons():
-    assert waiting_kind("", "") == ""
-    assert waiting_kind("anything", parked="parked: 5 replicas in a row failed") == "parked"
-    assert waiting_kind("no room: tp4 needs 4 GPUs of 80 GB; no node has") == "no_room"
-    assert waiting_kind("no node is ready") == "no_room"
-    assert waiting_kind("backing off: 2 replica(s) in a row failed to start (the last: x); the next try 4s after") == "backing_off"
-    assert waiting_kind("over limit: owner org holds 8 GPUs; 4 more would pass its limit of 8") == "over_limit"
-    assert waiting_kind("preempting m-1 to make room") == "preempting"
-    assert waiting_kind("waiting for m-1, preempted for it, to stop") == "preempting"
-    assert waiting_kind("held: it gave room to x (preempted for it), which is still short") == "held"
-    assert waiting_kind("something new") == "other"
-    assert {k for k, _ in WAITING_KINDS} >= {"parked", "no_room", "preempting", "over_limit", "held", "backing_off"}
+def test_waiting_kinds_are_the_kinds_decide_says():
+    from llmgw.core.state import Model
+    from llmgw.core.waits import model_kind
+
+    spec = ev.ModelSpec(name="m", profiles=[ev.ProfileSpec(name="p")])
+    assert model_kind(Model(spec=spec)) == ""
+    assert model_kind(Model(spec=spec, waiting="x", parked="parked: 5 replicas in a row failed")) == "parked"
+    assert model_kind(Model(spec=spec, waiting="no room: tp4 needs 4 GPUs", waiting_kind="no_room")) == "no_room"
+    assert model_kind(Model(spec=spec, waiting="no node is ready", waiting_kind="no_node")) == "no_node"
+    assert model_kind(Model(spec=spec, waiting="something new", waiting_kind="a-kind-from-later")) == "other"
+    assert set(WAITING_KINDS) >= {"parked", "no_room", "preempting", "over_limit", "held", "backing_off", "other"}
 
 
 @pytest.mark.nats

@@ -212,6 +212,8 @@ def why_place_is_unsafe(
         node = before.nodes.get(s.node)
         if node is None or node.state != "ready":
             return f"{s.node} is not ready"
+        if node.simulated and profile.engine != "sim" and not profile.simulate:
+            return f"{s.node} is simulated and {profile.engine} would not run there"
         old_shards = handed.get(s.node, [])
         old_ids = {sh.id for sh in old_shards}
         memory = node.memory_used + held.get((s.node, "memory"), 0.0) + profile.memory_gb
@@ -463,6 +465,8 @@ def why_shard_breaks_a_rule(before: State, profile: ev.ProfileSpec, a: ev.PlaceR
                 return f"GPU {i} on {s.node} has {g.memory_gb} GB, not {profile.gpu_memory_gb}"
         if profile.pool and node.labels.get("llmgw.io/pool") != profile.pool:
             return f"{s.node} is not in pool {profile.pool}"
+        if node.simulated and profile.engine != "sim" and not profile.simulate:
+            return f"{s.node} is simulated: {profile.engine} runs there only with simulate"
         first, last = node.port_first or 20000, node.port_last or 29999
         if not first <= s.port <= last or s.port in node.taken:
             return f"port {s.port} on {s.node}: outside {first}-{last} or held by another program {node.taken}"

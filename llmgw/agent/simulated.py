@@ -8,12 +8,23 @@ after `loading_after` seconds and "ready" `ready_after` seconds later, or
 "failed" when its model is in `fail_models` or a test asks (`fail`).
 
 A ready shard of rank 0 serves a real HTTP engine (`sim_engine.SimEngine`)
-on a port it bound itself, the endpoint it reports; its answers name the
+on the port it reports as its endpoint; its answers name the
 replica, the model and the node. It is given an identity as a real engine
 is (`engines.identity`), reported with the shard, and a key of its own,
 put in the engine keys bucket before it is reported ready and deleted when
 it stops, as a real agent does. A shard that fails or stops closes its
 port, as a crashed engine's would be.
+
+Which port: given `engine_ports` (`llmgw agent --simulate --engine-ports`),
+the node registers that range, as a real agent does, and each engine listens
+on the port its placement gave it, so the replica's port is the one it
+really listens on (`llmgw ctl describe`); one another program holds is said
+in a NodePorts and the shard fails, as a real agent's start would. Without
+it, the engine binds a port the system picks (ephemeral, outside the default
+engine range): several simulated nodes on one host would otherwise be given
+the same ports, and one once answered on the port a real engine was given.
+It registers as `simulated`, so no real engine's profile is placed on it
+(core/fit.py) unless the catalog lets that profile run simulated.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from ..bus.msgids import MsgIds
 from ..core import commands as cmds
 from ..core import events as ev
 from . import power
+from .agentfile import PortRange
 from .engines import identity
 from .protocol import MAX_TERM_JUMP, Gate, acted_key
 from .sim_engine import SimEngine
@@ -66,6 +78,7 @@ class SimulatedAgent:
         power_interval_s: float = power.MIN_INTERVAL_S,
         command_key: Verifier | None = None,
         max_term_jump: int = MAX_TERM_JUMP,
+        engine_ports: PortRange | None = None,
     ) -> None:
         self.bus = bus
         self.name = name
@@ -109,6 +122,10 @@ class SimulatedAgent:
         self.silent = False  # as a machine that died: no heartbeat, no command heard (`silence`)
         # Whose commands it obeys, as a real agent (protocol.py); a fleet says so once for all.
         self.gate = Gate(name, command_key, max_term_jump=max_term_jump)
+        # The engine ports it registers and listens on (None: none said; see the module's doc),
+        # and those of them another program held when a start met them.
+        self.engine_ports = engine_ports
+        self.taken: set[int] = set()
 
     @property
     def stale_commands(self) -> int:
@@ -190,6 +207,10 @@ class SimulatedAgent:
                 memory_gb=self.memory_gb,
                 cpu_cores=self.cpu_cores,
                 labels=dict(self.labels),
+                simulated=True,
+                port_first=self.engine_ports.first if self.engine_ports else 0,
+                port_last=self.engine_ports.last if self.engine_ports else 0,
+                ports_taken=sorted(self.taken),
             )
         )
 
@@ -250,7 +271,16 @@ class SimulatedAgent:
             me = identity(cmd.model, cmd.shard, cmd.generation)
             says = f"simulated replica {cmd.replica} of {cmd.model} on node {self.name}"
             key = secrets.token_hex(32)
-            engine = await SimEngine(cmd.model, identity=me, says=says, key=key).start()
+            engine = SimEngine(cmd.model, identity=me, says=says, key=key)
+            try:
+                await engine.start(cmd.port if self.engine_ports else 0)
+            except OSError as e:  # its port is another program's: said, then failed, as a real agent does
+                self.taken.add(cmd.port)
+                await self._emit(ev.NodePorts(at=self.clock(), node=self.name, taken=sorted(self.taken)))
+                self.running.pop(cmd.shard, None)
+                await self._status(cmd.replica, cmd.shard, cmd.generation, "failed",
+                                   reason=f"port {cmd.port} on 127.0.0.1 is taken by another process ({e.strerror})")
+                return
             self.engines[cmd.shard] = engine
             self.generations[cmd.shard] = cmd.generation
             await self.bus.put_engine_key(engine_key_name(self.name, cmd.shard, cmd.generation), key)

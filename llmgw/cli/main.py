@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import sys
@@ -138,6 +139,7 @@ def cmd_up(args) -> None:
             console_port=None if args.no_console else args.console_port,
             console_listen=args.console_listen,
             metrics_port=args.metrics_port,
+            wait_timeout=args.wait_timeout,
         )  # always with auth: bus/auth.py, under <state dir>/creds
     )
 
@@ -469,6 +471,17 @@ def _port_range(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _seconds(text: str) -> float:
+    """A number of seconds: finite and not negative."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seconds are a number, not {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"seconds must be a finite number, not negative: {text}")
+    return value
+
+
 class Help(argparse.RawDescriptionHelpFormatter):
     """Descriptions and examples as written; every flag's default shown
     (except the empty ones: off, none, nothing)."""
@@ -651,6 +664,12 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     up.add_argument("--no-gateway", action="store_true", help="run no gateway")
     up.add_argument(
+        "--wait-timeout", type=_seconds, metavar="SECONDS",
+        help="the gateway's --wait-timeout: how long a request waits for a replica on its way (placing, loading, "
+        "waking) before 503 (default: the gateway's, 300); one that cannot be served now (no room, over a limit, "
+        "parked) gets 503 at once",
+    )  # fmt: skip
+    up.add_argument(
         "--metrics-port", type=int, default=0, metavar="PORT",
         help="the port of the control plane's Prometheus /metrics, on 127.0.0.1 (default: a free one, printed)",
     )  # fmt: skip
@@ -715,7 +734,10 @@ def parser() -> argparse.ArgumentParser:
         "--stop-engines-on-exit", action="store_true",
         help="stop the engines when the agent stops (llmgw up); by default they outlive it and are adopted again",
     )  # fmt: skip
-    agent.add_argument("--engine-ports", type=_port_range, metavar="FIRST-LAST", help=ENGINE_PORTS_HELP)
+    agent.add_argument(
+        "--engine-ports", type=_port_range, metavar="FIRST-LAST",
+        help=ENGINE_PORTS_HELP + "; with --simulate, its simulated engines listen on them (default: ports the system picks)",
+    )  # fmt: skip
     agent.add_argument("--gpus", type=int, default=8, metavar="N", help="GPUs of a simulated node")
     agent.add_argument("--gpu-memory", type=float, default=80.0, metavar="GB", help="GB per simulated GPU")
     agent.add_argument("--loading-after", type=float, default=0.1, metavar="S", help="simulated: seconds from starting to loading")

@@ -78,6 +78,9 @@ def cmd_simulated(args) -> None:
     if many:
         if args.connections < 1:
             _fail("llmgw agent: --connections: at least 1", 2)
+        if args.engine_ports and not args.no_serve:
+            # Each node's engines would listen on the same ports of this one host.
+            _fail("llmgw agent: --engine-ports with a fleet needs --no-serve: its nodes share this host's ports", 2)
         shapes = _shapes(args)
         explicit = args.creds or os.environ.get("LLMGW_CREDS")
         who = _component(args, "fleet", None if explicit else FLEET_CREDENTIAL)
@@ -117,7 +120,7 @@ def cmd_simulated(args) -> None:
                 never_start=args.never_start,
                 heartbeat=args.heartbeat, serve=not args.no_serve, watts_per_gpu=args.watts_per_gpu,
                 power_limit_w=args.gpu_power, power_interval_s=args.power_interval, command_key=command_key,
-                max_term_jump=max_term_jump,
+                max_term_jump=max_term_jump, engine_ports=args.engine_ports,
             )  # fmt: skip
             # whose commands they obey, once for all
             next(iter(fleet.agents.values())).gate.say_how(f"{len(shapes)} simulated nodes" if many else "")

@@ -157,6 +157,7 @@ def up(
     console_port: int | None = None,  # None: no console
     console_listen: str = "127.0.0.1",
     metrics_port: int = 0,  # the control plane's /metrics on 127.0.0.1; 0: a free one
+    wait_timeout: float | None = None,  # the gateway's --wait-timeout; None: its default
 ) -> int:
     import asyncio
 
@@ -251,7 +252,8 @@ def up(
         gateway_url = f"http://{host}:{gateway_port}"
         children.append(
             Child("gateway", [py, "-m", "llmgw", "gateway", "--nats", nats_url, "--port", str(gateway_port),
-                              "--listen", gateway_listen, "--creds", creds["gateway"]])
+                              "--listen", gateway_listen, "--creds", creds["gateway"],
+                              *(("--wait-timeout", repr(wait_timeout)) if wait_timeout is not None else ())])
         )  # fmt: skip
     console_url = ""
     if console_port is not None:

@@ -23,7 +23,7 @@ series.
     llmgw_control_replicas{state}               placing | starting | loading | ready | stopping | failed
     llmgw_control_gpus{state}                   used | free (of ready nodes)
     llmgw_control_models                        models in the catalog
-    llmgw_control_models_waiting{kind}          models short of replicas, by why (waiting_kind)
+    llmgw_control_models_waiting{kind}          models short of replicas, by why (core/waits.py's kinds)
 
 It is served on `--metrics-listen` (config.METRICS_LISTEN) by a small HTTP
 server in the plane's own event loop: a scrape reads the state between two
@@ -43,6 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..core.history import action_about
+from ..core.waits import DECIDED, model_kind
 
 if TYPE_CHECKING:
     from .plane import ControlPlane
@@ -55,32 +56,9 @@ disable_created_metrics()
 PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 NODE_STATES = ("ready", "lost")
 REPLICA_STATES = ("placing", "starting", "loading", "ready", "stopping", "failed")
-# Why a model waits, by the reasons core/decide.py, core/preempt.py,
-# core/quota.py and core/placement.py write: (kind, how the reason begins).
-WAITING_KINDS = (
-    ("parked", "parked"),
-    ("backing_off", "backing off"),
-    ("held", "held:"),
-    ("over_limit", "over limit"),
-    ("preempting", "preempting"),
-    ("preempting", "waiting for"),
-    ("no_room", "no room"),
-    ("no_room", "no node is ready"),
-)
+# Why a model waits: the kinds decide says with each reason (core/waits.py), and "other".
+WAITING_KINDS = tuple(k.value for k in DECIDED) + ("other",)
 MAX_REQUEST_HEAD = 8 * 1024
-
-
-def waiting_kind(reason: str, parked: str = "") -> str:
-    """The kind of a model's waiting reason, for a label: one of
-    WAITING_KINDS' kinds, "other" for one they do not name, "" when it does not wait."""
-    if parked:
-        return "parked"
-    if not reason:
-        return ""
-    for kind, start in WAITING_KINDS:
-        if reason.startswith(start):
-            return kind
-    return "other"
 
 
 class ControlMetrics:
@@ -173,11 +151,11 @@ class _StateCollector:
             replicas[r.state] = replicas.get(r.state, 0) + 1
         yield _by("replicas", "Replicas by state.", "state", replicas)
         yield GaugeMetricFamily(f"{p}models", "Models in the catalog.", value=len(state.models))
-        waiting = {kind: 0 for kind, _ in WAITING_KINDS} | {"other": 0}
+        waiting = dict.fromkeys(WAITING_KINDS, 0)
         for m in state.models.values():
-            kind = waiting_kind(m.waiting, m.parked)
+            kind = model_kind(m)
             if kind:
-                waiting[kind] += 1
+                waiting[kind] = waiting.get(kind, 0) + 1
         yield _by("models_waiting", "Models short of the replicas they want, by why.", "kind", waiting)
 
 

@@ -205,6 +205,7 @@ Role = _str(32, WORD_PATTERN, "a credential's role")
 PublicKey = _str(128, NKEY_PATTERN, "an NKey")
 Priority = _str(32, NO_CONTROL_PATTERN, "a model's priority class")
 Word = _str(64, ID_PATTERN, "a short word")
+WaitKind = _str(32, WORD_PATTERN, "why a model waits (core/waits.py): no_room, over_limit, parked, ...")
 # A name said again, in the events most of a log is (a shard's status, a
 # gateway's load, a decision's shards): bounded in length only. Its
 # characters were checked where it was made (a registration, the catalog)

@@ -39,11 +39,13 @@ from .policy import DEFAULT
 from .scaling import backoff_until, decided, desired, why_desired
 from .state import Model, Replica, State
 from .times import utc
+from .waits import Wait, WaitKind
 
 __all__ = ["decide", "restart_state", "Outcome", "MAX_PASS_BYTES", "ADOPT_WAIT_S", "YOUNG_VICTIMS"]
 
 # In the waiting reason of a model whose victims are within their minimum
-# lifetime: what tells a simulation (core/whatif.py) to wake at their end.
+# lifetime (its kind, waits.WaitKind.ROOM_LATER, is what a simulation,
+# core/whatif.py, wakes at their end for).
 YOUNG_VICTIMS = "would make room but became ready less than"
 
 
@@ -156,30 +158,36 @@ def _decide_model(p: Pass, model: Model, live: list[Replica], late: bool = False
     placing = _place_missing(p, m, late)
     if placing is None:
         return  # the pass's message is full: the next pass goes on
-    outcome, waiting = placing
+    outcome, wait = placing
 
     if retire(p, m, outcome) >= n:
         # Its restarts were finished in place or refused, and it has what it
         # wants: not waiting. (The reason was said after the replacement's
         # placement, which had cleared it, so every restart in place read
         # "waits: no room" until the next pass.)
-        waiting = ""
+        wait = NOT_WAITING
 
     # Said only when it changes: a placement clears it at fold time (one in
     # place of a restarted replica too, hence no longer `have == len(serving)`).
-    waiting = clip(waiting)  # as it is recorded (bounds.fit_action), so it is said once
-    if waiting != model.waiting and (waiting or p.numbers.get(name) == numbered):
-        p.add(ev.ModelWaiting(model=name, reason=waiting))
+    waiting = clip(wait.reason)  # as it is recorded (bounds.fit_action), so it is said once
+    kind = wait.kind.value if waiting else ""
+    if (waiting != model.waiting or kind != model.waiting_kind) and (waiting or p.numbers.get(name) == numbered):
+        p.add(ev.ModelWaiting(model=name, reason=waiting, kind=kind))
 
 
-def _place_missing(p: Pass, m: ModelPass, late: bool = False) -> tuple[Outcome, str] | None:
+NOT_WAITING = Wait(WaitKind.NONE)
+
+
+def _place_missing(p: Pass, m: ModelPass, late: bool = False) -> tuple[Outcome, Wait] | None:
     """Place the replicas the model is short of; how that went, and why it
-    waits ("" when it does not). None: the pass's message filled up on the way."""
+    waits (NOT_WAITING when it does not). None: the pass's message filled up on the way."""
     if m.have >= m.n:
-        return Outcome.ENOUGH, ""
+        return Outcome.ENOUGH, NOT_WAITING
     model, spec = m.model, m.spec
-    blocked = _blocked(p, model) or (f"a replica of {m.name} was not ready by its start deadline" if late else "")
-    if blocked:
+    blocked = _blocked(p, model)
+    if not blocked.reason and late:
+        blocked = Wait(WaitKind.BACKING_OFF, f"a replica of {m.name} was not ready by its start deadline")
+    if blocked.reason:
         return Outcome.NOT_TRIED, blocked
     number = p.next_number(m.name)
     restarting = f"; restarting {', '.join(r.id for r in m.retiring)}" if m.retiring else ""
@@ -188,7 +196,7 @@ def _place_missing(p: Pass, m: ModelPass, late: bool = False) -> tuple[Outcome, 
         if placed is None:
             limit = _over_limit(p, spec)
             if limit:
-                return Outcome.OVER_LIMIT, limit
+                return Outcome.OVER_LIMIT, Wait(WaitKind.OVER_LIMIT, limit)
             if m.have + len(m.retiring) < m.n:
                 # Short even counting the replicas being restarted (they
                 # serve until replaced): only then does it take room from
@@ -197,18 +205,25 @@ def _place_missing(p: Pass, m: ModelPass, late: bool = False) -> tuple[Outcome, 
                 # restarted in place anyway.
                 waiting = _preempt_for(p, m)
                 if waiting:
-                    return Outcome.PREEMPTING, waiting
+                    return Outcome.PREEMPTING, Wait(WaitKind.PREEMPTING, waiting)
                 # Explained only when it neither preempts nor waits for its
                 # victims: explaining reads every node (~10 ms on 2,000), and
                 # a pass with hundreds of preemptors paid that for each.
-                return Outcome.NO_ROOM, _why_young_victims(p, m) or why_no_fit(p, spec.profiles)
-            return Outcome.NO_ROOM, why_no_fit(p, spec.profiles)
+                later = _why_young_victims(p, m)
+                return Outcome.NO_ROOM, Wait(WaitKind.ROOM_LATER, later) if later else _no_fit(p, spec)
+            return Outcome.NO_ROOM, _no_fit(p, spec)
         if not p.add(placed):
             return None
         number += 1
         m.have += 1
         m.placed += 1
-    return Outcome.PLACED, ""
+    return Outcome.PLACED, NOT_WAITING
+
+
+def _no_fit(p: Pass, spec: ev.ModelSpec) -> Wait:
+    """Why no profile fits: no room, or no node to fit on (one may register)."""
+    kind = WaitKind.NO_ROOM if p.inv.has_ready() else WaitKind.NO_NODE
+    return Wait(kind, why_no_fit(p, spec.profiles))
 
 
 def _over_limit(p: Pass, spec: ev.ModelSpec) -> str:
@@ -268,14 +283,15 @@ def _why_place(model: Model, have: int, n: int) -> str:
     return f"{model.spec.name} has {have} of {n} replicas"
 
 
-def _blocked(p: Pass, model: Model) -> str:
-    """Why the model may not place now (parked, or backing off after replicas
-    that failed to start), or "". Parks it when it has failed often enough."""
+def _blocked(p: Pass, model: Model) -> Wait:
+    """Why the model may not place now (parked, held, or backing off after
+    replicas that failed to start), or NOT_WAITING. Parks it when it has
+    failed often enough."""
     if model.parked:
-        return model.parked
+        return Wait(WaitKind.PARKED, model.parked)
     hold = preempt.held(p.state, model, p.now)
     if hold:
-        return hold
+        return Wait(WaitKind.HELD, hold)
     k = model.start_failures
     if k >= p.state.policy.park_after:
         why = (
@@ -283,14 +299,14 @@ def _blocked(p: Pass, model: Model) -> str:
             f"`llmgw ctl retry {model.spec.name}` tries again"
         )
         p.add(ev.ParkModel(model=model.spec.name, reason=why))
-        return why
+        return Wait(WaitKind.PARKED, why)
     until = backoff_until(model, p.state.policy)
     if p.now < until:
-        return (
+        return Wait(WaitKind.BACKING_OFF, (
             f"backing off: {k} replica(s) in a row failed to start (the last: {model.last_failure}); "
             f"the next try {until - model.failed_at:g}s after that failure"
-        )
-    return ""
+        ))  # fmt: skip
+    return NOT_WAITING
 
 
 # --------------------------------------------------------------------------- stopping

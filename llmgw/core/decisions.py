@@ -12,15 +12,19 @@ from __future__ import annotations
 
 from typing import Callable
 
+import msgspec
+
 from . import admission
 from . import events as ev
 from .catalog import profile_named
+from .fit import runs_real_engine
 from .facility import count_unmeasured, counted, place_one_shard, power_problem, shard_watts
 from .nodeindex import touch
 from .replicaindex import added, removed
 from .ports import placement_problem
 from .quota import add, count_shard, need, over_limit, replica_amount
 from .replicas import RETIRING, TERMINAL, unwanted
+from .waits import legacy_kind
 from .state import KEEP_LAST, Replica, Shard, State, Tally, Voided, add_gb
 
 
@@ -92,6 +96,8 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
             return f"node {s.node} is not ready"
         if node.cordon:
             return f"node {s.node} {node.cordon}"
+        if node.simulated and profile is not None and runs_real_engine(profile):
+            return f"node {s.node} is simulated: profile {a.profile} runs {profile.engine} (simulate: true lets it)"
         memory_used, cpu_used = node.memory_used, node.cpu_used
         if handed:
             for sh in handed.values():
@@ -205,7 +211,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
     if tally is None:
         tally = state.tallies[model_name] = Tally()
     tally.live += 1  # placing, on the profile the catalog has: neither failed nor unwanted
-    model.waiting = ""
+    model.waiting = model.waiting_kind = ""
     return ""
 
 
@@ -327,6 +333,8 @@ def _wait(state: State, a: ev.ModelWaiting, e: ev.Decided, seq: int) -> str:
     if model is None:
         return f"model {a.model} is no longer in the catalog"
     model.waiting = a.reason
+    # A kind recorded is what is read; one recorded before kinds is read from its words.
+    model.waiting_kind = a.kind or (legacy_kind(a.reason).value if a.reason else "")
     return ""
 
 
@@ -365,6 +373,28 @@ def describe_action(a: ev.Action) -> str:
         victims = ", ".join(f"{v.replica} (tier {v.tier}: {v.why})" for v in a.victims)
         return f"preempt {victims} for {a.model}"
     return type(a).__name__
+
+
+# Fields of actions added after logs were recorded with them: an action
+# recorded before one has its default, and is compared without it.
+_ADDED_LATER: dict[type, tuple[str, ...]] = {ev.ModelWaiting: ("kind",)}
+
+
+def as_recorded(again: list[ev.Action], recorded: list[ev.Action]) -> list[ev.Action]:
+    """The actions decided again, less the fields the recorded ones were
+    written before (`_ADDED_LATER`), so that an old log still verifies."""
+    if len(again) != len(recorded):
+        return again
+    out = []
+    for a, r in zip(again, recorded):
+        later = _ADDED_LATER.get(type(a))
+        if later and type(r) is type(a):
+            defaults = {f.name: f.default for f in msgspec.structs.fields(r) if f.name in later}
+            unsaid = {name: d for name, d in defaults.items() if getattr(r, name) == d}
+            if unsaid:
+                a = msgspec.structs.replace(a, **unsaid)
+        out.append(a)
+    return out
 
 
 _ACTIONS: dict[type, Callable[[State, ev.Action, ev.Decided, int], str]] = {

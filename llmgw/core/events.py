@@ -77,6 +77,10 @@ class ProfileSpec(Struct):
     # replica must share ("": no such rule).
     power_w: b.NodeWatts = 0.0
     keep_within: b.DomainKind = ""
+    # Whether a replica may run simulated, on a simulated node (NodeRegistered.
+    # simulated), where its engine would not run: a profile of a real engine
+    # (any but "sim") goes on a simulated node only when this says so.
+    simulate: bool = False
 
 
 class ModelSpec(Struct):
@@ -308,6 +312,11 @@ class NodeRegistered(Event, tag="node.registered"):
     # The ports of that range another program holds now: kept out of
     # placement until a NodePorts says otherwise (see NodePorts).
     ports_taken: b.Ports = []
+    # A simulated node (`llmgw agent --simulate`): it runs no engine, only
+    # a simulated one; a real engine's profile is placed here only if it
+    # says `simulate` (fit.SIMULATED). What it says of itself only narrows
+    # what it is given, so it is taken as said.
+    simulated: bool = False
 
 
 class ShardStatus(Event, tag="shard.status"):
@@ -483,10 +492,14 @@ class ParkModel(Struct, tag_field="action", tag="park"):
 
 
 class ModelWaiting(Struct, tag_field="action", tag="wait"):
-    """The model wants more replicas than it could get; `reason` says why."""
+    """The model wants more replicas than it could get; `reason` says why.
+    `kind` says it as data (core/waits.py: no_room, over_limit, parked,
+    ...), which is what a gateway reads to refuse a request at once rather
+    than hold it; "" in one recorded before kinds (the fold reads its words)."""
 
     model: b.ModelRef
     reason: b.Text
+    kind: b.WaitKind = ""
 
 
 class StopStray(Struct, tag_field="action", tag="stop-stray"):

@@ -46,7 +46,7 @@ def profile_fit(inv: Inventory, p: ProfileSpec, spread: dict[str, int] | None = 
 def why_no_fit(inv: Inventory, profiles: list[ProfileSpec]) -> str:
     """The reason a model waits, when none of its profiles fits: for each
     profile, how many nodes refuse it for each rule (a summary of `explain`)."""
-    if not inv.ready():
+    if not inv.has_ready():
         # Those cordoned (admission.py) are ready but passed over: say why (a
         # scan of the nodes, only when none is placeable, which is rare).
         cordoned = sorted((n, node.cordon) for n, node in inv._state.nodes.items() if node.cordon and node.state == "ready")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from . import facility_pass
 from .events import ProfileSpec
+from .fit import runs_real_engine
 from .nodeindex import Group, NodeIndex
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def _limits(spread: dict[str, int]) -> list[int]:
 # Groups that admit a profile, per index: keyed by what label_reasons and
 # _kind_reasons read of a profile, so that a cache outlives a pass.
 def admit_key(p: ProfileSpec) -> tuple:
-    return (p.pool, p.nodes > 1, p.gpu_model, p.gpu_memory_gb, p.gpus)
+    return (p.pool, p.nodes > 1, p.gpu_model, p.gpu_memory_gb, p.gpus, runs_real_engine(p))
 
 
 class FabricSearch:

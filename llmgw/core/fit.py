@@ -26,6 +26,7 @@ from .state import Node, add_gb
 # The rules, in the order their reasons are listed: what a person can fix
 # fastest (a label, a node down) first.
 READY = "ready"
+SIMULATED = "simulated"
 POOL = "pool"
 FABRIC = "fabric"
 GPU_MODEL = "gpu-model"
@@ -34,9 +35,10 @@ GPUS = "gpus"
 MEMORY = "memory"
 CPU = "cpu"
 PORTS = "ports"
-RULES = (READY, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS) + facility.RULES
+RULES = (READY, SIMULATED, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS) + facility.RULES
 _LABELS = {
     READY: "not ready",
+    SIMULATED: "engine",
     POOL: "pool",
     FABRIC: "fabric",
     GPU_MODEL: "GPU model",
@@ -172,9 +174,26 @@ def _words(name: str) -> list[str]:
     return [w for w in re.split(r"[^0-9a-z]+", name.lower()) if w]
 
 
-def label_reasons(p: ProfileSpec, pool: str, fabric: str) -> tuple[Reason, ...]:
-    """The rules on a node's labels: its pool, and a fabric for a multi-node profile."""
+# The engine a simulated node runs: any profile may run there as it.
+SIM_ENGINE = "sim"
+
+
+def runs_real_engine(p: ProfileSpec) -> bool:
+    """Whether a profile needs its engine to really run: not the simulated
+    one, and not said to be simulated where a node is (`simulate: true`).
+    Such a profile goes on no simulated node: the tour's mixed fleet once
+    restarted a llama.cpp embedding model onto a simulated node, and its
+    /v1/embeddings answered one vector of length 2 for two inputs, 200."""
+    return p.engine != SIM_ENGINE and not p.simulate
+
+
+def label_reasons(p: ProfileSpec, pool: str, fabric: str, simulated: bool = False) -> tuple[Reason, ...]:
+    """The rules on what a node is, not what it has free: simulated or not,
+    its pool, and a fabric for a multi-node profile."""
     out: tuple[Reason, ...] = ()
+    if simulated and runs_real_engine(p):
+        out += (Reason(rule=SIMULATED, need=f"a node that runs {p.engine}",
+                       have="a simulated one (a profile runs there only with simulate: true)"),)
     if p.pool and pool != p.pool:
         out += (Reason(rule=POOL, need=p.pool, have=pool or f"no {POOL_LABEL} label"),)
     if p.nodes > 1 and not fabric:

@@ -57,7 +57,10 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 #     under `admission: manual`, a node not admitted (NodeAdmitted) is cordoned.
 # 16: muted nodes (muting.py): NodeMuted loses the node and quarantines its
 #     agent's events until NodeUnmuted.
-FOLD_VERSION = 16
+# 17: a model's waiting kind (Model.waiting_kind, waits.py) from ModelWaiting.kind
+#     (or, recorded before it, its words); a node's `simulated` (NodeRegistered),
+#     on which a real engine's profile is not placed (fit.SIMULATED).
+FOLD_VERSION = 17
 
 
 class Refused(ValueError):
@@ -353,6 +356,7 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
         registered_at=e.at,
         port_first=e.port_first,
         port_last=e.port_last,
+        simulated=e.simulated,
         operator_labels=dict(state.node_labels.get(e.node, {})),
     )
     node.taken = in_range(node, e.ports_taken)

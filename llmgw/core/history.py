@@ -9,7 +9,7 @@ import msgspec
 
 from . import events as ev
 from .decide import decide
-from .decisions import describe_action
+from .decisions import as_recorded, describe_action
 from .fold import apply
 from .state import State
 
@@ -203,7 +203,7 @@ def verify(records: Iterable[Record]) -> tuple[int, list[Difference]]:
 
     def check(basis: int) -> None:
         for seq, e in wanted.pop(basis, ()):
-            again = decide(state, e.at)
+            again = as_recorded(decide(state, e.at), e.actions)
             if again != e.actions:
                 differences.append(
                     Difference(

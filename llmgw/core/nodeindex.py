@@ -1,7 +1,7 @@
 """The ready nodes, indexed for placement and kept by the fold as it goes.
 
 Placement looks for a node by its pool and kind of GPU (and fabric, for a
-multi-node profile) and, within that, by how many GPUs it has free (see
+multi-node profile; and whether it is simulated: fit.SIMULATED) and, within that, by how many GPUs it has free (see
 placement.py). That index used to be built at the first placement of every
 pass of `decide`: O(fleet) per pass, and a cold start of 16,000 nodes is
 ~40 passes (the message budget caps a pass at ~1,900 placements), so the
@@ -68,16 +68,17 @@ def free_count(node: Node) -> int:
 
 
 class Group:
-    """Ready nodes alike in pool and GPUs (and fabric, in the index for
-    multi-node profiles), by free GPU count: for each count, their names in
-    order."""
+    """Ready nodes alike in pool, GPUs and being simulated or not (and
+    fabric, in the index for multi-node profiles), by free GPU count: for
+    each count, their names in order."""
 
-    __slots__ = ("pool", "fabric", "kind", "buckets")
+    __slots__ = ("pool", "fabric", "kind", "simulated", "buckets")
 
-    def __init__(self, pool: str, fabric: str, kind: Kind | None, top: int) -> None:
+    def __init__(self, pool: str, fabric: str, kind: Kind | None, top: int, simulated: bool = False) -> None:
         self.pool = pool
         self.fabric = fabric
         self.kind = kind
+        self.simulated = simulated
         self.buckets: list[list[str]] = [[] for _ in range(top + 1)]
 
 
@@ -96,8 +97,8 @@ class _Entry:
 
 
 class NodeIndex:
-    """The ready nodes of one state by (pool, kind) and (pool, fabric, kind),
-    and within each by free GPU count."""
+    """The ready nodes of one state by (pool, kind, simulated) and (pool,
+    fabric, kind, simulated), and within each by free GPU count."""
 
     def __init__(self) -> None:
         self.built = False
@@ -157,6 +158,7 @@ class NodeIndex:
             fabric = node.labels.get(FABRIC_LABEL, "")
             if (
                 grp.pool == node.labels.get(POOL_LABEL, "")
+                and grp.simulated == node.simulated
                 and (node.gpus is old.gpus or grp.kind == kind_of(node.gpus))
                 and (old.groups[1].fabric if len(old.groups) > 1 else "") == fabric
             ):
@@ -192,15 +194,16 @@ class NodeIndex:
         pool = labels.get(POOL_LABEL, "")
         fabric = labels.get(FABRIC_LABEL, "")
         kind = kind_of(node.gpus)
-        grp = self.groups.get((pool, kind))
+        sim = node.simulated
+        grp = self.groups.get((pool, kind, sim))
         if grp is None:
-            grp = self.groups[(pool, kind)] = Group(pool, "", kind, self.top)
+            grp = self.groups[(pool, kind, sim)] = Group(pool, "", kind, self.top, sim)
             self.version += 1
         groups: tuple[Group, ...] = (grp,)
         if fabric:
-            fgrp = self.fabric_groups.get((pool, fabric, kind))
+            fgrp = self.fabric_groups.get((pool, fabric, kind, sim))
             if fgrp is None:
-                fgrp = self.fabric_groups[(pool, fabric, kind)] = Group(pool, fabric, kind, self.top)
+                fgrp = self.fabric_groups[(pool, fabric, kind, sim)] = Group(pool, fabric, kind, self.top, sim)
                 self.version += 1
             groups = (grp, fgrp)
         free = free_count(node)
@@ -231,7 +234,7 @@ class NodeIndex:
 
 
 def _keys(groups: tuple[Group, ...]) -> list[tuple]:
-    return [(g.pool, g.fabric, g.kind) for g in groups]
+    return [(g.pool, g.fabric, g.kind, g.simulated) for g in groups]
 
 
 def _filled(g: Group | None) -> dict[int, list[str]]:

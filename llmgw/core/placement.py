@@ -7,6 +7,8 @@ not is a `Reason` (data: the rule, what was needed, what the node has), and
 `render` says it in words a person can act on:
 
     ready       the node is registered and not lost
+    simulated   a profile of a real engine (any but "sim") goes on no simulated
+                node, unless it says `simulate: true` (fit.runs_real_engine)
     pool        it carries the label `llmgw.io/pool` the profile asks for ("" any)
     fabric      for a multi-node profile, it carries the label `llmgw.io/fabric`
     gpu-model   it has GPUs of the model asked for (whole words, case aside)
@@ -72,7 +74,7 @@ from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
 # The questions asked of one node (fit.py), named here too: what placement
 # is asked of, callers and tests have always imported from this module.
 from .fit import (  # noqa: F401
-    READY, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS, RULES, Reason, NodeFit, ProfileFit,
+    READY, SIMULATED, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS, RULES, Reason, NodeFit, ProfileFit,
     Explanation, render, render_explanation, needs, summarize, gpu_model_matches, label_reasons, gpu_reasons,
     _kind_reasons, _mixed_reasons, memory_short, cpu_short,
 )
@@ -103,8 +105,8 @@ class _View:
     Made when the pass first looks at the node, from the node as folded."""
 
     __slots__ = (
-        "name", "node", "ready", "free", "kind", "pool", "fabric", "mem_used", "cpu_used", "ports", "next_port",
-        "groups",
+        "name", "node", "ready", "free", "kind", "pool", "fabric", "simulated", "mem_used", "cpu_used", "ports",
+        "next_port", "groups",
     )
 
     def __init__(self, name: str, node: Node, groups: tuple[Group, ...]) -> None:
@@ -120,6 +122,7 @@ class _View:
         labels = node.labels
         self.pool = labels.get(POOL_LABEL, "")
         self.fabric = labels.get(FABRIC_LABEL, "")
+        self.simulated = node.simulated
         self.mem_used = node.memory_used
         self.cpu_used = node.cpu_used
         self.ports: set[int] | None = None  # built when first asked
@@ -201,6 +204,10 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         """The ready nodes, in name order."""
         return [self.view(n) for n in self._build().ready_names]
 
+    def has_ready(self) -> bool:
+        """Whether any node is ready (and not cordoned), without a view of each."""
+        return bool(self._build().ready_names)
+
     def view(self, name: str) -> _View:
         v = self._views.get(name)
         if v is None:
@@ -238,11 +245,11 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
     def _fixed_reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
         """The rules on labels and GPUs: alike for nodes alike, so asked once per kind and free count."""
         if v.kind is None:
-            return label_reasons(p, v.pool, v.fabric) + _mixed_reasons(p, v.node.gpus, v.free)
-        key = (id(p), v.pool, v.fabric, v.kind, len(v.free))
+            return label_reasons(p, v.pool, v.fabric, v.simulated) + _mixed_reasons(p, v.node.gpus, v.free)
+        key = (id(p), v.pool, v.fabric, v.simulated, v.kind, len(v.free))
         out = self._fixed.get(key)
         if out is None:
-            out = self._fixed[key] = label_reasons(p, v.pool, v.fabric) + _kind_reasons(p, v.kind, len(v.free))
+            out = self._fixed[key] = label_reasons(p, v.pool, v.fabric, v.simulated) + _kind_reasons(p, v.kind, len(v.free))
         return out
 
     def _room_reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
@@ -347,7 +354,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
             return cached[1]
         out = []
         for grp in (idx.groups if p.nodes == 1 else idx.fabric_groups).values():
-            if label_reasons(p, grp.pool, grp.fabric):
+            if label_reasons(p, grp.pool, grp.fabric, grp.simulated):
                 continue
             if grp.kind is not None and _kind_reasons(p, grp.kind, grp.kind[2]):
                 continue

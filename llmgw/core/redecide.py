@@ -26,7 +26,7 @@ import msgspec
 
 from . import events as ev
 from .decide import decide
-from .decisions import describe_action
+from .decisions import as_recorded, describe_action
 from .fold import apply, copy_state
 from .history import Record
 from .policy import Policy
@@ -350,7 +350,7 @@ class _Run:
             mine = self.pending.pop(i, None)
             if mine is None:
                 mine = decide(self.sim.state, e.at)
-            if mine == e.actions:
+            if as_recorded(mine, e.actions) == e.actions:
                 self._fold(e, seq)
                 self.passes += 1
                 self.followed += 1

@@ -130,6 +130,7 @@ class Node(msgspec.Struct, kw_only=True, gc=False):
     # default range, see placement.port_range).
     port_first: int = 0
     port_last: int = 0
+    simulated: bool = False  # its agent is simulated (NodeRegistered.simulated): no real engine runs here
     # Ports of that range another program holds, sorted, as its agent last
     # said (NodeRegistered.ports_taken, NodePorts): never handed out while
     # listed. Apart from `ports`, which is what shards and strays hold.
@@ -193,6 +194,7 @@ class Model(msgspec.Struct, kw_only=True, gc=False):
     # Fingerprint per profile name, computed once when the spec is folded.
     fingerprints: dict[str, str] = {}
     waiting: str = ""  # why it has fewer replicas than it wants; "" when it has them
+    waiting_kind: str = ""  # the same as data: a waits.WaitKind's value ("" when not waiting)
     applied_at: float = 0.0
     # What follows is kept when the model is applied again (see RUNTIME).
     # How many replicas it should run, as last decided (ScaleModel); -1: as

@@ -29,13 +29,16 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from . import events as ev
-from .decide import YOUNG_VICTIMS, decide
+from .decide import decide
 from .decisions import describe_action
 from .fold import Refused, copy_state, evolve, quarantine
 from .quota import _within
 from .replicas import RETIRING
 from .scaling import LOAD_FRESH_S, backoff_until
 from .state import LIVE_SHARD_STATES, State
+from .waits import WaitKind
+
+ROOM_LATER = WaitKind.ROOM_LATER.value  # a model that waits for young victims (decide._why_young_victims)
 
 # How long an idle simulated engine takes to exit when stopped (its drain,
 # at most this: the simulated agent waits min(grace, 0.05 s)).
@@ -190,7 +193,7 @@ def next_wake(state: State, now: float, traffic: bool = True) -> float | None:
     times: list[float] = []
     # Only a model that waits for young victims can be helped by a lifetime
     # ending (and reading every replica costs: this runs between passes).
-    waiting = any(YOUNG_VICTIMS in m.waiting for m in state.models.values())
+    waiting = any(m.waiting_kind == ROOM_LATER for m in state.models.values())
     for m in state.models.values():
         if m.held_for:
             times.append(m.held_until)

@@ -51,6 +51,9 @@ class _Profile(BaseModel):
     # and the domain kind every shard of a multi-node replica must share.
     power_w: float = Field(0.0, ge=0)
     keep_within: Literal["", "site", "room", "row", "rack", "pdu"] = ""
+    # May run simulated on a simulated node (`llmgw agent --simulate`), where
+    # its engine would not run; without it, a real engine's profile is never placed there.
+    simulate: bool = False
 
 
 class _Model(BaseModel):
@@ -224,7 +227,7 @@ def items(state: State, catalog: Catalog) -> list[Item]:
 # the file (0.0) is not: with power_w written out, every profile of an
 # unchanged catalog got a new fingerprint, and applying it again would
 # have restarted every replica (found by replay --what-if of a recorded log).
-_LATER_PROFILE_FIELDS = ("power_w", "keep_within")
+_LATER_PROFILE_FIELDS = ("power_w", "keep_within", "simulate")
 
 
 def _profile(p: _Profile) -> ProfileSpec:

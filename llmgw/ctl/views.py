@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -357,6 +358,17 @@ def _history(events: list[dict]) -> list[str]:
     return table(lines, ["SEQ", "TIME", "WHAT HAPPENED"]).splitlines() if lines else ["(none)"]
 
 
+def _listens_on(shard: dict) -> str:
+    """The port a shard's engine listens on: its endpoint's, where it reports
+    one (a simulated engine without --engine-ports binds a port the system
+    picks, not the one placement numbered), else the port it was given."""
+    try:
+        port = urlsplit(shard.get("endpoint") or "").port
+    except ValueError:
+        port = None
+    return str(port if port else shard["port"])
+
+
 def _fields(pairs: list[tuple[str, object]]) -> list[str]:
     width = max(len(k) for k, _ in pairs) + 1
     return [f"{(k + ':').ljust(width)} {v}" for k, v in pairs]
@@ -402,7 +414,7 @@ def describe_text(kind: str, page: dict) -> str:
                 ("Facility", "; ".join(now.get("rejections", [])) or "(none)"),
             ])
             out.append("Shards:")
-            rows = [[s["id"], s["node"], str(s["rank"]), ",".join(map(str, s["gpus"])), str(s["port"]),
+            rows = [[s["id"], s["node"], str(s["rank"]), ",".join(map(str, s["gpus"])), _listens_on(s),
                      str(s["generation"]), s["state"], s["reason"]] for s in now["shards"]]
             header = ["ID", "NODE", "RANK", "GPUS", "PORT", "GENERATION", "STATE", "REASON"]
             out += ["  " + line for line in table(rows, header).splitlines()] if rows else ["  (none)"]

@@ -107,7 +107,17 @@ class GatewayConfig:
     max_key_failures: int = _f(20, "wrong API keys one client address may try per --key-failure-window (429 past it; 0: no limit)")
     key_failure_window: float = _f(60.0, "seconds in which --max-key-failures wrong keys are allowed")
     # Upstream.
-    wait_timeout: float = _f(300.0, "seconds a request waits for a ready replica (an on-demand model waking) before 503")
+    wait_timeout: float = _f(
+        300.0, "seconds a request waits for a replica on its way (placing, loading, an on-demand model waking) "
+        "before 503; a model that cannot be served now (no room, over a limit, parked) is refused at once",
+    )  # fmt: skip
+    # A model the control plane says cannot be served now (core/waits.py):
+    # nothing changes that before an operator or a node does, so a client is
+    # told to come back later than after a wait that ran out (5 s), yet
+    # within the minute the openai SDK honours a Retry-After for.
+    unavailable_retry_after: int = _f(
+        10, "seconds in the Retry-After of a 503 for a model that cannot be served now (no room, over a limit, parked)"
+    )
     upstream_timeout: float = _f(600.0, "seconds to wait for an engine's first byte")
     connect_timeout: float = _f(3.0, "seconds to connect to an engine")
     key_timeout: float = _f(3.0, "seconds to read an engine's key from the engine keys bucket, the first time it is reached")

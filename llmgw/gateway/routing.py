@@ -21,7 +21,11 @@ engine keys bucket under `Target.key_name` (the rank 0 shard's node, id and
 generation) and sends on every request to it.
 
 When no replica can take a request, `when_none_ready` says whether it waits:
-for a model that runs replicas it does, up to the gateway's wait timeout;
+not for a model the control plane says cannot be served now (it waits for
+room that is not there, its owner is over a limit, or it is parked:
+core/waits.py), which is refused at once with that reason, where it hung for
+the whole wait timeout and then got a 503 that did not say why; for a model
+that runs replicas it does, up to the gateway's wait timeout;
 once replicas were tried and failed, while another is coming (placing,
 starting, loading, or a failed one about to be replaced), or for a grace
 after the failure (the log says a crashed engine failed, and its replacement
@@ -45,6 +49,7 @@ from ..core.catalog import profile_named
 from ..core.scaling import decided
 from ..core.state import ApiKey, State
 from ..core.tenancy import keys_by_hash
+from ..core.waits import request_wait
 
 BREAKER_FAILURES = 3
 BREAKER_COOLDOWN_S = 2.0
@@ -76,8 +81,10 @@ class Route:
     created: int = 0
     targets: tuple[Target, ...] = ()
     # Why a request for it must not wait for a replica ("" : it may: one is
-    # coming, or load will bring one).
+    # coming, or load will bring one): it runs none, or cannot be served now
+    # (`wait_kind` says which: waits.WaitKind; "" when it runs none).
     no_wait: str = ""
+    wait_kind: str = ""
     # Replicas on their way: placing, starting, loading, failed (to be
     # replaced), and those its decided count lacks. 0 when parked.
     coming: int = 0
@@ -124,21 +131,42 @@ def routable(state: State) -> list[Target]:
 COMING_STATES = ("placing", "starting", "loading", "failed")
 
 
-def coming(state: State) -> dict[str, int]:
-    """Per model, the replicas on their way to ready (see Route.coming)."""
-    on_way: dict[str, int] = {}
-    live: dict[str, int] = {}
+@dataclass(slots=True)
+class _Counts:
+    live: int = 0
+    on_way: int = 0  # in COMING_STATES
+    loading: int = 0
+    ready: int = 0
+
+
+def _counts(state: State) -> dict[str, _Counts]:
+    out: dict[str, _Counts] = {}
     for r in state.replicas.values():
         if r.state == "stopping" or r.state == "stopped":
             continue
-        live[r.model] = live.get(r.model, 0) + 1
+        c = out.get(r.model)
+        if c is None:
+            c = out[r.model] = _Counts()
+        c.live += 1
         if r.state in COMING_STATES:
-            on_way[r.model] = on_way.get(r.model, 0) + 1
+            c.on_way += 1
+            if r.state == "loading":
+                c.loading += 1
+        elif r.state == "ready":
+            c.ready += 1
+    return out
+
+
+def coming(state: State, counts: dict[str, _Counts] | None = None) -> dict[str, int]:
+    """Per model, the replicas on their way to ready (see Route.coming)."""
+    counts = _counts(state) if counts is None else counts
     out = {}
+    none = _Counts()
     for name, model in state.models.items():
         if model.parked:
             continue
-        n = on_way.get(name, 0) + max(decided(model) - live.get(name, 0), 0)
+        c = counts.get(name, none)
+        n = c.on_way + max(decided(model) - c.live, 0)
         if n:
             out[name] = n
     return out
@@ -147,18 +175,24 @@ def coming(state: State) -> dict[str, int]:
 def build(state: State) -> Table:
     """The routing table the state implies."""
     table = Table(keys=keys_by_hash(state))
-    on_way = coming(state)
+    counts = _counts(state)
+    on_way = coming(state, counts)
+    none = _Counts()
     for name in sorted(state.models):
         model = state.models[name]
         spec = model.spec
-        if model.parked:
-            no_wait = f"model {name} is parked: {model.parked}"
+        c = counts.get(name, none)
+        wait = request_wait(model, c.on_way, c.loading, c.ready)
+        kind = ""
+        if wait.fails_fast:  # parked, no room, over a limit: core/waits.py
+            no_wait, kind = wait.reason, wait.kind.value
         elif not spec.on_demand and spec.target_load <= 0 and decided(model) == 0:
             no_wait = f"model {name} runs no replica (min_replicas 0, no target_load, not on demand)"
         else:
             no_wait = ""
         table.routes[name] = Route(
-            name=name, owner=spec.owner, created=int(model.applied_at), no_wait=no_wait, coming=on_way.get(name, 0)
+            name=name, owner=spec.owner, created=int(model.applied_at), no_wait=no_wait, wait_kind=kind,
+            coming=on_way.get(name, 0),
         )
         table.names[name] = name
     for name in sorted(state.models):  # aliases never shadow a model's own name

@@ -13,7 +13,9 @@ that does not list it on a new connection is not the replica's (a failed
 attempt, with the reason). A model with no ready replica makes its request
 wait (counted as queued: that wakes an on-demand model) up to `wait_s`,
 then 503 with Retry-After; so does one whose replicas failed the request
-while another is coming (routing.when_none_ready).
+while another is coming (routing.when_none_ready). One the control plane
+says cannot be served now (no room, over a limit, parked: core/waits.py)
+gets 503 at once, with its reason and config.unavailable_retry_after.
 
 The HTTP edge (connection.py: one client connection) holds to
 config.GatewayConfig's limits: sizes counted as the bytes arrive (a refusal
@@ -333,6 +335,7 @@ class Gateway:
         upstream_req = b"POST %s HTTP/1.1\r\n%%s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (path, len(body))
         tried: list[str] = []
         status, replica, why = 0, "", ""
+        after = WAKE_RETRY_AFTER_S  # a 503's Retry-After
         ex: Exchange | None = None
         answered = False  # the client has had its answer (or is gone)
         deadline = failed_at = 0.0  # of the wait, once begun; of the last failure
@@ -352,9 +355,10 @@ class Gateway:
                         elif verdict is NoneReady.FAIL:
                             status = ex.status if ex is not None and ex.status in (503, 504) else 502
                             why = f"no replica of {model} could take the request{last}"
-                        elif verdict is NoneReady.REFUSE:
+                        elif verdict is NoneReady.REFUSE:  # not servable now (routing.when_none_ready): at once
                             route = self.table.routes.get(model)
                             status, why = 503, (route.no_wait if route else f"model {model} was removed") + last
+                            after = self.config.unavailable_retry_after
                         else:
                             status, why = 503, f"no replica of {model} became ready within {self.wait_s:g}s{last}"
                         break
@@ -387,7 +391,7 @@ class Gateway:
                 if status == 499:
                     client.finished(False)
                 else:
-                    headers = b"Retry-After: %d\r\n" % WAKE_RETRY_AFTER_S if status == 503 else b""
+                    headers = b"Retry-After: %d\r\n" % after if status == 503 else b""
                     code = "model_unavailable" if status == 503 else "upstream_error"
                     client.reply(req, status, api.error_body(status, why, code), headers=headers)
         except Exception as e:  # a bug must not leave the client hanging
