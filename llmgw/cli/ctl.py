@@ -35,6 +35,7 @@ from ..ctl.locate import Where, locate
 from ..ctl.progress import Progress
 from ..ctl.readmodels import NoReadModels, ReadModels
 from . import facility as facility_cli
+from . import get as get_cli
 from . import node_ctl
 from .exits import Exit
 
@@ -159,6 +160,12 @@ ABOUT = {
 }
 
 
+READ_TIMEOUT_HELP = (
+    "seconds the whole command may take, whatever NATS does (first it waits for the read models to "
+    "reach the end of the log; past it, they are shown as they are, exit 3 or 4)"
+)
+
+
 def add_parser(sub) -> None:
     ctl = sub.add_parser("ctl", help="operate the fleet: apply a catalog, get and describe what runs")
     _where_flags(ctl, None)
@@ -181,27 +188,7 @@ def add_parser(sub) -> None:
     delete.add_argument("name", metavar="NAME", help="the model's, owner's or key's name")
     _wait_flags(delete, "a model's replicas are gone")
 
-    get = verb("get", "list models, nodes, replicas, decisions, quotas or preemptions; who leads (leader, live)")
-    get.add_argument(
-        "kind", type=kind_type(views.KINDS), metavar="KIND",
-        help="models, nodes, replicas, decisions, quotas, preemptions, domains, leader or policy "
-        "(or singular, or mo, no, rs, dec, q, pre, dom, lead, pol)",
-    )  # fmt: skip
-    get.add_argument(
-        "-o", "--output", choices=views.OUTPUTS, default="table",
-        help="table (fitted to the terminal), wide (every column, whole), name (kind/name), json or yaml "
-        "(times also in ISO 8601 UTC, as *_iso)",
-    )  # fmt: skip
-    get.add_argument("--no-headers", action="store_true", help="tables and wide: no header line")
-    get.add_argument("-w", "--watch", action="store_true", help="then print each change as it is projected (Ctrl-C ends)")
-    get.add_argument("--model", help="only this model's replicas, decisions or preemptions")
-    get.add_argument("--domain", metavar="KIND/NAME", help="nodes: only those in this facility domain (rack/r4-12)")
-    get.add_argument("--limit", type=int, default=50, metavar="N", help="decisions, preemptions: the latest N (0: all)")
-    get.add_argument(
-        "--timeout", type=float, default=CONFIG.catch_up_timeout_s, metavar="S",
-        help="seconds the whole command may take, whatever NATS does (first it waits for the read models to "
-        "reach the end of the log; past it, they are shown as they are, exit 3 or 4)",
-    )  # fmt: skip
+    get_cli.add_parser(verb, kind_type, READ_TIMEOUT_HELP)
 
     describe = verb("describe", "one model, replica or node: its state now and its history, with reasons")
     describe.add_argument(
@@ -210,11 +197,7 @@ def add_parser(sub) -> None:
     )  # fmt: skip
     describe.add_argument("name", metavar="NAME", help="the model's, replica's or node's name")
     describe.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text", help="text for people, json or yaml")
-    describe.add_argument(
-        "--timeout", type=float, default=CONFIG.catch_up_timeout_s, metavar="S",
-        help="seconds the whole command may take, whatever NATS does (first it waits for the read models to "
-        "reach the end of the log; past it, they are shown as they are, exit 3 or 4)",
-    )  # fmt: skip
+    describe.add_argument("--timeout", type=float, default=CONFIG.catch_up_timeout_s, metavar="S", help=READ_TIMEOUT_HELP)
 
     restart = verb("restart", "replace replicas: beside themselves (surge), or in place")
     restart.add_argument("replicas", nargs="+", metavar="REPLICA", help="the replicas to replace (ready ones)")
@@ -852,128 +835,6 @@ def _lift_deadline() -> None:
         d.lift()
 
 
-def _listing(models: ReadModels, args, after: tuple[int, int] | None = None) -> list[dict]:
-    if args.kind == "models":
-        return models.models()
-    if args.kind == "nodes":
-        rows = models.nodes()
-        return [n for n in rows if facility_cli.in_domain(n, args.domain)] if args.domain else rows
-    if args.kind == "domains":
-        return models.domains()
-    if args.kind == "replicas":
-        return models.replicas(args.model)
-    if args.kind == "quotas":
-        return models.quotas()
-    if args.kind == "preemptions":
-        return models.preemptions(model=args.model, limit=0 if after else args.limit, after=after)
-    return models.decisions(model=args.model, limit=0 if after else args.limit, after=after)
-
-
-async def cmd_get_leader(args, where: Where) -> int:
-    """Who leads, in which term and since when, and how far behind each
-    standby follows: live, from the lease bucket and the log's end."""
-    import json
-
-    from ..bus import LEASE_KEY
-
-    bus = await _connect(where)
-    try:
-        entries = await deadline.retrying("about the lease", bus.read_lease)
-        last = await deadline.retrying("about the log", bus.last_seq)
-    finally:
-        await bus.close()
-    rows = []
-    holder = json.loads(entries[LEASE_KEY]) if LEASE_KEY in entries else None
-    if holder is not None:
-        rows.append({"role": "leader", "id": holder["id"], "term": holder["term"], "since": holder.get("since", 0.0),
-                     "seq": holder["seq"], "behind": max(0, last - holder["seq"])})
-    for key, value in sorted(entries.items()):
-        if key.startswith("standby."):
-            s = json.loads(value)
-            if holder is None or s["id"] != holder["id"]:
-                rows.append({"role": "standby", "id": s["id"], "term": 0, "since": 0.0, "seq": s["seq"],
-                             "behind": max(0, last - s["seq"])})
-    print(views.render("leader", rows, args.output), flush=True)
-    if holder is None:
-        raise CtlError("no control plane holds the lease now: nothing is decided until one does", NOT_FOUND)
-    return OK
-
-
-async def cmd_get_policy(args, where: Where) -> int:
-    """The policy the rules decide with: folded from the operators' events
-    (exact, and no read model to keep), with each field's default beside it."""
-    from ..core.policy import DEFAULT, FIELDS
-
-    bus = await _connect(where)
-    try:
-        state, latest = await _catalog(bus)
-    finally:
-        await bus.close()
-    seq = latest.get(("policy", ""), 0)
-    rows = [{"field": f, "value": getattr(state.policy, f), "default": getattr(DEFAULT, f), "seq": seq} for f in FIELDS]
-    print(views.render("policy", rows, args.output, headers=not args.no_headers, width=views.terminal_width()), flush=True)
-    return OK
-
-
-async def cmd_get(args, where: Where) -> int:
-    if args.kind == "leader":
-        return await cmd_get_leader(args, where)
-    if args.kind == "policy":
-        return await cmd_get_policy(args, where)
-    if args.domain:
-        from ..core.facility import domain_problem
-
-        problem = domain_problem(args.domain)
-        if problem or args.kind != "nodes":
-            raise CtlError(f"get: --domain: {problem or 'only nodes are listed by domain'}", BAD_INPUT)
-    fresh = await _fresh(where, args.timeout)
-    models = fresh.models
-    rows = _listing(models, args)
-    width = views.terminal_width()
-    if not args.watch:
-        text = views.render(args.kind, rows, args.output, headers=not args.no_headers, width=width)
-        if text:
-            print(text, flush=True)
-        return fresh.status
-    watch = views.Watch(args.kind, args.output, headers=not args.no_headers, width=width)
-    text = watch.first(rows)
-    if text:
-        print(text, flush=True)
-    _lift_deadline()  # what was asked for in time is shown; the watch runs until Ctrl-C
-    # Follow: the rows are read again whenever the read models move, and what
-    # differs is printed. Decisions and preemptions only ever grow: those
-    # after the last one shown are the change (never the older ones --limit left out).
-    growing = args.kind in ("decisions", "preemptions")
-    seen = {views.key_of(args.kind, r): r for r in rows}
-    last = max(((r["seq"], r["idx"]) for r in rows), default=(models.position(), 1 << 30)) if growing else None
-    position = models.position()
-    while True:
-        await asyncio.sleep(WATCH_INTERVAL_S)
-        now = models.position()
-        if now == position:
-            continue
-        position = now
-        if growing:
-            new = _listing(models, args, after=last)
-            for row in new:
-                print(watch.change("ADDED", row))
-                last = max(last, (row["seq"], row["idx"]))
-            sys.stdout.flush()
-            continue
-        rows = _listing(models, args)
-        current = {views.key_of(args.kind, r): r for r in rows}
-        for key, row in current.items():
-            if key not in seen:
-                print(watch.change("ADDED", row))
-            elif seen[key] != row:
-                print(watch.change("MODIFIED", row))
-        for key, row in seen.items():
-            if key not in current:
-                print(watch.change("DELETED", row))
-        sys.stdout.flush()
-        seen = current
-
-
 async def cmd_describe(args, where: Where) -> int:
     fresh = await _fresh(where, args.timeout)
     models = fresh.models
@@ -998,7 +859,7 @@ async def cmd_describe(args, where: Where) -> int:
 VERBS = {
     "apply": cmd_apply,
     "delete": cmd_delete,
-    "get": cmd_get,
+    "get": get_cli.cmd_get,
     "describe": cmd_describe,
     "restart": cmd_restart,
     "retry": cmd_retry,

@@ -848,6 +848,10 @@ def main(argv: list[str] | None = None) -> None:
 
     p = parser()
     args, extra = p.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "names", None), list) and not any(e.startswith("-") for e in extra):
+        # `ctl get rs -o json smollm2-1`: names after a flag, as kubectl takes them (argparse
+        # gives a positional list only the words before the first flag).
+        args.names, extra = [*args.names, *extra], []
     if extra:
         # A flag that no command takes: say so with the usage of the command it was given to.
         getattr(args, "_parser", p).error(f"unrecognized arguments: {' '.join(extra)}")
