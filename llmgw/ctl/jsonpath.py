@@ -73,7 +73,7 @@ def to_jsonpath_ng(expr: str) -> str:
         text = text[1:-1].strip()
     if text[:1] in ("$", "@"):
         text = text[1:]
-    if not text:
+    if text in ("", "."):  # the whole: kubectl's {.} and {$}
         return "$"
     if text[0] not in ".[":
         text = "." + text  # relaxed, as kubectl's --sort-by and custom columns take it: `name` is `.name`
