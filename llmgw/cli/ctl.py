@@ -73,6 +73,7 @@ def kind_type(allowed: tuple[str, ...]) -> Callable[[str], str]:
         )
 
     parse.__name__ = "kind"
+    parse.completions = [n for k in allowed for n in (k, *views.KIND_NAMES[k])]  # type: ignore[attr-defined]
     return parse
 
 
@@ -88,6 +89,9 @@ def _catalog_kind(text: str) -> str:
             return kind
     every = [n for kind, names in CATALOG_KINDS.items() for n in (kind, *names)]
     raise argparse.ArgumentTypeError(f"{text!r} is not model, owner or apikey{did_you_mean(text.lower(), every)}")
+
+
+_catalog_kind.completions = list(CATALOG_KINDS)  # type: ignore[attr-defined]
 
 
 def _examples(*lines: str) -> list[str]:

@@ -56,6 +56,9 @@ def parse_output(text: str) -> Output:
     )
 
 
+parse_output.completions = (*BUILTIN, "jsonpath=", "custom-columns=")  # type: ignore[attr-defined]
+
+
 def _columns(spec: str) -> tuple[tuple[str, Path], ...]:
     """custom-columns=NAME:.path,STATE:.state: each header and its path (split at the first colon)."""
     out = []
