@@ -236,3 +236,39 @@ def test_get_takes_names_anywhere_selectors_and_outputs_as_kubectl():
     assert args.kind == "apikeys" and str(args.selector[0]) == "owner=org/team" and args.sort_by == ".name"
     args, _ = p.parse_known_args(["ctl", "get", "own", "-o", "custom-columns=N:.name"])
     assert args.kind == "owners" and args.output.format == "custom-columns"
+
+
+# --------------------------------------------------------------------------- describe model: load folded
+
+
+def test_load_reports_fold_into_one_line_per_interval_in_place():
+    from llmgw.ctl.loadfold import fold
+
+    def report(seq, at, gw):
+        return {"seq": seq, "at": at, "type": "model.load", "subject": f"llmgw.gw.{gw}.model.load",
+                "summary": f"load on chat from gateway {gw}", "decisions": []}
+
+    history = [
+        {"seq": 1, "at": 50.0, "type": "model.applied", "subject": "llmgw.ctl.model.applied", "summary": "applied",
+         "decisions": []},
+        report(2, 61.0, "gw-a"), report(3, 62.0, "gw-b"),
+        {"seq": 4, "at": 63.0, "type": "control.decided", "subject": "llmgw.control.decided", "summary": "decided",
+         "decisions": [{"kind": "scale", "model": "chat", "reason": "load", "voided": ""}]},
+        report(5, 100.0, "gw-a"), report(6, 130.0, "gw-a"),
+    ]  # fmt: skip
+    numbers = {2: {"in_flight": 3, "queued": 1, "tokens_in": 10, "tokens_out": 5},
+               3: {"in_flight": 1, "queued": 4, "tokens_in": 20, "tokens_out": 7},
+               5: {"in_flight": 2, "queued": 0, "tokens_in": 1, "tokens_out": 1}}  # (6 not read: counted as a report)
+    folded = fold(history, numbers, 60.0)
+    assert [e["type"] for e in folded] == ["model.applied", "load.interval", "control.decided", "load.interval"]
+    first, second = folded[1], folded[3]
+    assert first["seqs"] == "2-5" and first["at"] == 60.0
+    assert first["summary"] == ("load 00:01:00–00:02:00: 3 reports from gateways gw-a, gw-b; at most 3 in flight, "
+                                "4 queued; 31 tokens in, 13 out")
+    assert first["load"]["tokens_in"] == 31 and first["load"]["gateways"] == ["gw-a", "gw-b"]
+    assert second["seqs"] == "6" and second["summary"].startswith("load 00:02:00–00:03:00: 1 report from gateway gw-a")
+    # Without the log's numbers: reports and gateways, from the subjects.
+    plain = fold(history, None, 60.0)[1]
+    assert plain["summary"] == "load 00:01:00–00:02:00: 3 reports from gateways gw-a, gw-b" and "tokens_in" not in plain["load"]
+    text = views.describe("model", {"name": "chat", "model": None, "replicas": [], "history": folded}, "text")
+    assert "2-5" in text and "load on chat" not in text

@@ -28,7 +28,7 @@ from ..bus.msgids import MsgIds
 from ..core import events as ev
 from ..core.fold import apply
 from ..core.state import State
-from ..ctl import deadline, views
+from ..ctl import deadline, loadfold, views
 from ..ctl.catalog_file import CatalogError, items, load_catalog
 from ..ctl.config import CONFIG
 from ..ctl.locate import Where, locate
@@ -855,9 +855,37 @@ async def cmd_describe(args, where: Where) -> int:
     else:
         page["node"] = models.node(name)
         page["shards"] = models.shards_on(name)
-    page["history"] = models.history(kind, name)
+    history = models.history(kind, name)
+    if any(e["type"] == loadfold.LOAD for e in history):
+        history = loadfold.fold(history, await _load_reports(where, args.timeout), CONFIG.load_interval_s)
+    page["history"] = history
     print(views.describe(kind, page, args.output))
     return fresh.status
+
+
+async def _load_reports(where: Where, timeout: float) -> dict[int, dict] | None:
+    """The gateways' load reports, their numbers by sequence, read from the
+    log (the read models keep their words only); None, with a warning, when
+    the log is out of reach in the command's time: the lines then count reports."""
+    try:
+        async with asyncio.timeout(deadline.left(timeout)):
+            bus = await _connect(where)
+            try:
+                records = await bus.read_matching(f"llmgw.gw.*.{loadfold.LOAD}")
+            finally:
+                await bus.close()
+    except (CtlError, LookupError, TimeoutError) as e:
+        say(f"warning: the load reports' numbers were not read ({_said(e) or 'no answer in time'}); counting reports only")
+        return None
+    out = {}
+    for seq, _, data in records:
+        try:
+            report = ev.decode(data)
+        except Exception:  # quarantined by the fold: not a report
+            continue
+        if isinstance(report, ev.ModelLoad):
+            out[seq] = msgspec.to_builtins(report)
+    return out
 
 
 VERBS = {

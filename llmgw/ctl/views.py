@@ -382,7 +382,7 @@ def _history(events: list[dict]) -> list[str]:
                 void = f"  [voided: {d['voided']}]" if d["voided"] else ""
                 lines.append([str(e["seq"]), at, decision_words(d) + why + void])
         else:
-            lines.append([str(e["seq"]), at, e["summary"]])
+            lines.append([e.get("seqs", str(e["seq"])), at, e["summary"]])  # (load folded: its first-last, loadfold.py)
     return table(lines, ["SEQ", "TIME", "WHAT HAPPENED"]).splitlines() if lines else ["(none)"]
 
 
