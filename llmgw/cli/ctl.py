@@ -107,7 +107,8 @@ ABOUT = {
         "The local llmgw up is found by itself (.llmgw/up.json here or in a folder above); elsewhere give\n"
         "--nats URL (or $LLMGW_NATS) and --db PATH (or $LLMGW_DB).\n\n"
         "kinds: models (model, mo), nodes (node, no), replicas (replica, rs), decisions (decision, dec),\n"
-        "quotas (quota, q), preemptions (preemption, pre), domains (domain, dom), leader (lead), policy (pol)",
+        "quotas (quota, q), preemptions (preemption, pre), domains (domain, dom), owners (owner, own),\n"
+        "apikeys (apikey, keys), leader (lead), policy (pol). Shell completion: `llmgw completion bash|zsh|fish`",
         _examples("get replicas", "get rs -o wide", "get decisions --watch --limit 3",
                   "apply -f deploy/catalog.cpu.yaml --wait", "describe replica smollm2-1"),
     ),
@@ -126,14 +127,22 @@ ABOUT = {
         _examples("delete model qwen-8b --wait", "delete apikey team-a"),
     ),
     "ctl get": (
-        "List things from the read models: models, nodes, replicas, decisions, quotas or preemptions; and,\n"
-        "live from the log, who leads (leader) and the numbers the rules decide with (policy, beside their\n"
-        "defaults). Kinds go by any of their names (plural, singular or short: mo, no, rs, dec, q, pre, lead,\n"
-        "pol). It first waits (up to --timeout) for the read models to reach the end of the log. Tables fit\n"
-        "the terminal; -o wide shows all of them.",
-        _examples("get replicas", "get rs --model smollm2 -o wide", "get no -o name", "get decisions --limit 10",
-                  "get dec --watch", "get models -o json | jq '.[].ready'", "get replicas --no-headers | wc -l",
-                  "get policy"),
+        "List things from the read models: models, nodes, replicas, decisions, quotas, preemptions or domains;\n"
+        "and, live from the log, the catalog's owners and API keys (names, owners, limits; never a hash), who\n"
+        "leads (leader) and the numbers the rules decide with (policy, beside their defaults). With names, only\n"
+        "those (-o json: one object itself). Kinds go by any of their names (plural, singular or short: mo, no,\n"
+        "rs, dec, q, pre, dom, own, keys, lead, pol). -l selects (labels, owner, class, state, any field),\n"
+        "--sort-by orders, -o also takes jsonpath=TEMPLATE and custom-columns=HEADER:PATH,... as kubectl does\n"
+        "(a listing is {\"kind\": \"List\", \"items\": [...]}, the rows as -o json shows them). It first waits (up\n"
+        "to --timeout) for the read models to reach the end of the log. Tables fit the terminal; -o wide shows\n"
+        "all of them.",
+        _examples("get replicas", "get replica smollm2-1 -o yaml", "get rs --model smollm2 -o wide", "get no -o name",
+                  "get rs -l state=ready,owner=org/team", "get mo -l 'class in (critical,standard)'",
+                  "get no -l rack=r4-12", "get rs --sort-by .placed_at",
+                  "get rs -o jsonpath='{range .items[*]}{.id}{\"\\t\"}{.state}{\"\\n\"}{end}'",
+                  "get rs -o custom-columns=ID:.id,NODE:.nodes[0],STATE:.state", "get decisions --limit 10",
+                  "get dec --watch", "get models --watch -o json", "get owners", "get apikeys",
+                  "get replicas --no-headers | wc -l", "get policy"),
     ),
     "ctl describe": (
         "One model, replica or node: its state now and its history, every decision with its reason.",

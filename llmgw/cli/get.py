@@ -61,7 +61,7 @@ def add_parser(verb, kind_type, timeout_help: str) -> None:
         "'{range .items[*]}{.id}{\"\\n\"}{end}') or custom-columns=HEADER:PATH,... (NAME:.id,STATE:.state)",
     )  # fmt: skip
     get.add_argument(
-        "-l", "--selector", type=_selector, default=(), metavar="SELECTOR",
+        "-l", "--selector", type=_selector, default=None, metavar="SELECTOR",
         help="only rows it holds for: key=value, key!=value, key in (a,b), key notin (a,b), key, !key; commas AND "
         "them. Keys: labels and location (nodes: rack=r4-12), owner, class (critical, standard, opportunistic), "
         "state, model, node, profile, name and any plain field",
@@ -239,6 +239,7 @@ def _missing(args, rows: list[dict], known: list[str]) -> str:
 async def cmd_get(args, where: Where) -> int:
     from .ctl import BAD_INPUT, NOT_FOUND, OK, CtlError, _fresh, say
 
+    args.selector = args.selector or ()
     try:
         selectors.check(args.kind, args.selector)
     except selectors.SelectorError as e:
