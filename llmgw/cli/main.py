@@ -599,7 +599,7 @@ ABOUT = {
         "Print a completion script for bash, zsh or fish: commands, verbs, kinds, flags and their values, made\n"
         "from this command line's own parser; at a Tab, the names of models, replicas and nodes come from the\n"
         "local read models (no NATS).",
-        ["source <(llmgw completion bash)", "llmgw completion bash > /etc/bash_completion.d/llmgw",
+        ["llmgw completion bash > /etc/bash_completion.d/llmgw", "source <(llmgw completion bash)",
          "source <(llmgw completion zsh)", "llmgw completion fish > ~/.config/fish/completions/llmgw.fish"],
     ),
     "events": ("The event contract as files (events/schema/).", ["llmgw events schema", "llmgw events schema --write"]),
