@@ -160,17 +160,10 @@ def test_owners_and_api_keys_are_listed_and_no_hash_is_ever_shown(fleet):
 
 
 def test_watch_json_prints_json_lines_from_the_first_line_on(fleet):
-    out_file = fleet.folder / "watch.json"
-    with open(out_file, "wb") as f:
-        watcher = subprocess.Popen(
-            [sys.executable, "-m", "llmgw", "ctl", "get", "nodes", "--watch", "-o", "json"],
-            stdout=f, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd=fleet.folder, start_new_session=True,
-        )  # fmt: skip
+    watcher, out_file = fleet.watch("watch.json", "get", "nodes", "--watch", "-o", "json")
     try:
         deadline = time.monotonic() + 30
-        while len(out_file.read_text().splitlines()) < 2:
-            assert watcher.poll() is None and time.monotonic() < deadline, out_file.read_text()
-            time.sleep(0.1)
+        fleet.until_lines(watcher, out_file, 2)
         first = [json.loads(line) for line in out_file.read_text().splitlines()]  # every line JSON, the first too
         assert [(c["type"], c["object"]["name"]) for c in first] == [("ADDED", "sim-1"), ("ADDED", "sim-2")]
         ok(fleet.ctl("label", "sim-2", "row=row-2"))

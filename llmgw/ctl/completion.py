@@ -134,25 +134,14 @@ def _table(cmds: dict[str, Command]) -> list[tuple[str, str, str]]:
     return rows
 
 
-def bash(cmds: dict[str, Command]) -> str:
-    tables = {"subs": [], "flags": [], "valued": [], "choices": [], "pos": []}
-    for kind, key, words in _table(cmds):
-        if words:
-            tables[kind].append(f"  [{_q(key)}]={_q(words)}")
-    decl = "\n".join(f"declare -gA _llmgw_{k}=(\n" + "\n".join(v) + "\n)" for k, v in tables.items())
-    return f"""# llmgw completion for bash: `source <(llmgw completion bash)`, or save it as
-# /etc/bash_completion.d/llmgw. Made from llmgw's own parser; names come from
-# `llmgw completion --names KIND` (the local read models, no NATS).
-{decl}
-
-_llmgw_names() {{
-  llmgw completion --names "$1" 2>/dev/null
-}}
-
-_llmgw() {{
-  local cur="${{COMP_WORDS[COMP_CWORD]}}" cmd="llmgw" w i n=0 kind="" skip=0
-  for ((i = 1; i < COMP_CWORD; i++)); do
-    w="${{COMP_WORDS[i]}}"
+def _walk(word, cursor: str, first: int) -> str:
+    """The walker bash and zsh share (see the module's doc): it leaves in
+    `offer` the words to offer for the word at the cursor. `word(index)`
+    reads a word of the command line; `cursor` is its index, `first` the
+    index of the word after `llmgw` (bash counts from 0, zsh from 1)."""
+    return f"""  local cur="{word(cursor)}" prev="{word(cursor + '-1')}" cmd="llmgw" w i n=0 kind="" skip=0 offer=""
+  for ((i = {first}; i < {cursor}; i++)); do
+    w="{word('i')}"
     if ((skip)); then skip=0; continue; fi
     if [[ $w == -* ]]; then
       [[ " ${{_llmgw_valued[$cmd]}} " == *" $w "* ]] && skip=1
@@ -165,57 +154,6 @@ _llmgw() {{
     ((n == 0)) && kind="$w"
     ((n++))
   done
-  local prev="${{COMP_WORDS[COMP_CWORD-1]}}" words=""
-  if ((skip)); then
-    words="${{_llmgw_choices[$cmd|$prev]}}"
-    [[ $words == *= ]] && compopt -o nospace 2>/dev/null
-  elif [[ $cur == -* ]]; then
-    words="${{_llmgw_flags[$cmd]}}"
-  elif ((n == 0)) && [[ -n ${{_llmgw_subs[$cmd]}} ]]; then
-    words="${{_llmgw_subs[$cmd]}}"
-  else
-    words="${{_llmgw_pos[$cmd|$n]-${{_llmgw_pos[$cmd|*]}}}}"
-    case "$words" in
-      @kind) words="$(_llmgw_names "$kind")" ;;
-      @*) words="$(_llmgw_names "${{words#@}}")" ;;
-    esac
-    [[ $words == *=* ]] && compopt -o nospace 2>/dev/null
-  fi
-  COMPREPLY=($(compgen -W "$words" -- "$cur"))
-}}
-complete -o default -F _llmgw llmgw
-"""
-
-
-def zsh(cmds: dict[str, Command]) -> str:
-    tables = {"subs": [], "flags": [], "valued": [], "choices": [], "pos": []}
-    for kind, key, words in _table(cmds):
-        if words:
-            tables[kind].append(f"  {_q(key)} {_q(words)}")
-    decl = "\n".join(f"typeset -gA _llmgw_{k}\n_llmgw_{k}=(\n" + "\n".join(v) + "\n)" for k, v in tables.items())
-    return f"""#compdef llmgw
-# llmgw completion for zsh: `source <(llmgw completion zsh)` (after compinit), or
-# save it as _llmgw in a folder of $fpath. Made from llmgw's own parser; names
-# come from `llmgw completion --names KIND` (the local read models, no NATS).
-{decl}
-
-_llmgw() {{
-  local cur="${{words[CURRENT]}}" cmd="llmgw" w i n=0 kind="" skip=0
-  for ((i = 2; i < CURRENT; i++)); do
-    w="${{words[i]}}"
-    if ((skip)); then skip=0; continue; fi
-    if [[ $w == -* ]]; then
-      [[ " ${{_llmgw_valued[$cmd]}} " == *" $w "* ]] && skip=1
-      continue
-    fi
-    if ((n == 0)) && [[ " ${{_llmgw_subs[$cmd]}} " == *" $w "* ]]; then
-      cmd="$cmd $w"
-      continue
-    fi
-    ((n == 0)) && kind="$w"
-    ((n++))
-  done
-  local prev="${{words[CURRENT-1]}}" offer=""
   if ((skip)); then
     offer="${{_llmgw_choices[$cmd|$prev]}}"
   elif [[ $cur == -* ]]; then
@@ -229,13 +167,52 @@ _llmgw() {{
       @*) offer="$(llmgw completion --names "${{offer#@}}" 2>/dev/null)" ;;
     esac
   fi
-  local -a choices
+"""
+
+
+def _tables(cmds: dict[str, Command], entry, declare) -> str:
+    """The tables as associative arrays: `entry(key, words)` a line of one, `declare(name, lines)` one."""
+    tables: dict[str, list[str]] = {"subs": [], "flags": [], "valued": [], "choices": [], "pos": []}
+    for kind, key, words in _table(cmds):
+        if words:
+            tables[kind].append(entry(key, words))
+    return "\n".join(declare(f"_llmgw_{k}", v) for k, v in tables.items())
+
+
+def bash(cmds: dict[str, Command]) -> str:
+    decl = _tables(cmds, lambda k, w: f"  [{_q(k)}]={_q(w)}", lambda name, lines: f"declare -gA {name}=(\n" + "\n".join(lines) + "\n)")
+    walk = _walk(lambda i: f"${{COMP_WORDS[{i}]}}", "COMP_CWORD", 1)
+    return f"""# llmgw completion for bash: `source <(llmgw completion bash)`, or save it as
+# /etc/bash_completion.d/llmgw. Made from llmgw's own parser; names come from
+# `llmgw completion --names KIND` (the local read models, no NATS).
+{decl}
+
+_llmgw() {{
+{walk}  COMPREPLY=($(compgen -W "$offer" -- "$cur"))
+  # A value to go on (jsonpath=, custom-columns=): no space after it.
+  [[ ${{#COMPREPLY[@]}} == 1 && ${{COMPREPLY[0]}} == *= ]] && compopt -o nospace 2>/dev/null
+  return 0
+}}
+complete -o default -F _llmgw llmgw
+"""
+
+
+def zsh(cmds: dict[str, Command]) -> str:
+    decl = _tables(cmds, lambda k, w: f"  {_q(k)} {_q(w)}", lambda name, lines: f"typeset -gA {name}\n{name}=(\n" + "\n".join(lines) + "\n)")
+    walk = _walk(lambda i: f"${{words[{i}]}}", "CURRENT", 2)
+    return f"""#compdef llmgw
+# llmgw completion for zsh: `source <(llmgw completion zsh)` (after compinit), or
+# save it as _llmgw in a folder of $fpath. Made from llmgw's own parser; names
+# come from `llmgw completion --names KIND` (the local read models, no NATS).
+{decl}
+
+_llmgw() {{
+{walk}  local -a choices
   choices=(${{=offer}})
-  if [[ $offer == *=* ]]; then
-    compadd -S '' -- $choices
-  else
-    compadd -- $choices
-  fi
+  compadd -- ${{choices:#*=}}
+  # A value to go on (jsonpath=, custom-columns=): no space after it.
+  (( ${{#${{(M)choices:#*=}}}} )) && compadd -S '' -- ${{(M)choices:#*=}}
+  return 0
 }}
 if (( $+functions[compdef] )); then
   compdef _llmgw llmgw

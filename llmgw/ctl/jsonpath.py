@@ -37,8 +37,10 @@ class JsonPathError(ValueError):
     """A path or template that cannot be read: bad input (exit 2)."""
 
 
-def _bracket_end(text: str, i: int) -> int:
-    """The index of the `]` that closes the `[` at text[i], skipping quoted parts and nested brackets."""
+def _closing(text: str, i: int, what: str) -> int:
+    """The index of what closes the bracket at text[i] (`[` or `{`), skipping
+    quoted parts and nested brackets of its kind; JsonPathError when none does."""
+    opening, closing = text[i], {"[": "]", "{": "}"}[text[i]]
     depth, quote = 0, ""
     while i < len(text):
         c = text[i]
@@ -49,14 +51,14 @@ def _bracket_end(text: str, i: int) -> int:
                 quote = ""
         elif c in "'\"":
             quote = c
-        elif c == "[":
+        elif c == opening:
             depth += 1
-        elif c == "]":
+        elif c == closing:
             depth -= 1
             if depth == 0:
                 return i
         i += 1
-    raise JsonPathError(f"unclosed [ in {text!r}")
+    raise JsonPathError(f"unclosed {opening} in {what} {text!r}")
 
 
 def _segment(name: str) -> str:
@@ -82,7 +84,7 @@ def to_jsonpath_ng(expr: str) -> str:
     while i < len(text):
         c = text[i]
         if c == "[":
-            j = _bracket_end(text, i)
+            j = _closing(text, i, "the path")
             out.append(text[i : j + 1])
             i = j + 1
             continue
@@ -166,25 +168,7 @@ def _actions(template: str) -> list[tuple[str, str]]:
             break
         if start > i:
             parts.append(("text", template[i:start]))
-        j, depth, quote = start, 0, ""
-        while j < len(template):
-            c = template[j]
-            if quote:
-                if c == "\\":
-                    j += 1
-                elif c == quote:
-                    quote = ""
-            elif c in "'\"":
-                quote = c
-            elif c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-                if depth == 0:
-                    break
-            j += 1
-        else:
-            raise JsonPathError(f"unclosed {{ at {start} in the template {template!r}")
+        j = _closing(template, start, "the template")
         parts.append(("action", template[start + 1 : j].strip()))
         i = j + 1
     return parts
