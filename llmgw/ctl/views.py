@@ -338,7 +338,8 @@ class Watch:
     people, a table with an EVENT column, every line in the columns of the
     first (so a change stays under its header); for tools, a JSON line (or YAML
     document) {"type": ADDED|MODIFIED|DELETED, "object": row} per change, as
-    Kubernetes watches print them."""
+    Kubernetes watches print them, the listing's rows too (as ADDED), so every
+    line a tool reads is one (issue 34: the listing came as a pretty-printed array)."""
 
     def __init__(self, kind: str, output: str, *, headers: bool = True, width: int | None = None) -> None:
         self.kind, self.output, self.headers, self.width = kind, output, headers, width
