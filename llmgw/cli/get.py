@@ -211,9 +211,11 @@ class Pick:
 
     def __call__(self, rows: list[dict], *, sort: bool = True) -> list[dict]:
         rows = selectors.select(self.kind, rows, self.selector, self.about)
-        if self.names and self.kind not in GROWING:  # (decisions and preemptions were read by their events)
+        if self.names:
             wanted = set(self.names)
-            rows = [r for r in rows if views.key_of(self.kind, r) in wanted]
+            # A decision or preemption by SEQ.IDX, or every one of its event by SEQ.
+            rows = [r for r in rows if views.key_of(self.kind, r) in wanted
+                    or (self.kind in GROWING and str(r["seq"]) in wanted)]
         if self.sort_by and sort:
             rows = sort_rows(self.kind, rows, self.sort_by)
         elif self.names and self.kind not in GROWING:
