@@ -77,6 +77,24 @@ class Fleet:
     def ctl(self, *args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
         return llmgw(self.folder, "ctl", *args, env=env, timeout=timeout)
 
+    def watch(self, out_name: str, *args: str) -> tuple[subprocess.Popen, Path]:
+        """`llmgw ctl ARGS` left running (a --watch), its stdout in a file of the folder."""
+        out = self.folder / out_name
+        with open(out, "wb") as f:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "llmgw", "ctl", *args],
+                stdout=f, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd=self.folder, start_new_session=True,
+            )  # fmt: skip
+        return proc, out
+
+    @staticmethod
+    def until_lines(proc: subprocess.Popen, out: Path, lines: int, timeout: float = 30) -> None:
+        """Until the watch has printed this many lines (failing if it ends first, or in time)."""
+        deadline = time.monotonic() + timeout
+        while len(out.read_text().splitlines()) < lines:
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.1)
+
     def file(self, name: str, text: str) -> str:
         path = self.folder / name
         path.write_text(text)
@@ -319,17 +337,10 @@ def test_restart_wait_returns_once_replaced(fleet):
 
 
 def test_watch_prints_only_what_is_new_under_the_header(fleet):
-    watch_out = fleet.folder / "watch.out"
-    with open(watch_out, "wb") as f:
-        watcher = subprocess.Popen(
-            [sys.executable, "-m", "llmgw", "ctl", "get", "decisions", "--watch", "--limit", "3"],
-            stdout=f, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd=fleet.folder, start_new_session=True,
-        )  # fmt: skip
+    watcher, watch_out = fleet.watch("watch.out", "get", "decisions", "--watch", "--limit", "3")
     try:
         deadline = time.monotonic() + 30
-        while len(watch_out.read_text().splitlines()) < 4:  # the header and the latest 3
-            assert watcher.poll() is None and time.monotonic() < deadline, watch_out.read_text()
-            time.sleep(0.1)
+        fleet.until_lines(watcher, watch_out, 4)  # the header and the latest 3
         first = watch_out.read_text().splitlines()
         header, shown = first[0], first[1:4]
         assert header.split()[:3] == ["EVENT", "SEQ", "TIME"]

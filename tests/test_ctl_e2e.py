@@ -127,7 +127,8 @@ async def test_apply_get_describe_and_a_projector_killed_mid_burst_through_llmgw
                 stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path, start_new_session=True,
             )
         processes.procs.append(watcher)  # stopped at the end whatever happens
-        await until(lambda: watch_out.read_text().startswith("[]"), timeout=20)  # its first listing: none yet
+        # Its first listing: none yet (JSON lines from the first on: nothing on stdout, a word on stderr).
+        await until(lambda: "no replicas yet; watching" in watch_out.read_text(), timeout=20)
 
         # The correct one, with --wait: what `get` shows next includes it.
         good = tmp_path / "catalog.yaml"
@@ -163,7 +164,7 @@ async def test_apply_get_describe_and_a_projector_killed_mid_burst_through_llmgw
         await until(lambda: watch_out.read_text().count('"state": "ready"') >= 3, timeout=10)
         watcher.send_signal(signal.SIGINT)
         assert watcher.wait(10) == 130
-        changes = [json.loads(line) for line in watch_out.read_text().splitlines()[1:] if line.startswith("{")]
+        changes = [json.loads(line) for line in watch_out.read_text().splitlines() if line.startswith("{")]
         assert {c["type"] for c in changes} >= {"ADDED", "MODIFIED"}
         assert {c["object"]["id"] for c in changes if c["object"]["state"] == "ready"} == {"big-1", "chat-1", "chat-2"}
         table = ctl(up, "get", "decisions").stdout

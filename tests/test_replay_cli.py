@@ -60,3 +60,19 @@ def test_a_missing_or_broken_file_is_a_clear_error(tmp_path):
     bad.write_text('{"seq": 1}\n')
     out = run_llmgw("replay", str(bad))
     assert "line 1 of the log file is not a log record" in out.stderr
+
+
+def test_a_what_if_window_past_the_end_of_the_log_says_so_and_exits_2():
+    """Issue 34: `--from 1200` on a short log printed 1970 dates and zeros."""
+    records = logfile.read(DAY)
+    last_seq = records[-1][0]
+    catalog = str(REPO / "deploy" / "catalog.example.yaml")
+    out = run_llmgw("replay", DAY, "--what-if", catalog, "--from", str(last_seq + 1000))
+    assert out.returncode == 2 and out.stdout == ""
+    assert f"--from {last_seq + 1000} is past the end of the log (the log ends at event {last_seq}, " in out.stderr
+    out = run_llmgw("replay", DAY, "--what-if", catalog, "--to", "2999-01-01T00:00:00")
+    assert out.returncode == 2 and "--to 2999-01-01T00:00:00 is past the end of the log" in out.stderr
+    out = run_llmgw("replay", DAY, "--what-if", catalog, "--from", "20", "--to", "10")
+    assert out.returncode == 2 and "--from 20 is after --to 10" in out.stderr
+    out = run_llmgw("replay", DAY, "--what-if", catalog, "--from", "2", "--to", str(last_seq))
+    assert out.returncode in (0, 5) and "1970" not in out.stdout, out.stderr  # within the log: a report

@@ -28,13 +28,14 @@ from ..bus.msgids import MsgIds
 from ..core import events as ev
 from ..core.fold import apply
 from ..core.state import State
-from ..ctl import deadline, views
+from ..ctl import deadline, loadfold, views
 from ..ctl.catalog_file import CatalogError, items, load_catalog
 from ..ctl.config import CONFIG
 from ..ctl.locate import Where, locate
 from ..ctl.progress import Progress
 from ..ctl.readmodels import NoReadModels, ReadModels
 from . import facility as facility_cli
+from . import get as get_cli
 from . import node_ctl
 from .exits import Exit
 
@@ -72,6 +73,7 @@ def kind_type(allowed: tuple[str, ...]) -> Callable[[str], str]:
         )
 
     parse.__name__ = "kind"
+    parse.completions = [n for k in allowed for n in (k, *views.KIND_NAMES[k])]  # type: ignore[attr-defined]
     return parse
 
 
@@ -89,6 +91,9 @@ def _catalog_kind(text: str) -> str:
     raise argparse.ArgumentTypeError(f"{text!r} is not model, owner or apikey{did_you_mean(text.lower(), every)}")
 
 
+_catalog_kind.completions = list(CATALOG_KINDS)  # type: ignore[attr-defined]
+
+
 def _examples(*lines: str) -> list[str]:
     return [f"llmgw ctl {line}" for line in lines]
 
@@ -102,7 +107,8 @@ ABOUT = {
         "The local llmgw up is found by itself (.llmgw/up.json here or in a folder above); elsewhere give\n"
         "--nats URL (or $LLMGW_NATS) and --db PATH (or $LLMGW_DB).\n\n"
         "kinds: models (model, mo), nodes (node, no), replicas (replica, rs), decisions (decision, dec),\n"
-        "quotas (quota, q), preemptions (preemption, pre), domains (domain, dom), leader (lead), policy (pol)",
+        "quotas (quota, q), preemptions (preemption, pre), domains (domain, dom), owners (owner, own),\n"
+        "apikeys (apikey, keys), leader (lead), policy (pol). Shell completion: `llmgw completion bash|zsh|fish`",
         _examples("get replicas", "get rs -o wide", "get decisions --watch --limit 3",
                   "apply -f deploy/catalog.cpu.yaml --wait", "describe replica smollm2-1"),
     ),
@@ -121,14 +127,22 @@ ABOUT = {
         _examples("delete model qwen-8b --wait", "delete apikey team-a"),
     ),
     "ctl get": (
-        "List things from the read models: models, nodes, replicas, decisions, quotas or preemptions; and,\n"
-        "live from the log, who leads (leader) and the numbers the rules decide with (policy, beside their\n"
-        "defaults). Kinds go by any of their names (plural, singular or short: mo, no, rs, dec, q, pre, lead,\n"
-        "pol). It first waits (up to --timeout) for the read models to reach the end of the log. Tables fit\n"
-        "the terminal; -o wide shows all of them.",
-        _examples("get replicas", "get rs --model smollm2 -o wide", "get no -o name", "get decisions --limit 10",
-                  "get dec --watch", "get models -o json | jq '.[].ready'", "get replicas --no-headers | wc -l",
-                  "get policy"),
+        "List things from the read models: models, nodes, replicas, decisions, quotas, preemptions or domains;\n"
+        "and, live from the log, the catalog's owners and API keys (names, owners, limits; never a hash), who\n"
+        "leads (leader) and the numbers the rules decide with (policy, beside their defaults). With names, only\n"
+        "those (-o json: one object itself). Kinds go by any of their names (plural, singular or short: mo, no,\n"
+        "rs, dec, q, pre, dom, own, keys, lead, pol). -l selects (labels, owner, class, state, any field),\n"
+        "--sort-by orders, -o also takes jsonpath=TEMPLATE and custom-columns=HEADER:PATH,... as kubectl does\n"
+        "(a listing is {\"kind\": \"List\", \"items\": [...]}, the rows as -o json shows them). It first waits (up\n"
+        "to --timeout) for the read models to reach the end of the log. Tables fit the terminal; -o wide shows\n"
+        "all of them.",
+        _examples("get replicas", "get replica smollm2-1 -o yaml", "get rs --model smollm2 -o wide", "get no -o name",
+                  "get rs -l state=ready,owner=org/team", "get mo -l 'class in (critical,standard)'",
+                  "get no -l rack=r4-12", "get rs --sort-by .placed_at",
+                  "get rs -o jsonpath='{range .items[*]}{.id}{\"\\t\"}{.state}{\"\\n\"}{end}'",
+                  "get rs -o custom-columns=ID:.id,NODE:.nodes[0],STATE:.state", "get decisions --limit 10",
+                  "get dec --watch", "get models --watch -o json", "get owners", "get apikeys",
+                  "get replicas --no-headers | wc -l", "get policy"),
     ),
     "ctl describe": (
         "One model, replica or node: its state now and its history, every decision with its reason.",
@@ -159,6 +173,12 @@ ABOUT = {
 }
 
 
+READ_TIMEOUT_HELP = (
+    "seconds the whole command may take, whatever NATS does (first it waits for the read models to "
+    "reach the end of the log; past it, they are shown as they are, exit 3 or 4)"
+)
+
+
 def add_parser(sub) -> None:
     ctl = sub.add_parser("ctl", help="operate the fleet: apply a catalog, get and describe what runs")
     _where_flags(ctl, None)
@@ -181,27 +201,7 @@ def add_parser(sub) -> None:
     delete.add_argument("name", metavar="NAME", help="the model's, owner's or key's name")
     _wait_flags(delete, "a model's replicas are gone")
 
-    get = verb("get", "list models, nodes, replicas, decisions, quotas or preemptions; who leads (leader, live)")
-    get.add_argument(
-        "kind", type=kind_type(views.KINDS), metavar="KIND",
-        help="models, nodes, replicas, decisions, quotas, preemptions, domains, leader or policy "
-        "(or singular, or mo, no, rs, dec, q, pre, dom, lead, pol)",
-    )  # fmt: skip
-    get.add_argument(
-        "-o", "--output", choices=views.OUTPUTS, default="table",
-        help="table (fitted to the terminal), wide (every column, whole), name (kind/name), json or yaml "
-        "(times also in ISO 8601 UTC, as *_iso)",
-    )  # fmt: skip
-    get.add_argument("--no-headers", action="store_true", help="tables and wide: no header line")
-    get.add_argument("-w", "--watch", action="store_true", help="then print each change as it is projected (Ctrl-C ends)")
-    get.add_argument("--model", help="only this model's replicas, decisions or preemptions")
-    get.add_argument("--domain", metavar="KIND/NAME", help="nodes: only those in this facility domain (rack/r4-12)")
-    get.add_argument("--limit", type=int, default=50, metavar="N", help="decisions, preemptions: the latest N (0: all)")
-    get.add_argument(
-        "--timeout", type=float, default=CONFIG.catch_up_timeout_s, metavar="S",
-        help="seconds the whole command may take, whatever NATS does (first it waits for the read models to "
-        "reach the end of the log; past it, they are shown as they are, exit 3 or 4)",
-    )  # fmt: skip
+    get_cli.add_parser(verb, kind_type, READ_TIMEOUT_HELP)
 
     describe = verb("describe", "one model, replica or node: its state now and its history, with reasons")
     describe.add_argument(
@@ -210,11 +210,7 @@ def add_parser(sub) -> None:
     )  # fmt: skip
     describe.add_argument("name", metavar="NAME", help="the model's, replica's or node's name")
     describe.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text", help="text for people, json or yaml")
-    describe.add_argument(
-        "--timeout", type=float, default=CONFIG.catch_up_timeout_s, metavar="S",
-        help="seconds the whole command may take, whatever NATS does (first it waits for the read models to "
-        "reach the end of the log; past it, they are shown as they are, exit 3 or 4)",
-    )  # fmt: skip
+    describe.add_argument("--timeout", type=float, default=CONFIG.catch_up_timeout_s, metavar="S", help=READ_TIMEOUT_HELP)
 
     restart = verb("restart", "replace replicas: beside themselves (surge), or in place")
     restart.add_argument("replicas", nargs="+", metavar="REPLICA", help="the replicas to replace (ready ones)")
@@ -852,128 +848,6 @@ def _lift_deadline() -> None:
         d.lift()
 
 
-def _listing(models: ReadModels, args, after: tuple[int, int] | None = None) -> list[dict]:
-    if args.kind == "models":
-        return models.models()
-    if args.kind == "nodes":
-        rows = models.nodes()
-        return [n for n in rows if facility_cli.in_domain(n, args.domain)] if args.domain else rows
-    if args.kind == "domains":
-        return models.domains()
-    if args.kind == "replicas":
-        return models.replicas(args.model)
-    if args.kind == "quotas":
-        return models.quotas()
-    if args.kind == "preemptions":
-        return models.preemptions(model=args.model, limit=0 if after else args.limit, after=after)
-    return models.decisions(model=args.model, limit=0 if after else args.limit, after=after)
-
-
-async def cmd_get_leader(args, where: Where) -> int:
-    """Who leads, in which term and since when, and how far behind each
-    standby follows: live, from the lease bucket and the log's end."""
-    import json
-
-    from ..bus import LEASE_KEY
-
-    bus = await _connect(where)
-    try:
-        entries = await deadline.retrying("about the lease", bus.read_lease)
-        last = await deadline.retrying("about the log", bus.last_seq)
-    finally:
-        await bus.close()
-    rows = []
-    holder = json.loads(entries[LEASE_KEY]) if LEASE_KEY in entries else None
-    if holder is not None:
-        rows.append({"role": "leader", "id": holder["id"], "term": holder["term"], "since": holder.get("since", 0.0),
-                     "seq": holder["seq"], "behind": max(0, last - holder["seq"])})
-    for key, value in sorted(entries.items()):
-        if key.startswith("standby."):
-            s = json.loads(value)
-            if holder is None or s["id"] != holder["id"]:
-                rows.append({"role": "standby", "id": s["id"], "term": 0, "since": 0.0, "seq": s["seq"],
-                             "behind": max(0, last - s["seq"])})
-    print(views.render("leader", rows, args.output), flush=True)
-    if holder is None:
-        raise CtlError("no control plane holds the lease now: nothing is decided until one does", NOT_FOUND)
-    return OK
-
-
-async def cmd_get_policy(args, where: Where) -> int:
-    """The policy the rules decide with: folded from the operators' events
-    (exact, and no read model to keep), with each field's default beside it."""
-    from ..core.policy import DEFAULT, FIELDS
-
-    bus = await _connect(where)
-    try:
-        state, latest = await _catalog(bus)
-    finally:
-        await bus.close()
-    seq = latest.get(("policy", ""), 0)
-    rows = [{"field": f, "value": getattr(state.policy, f), "default": getattr(DEFAULT, f), "seq": seq} for f in FIELDS]
-    print(views.render("policy", rows, args.output, headers=not args.no_headers, width=views.terminal_width()), flush=True)
-    return OK
-
-
-async def cmd_get(args, where: Where) -> int:
-    if args.kind == "leader":
-        return await cmd_get_leader(args, where)
-    if args.kind == "policy":
-        return await cmd_get_policy(args, where)
-    if args.domain:
-        from ..core.facility import domain_problem
-
-        problem = domain_problem(args.domain)
-        if problem or args.kind != "nodes":
-            raise CtlError(f"get: --domain: {problem or 'only nodes are listed by domain'}", BAD_INPUT)
-    fresh = await _fresh(where, args.timeout)
-    models = fresh.models
-    rows = _listing(models, args)
-    width = views.terminal_width()
-    if not args.watch:
-        text = views.render(args.kind, rows, args.output, headers=not args.no_headers, width=width)
-        if text:
-            print(text, flush=True)
-        return fresh.status
-    watch = views.Watch(args.kind, args.output, headers=not args.no_headers, width=width)
-    text = watch.first(rows)
-    if text:
-        print(text, flush=True)
-    _lift_deadline()  # what was asked for in time is shown; the watch runs until Ctrl-C
-    # Follow: the rows are read again whenever the read models move, and what
-    # differs is printed. Decisions and preemptions only ever grow: those
-    # after the last one shown are the change (never the older ones --limit left out).
-    growing = args.kind in ("decisions", "preemptions")
-    seen = {views.key_of(args.kind, r): r for r in rows}
-    last = max(((r["seq"], r["idx"]) for r in rows), default=(models.position(), 1 << 30)) if growing else None
-    position = models.position()
-    while True:
-        await asyncio.sleep(WATCH_INTERVAL_S)
-        now = models.position()
-        if now == position:
-            continue
-        position = now
-        if growing:
-            new = _listing(models, args, after=last)
-            for row in new:
-                print(watch.change("ADDED", row))
-                last = max(last, (row["seq"], row["idx"]))
-            sys.stdout.flush()
-            continue
-        rows = _listing(models, args)
-        current = {views.key_of(args.kind, r): r for r in rows}
-        for key, row in current.items():
-            if key not in seen:
-                print(watch.change("ADDED", row))
-            elif seen[key] != row:
-                print(watch.change("MODIFIED", row))
-        for key, row in seen.items():
-            if key not in current:
-                print(watch.change("DELETED", row))
-        sys.stdout.flush()
-        seen = current
-
-
 async def cmd_describe(args, where: Where) -> int:
     fresh = await _fresh(where, args.timeout)
     models = fresh.models
@@ -990,15 +864,43 @@ async def cmd_describe(args, where: Where) -> int:
     else:
         page["node"] = models.node(name)
         page["shards"] = models.shards_on(name)
-    page["history"] = models.history(kind, name)
+    history = models.history(kind, name)
+    if any(e["type"] == loadfold.LOAD for e in history):
+        history = loadfold.fold(history, await _load_reports(where, args.timeout), CONFIG.load_interval_s)
+    page["history"] = history
     print(views.describe(kind, page, args.output))
     return fresh.status
+
+
+async def _load_reports(where: Where, timeout: float) -> dict[int, dict] | None:
+    """The gateways' load reports, their numbers by sequence, read from the
+    log (the read models keep their words only); None, with a warning, when
+    the log is out of reach in the command's time: the lines then count reports."""
+    try:
+        async with asyncio.timeout(deadline.left(timeout)):
+            bus = await _connect(where)
+            try:
+                records = await bus.read_matching(f"llmgw.gw.*.{loadfold.LOAD}")
+            finally:
+                await bus.close()
+    except (CtlError, LookupError, TimeoutError) as e:
+        say(f"warning: the load reports' numbers were not read ({_said(e) or 'no answer in time'}); counting reports only")
+        return None
+    out = {}
+    for seq, _, data in records:
+        try:
+            report = ev.decode(data)
+        except Exception:  # quarantined by the fold: not a report
+            continue
+        if isinstance(report, ev.ModelLoad):
+            out[seq] = msgspec.to_builtins(report)
+    return out
 
 
 VERBS = {
     "apply": cmd_apply,
     "delete": cmd_delete,
-    "get": cmd_get,
+    "get": get_cli.cmd_get,
     "describe": cmd_describe,
     "restart": cmd_restart,
     "retry": cmd_retry,

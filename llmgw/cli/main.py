@@ -426,6 +426,20 @@ def cmd_replay(args) -> None:
     sys.exit(tool.run(records, args))
 
 
+def cmd_completion(args) -> None:
+    """A completion script for the shell named, made from this very parser;
+    --names KIND (what the scripts call at a Tab): the names in the local read models."""
+    from ..ctl import completion
+
+    if args.names is not None:
+        for name in completion.names(args.names):
+            print(name)
+        return
+    if args.shell is None:
+        _fail(f"llmgw completion: name a shell: {', '.join(completion.SHELLS)}", 2)
+    print(completion.script(args.shell, parser()), end="")
+
+
 def cmd_events(args) -> None:
     from .. import contract
 
@@ -593,6 +607,13 @@ ABOUT = {
         "Print the public key of the control plane's command-signing key (creds/commands.pub): every agent is\n"
         "given it (--command-key, or the agent file's command_key) and obeys only commands signed with it.",
         ["llmgw creds command-key", "llmgw creds command-key --dir /etc/llmgw/creds > /etc/llmgw/commands.pub"],
+    ),
+    "completion": (
+        "Print a completion script for bash, zsh or fish: commands, verbs, kinds, flags and their values, made\n"
+        "from this command line's own parser; at a Tab, the names of models, replicas and nodes come from the\n"
+        "local read models (no NATS).",
+        ["llmgw completion bash > /etc/bash_completion.d/llmgw", "source <(llmgw completion bash)",
+         "source <(llmgw completion zsh)", "llmgw completion fish > ~/.config/fish/completions/llmgw.fish"],
     ),
     "events": ("The event contract as files (events/schema/).", ["llmgw events schema", "llmgw events schema --write"]),
     "events schema": (
@@ -850,6 +871,13 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     replay.set_defaults(func=cmd_replay)
 
+    from ..ctl.completion import SHELLS
+
+    completion = sub.add_parser("completion", help="print a shell completion script: bash, zsh or fish")
+    completion.add_argument("shell", nargs="?", choices=SHELLS, help="the shell: bash, zsh or fish")
+    completion.add_argument("--names", metavar="KIND", help=argparse.SUPPRESS)  # what the scripts ask at a Tab
+    completion.set_defaults(func=cmd_completion)
+
     events = sub.add_parser("events", help="the event contract: check or write events/schema/")
     events_sub = events.add_subparsers(dest="what", required=True, metavar="ACTION", help="what to do")
     schema = events_sub.add_parser("schema", help="check (default) or write events/schema/")
@@ -870,6 +898,10 @@ def main(argv: list[str] | None = None) -> None:
 
     p = parser()
     args, extra = p.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "names", None), list) and not any(e.startswith("-") for e in extra):
+        # `ctl get rs -o json smollm2-1`: names after a flag, as kubectl takes them (argparse
+        # gives a positional list only the words before the first flag).
+        args.names, extra = [*args.names, *extra], []
     if extra:
         # A flag that no command takes: say so with the usage of the command it was given to.
         getattr(args, "_parser", p).error(f"unrecognized arguments: {' '.join(extra)}")

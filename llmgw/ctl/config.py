@@ -30,6 +30,8 @@ class CliConfig:
     progress_every_s: float = 1.0
     # How often `get --watch` looks at the read models again.
     watch_interval_s: float = 0.2
+    # `describe model` folds the gateways' load reports into one line per interval this long (loadfold.py).
+    load_interval_s: float = 60.0
     # "did you mean": how alike a name must be to be suggested (difflib's ratio), and how many.
     suggest_cutoff: float = 0.6
     suggest_count: int = 3

@@ -22,7 +22,9 @@ from ..core.facility import watts as _watts
 from ..text import table, when
 from .printable import printable, printable_data, printable_lines  # noqa: F401 (the CLI's printers use them from here)
 
-KINDS = ("models", "nodes", "replicas", "decisions", "quotas", "preemptions", "domains", "leader", "policy")
+KINDS = (
+    "models", "nodes", "replicas", "decisions", "quotas", "preemptions", "domains", "owners", "apikeys", "leader", "policy",
+)  # fmt: skip
 # Every name a kind goes by, as kubectl takes them: plural, singular, short.
 KIND_NAMES = {
     "models": ("model", "mo"),
@@ -32,6 +34,8 @@ KIND_NAMES = {
     "quotas": ("quota", "q"),
     "preemptions": ("preemption", "pre"),
     "domains": ("domain", "dom"),
+    "owners": ("owner", "own"),
+    "apikeys": ("apikey", "keys", "key", "api-key", "api-keys"),
     "leader": ("leaders", "lead"),
     "policy": ("policies", "pol"),
 }
@@ -154,6 +158,21 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
         ["SEQ", "TIME", "DECISION", "REASON", "VOIDED"],
         lambda d: [str(d["seq"]), when(d["at"]), decision_words(d), d["reason"], d["voided"]],
     ),
+    # `get owners`: the catalog's owners, folded from the operators' events (never the key hashes).
+    "owners": (
+        "name",
+        ["OWNER", "PARENT", "GUARANTEE", "LIMIT", "MODELS", "API KEYS"],
+        lambda o: [
+            o["name"], o["parent"], _amount(o["guarantee"]), _amount(o["limit"], limit=True), ",".join(o["models"]),
+            ",".join(o["api_keys"]),
+        ],
+    ),
+    # `get apikeys`: names, owners and limits; a key's hash is never a column, nor in the row.
+    "apikeys": (
+        "name",
+        ["NAME", "OWNER", "REQUESTS/MIN", "TOKENS/MIN"],
+        lambda k: [k["name"], k["owner"], _per_minute(k["requests_per_minute"]), _per_minute(k["tokens_per_minute"])],
+    ),
     # `get leader`: the lease holder and the standbys, live from the lease bucket.
     "leader": (
         "id",
@@ -190,9 +209,11 @@ WIDE: dict[str, tuple[list[str], Callable[[dict], list[str]]]] = {
         lambda d: [d["kind"], d["model"], d["replica"], d["node"], d.get("leader", "")],
     ),
     "policy": ([], lambda r: []),
+    "owners": ([], lambda o: []),
+    "apikeys": ([], lambda k: []),
 }
 
-FLEX = {"REASON", "WAITING", "LABELS", "VICTIMS (TIER)", "BEFORE", "VOIDED", "DECISION", "PROFILES", "WHY PLACED"}
+FLEX = {"MODELS", "API KEYS", "REASON", "WAITING", "LABELS", "VICTIMS (TIER)", "BEFORE", "VOIDED", "DECISION", "PROFILES", "WHY PLACED"}
 MIN_FLEX = 12  # a column of free text is cut to no fewer characters
 
 
@@ -204,6 +225,11 @@ def _amount(a: dict, limit: bool = False) -> str:
         v = a.get(key)
         parts.append(f"{('-' if limit else '0') if v is None else format(v, 'g')} {unit}")
     return ", ".join(parts)
+
+
+def _per_minute(n: int) -> str:
+    """A key's limit a minute: 0 is none ("-")."""
+    return str(n) if n else "-"
 
 
 def terminal_width() -> int | None:
@@ -313,13 +339,17 @@ class Watch:
     people, a table with an EVENT column, every line in the columns of the
     first (so a change stays under its header); for tools, a JSON line (or YAML
     document) {"type": ADDED|MODIFIED|DELETED, "object": row} per change, as
-    Kubernetes watches print them."""
+    Kubernetes watches print them, the listing's rows too (as ADDED), so every
+    line a tool reads is one (issue 34: the listing came as a pretty-printed array)."""
 
     def __init__(self, kind: str, output: str, *, headers: bool = True, width: int | None = None) -> None:
         self.kind, self.output, self.headers, self.width = kind, output, headers, width
         self.widths: list[int] = []
 
     def first(self, rows: list[dict]) -> str:
+        if self.output in ("json", "yaml"):
+            # Lines from the first on (issue 34): the listing as ADDED, as a Kubernetes watch starts.
+            return "\n".join(self.change("ADDED", r) for r in rows)
         if self.output not in ("table", "wide"):
             return render(self.kind, rows, self.output, headers=self.headers)
         header = ["EVENT", *header_of(self.kind, self.output)]
@@ -354,7 +384,7 @@ def _history(events: list[dict]) -> list[str]:
                 void = f"  [voided: {d['voided']}]" if d["voided"] else ""
                 lines.append([str(e["seq"]), at, decision_words(d) + why + void])
         else:
-            lines.append([str(e["seq"]), at, e["summary"]])
+            lines.append([e.get("seqs", str(e["seq"])), at, e["summary"]])  # (load folded: its first-last, loadfold.py)
     return table(lines, ["SEQ", "TIME", "WHAT HAPPENED"]).splitlines() if lines else ["(none)"]
 
 

@@ -110,6 +110,34 @@ def render_state(state: State) -> str:
     return "\n".join(out)
 
 
+def _at_of(data: bytes) -> float | None:
+    try:
+        return _at.decode(data).at
+    except msgspec.MsgspecError:
+        return None
+
+
+def window_problem(records: Sequence[Record], bounds) -> str:
+    """Why a --from or --to (each: flag, as given, parsed) lies past the log's
+    end, or the window is empty; "" when it is within the log."""
+    if not records:
+        return "the log is empty: there is nothing to decide again"
+    last_seq = records[-1][0]
+    times = [t for t in (_at_of(d) for _, _, d in reversed(records)) if t]
+    last_at = times[0] if times else 0.0
+    ends = f"the log ends at event {last_seq}" + (f", {when(last_at)} UTC" if last_at else "")
+    for flag, given, at in bounds:
+        if at is None:
+            continue
+        kind, value = at
+        if (kind == "seq" and value > last_seq) or (kind == "time" and value > last_at):
+            return f"{flag} {given} is past the end of the log ({ends}): give a sequence or a time within it"
+    (_, from_given, start), (_, to_given, end) = bounds
+    if start is not None and end is not None and start[0] == end[0] and start[1] > end[1]:
+        return f"--from {from_given} is after --to {to_given}: the window holds nothing"
+    return ""
+
+
 def _json(data) -> str:
     """--json: times as the log has them (Unix seconds) and, beside each, in ISO 8601 UTC (`*_iso`), as `llmgw ctl` prints them."""
     from ..ctl.views import with_iso_times
@@ -129,6 +157,11 @@ def _what_if(records: Sequence[Record], args) -> int:
         return Exit.BAD_INPUT
     start = parse_at(args.from_, "--from") if args.from_ else None
     end = parse_at(args.to, "--to") if args.to else None
+    problem = window_problem(records, (("--from", args.from_, start), ("--to", args.to, end)))
+    if problem:
+        # Before, a window past the end folded nothing and printed 1970 dates and zeros (issue 34).
+        print(f"llmgw replay: {problem}", file=sys.stderr)
+        return Exit.BAD_INPUT
     report = what_if(records, whatif.plan_of(catalog), start, end, ready_after=args.ready_after)
     sys.stdout.write(whatif.render(report, args.what_if, as_json=args.json))
     return Exit.OK if report.same else Exit.NOT_AS_WANTED
