@@ -1,0 +1,172 @@
+"""The console's plots and timelines (llmgw/console/series.py), without a
+browser: a fleet run through the real core (tests/scenario.py), recorded as
+the console records the log, and every value compared with what the fold
+says at that time of the log (replay.tool.fold_until)."""
+
+from __future__ import annotations
+
+import math
+
+from llmgw.console import series
+from llmgw.core import events as ev
+from llmgw.core.scaling import decided
+from llmgw.core.state import LIVE_SHARD_STATES
+from llmgw.replay.tool import fold_until
+
+from .scenario import Fleet, model
+
+
+def run() -> Fleet:
+    f = Fleet()
+    f.register("n1", gpus=4)
+    f.register("n2", gpus=4)
+    f.publish(ev.OwnerApplied(at=f.tick(), name="org/a", guarantee=ev.Resources(gpus=4)))
+    f.apply(model("a", min_replicas=2, gpus=1, owner="org/a"))
+    f.apply(model("b", min_replicas=1, gpus=2, owner="org/b"))
+    f.decide()
+    f.make_ready()
+    f.decide()
+    for i in range(3):  # a gateway's reports: requests, tokens, cached prompt tokens, time to first byte
+        f.publish(ev.ModelLoad(at=f.tick(), gateway="gw-1", model="a", in_flight=1 + i, queued=i, last_used=f.now,
+                               requests=10 * (i + 1), tokens_in=100, tokens_out=50, tokens_cached=25 * i,
+                               ttft_p50=0.1 * (i + 1), ttft_p90=0.2 * (i + 1)))
+    f.load("a")  # and back to nothing
+    f.lose("n1")  # what ran there fails, and is placed again
+    f.decide()
+    f.make_ready()
+    f.decide()
+    f.apply(model("a", min_replicas=1, gpus=1, owner="org/a"))  # one fewer: one is drained
+    f.decide()
+    for rep in [r for r in f.state.replicas.values() if r.state == "stopping"]:
+        f.stopped(rep.id)
+    f.decide()
+    return f
+
+
+def gpus_of_owners(state) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in state.replicas.values():
+        owner = r.owner or state.models[r.model].spec.owner if r.model in state.models else r.owner
+        held = sum(len(s.gpus) for s in r.shards if s.state in LIVE_SHARD_STATES)
+        if held:
+            out[owner or series.NO_OWNER] = out.get(owner or series.NO_OWNER, 0) + held
+    return out
+
+
+def test_every_step_series_is_what_the_fold_says_at_every_time_of_the_log():
+    f = run()
+    state, rec = series.record(f.log)
+    assert state.seq == f.state.seq
+    times = sorted({ev.decode(d).at for _, _, d in f.log})
+    assert len(times) > 20
+    for t in times:
+        then = fold_until(f.log, ("time", t))
+        for name in ("a", "b"):
+            ready = sum(1 for r in then.replicas.values() if r.model == name and r.state == "ready")
+            assert rec.ready[name].at(t) == ready, (name, t)
+            wanted = decided(then.models[name]) if name in then.models else 0
+            assert rec.desired[name].at(t) == wanted, (name, t)
+        owners = gpus_of_owners(then)
+        for owner in set(owners) | set(rec.owner_gpus):
+            assert rec.owner_gpus[owner].at(t) == owners.get(owner, 0), (owner, t)
+        for node in ("n1", "n2"):  # what each GPU held then
+            held = {g: seg.replica for g, segs in rec.segments.get(node, {}).items()
+                    for seg in segs if seg.start <= t < seg.end}
+            used = then.nodes[node].used if node in then.nodes else {}
+            assert held == {g: shard.rpartition(".")[0] for g, shard in used.items()}, (node, t)
+    assert max(rec.owner_gpus["org/a"].values) == 2 and max(rec.owner_gpus["org/b"].values) == 2
+
+
+def test_the_plots_cut_any_window_into_buckets_of_the_log():
+    f = run()
+    _, rec = series.record(f.log)
+    start, end = series.window(rec, None, None)
+    assert (start, end) == (ev.decode(f.log[0][2]).at, ev.decode(f.log[-1][2]).at)
+    p = series.plots(rec, "a", start, end, 10)
+    assert len(p["x"]) == 11 and p["x"][0] == start and p["x"][-1] == end
+    s = p["series"]
+    then = fold_until(f.log, ("time", end))
+    assert s["ready"][-1] == sum(1 for r in then.replicas.values() if r.model == "a" and r.state == "ready") == 1
+    assert s["desired"][-1] == 1 and max(s["desired"]) == 2
+    # The rates add up to what the gateway counted; the ratio and the percentiles are the reports'.
+    width = p["step"]
+    assert math.isclose(sum(r * width for r in s["requests_s"][1:]), 10 + 20 + 30, rel_tol=1e-3)
+    assert math.isclose(sum(r * width for r in s["tokens_out_s"][1:]), 150, rel_tol=1e-3)
+    hits = [h for h in s["prefix_hit"] if h is not None]
+    assert hits and all(0 <= h <= 0.5 for h in hits)
+    assert any(h > 0 for h in hits)
+    p50 = [x for x in s["ttft_p50"] if x is not None]
+    assert p50 and all(0.1 <= x <= 0.3 for x in p50)
+    assert s["requests_s"][0] is None and s["prefix_hit"][0] is None  # x[0] is the window's start: no bucket
+    # A window around the three reports alone: the prefix-hit ratio of the whole window.
+    loads = [ev.decode(d) for _, _, d in f.log if b'"model.load"' in d]
+    one = series.plots(rec, "a", loads[0].at - 0.5, loads[2].at, 1)["series"]
+    assert one["prefix_hit"][1] == round((0 + 25 + 50) / 300, 4)
+    assert one["ttft_p50"][1] == round((10 * 0.1 + 20 * 0.2 + 30 * 0.3) / 60, 4)
+    assert one["queued"][1] == 2 and one["in_flight"][1] == 3
+    # Owners' GPUs, every owner.
+    assert set(p["owners"]) == {"org/a", "org/b"}
+    # A model without load: zeros for rates, gaps for ratios.
+    b = series.plots(rec, "b", start, end, 10)["series"]
+    assert b["requests_s"][1:] == [0.0] * 10 and b["ttft_p50"][1:] == [None] * 10
+
+
+def test_the_timeline_has_a_lane_per_model_with_each_reason():
+    f = run()
+    _, rec = series.record(f.log)
+    start, end = series.window(rec, None, None)
+    lanes = {lane["model"]: lane for lane in series.timeline(rec, start, end, ["a", "b"], 100)}
+    kinds = [m["kind"] for m in lanes["a"]["marks"]]
+    places = [a for _, _, d in f.log if b'"control.decided"' in d for a in ev.decode(d).actions
+              if isinstance(a, ev.PlaceReplica) and a.model == "a"]
+    assert kinds.count("placed") == len(places) >= 3
+    # (drained: the replica scaled down, and those lost with n1)
+    assert kinds.count("ready") >= 3 and kinds.count("drained") >= 1 and kinds.count("failed") >= 1
+    placed = next(m for m in lanes["a"]["marks"] if m["kind"] == "placed")
+    assert placed["reason"] == places[0].reason and placed["nodes"] and placed["replica"] == places[0].replica
+    drained = [m for m in lanes["a"]["marks"] if m["kind"] == "drained"][-1]
+    assert drained["reason"] and drained["replica"]
+    # The window and the limit cut it.
+    later = series.timeline(rec, drained["t"], end, ["a"], 100)[0]
+    assert later["marks"][0]["kind"] == "drained"
+    assert len(series.timeline(rec, start, end, ["a"], 2)[0]["marks"]) == 2
+
+
+def test_a_preemption_is_on_the_victims_lane_with_its_reason():
+    f = Fleet()
+    f.register("n1", gpus=2)
+    f.apply(model("low", min_replicas=1, gpus=2, priority="opportunistic"))
+    f.decide()
+    f.make_ready()
+    f.publish(ev.PolicyApplied(at=f.tick(), policy=ev.Policy(min_lifetime_s=0)))
+    f.apply(model("vip", min_replicas=1, gpus=2, priority="critical"))
+    f.decide()
+    _, rec = series.record(f.log)
+    lanes = {lane["model"]: lane for lane in series.timeline(rec, *series.window(rec, None, None), ["low", "vip"], 100)}
+    pre = [m for m in lanes["low"]["marks"] if m["kind"] == "preempted"]
+    assert len(pre) == 1 and pre[0]["replica"] == "low-1" and pre[0]["reason"].startswith("for vip: ")
+
+
+def test_a_quarantined_event_draws_nothing():
+    f = Fleet()
+    f.register("n1", gpus=2)
+    f.apply(model("m", min_replicas=1))
+    f.publish(ev.ModelLoad(at=f.tick(), gateway="gw-1", model="m", requests=5, tokens_in=10),
+              subject="llmgw.gateway.someone-else.load")  # a gateway speaking for another: quarantined
+    assert f.state.quarantine_count == 1
+    _, rec = series.record(f.log)
+    assert "m" not in rec.loads
+
+
+def test_a_gpu_timeline_cuts_what_each_gpu_held_to_the_window():
+    f = run()
+    state, rec = series.record(f.log)
+    start, end = series.window(rec, None, None)
+    n2 = series.gpus(rec, state, "n2", start, end, 100)
+    assert [g["index"] for g in n2] == [0, 1, 2, 3]
+    segs = [s for g in n2 for s in g["segments"]]
+    assert segs and all(start <= s["from"] <= s["to"] <= end for s in segs)
+    running = {g: shard.rpartition(".")[0] for g, shard in state.nodes["n2"].used.items()}
+    for g, rid in running.items():
+        assert n2[g]["segments"][-1]["replica"] == rid and n2[g]["segments"][-1]["to"] == round(end, 3)
+    assert series.gpus(rec, state, "nowhere", start, end, 100) == []
