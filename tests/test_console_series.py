@@ -170,3 +170,38 @@ def test_a_gpu_timeline_cuts_what_each_gpu_held_to_the_window():
     for g, rid in running.items():
         assert n2[g]["segments"][-1]["replica"] == rid and n2[g]["segments"][-1]["to"] == round(end, 3)
     assert series.gpus(rec, state, "nowhere", start, end, 100) == []
+
+
+def test_the_consoles_routes_serve_windows_and_refuse_bad_input_clearly():
+    import pytest
+
+    from llmgw.console.server import Console, HttpError
+
+    f = run()
+    console = Console(None, None, "token")
+    for record in f.log:
+        console._on_message(*record)
+    start, end = series.window(console.series, None, None)
+    p = console.view("plots", {})
+    assert p["model"] == "a" and p["models"] == ["a", "b"] and len(p["x"]) == 121 and not p["past"]
+    assert p["series"]["ready"][-1] == 1 and (p["from"], p["to"]) == (start, end)
+    mid = (start + end) / 2
+    p = console.view("plots", {"model": "b", "from": str(mid), "to": str(end), "points": "4", "time": str(mid)})
+    assert p["x"][0] == mid and len(p["x"]) == 5 and p["past"] and p["seq"] == series.seq_at(console.series, mid)
+    assert p["at"] <= mid
+    lanes = console.view("timeline", {"model": "a"})["lanes"]
+    assert [lane["model"] for lane in lanes] == ["a"] and lanes[0]["marks"]
+    assert len(console.view("timeline", {})["lanes"]) == 2
+    assert [g["index"] for g in console.view("gpus/n2", {})["gpus"]] == [0, 1, 2, 3]
+    for what, query, status, said in [
+        ("plots", {"model": "nope"}, 404, "no model nope"),
+        ("plots", {"from": "yesterday"}, 400, "from 'yesterday' is not Unix seconds"),
+        ("plots", {"from": str(end), "to": str(start)}, 400, "is not before to"),
+        ("plots", {"points": "0"}, 400, "points 0: give 1 to 2000"),
+        ("plots", {"seq": "x"}, 400, "is not a sequence number"),
+        ("timeline", {"model": "nope"}, 404, "no model nope"),
+        ("gpus/nowhere", {}, 404, "no node nowhere"),
+    ]:
+        with pytest.raises(HttpError) as e:
+            console.view(what, query)
+        assert e.value.status == status and said in str(e.value), (what, query, str(e.value))
