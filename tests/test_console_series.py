@@ -168,7 +168,7 @@ def test_a_gpu_timeline_cuts_what_each_gpu_held_to_the_window():
     assert segs and all(start <= s["from"] <= s["to"] <= end for s in segs)
     running = {g: shard.rpartition(".")[0] for g, shard in state.nodes["n2"].used.items()}
     for g, rid in running.items():
-        assert n2[g]["segments"][-1]["replica"] == rid and n2[g]["segments"][-1]["to"] == round(end, 3)
+        assert n2[g]["segments"][-1]["replica"] == rid and n2[g]["segments"][-1]["to"] == end
     assert series.gpus(rec, state, "nowhere", start, end, 100) == []
 
 

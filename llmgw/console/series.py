@@ -349,7 +349,7 @@ def plots(rec: Recorder, model: str, start: float, end: float, points: int) -> d
         return [s.at(x) if s is not None else 0 for x in xs]
 
     out: dict = {
-        "x": [_r(x, 3) for x in xs], "step": step,
+        "x": xs, "step": step,  # (not rounded: a time cut short would fall before its event)
         "owners": {o: steps(rec.owner_gpus, o) for o in sorted(rec.owner_gpus)},
     }
     series = {"ready": steps(rec.ready, model), "desired": steps(rec.desired, model),
@@ -402,6 +402,6 @@ def gpus(rec: Recorder, state: State, node: str, start: float, end: float, limit
     out = []
     for g in indices:
         segs = [s for s in per_gpu.get(g, []) if s.end > start and s.start <= end]
-        out.append({"index": g, "segments": [{"from": _r(max(s.start, start), 3), "to": _r(min(s.end, end), 3),
+        out.append({"index": g, "segments": [{"from": max(s.start, start), "to": min(s.end, end),
                                               "model": s.model, "replica": s.replica} for s in segs[-limit:]]})
     return out
