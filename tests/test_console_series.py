@@ -115,21 +115,31 @@ def test_the_timeline_has_a_lane_per_model_with_each_reason():
     f = run()
     _, rec = series.record(f.log)
     start, end = series.window(rec, None, None)
-    lanes = {lane["model"]: lane for lane in series.timeline(rec, start, end, ["a", "b"], 100)}
-    kinds = [m["kind"] for m in lanes["a"]["marks"]]
-    places = [a for _, _, d in f.log if b'"control.decided"' in d for a in ev.decode(d).actions
+    lanes = {lane["model"]: lane for lane in series.timeline(rec, start, end, ["a", "b"], 100, 1000)}
+    marks = lanes["a"]["marks"]
+    count = {k: sum(m["n"] for m in marks if m["kind"] == k) for k in ("placed", "ready", "drained", "failed")}
+    places = [(seq, a) for seq, _, d in f.log if b'"control.decided"' in d for a in ev.decode(d).actions
               if isinstance(a, ev.PlaceReplica) and a.model == "a"]
-    assert kinds.count("placed") == len(places) >= 3
+    assert count["placed"] == len(places) >= 3
     # (drained: the replica scaled down, and those lost with n1)
-    assert kinds.count("ready") >= 3 and kinds.count("drained") >= 1 and kinds.count("failed") >= 1
-    placed = next(m for m in lanes["a"]["marks"] if m["kind"] == "placed")
-    assert placed["reason"] == places[0].reason and placed["nodes"] and placed["replica"] == places[0].replica
-    drained = [m for m in lanes["a"]["marks"] if m["kind"] == "drained"][-1]
-    assert drained["reason"] and drained["replica"]
+    assert count["ready"] >= 3 and count["drained"] >= 1 and count["failed"] >= 1
+    # One pass placed two of a: one mark of two, at that decision, with its reason once.
+    first = next(m for m in marks if m["kind"] == "placed")
+    same = [a for seq, a in places if seq == places[0][0]]
+    assert first["n"] == len(same) == 2 and first["seq"] == places[0][0]
+    assert first["replicas"] == [a.replica for a in same] and first["reasons"] == sorted({a.reason for a in same})
+    assert set(first["nodes"]) == {s.node for a in same for s in a.shards}
+    drained = [m for m in marks if m["kind"] == "drained"][-1]
+    assert drained["reasons"] and drained["replicas"]
     # The window and the limit cut it.
-    later = series.timeline(rec, drained["t"], end, ["a"], 100)[0]
+    later = series.timeline(rec, drained["t"], end, ["a"], 100, 1000)[0]
     assert later["marks"][0]["kind"] == "drained"
-    assert len(series.timeline(rec, start, end, ["a"], 2)[0]["marks"]) == 2
+    assert len(series.timeline(rec, start, end, ["a"], 2, 1000)[0]["marks"]) == 2
+    # Coarser cells: one mark per kind, the last event of them, the first replicas named.
+    one = series.timeline(rec, start, end, ["a"], 100, 1)[0]["marks"]
+    assert sorted(m["kind"] for m in one) == ["drained", "failed", "placed", "ready"]
+    assert next(m for m in one if m["kind"] == "placed")["seq"] == places[-1][0]
+    assert len(series.timeline(rec, start, end, ["a"], 100, 1, named=1)[0]["marks"][0]["replicas"]) == 1
 
 
 def test_a_preemption_is_on_the_victims_lane_with_its_reason():
@@ -142,9 +152,10 @@ def test_a_preemption_is_on_the_victims_lane_with_its_reason():
     f.apply(model("vip", min_replicas=1, gpus=2, priority="critical"))
     f.decide()
     _, rec = series.record(f.log)
-    lanes = {lane["model"]: lane for lane in series.timeline(rec, *series.window(rec, None, None), ["low", "vip"], 100)}
+    window = series.window(rec, None, None)
+    lanes = {lane["model"]: lane for lane in series.timeline(rec, *window, ["low", "vip"], 100, 1000)}
     pre = [m for m in lanes["low"]["marks"] if m["kind"] == "preempted"]
-    assert len(pre) == 1 and pre[0]["replica"] == "low-1" and pre[0]["reason"].startswith("for vip: ")
+    assert len(pre) == 1 and pre[0]["replicas"] == ["low-1"] and pre[0]["reasons"][0].startswith("for vip: ")
 
 
 def test_a_quarantined_event_draws_nothing():

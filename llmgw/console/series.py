@@ -382,14 +382,39 @@ def plots(rec: Recorder, model: str, start: float, end: float, points: int) -> d
     return out
 
 
-def timeline(rec: Recorder, start: float, end: float, models: list[str], limit: int) -> list[dict]:
-    """One lane per model, its marks in [start, end] (the last `limit` of each)."""
+def timeline(rec: Recorder, start: float, end: float, models: list[str], limit: int, cells: int,
+             named: int = 8) -> list[dict]:
+    """One lane per model: its marks in [start, end], those of one kind
+    within one of `cells` equal stretches of the window made one (a pass
+    that places 200 replicas is one mark of 200, not 200 marks drawn on one
+    pixel): its first time, its last event (where a click travels: after
+    all of them), how many, the first `named` replicas and nodes, and its
+    reasons (each once). The last `limit` of each lane."""
+    width = (end - start) / cells
     lanes = []
     for name in models:
         marks = rec.marks.get(name, [])
         a = bisect.bisect_left(marks, start, key=lambda m: m.t)
         b = bisect.bisect_right(marks, end, key=lambda m: m.t)
-        lanes.append({"model": name, "total": b - a, "marks": [msgspec.to_builtins(m) for m in marks[max(a, b - limit):b]]})
+        groups: dict[tuple[int, str], dict] = {}
+        for m in marks[a:b]:
+            key = (min(int((m.t - start) / width), cells - 1), m.kind)
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = {"t": m.t, "seq": m.seq, "kind": m.kind, "n": 0, "replicas": [], "nodes": [],
+                                   "reasons": [], "voided": []}
+            g["n"] += 1
+            g["seq"] = max(g["seq"], m.seq)
+            if len(g["replicas"]) < named:
+                g["replicas"].append(m.replica)
+            for n in m.nodes:
+                if len(g["nodes"]) < named and n not in g["nodes"]:
+                    g["nodes"].append(n)
+            for said, into in ((m.reason, g["reasons"]), (m.voided, g["voided"])):
+                if said and len(into) < named and said not in into:
+                    into.append(said)
+        shown = sorted(groups.values(), key=lambda g: (g["t"], g["seq"]))
+        lanes.append({"model": name, "total": b - a, "groups": len(shown), "marks": shown[-limit:]})
     return lanes
 
 

@@ -344,7 +344,8 @@ class Console:
             model = query.get("model") or ""
             if model and model not in models:
                 raise HttpError(404, f"no model {model} in the log")
-            return {**head, "lanes": series.timeline(rec, start, end, [model] if model else models, cfg.timeline_limit)}
+            return {**head, "lanes": series.timeline(rec, start, end, [model] if model else models, cfg.timeline_limit,
+                                                     cfg.timeline_cells)}
         node = urllib.parse.unquote(what.removeprefix("gpus/"))
         if node not in self.state.nodes and node not in rec.segments:
             raise HttpError(404, f"no node {node}")

@@ -13,8 +13,10 @@ const plotsView = (() => {
     {id: "replicas", title: "Replicas", series: [["ready", "ready", "#16a34a"], ["desired", "desired", "#6b7280", [6, 4]]]},
     {id: "requests", title: "Requests/s", series: [["requests_s", "requests/s", "#2563eb"]]},
     {id: "queued", title: "Requests queued and in flight", series: [["queued", "queued", "#dc2626"], ["in_flight", "in flight", "#2563eb"]]},
-    {id: "ttft", title: "Time to first token (s)", series: [["ttft_p50", "p50", "#0891b2"], ["ttft_p90", "p90", "#9333ea"]]},
-    {id: "prefix", title: "Prefix-hit ratio (cached / prompt tokens)", series: [["prefix_hit", "prefix hit", "#d97706"]]},
+    // (Where nothing was answered these two have a gap, not a zero: a lone bucket is drawn as a dot.)
+    {id: "ttft", title: "Time to first token", series: [["ttft_p50", "p50", "#0891b2"], ["ttft_p90", "p90", "#9333ea"]], dots: true,
+     values: (u, vals) => vals.map((v) => (v >= 1 ? `${+v.toFixed(2)} s` : `${+(v * 1000).toFixed(1)} ms`))},
+    {id: "prefix", title: "Prefix-hit ratio (cached / prompt tokens)", series: [["prefix_hit", "prefix hit", "#d97706"]], dots: true},
     {id: "tokens", title: "Tokens/s", series: [["tokens_in_s", "prompt", "#65a30d"], ["tokens_out_s", "completion", "#db2777"]]},
   ];
   const HEIGHT = 150;
@@ -42,9 +44,9 @@ const plotsView = (() => {
     return {
       width, height: HEIGHT, legend: {show: true}, cursor: {drag: {x: true, y: false, setScale: false}},
       scales: {x: {time: true}, y: c.id === "prefix" ? {range: [0, 1]} : {range: (u, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1]}},
-      axes: [{size: 30}, {size: 44}],
+      axes: [{size: 30}, c.values ? {size: 60, values: c.values} : {size: 52}],
       series: [{}, ...c.series.map(([, label, stroke, dash]) => ({label, stroke, width: 1.5, dash, spanGaps: false,
-        points: {show: false}}))],
+        points: c.dots ? {show: true, size: 5, fill: stroke} : {show: false}}))],
       hooks: {
         draw: [(u) => drawCursor(u)],
         setSelect: [(u) => chose(u)],

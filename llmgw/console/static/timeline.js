@@ -22,17 +22,22 @@ const timelineView = (() => {
     }).join("");
     return `<div class="tl-lane tl-axis"><div class="tl-name muted">${esc(when(data.from).slice(0, 10))}</div><div class="tl-track">${ticks}</div></div>`;
   }
-  function said(m) {
-    return `${m.kind} ${m.replica}${m.nodes && m.nodes.length ? " on " + m.nodes.join(", ") : ""} at ${when(m.t)} (event ${m.seq})` +
-      (m.reason ? `: ${m.reason}` : "") + (m.voided ? ` [voided: ${m.voided}]` : "");
+  function who(m) {
+    // "placed chat-3 on gpu-1", or "placed 200 replicas: a-1, a-2, … on n1, n2, …" (a mark is all those of its kind
+    // within a thousandth of the window: llmgw/console/series.py).
+    const more = (shown, n) => (n > shown.length ? ", …" : "");
+    const names = m.replicas.join(", ") + more(m.replicas, m.n);
+    const nodes = m.nodes.length ? ` on ${m.nodes.join(", ")}${m.nodes.length >= 8 ? ", …" : ""}` : "";
+    return `${m.kind} ${m.n > 1 ? `${m.n} replicas: ` : ""}${names}${nodes}`;
   }
   function html(data) {
     const whole = plotsView.span.from === null && plotsView.span.to === null;
     const legend = Object.entries(KIND_COLOUR).map(([k, c]) => `<span><i style="background:${c}"></i>${k}</span>`).join("");
     const lanes = data.lanes.map((lane) => {
-      const marks = lane.marks.map((m, i) => `<span class="tl-mark k-${esc(m.kind)}${m.voided ? " voided" : ""}" style="left:${pos(m.t, data)}%;` +
-        `background:${KIND_COLOUR[m.kind] || "#111827"}" data-kind="${esc(m.kind)}" data-seq="${m.seq}" data-i="${i}" title="${esc(said(m))}"></span>`).join("");
-      const cut = lane.total > lane.marks.length ? ` <span class="muted">(the last ${lane.marks.length} of ${lane.total})</span>` : "";
+      // (No title per mark: 10,000 of them doubled the page; the box below says it on hover.)
+      const marks = lane.marks.map((m, i) => `<span class="tl-mark${m.n > 1 ? " many" : ""}${m.voided.length ? " voided" : ""}" style="left:${pos(m.t, data)}%;` +
+        `background:${KIND_COLOUR[m.kind] || "#111827"}" data-kind="${m.kind}" data-seq="${m.seq}" data-n="${m.n}" data-i="${i}"></span>`).join("");
+      const cut = lane.groups > lane.marks.length ? ` <span class="muted">(the last ${lane.marks.length} of ${lane.groups})</span>` : "";
       return `<div class="tl-lane" data-lane="${esc(lane.model)}"><div class="tl-name"><a href="#plots/${encodeURIComponent(lane.model)}">${esc(lane.model)}</a>${cut}</div>` +
         `<div class="tl-track">${marks}${cursor(data)}</div></div>`;
     }).join("");
@@ -55,9 +60,9 @@ const timelineView = (() => {
     const tip = $("#tl-tip");
     tip.className = "tl-tip";
     tip.dataset.seq = m.seq;
-    tip.innerHTML = `<b style="color:${KIND_COLOUR[m.kind] || "inherit"}">${esc(m.kind)}</b> ${esc(m.replica)}` +
-      `${m.nodes && m.nodes.length ? " on " + esc(m.nodes.join(", ")) : ""} · ${esc(when(m.t))} · event ${m.seq}` +
-      `${m.reason ? `<div class="tl-reason">${esc(m.reason)}</div>` : ""}${m.voided ? `<div class="voided">voided: ${esc(m.voided)}</div>` : ""}`;
+    tip.innerHTML = `<b style="color:${KIND_COLOUR[m.kind] || "inherit"}">${esc(m.kind)}</b> ${esc(who(m).slice(m.kind.length + 1))}` +
+      ` · ${esc(when(m.t))} · event ${m.seq}` + m.reasons.map((r) => `<div class="tl-reason">${esc(r)}</div>`).join("") +
+      m.voided.map((v) => `<div class="voided">voided: ${esc(v)}</div>`).join("");
   });
   document.addEventListener("click", (e) => {
     const el = e.target.closest && e.target.closest(".tl-mark");
