@@ -45,7 +45,8 @@ from llmgw.console.server import Console  # noqa: E402
 from llmgw.core import events as ev  # noqa: E402
 from llmgw.core.decide import decide  # noqa: E402
 
-VIEWS = ["fleet", "fleet@past", "node", "models", "replicas", "decisions", "quotas", "explain", "plots", "timeline"]
+VIEWS = ["fleet", "fleet@past", "node", "node-gpus", "models", "replicas", "decisions", "quotas", "explain", "plots",
+         "timeline"]
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -163,7 +164,8 @@ def measure(browser, served: Served, token: str, view: str) -> tuple[float, int]
     page.goto(f"{base}/?token={token}")  # the cookie, then the fleet once
     page.wait_for_selector('body[data-painted="fleet"]', timeout=120_000)
     name, _, when = view.partition("@")
-    target = {"node": "node/node-0000", "explain": "explain/model-00", "plots": "plots/model-00"}.get(name, name)
+    target = {"node": "node/node-0000", "node-gpus": "node/node-0000", "explain": "explain/model-00",
+              "plots": "plots/model-00"}.get(name, name)
     mid = served.console.state.seq // 2
     if when:
         page.goto(f"{base}/#{target}")  # where the page opens; the point in the log is set below
@@ -179,7 +181,10 @@ def measure(browser, served: Served, token: str, view: str) -> tuple[float, int]
     else:
         page.goto("about:blank")
         page.goto(f"{base}/#{target}")
-        page.wait_for_selector(f'body[data-painted="{name}"]', timeout=120_000)
+        if name == "node-gpus":  # the node's page with what its GPUs held, drawn once its own data came
+            page.wait_for_selector('#gputimeline[data-painted="1"]', timeout=120_000)
+        else:
+            page.wait_for_selector(f'body[data-painted="{name}"]', timeout=120_000)
         painted = page.evaluate(f"performance.getEntriesByName('llmgw-painted-{name}').map(e => e.startTime)")
         ms = painted[0] if painted else float("nan")
     size = page.evaluate(
@@ -231,7 +236,8 @@ def main() -> None:
         sm = statistics.median(results[(view, "small")])
         print(f"{view:<12} {b:>23.0f} ms {sizes[(view, 'big')] / 1024:>6.0f} KB {sm:>21.0f} ms {b / sm:>6.1f}x")
     print("\n(first paint: navigation start to the paint after the view is drawn, median of "
-          f"{args.runs}; fleet@past: from asking for the middle of the log to its paint)")
+          f"{args.runs}; fleet@past: from asking for the middle of the log to its paint; "
+          "node-gpus: to the paint of the node's GPU timeline, which comes after its page)")
 
 
 if __name__ == "__main__":
