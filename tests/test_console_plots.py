@@ -25,8 +25,9 @@ from llmgw.replay.tool import fold_until
 from .test_console import WAIT_MS, Fleet, location, request, shot, show
 
 openai = pytest.importorskip("openai")
-playwright_api = pytest.importorskip("playwright.sync_api")
-from .test_console import ARGS, CHROMIUM, pytestmark  # noqa: E402,F401  (the same marks: nats, chromium)
+pytest.importorskip("playwright.sync_api")
+# The same marks (nats, chromium), and the same browser fixture, one per module.
+from .test_console import browser, pytestmark  # noqa: E402,F401
 
 CATALOG = """
 owners:
@@ -90,16 +91,6 @@ def ask(base_url: str) -> list:
             said.append(answer.choices[0].message.content)
     assert all(said), said
     return said
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def opened(browser, fleet, width: int = 1280, height: int = 800, **kw):
