@@ -84,18 +84,14 @@ class Segment(msgspec.Struct, kw_only=True, array_like=True):
 
 
 class _Loads:
-    """One model's load reports, by time (every gateway's)."""
+    """One model's load reports, by time (every gateway's): the times, for
+    bisecting, and (requests, tokens in, tokens out, cached, p50, p90) each."""
 
-    __slots__ = ("times", "requests", "tokens_in", "tokens_out", "cached", "p50", "p90")
+    __slots__ = ("times", "reports")
 
     def __init__(self) -> None:
         self.times: list[float] = []
-        self.requests: list[int] = []
-        self.tokens_in: list[int] = []
-        self.tokens_out: list[int] = []
-        self.cached: list[int] = []
-        self.p50: list[float] = []
-        self.p90: list[float] = []
+        self.reports: list[tuple[int, int, int, int, float, float]] = []
 
 
 class Recorder:
@@ -158,12 +154,16 @@ class Recorder:
                 self._replica(state, rid, t, seq)
 
     def _tick(self, seq: int, at: float | None) -> float:
+        """The log's time after this event; `times`/`seqs` keep the last event of each time."""
         if at is not None and at > self.t:
             if not self.times:
                 self.first = at
             self.t = at
-        self.times.append(self.t)
-        self.seqs.append(seq)
+        if self.times and self.times[-1] == self.t:
+            self.seqs[-1] = seq
+        else:
+            self.times.append(self.t)
+            self.seqs.append(seq)
         return self.t
 
     def _decided(self, state: State, e: ev.Decided, seq: int, t: float, voided: int) -> None:
@@ -211,22 +211,29 @@ class Recorder:
         self.desired.setdefault(name, Steps()).set(t, decided(m) if m is not None else 0)
 
     def _load(self, state: State, e: ev.ModelLoad, t: float) -> None:
-        m = state.models.get(e.model)
+        """(Most events of a real day's log are these: kept short.)"""
+        name = e.model
+        m = state.models.get(name)
         if m is None:
             return  # the fold drops a load on no model of the catalog
-        self.queued.setdefault(e.model, Steps()).set(t, sum(x.queued for x in m.load.values()))
-        self.in_flight.setdefault(e.model, Steps()).set(t, sum(x.in_flight for x in m.load.values()))
+        queued = self.queued.get(name)
+        if queued is None:
+            queued = self.queued[name] = Steps()
+            self.in_flight[name] = Steps()
+        q = f = 0
+        for x in m.load.values():
+            q += x.queued
+            f += x.in_flight
+        queued.set(t, q)
+        self.in_flight[name].set(t, f)
         if e.requests or e.tokens_in or e.tokens_out:
-            lo = self.loads.get(e.model)
+            lo = self.loads.get(name)
             if lo is None:
-                lo = self.loads[e.model] = _Loads()
+                lo = self.loads[name] = _Loads()
             lo.times.append(t)
-            lo.requests.append(e.requests)
-            lo.tokens_in.append(e.tokens_in)
-            lo.tokens_out.append(e.tokens_out)
-            lo.cached.append(min(e.tokens_cached, e.tokens_in))
-            lo.p50.append(e.ttft_p50)
-            lo.p90.append(e.ttft_p90)
+            tin = e.tokens_in
+            lo.reports.append((e.requests, tin, e.tokens_out, e.tokens_cached if e.tokens_cached < tin else tin,
+                               e.ttft_p50, e.ttft_p90))
 
     def _replica(self, state: State, rid: str, t: float, seq: int) -> None:
         """Count the replica again: its model's ready count, its owner's GPUs."""
@@ -368,12 +375,12 @@ def plots(rec: Recorder, model: str, start: float, end: float, points: int) -> d
             for k in rates:
                 rates[k].append(0.0 if k.endswith("_s") else None)
             continue
-        req = sum(lo.requests[a:b])
-        tin, tout, cached = sum(lo.tokens_in[a:b]), sum(lo.tokens_out[a:b]), sum(lo.cached[a:b])
+        got = lo.reports[a:b]
+        req, tin, tout, cached = (sum(r[k] for r in got) for k in range(4))
         rates["requests_s"].append(_r(req / width))
         rates["tokens_in_s"].append(_r(tin / width))
         rates["tokens_out_s"].append(_r(tout / width))
-        timed = [(max(lo.requests[j], 1), lo.p50[j], lo.p90[j]) for j in range(a, b) if lo.p50[j] > 0]
+        timed = [(max(r[0], 1), r[4], r[5]) for r in got if r[4] > 0]
         weight = sum(w for w, _, _ in timed)
         rates["ttft_p50"].append(_r(sum(w * p for w, p, _ in timed) / weight) if weight else None)
         rates["ttft_p90"].append(_r(sum(w * p for w, _, p in timed) / weight) if weight else None)
