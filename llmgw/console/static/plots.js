@@ -33,7 +33,7 @@ const plotsView = (() => {
     const whole = span.from === null && span.to === null;
     return `<h2>Plots${data.model ? ": " + esc(data.model) : ""}</h2>` +
       `<div class="filters"><label>model <select id="p-model">${options(data.models, data.model, data.models.length ? "choose a model" : "no model yet")}</select></label>` +
-      `<span class="muted" id="p-window">${esc(when(data.from))} to ${esc(when(data.to))}</span>` +
+      `<span class="muted" id="p-window"></span>` +  // (said in draw: the same HTML keeps the charts as the log moves)
       (whole ? `<span class="muted">drag across a chart to look closer; click to travel there</span>` : `<button type="button" id="p-whole">Whole log</button>`) +
       `</div>` + (data.model ? `<div class="plots">${figs.join("")}</div>` : `<p class="muted">No model in the log yet.</p>`);
   }
@@ -95,6 +95,7 @@ const plotsView = (() => {
   }
   function draw(data) {
     if (!data.model) return;
+    $("#p-window").textContent = `${when(data.from)} to ${when(data.to)}`;
     const defs = [...CHARTS, ownerChart(data)];
     for (const c of defs) {
       const box = document.querySelector(`figure[data-plot="${c.id}"] .chart`);

@@ -44,9 +44,11 @@ const timelineView = (() => {
     return `<h2>Timeline: decisions per model</h2><div class="filters"><span class="muted">${esc(when(data.from))} to ${esc(when(data.to))}</span>` +
       (whole ? "" : `<button type="button" id="t-whole">Whole log</button>`) + `</div>` +
       `<div class="legend">${legend}</div><div class="tl">${lanes ? lanes + axis(data) : '<p class="muted">No model in the log yet.</p>'}</div>` +
-      `<div id="tl-tip" class="tl-tip muted">Point at a mark for what happened and why; click it to travel there.</div>`;
+      (tipSaid ? `<div id="tl-tip" class="tl-tip" data-seq="${tipSaid.seq}">${tipSaid.html}</div>`  // kept as the log moves
+        : `<div id="tl-tip" class="tl-tip muted">Point at a mark for what happened and why; click it to travel there.</div>`);
   }
   let shown = null;  // the data drawn: a mark's details are read from it
+  let tipSaid = null;  // what the box says of the last mark pointed at: {seq, html}
   function draw(data) { shown = data; }
   function markOf(el) {
     const lane = shown && shown.lanes.find((l) => l.model === el.closest(".tl-lane").dataset.lane);
@@ -63,6 +65,7 @@ const timelineView = (() => {
     tip.innerHTML = `<b style="color:${KIND_COLOUR[m.kind] || "inherit"}">${esc(m.kind)}</b> ${esc(who(m).slice(m.kind.length + 1))}` +
       ` · ${esc(when(m.t))} · event ${m.seq}` + m.reasons.map((r) => `<div class="tl-reason">${esc(r)}</div>`).join("") +
       m.voided.map((v) => `<div class="voided">voided: ${esc(v)}</div>`).join("");
+    tipSaid = {seq: m.seq, html: tip.innerHTML};
   });
   document.addEventListener("click", (e) => {
     const el = e.target.closest && e.target.closest(".tl-mark");
