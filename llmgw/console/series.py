@@ -100,8 +100,8 @@ class Recorder:
 
     def __init__(self) -> None:
         self.t = 0.0  # the log's time so far (never going back)
-        self.first = 0.0  # the first event's
-        self.times: list[float] = []  # per event folded, its time and sequence (a time to a point of the slider)
+        self.first = 0.0  # the first event's (the first with a time: one that cannot be read has none)
+        self.times: list[float] = []  # each time of the log, and its last event (a time to a point of the slider)
         self.seqs: list[int] = []
         self.ready: dict[str, Steps] = {}
         self.desired: dict[str, Steps] = {}
@@ -156,7 +156,7 @@ class Recorder:
     def _tick(self, seq: int, at: float | None) -> float:
         """The log's time after this event; `times`/`seqs` keep the last event of each time."""
         if at is not None and at > self.t:
-            if not self.times:
+            if not self.first:
                 self.first = at
             self.t = at
         if self.times and self.times[-1] == self.t:

@@ -32,6 +32,7 @@ from pathlib import Path
 import msgspec
 
 from ..core import events as ev
+from ..core.bounds import MAX_TIME
 from ..core.catalog import NAME_RE
 from ..core.fold import apply
 from ..core.history import summary
@@ -325,7 +326,7 @@ class Console:
             raise HttpError(400, f"from {query['from']} is not before to {query['to']}")
         start, end = series.window(rec, first, until)
         point, last = self._point(query), self.state.seq
-        seq = last if point is None else min(last, int(point[1]) if point[0] == "seq" else series.seq_at(rec, point[1]))
+        seq = last if point is None else max(0, min(last, int(point[1]) if point[0] == "seq" else series.seq_at(rec, point[1])))
         head = {"seq": seq, "last": last, "past": seq < last, "at": self._at_of(seq),
                 "first_at": self._at_of(self.records[0][0]) if self.records else 0.0, "from": start, "to": end}
         models = sorted(set(self.state.models) | set(rec.desired))
@@ -359,7 +360,7 @@ class Console:
             t = float(query[key])
         except ValueError:
             raise HttpError(400, f"{key} {query[key]!r} is not Unix seconds")
-        if not 0 <= t < 1e11:
+        if not 0 <= t <= MAX_TIME:  # (nor NaN: JSON has none to send back)
             raise HttpError(400, f"{key} {query[key]!r} is not Unix seconds")
         return t
 
