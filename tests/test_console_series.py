@@ -216,3 +216,15 @@ def test_the_consoles_routes_serve_windows_and_refuse_bad_input_clearly():
         with pytest.raises(HttpError) as e:
             console.view(what, query)
         assert e.value.status == status and said in str(e.value), (what, query, str(e.value))
+
+
+def test_a_time_of_the_log_is_its_last_event_at_or_before_it():
+    f = run()
+    bad = (len(f.log) + 1, "llmgw.ctl.x", b"not json")  # unreadable: quarantined by the fold, no time of its own
+    _, rec = series.record([(0, "llmgw.ctl.x", b"{")] + f.log + [bad])
+    times = [ev.decode(d).at for _, _, d in f.log]
+    assert rec.first == times[0] and rec.t == times[-1]
+    for i, t in enumerate(times):
+        last = max(j for j, u in enumerate(times) if u <= t)
+        assert series.seq_at(rec, t) == (f.log[last][0] if last < len(times) - 1 else bad[0]), i
+    assert series.seq_at(rec, times[0] - 1) == 0  # before the log (the unreadable first event has no time)
