@@ -7,7 +7,10 @@ register (NodeRegistered, 8 GPUs each, with site/room/row/rack/pdu labels:
 2 sites x 2 rooms x 5 rows x 20 racks x 5 nodes, two PDUs per rack), the
 operator applies 24 models (1, 2, 4 and 8 GPUs per replica) sized to fill
 about 70% of the GPUs, `decide` places them (each pass a Decided with its
-basis, folded like the control plane's) and every shard reports ready. The
+basis, folded like the control plane's) and every shard reports ready; then
+a gateway reports load on every model for ten minutes (a ModelLoad every
+10 s: requests, tokens, cached prompt tokens, time to first byte), which the
+Plots view draws. The
 console folds that log as it folds a live one (Console._on_message) and
 serves it over its real HTTP server; only the bus is absent (no action is
 published here).
@@ -42,7 +45,8 @@ from llmgw.console.server import Console  # noqa: E402
 from llmgw.core import events as ev  # noqa: E402
 from llmgw.core.decide import decide  # noqa: E402
 
-VIEWS = ["fleet", "fleet@past", "node", "models", "replicas", "decisions", "quotas", "explain"]
+VIEWS = ["fleet", "fleet@past", "node", "node-gpus", "models", "replicas", "decisions", "quotas", "explain", "plots",
+         "timeline"]
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -94,6 +98,13 @@ def make_log(nodes: int) -> list[tuple[int, str, bytes]]:
                 for s in a.shards:
                     emit(ev.ShardStatus(at=now, node=s.node, replica=a.replica, shard=s.shard, generation=generation,
                                         state="ready", endpoint=f"http://{s.node}:{s.port}"))
+    for step in range(60):  # ten minutes of load, for the plots
+        now += 10.0
+        for m in range(count):
+            busy = (step + m) % 7
+            emit(ev.ModelLoad(at=now, gateway="gw-bench", model=f"model-{m:02d}", in_flight=busy, queued=busy // 3,
+                              last_used=now, requests=20 * busy, tokens_in=2000 * busy, tokens_out=500 * busy,
+                              tokens_cached=900 * busy, ttft_p50=0.05 * (1 + busy), ttft_p90=0.12 * (1 + busy)))
     return records
 
 
@@ -153,7 +164,8 @@ def measure(browser, served: Served, token: str, view: str) -> tuple[float, int]
     page.goto(f"{base}/?token={token}")  # the cookie, then the fleet once
     page.wait_for_selector('body[data-painted="fleet"]', timeout=120_000)
     name, _, when = view.partition("@")
-    target = {"node": "node/node-0000", "explain": "explain/model-00"}.get(name, name)
+    target = {"node": "node/node-0000", "node-gpus": "node/node-0000", "explain": "explain/model-00",
+              "plots": "plots/model-00"}.get(name, name)
     mid = served.console.state.seq // 2
     if when:
         page.goto(f"{base}/#{target}")  # where the page opens; the point in the log is set below
@@ -169,7 +181,10 @@ def measure(browser, served: Served, token: str, view: str) -> tuple[float, int]
     else:
         page.goto("about:blank")
         page.goto(f"{base}/#{target}")
-        page.wait_for_selector(f'body[data-painted="{name}"]', timeout=120_000)
+        if name == "node-gpus":  # the node's page with what its GPUs held, drawn once its own data came
+            page.wait_for_selector('#gputimeline[data-painted="1"]', timeout=120_000)
+        else:
+            page.wait_for_selector(f'body[data-painted="{name}"]', timeout=120_000)
         painted = page.evaluate(f"performance.getEntriesByName('llmgw-painted-{name}').map(e => e.startTime)")
         ms = painted[0] if painted else float("nan")
     size = page.evaluate(
@@ -221,7 +236,8 @@ def main() -> None:
         sm = statistics.median(results[(view, "small")])
         print(f"{view:<12} {b:>23.0f} ms {sizes[(view, 'big')] / 1024:>6.0f} KB {sm:>21.0f} ms {b / sm:>6.1f}x")
     print("\n(first paint: navigation start to the paint after the view is drawn, median of "
-          f"{args.runs}; fleet@past: from asking for the middle of the log to its paint)")
+          f"{args.runs}; fleet@past: from asking for the middle of the log to its paint; "
+          "node-gpus: to the paint of the node's GPU timeline, which comes after its page)")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw.console import views
+from llmgw.console import series, views
 from llmgw.core import bounds
 from llmgw.core import events as ev
 from llmgw.core.decide import decide
@@ -124,6 +124,13 @@ def _survive(events: list[ev.Event], times: list[float], then=None) -> State:
     # The console's views of it, as JSON.
     msgspec.json.encode([views.fleet(state), views.models_view(state), views.replicas_view(state),
                          views.quotas_view(state), [views.node(state, n, None) for n in state.nodes]])
+    # Its plots and timelines, as JSON (JSON has no infinity: an open GPU segment ends at the window's end).
+    recorded, rec = series.record(records)
+    assert recorded == state
+    start, end = series.window(rec, None, None)
+    msgspec.json.encode([[series.plots(rec, m, start, end, 10) for m in state.models],
+                         series.timeline(rec, start, end, sorted(state.models), 100, 1000),
+                         [series.gpus(rec, state, n, start, end, 100) for n in state.nodes]])
     # The projector: rows that SQLite takes, and its own fold the same.
     with tempfile.TemporaryDirectory() as tmp:
         projected = asyncio.run(_project(records, Path(tmp) / "rm.db"))
@@ -191,7 +198,8 @@ def test_the_longest_registration_and_the_largest_model_fold_place_snapshot_proj
         ev.ModelApplied(at=bounds.MAX_TIME, model=model),
         ev.ModelLoad(at=bounds.MAX_TIME, gateway="g" * 64, model=model.name, in_flight=bounds.MAX_COUNTER,
                      queued=bounds.MAX_COUNTER, last_used=bounds.MAX_TIME, tokens_in=bounds.MAX_COUNTER,
-                     tokens_out=bounds.MAX_COUNTER),
+                     tokens_out=bounds.MAX_COUNTER, requests=bounds.MAX_COUNTER, tokens_cached=bounds.MAX_COUNTER,
+                     ttft_p50=bounds.MAX_DURATION, ttft_p90=bounds.MAX_DURATION),
         ev.NodePower(at=bounds.MAX_TIME, node="a" * 64, watts=bounds.MAX_NODE_WATTS,
                      gpus={i: bounds.MAX_GPU_WATTS for i in range(bounds.MAX_GPUS_PER_NODE)}),
         ev.LeaderElected(at=bounds.MAX_TIME, term=bounds.MAX_SEQ, leader="l" * bounds.MODEL_NAME_LEN),

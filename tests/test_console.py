@@ -71,15 +71,16 @@ class Fleet:
     """`llmgw up` (NATS, control plane, projector, console) and simulated
     agents in two racks, in a folder of its own; stopped by PID."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *up_args: str) -> None:
+        """`up_args`: more flags for `llmgw up` (a gateway's: test_console_plots.py); none, no gateway."""
         self.folder = folder
         self.nats_port, self.console_port = free_port(), free_port()
         self.out = folder / "up.out"
         self.procs: list[subprocess.Popen] = []
         with open(self.out, "wb") as out:
             self.up = subprocess.Popen(
-                [sys.executable, "-m", "llmgw", "up", "--nats-port", str(self.nats_port), "--no-agent", "--no-gateway",
-                 "--console-port", str(self.console_port)],
+                [sys.executable, "-m", "llmgw", "up", "--nats-port", str(self.nats_port), "--no-agent",
+                 *(up_args or ("--no-gateway",)), "--console-port", str(self.console_port)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=folder, start_new_session=True,
             )  # fmt: skip
         self.wait_for(lambda: "llmgw console: http" in self.text(), "the console did not come up")

@@ -287,6 +287,25 @@ def test_a_request_shorter_than_a_report_still_counts():
     assert r.in_flight == 1
 
 
+def test_a_report_counts_the_requests_finished_the_cached_prompt_tokens_and_the_first_byte_percentiles():
+    loads = Loads()
+    m = loads.meter("m", 0.0)
+    for i, first in enumerate([0.5, 0.1, 0.3, 0.2, 0.4, 0.9, 0.6, 0.8, 0.7, 1.0]):
+        m.change(0.01 * i, in_flight=1)
+        m.change(0.01 * i + 0.005, in_flight=-1)
+        m.finished(first)
+    m.finished(None)  # one that never had an answer (a 503): counted, no time to first byte
+    m.tokens_in, m.tokens_cached = 100, 40
+    (r,) = loads.due(1.0)
+    assert (r.requests, r.tokens_in, r.tokens_cached) == (11, 100, 40)
+    assert (r.ttft_p50, r.ttft_p90) == (0.5, 0.9)  # nearest rank of the ten answered
+    # A request finished alone is worth a report (the plots' requests/s), and the next window starts afresh.
+    m.finished(0.25)
+    (r,) = loads.due(2.0)
+    assert (r.requests, r.tokens_cached, r.ttft_p50, r.ttft_p90) == (1, 0, 0.25, 0.25)
+    assert loads.due(3.0) == []  # nothing more to say
+
+
 # --------------------------------------------------------------------------- the API's shapes, metrics
 
 
@@ -300,11 +319,16 @@ def test_request_head_usage_and_errors():
             continue
         raise AssertionError(bad)
     assert msgspec.json.decode(api.with_model(b'{"model": "alias", "x": [1]}', "real")) == {"model": "real", "x": [1]}
-    assert api.usage_of(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4}}') == (3, 4)
-    assert api.usage_of(b'{"timings": {"prompt_n": 5, "predicted_n": 6}}') == (5, 6)
+    assert api.usage_of(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4}}') == (3, 4, 0)
+    assert api.usage_of(b'{"timings": {"prompt_n": 5, "predicted_n": 6}}') == (5, 6, 0)
+    # The prompt tokens taken from the engine's prefix cache: OpenAI's and vLLM's word, or llama.cpp's.
+    cached = b'{"usage": {"prompt_tokens": 9, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 7}}}'
+    assert api.usage_of(cached) == (9, 1, 7)
+    assert api.usage_of(b'{"usage": {"prompt_tokens": 9, "completion_tokens": 1, "prompt_tokens_details": null}}') == (9, 1, 0)
+    assert api.usage_of(b'{"timings": {"prompt_n": 2, "predicted_n": 6, "cache_n": 7}}') == (9, 6, 7)
     assert api.usage_of(b'{"usage": null}') is None
     tail = b'data: {"choices": []}\n\ndata: {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}\n\ndata: [DONE]\n\n'
-    assert api.stream_usage(tail) == (1, 2)
+    assert api.stream_usage(tail) == (1, 2, 0)
     body = msgspec.json.decode(api.error_body(429, "slow down", "rate_limit_exceeded"))
     assert body == {"error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded"}}
     assert api.sse_error(502, "gone").startswith(b'data: {"error":')

@@ -15,6 +15,12 @@ GET /health, POST /v1/chat/completions and /v1/completions (streamed as
 server-sent events when asked, a word an event, the usage in the last), and
 POST /v1/embeddings. Request bodies must come with a Content-Length.
 
+Its usage says how many prompt tokens (words, here) it took from its prefix
+cache (`prompt_tokens_details.cached_tokens`, as OpenAI's and vLLM's do): the
+longest start a prompt shares with one of the last PREFIX_CACHE it was
+asked, so that a simulated fleet's prefix-hit ratio (the console's plots)
+moves with what it is asked, as a real engine's does.
+
 Given a key, as an agent gives each engine its own, it answers 401 to any
 request but GET /health without `Authorization: Bearer <key>` (as llama.cpp
 does), so the gateway's tests and benchmarks go through the engine keys.
@@ -28,6 +34,7 @@ import json
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 503: "Service Unavailable"}
 MAX_HEAD = 64 * 1024
+PREFIX_CACHE = 64  # prompts a simulated engine remembers, for the prefixes it finds in its cache
 
 
 class SimEngine:
@@ -43,6 +50,7 @@ class SimEngine:
         self.port = 0
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._prompts: list[list[str]] = []  # the last PREFIX_CACHE prompts, as words: its "prefix cache"
 
     @property
     def endpoint(self) -> str:
@@ -69,9 +77,29 @@ class SimEngine:
         words = self.says.split()
         return [w + " " for w in words[:-1]] + words[-1:]
 
-    def prompt_tokens(self, req: dict) -> int:
+    @staticmethod
+    def prompt_words(req: dict) -> list[str]:
         prompt = req.get("prompt") or " ".join(str(m.get("content", "")) for m in req.get("messages") or [] if isinstance(m, dict))
-        return max(len(str(prompt).split()), 1)
+        return str(prompt).split()
+
+    def prompt_tokens(self, req: dict) -> int:
+        return max(len(self.prompt_words(req)), 1)
+
+    def cached_tokens(self, req: dict) -> int:
+        """The words of this prompt found in its "cache": the longest start it
+        shares with a prompt asked before (the prompt is then remembered)."""
+        words = self.prompt_words(req)
+        best = 0
+        for seen in self._prompts:
+            n = 0
+            for a, b in zip(words, seen):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        self._prompts.append(words)
+        del self._prompts[:-PREFIX_CACHE]
+        return min(best, max(len(words) - 1, 0))  # as an engine, it evaluates at least the prompt's last token
 
     # ----------------------------------------------------------------- HTTP
 
@@ -133,10 +161,12 @@ class SimEngine:
             })  # fmt: skip
             return True
         chat = path == "/v1/chat/completions"
+        cached = self.cached_tokens(req)
         if req.get("stream"):
-            return await self.stream(writer, chat, prompt)
+            return await self.stream(writer, chat, prompt, cached=cached)
         done = len(self.says.split())
-        usage = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+        usage = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
+                 "prompt_tokens_details": {"cached_tokens": cached}}
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": self.says}, "finish_reason": "stop"}
         else:
@@ -151,7 +181,7 @@ class SimEngine:
             card["aliases"] = [self.model, self.identity]
         return card
 
-    async def stream(self, writer: asyncio.StreamWriter, chat: bool, prompt: int, die_after: int = -1) -> bool:
+    async def stream(self, writer: asyncio.StreamWriter, chat: bool, prompt: int, die_after: int = -1, *, cached: int = 0) -> bool:
         """A streamed answer; cut off (the connection dropped) after `die_after` events when that is not -1."""
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         pieces = self.pieces()
@@ -167,7 +197,8 @@ class SimEngine:
             if self.delay:
                 await asyncio.sleep(self.delay)
         last = {"index": 0, "delta": {}, "finish_reason": "stop"} if chat else {"index": 0, "text": "", "finish_reason": "stop"}
-        usage = {"prompt_tokens": prompt, "completion_tokens": len(pieces), "total_tokens": prompt + len(pieces)}
+        usage = {"prompt_tokens": prompt, "completion_tokens": len(pieces), "total_tokens": prompt + len(pieces),
+                 "prompt_tokens_details": {"cached_tokens": cached}}
         self._event(writer, {"id": "sim", "object": kind, "model": self.model, "created": 1, "choices": [last], "usage": usage})
         done = b"data: [DONE]\n\n"
         writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))

@@ -20,6 +20,10 @@ class ConsoleConfig(msgspec.Struct, kw_only=True, frozen=True):
     history_limit: int = 300  # events of a node's history
     facts_limit: int = 60  # the events shown as the facts a decision was taken on
     states_cached: int = 4  # folded past states kept (time travel back and forth over one point)
+    plot_points: int = 120  # buckets of a plot's window, unless the page asks for another number
+    plot_points_max: int = 2000
+    timeline_limit: int = 2000  # the last marks of a model's lane (and segments of a GPU) in a window
+    timeline_cells: int = 1000  # a lane's marks of one kind within 1/1000 of its window are drawn as one
 
 
 CONFIG = ConsoleConfig()

@@ -32,6 +32,7 @@ from pathlib import Path
 import msgspec
 
 from ..core import events as ev
+from ..core.bounds import MAX_TIME
 from ..core.catalog import NAME_RE
 from ..core.fold import apply
 from ..core.history import summary
@@ -40,7 +41,7 @@ from ..ctl.readmodels import NoReadModels, ReadModels
 from ..ctl.views import decision_words
 from ..replay.tool import fold_until
 from ..core import facility
-from . import views
+from . import series, views
 from .config import CONFIG, COOKIE, ConsoleConfig
 
 log = logging.getLogger("llmgw.console")
@@ -65,6 +66,7 @@ class Console:
         self.models = ReadModels(db) if db else None
         self.records: list[tuple[int, str, bytes]] = []
         self.state = State()
+        self.series = series.Recorder()  # the plots and timelines, kept as the log is folded
         self._past: OrderedDict[int, State] = OrderedDict()
         self._follower = None
         self.server: asyncio.AbstractServer | None = None
@@ -74,6 +76,7 @@ class Console:
     def _on_message(self, seq: int, subject: str, data: bytes) -> None:
         self.records.append((seq, subject, data))
         apply(self.state, seq, subject, data)
+        self.series.observe(self.state, seq, subject, data)
 
     async def start(self) -> None:
         self._follower = await self.bus.follow(1, self._on_message)
@@ -85,19 +88,25 @@ class Console:
         if self._follower is not None:
             await self._follower.stop()
 
-    def at(self, query: dict) -> tuple[State, bool]:
-        """The state to show: now, or folded from the log to `seq` or `time`."""
+    @staticmethod
+    def _point(query: dict) -> tuple[str, float] | None:
+        """The point of the log a query asks for: ("seq", N) or ("time", T); None: now."""
         if "seq" in query and query["seq"]:
             try:
-                point = ("seq", float(int(query["seq"])))
+                return ("seq", float(int(query["seq"])))
             except ValueError:
                 raise HttpError(400, f"seq {query['seq']!r} is not a sequence number")
-        elif "time" in query and query["time"]:
+        if "time" in query and query["time"]:
             try:
-                point = ("time", float(query["time"]))
+                return ("time", float(query["time"]))
             except ValueError:
                 raise HttpError(400, f"time {query['time']!r} is not Unix seconds")
-        else:
+        return None
+
+    def at(self, query: dict) -> tuple[State, bool]:
+        """The state to show: now, or folded from the log to `seq` or `time`."""
+        point = self._point(query)
+        if point is None:
             return self.state, False
         records = self.records
         # Past the end is now.
@@ -261,6 +270,8 @@ class Console:
     # ------------------------------------------------------------- views
 
     def view(self, what: str, query: dict):
+        if what in ("plots", "timeline") or what.startswith("gpus/"):
+            return self.over_time(what, query)
         state, past = self.at(query)
         head = {"seq": state.seq, "last": self.state.seq, "past": past, "at": self._at_of(state.seq),
                 "first_at": self._at_of(self.records[0][0]) if self.records else 0.0}
@@ -302,6 +313,56 @@ class Console:
             lines, data = explanation(state, name)
             return {**head, "lines": lines, "explanation": data}
         raise HttpError(404, f"no view {what}")
+
+    def over_time(self, what: str, query: dict) -> dict:
+        """The plots, the decisions timeline and a node's GPU timeline over a
+        window of the log (`from`, `to`: Unix seconds; the whole log by
+        default), from what the console recorded as it folded the log
+        (series.py). The slider's point (`seq` or `time`) is only said, for
+        the cursor: nothing is folded again for it."""
+        rec, cfg = self.series, self.config
+        first, until = self._seconds(query, "from"), self._seconds(query, "to")
+        if first is not None and until is not None and first >= until:
+            raise HttpError(400, f"from {query['from']} is not before to {query['to']}")
+        start, end = series.window(rec, first, until)
+        point, last = self._point(query), self.state.seq
+        seq = last if point is None else max(0, min(last, int(point[1]) if point[0] == "seq" else series.seq_at(rec, point[1])))
+        head = {"seq": seq, "last": last, "past": seq < last, "at": self._at_of(seq),
+                "first_at": self._at_of(self.records[0][0]) if self.records else 0.0, "from": start, "to": end}
+        models = sorted(set(self.state.models) | set(rec.desired))
+        if what == "plots":
+            try:
+                points = int(query.get("points") or cfg.plot_points)
+            except ValueError:
+                raise HttpError(400, f"points {query['points']!r} is not a number")
+            if not 1 <= points <= cfg.plot_points_max:
+                raise HttpError(400, f"points {points}: give 1 to {cfg.plot_points_max}")
+            model = query.get("model") or (models[0] if models else "")
+            if model and model not in models:
+                raise HttpError(404, f"no model {model} in the log")
+            return {**head, "model": model, "models": models, **series.plots(rec, model, start, end, points)}
+        if what == "timeline":
+            model = query.get("model") or ""
+            if model and model not in models:
+                raise HttpError(404, f"no model {model} in the log")
+            return {**head, "lanes": series.timeline(rec, start, end, [model] if model else models, cfg.timeline_limit,
+                                                     cfg.timeline_cells)}
+        node = urllib.parse.unquote(what.removeprefix("gpus/"))
+        if node not in self.state.nodes and node not in rec.segments:
+            raise HttpError(404, f"no node {node}")
+        return {**head, "node": node, "gpus": series.gpus(rec, self.state, node, start, end, cfg.timeline_limit)}
+
+    @staticmethod
+    def _seconds(query: dict, key: str) -> float | None:
+        if not query.get(key):
+            return None
+        try:
+            t = float(query[key])
+        except ValueError:
+            raise HttpError(400, f"{key} {query[key]!r} is not Unix seconds")
+        if not 0 <= t <= MAX_TIME:  # (nor NaN: JSON has none to send back)
+            raise HttpError(400, f"{key} {query[key]!r} is not Unix seconds")
+        return t
 
     def _at_of(self, seq: int) -> float:
         """The time of the event at `seq` (0 when unknown)."""

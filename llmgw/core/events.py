@@ -394,6 +394,16 @@ class ModelLoad(Event, tag="model.load"):
     # model since its previous report (so the sum over the log is the total).
     tokens_in: b.Counter = 0
     tokens_out: b.Counter = 0
+    # For the console's plots (issue 34), over the same window: the requests
+    # this gateway finished for the model, the prompt tokens the engines said
+    # they took from their prefix cache (usage.prompt_tokens_details
+    # .cached_tokens, llama.cpp's timings.cache_n), and the median and 90th
+    # percentile of the time to the answer's first byte (a stream's first
+    # token), 0 when no request was answered.
+    requests: b.Counter = 0
+    tokens_cached: b.Counter = 0
+    ttft_p50: b.Duration = 0.0
+    ttft_p90: b.Duration = 0.0
 
 
 # --------------------------------------------------------------------------- control plane (llmgw.control.>)

@@ -122,14 +122,20 @@ def model_object(table: Table, name: str) -> bytes:
 # --------------------------------------------------------------------------- usage
 
 
+class PromptDetails(msgspec.Struct):
+    cached_tokens: int | None = None  # vLLM sends null when it does not count them
+
+
 class Usage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    prompt_tokens_details: PromptDetails | None = None
 
 
 class Timings(msgspec.Struct):  # llama.cpp's, on the last chunk of a stream
     prompt_n: int = 0
     predicted_n: int = 0
+    cache_n: int = 0  # prompt tokens taken from its cache
 
 
 class _Answer(msgspec.Struct):
@@ -140,20 +146,27 @@ class _Answer(msgspec.Struct):
 _answer = msgspec.json.Decoder(_Answer)
 
 
-def usage_of(body: bytes) -> tuple[int, int] | None:
-    """(prompt, completion) tokens of an answer, or None if it does not say."""
+def usage_of(body: bytes) -> tuple[int, int, int] | None:
+    """(prompt, completion, cached prompt) tokens of an answer, or None if it
+    does not say. The cached are those the engine took from its prefix cache
+    (0 when it does not say): the console plots their share of the prompt."""
     try:
         a = _answer.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     if a.usage is not None:
-        return a.usage.prompt_tokens, a.usage.completion_tokens
+        u = a.usage
+        cached = (u.prompt_tokens_details.cached_tokens or 0) if u.prompt_tokens_details is not None else 0
+        if not cached and a.timings is not None:
+            cached = a.timings.cache_n
+        return u.prompt_tokens, u.completion_tokens, cached
     if a.timings is not None:
-        return a.timings.prompt_n, a.timings.predicted_n
+        t = a.timings
+        return t.prompt_n + t.cache_n, t.predicted_n, t.cache_n  # its prompt_n counts only what it evaluated
     return None
 
 
-def stream_usage(tail: bytes) -> tuple[int, int] | None:
+def stream_usage(tail: bytes) -> tuple[int, int, int] | None:
     """Usage from the last events of a stream (`usage`, or llama.cpp's `timings`)."""
     for event in reversed(tail.split(b"\n\n")):
         event = event.strip()

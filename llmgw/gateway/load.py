@@ -7,7 +7,11 @@ model is woken), each the larger of the count now and the mean over the time
 since the previous report, rounded up: a burst between two reports is not
 lost, and a single request counts as one. With them, when the model was last
 sent a request, and the prompt and completion tokens counted since the
-previous report.
+previous report; and, for the console's plots, the requests finished, the
+prompt tokens the engines took from their prefix cache, and the median and
+90th percentile of the time to first byte over the same window (kept from at
+most TTFT_SAMPLES requests a window: a percentile of a window that busy is
+as good from its first few hundred as from all).
 
 A report goes out when what it would say changed, at most every
 MIN_INTERVAL_S per model; a load that is not zero is repeated at least every
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from ..core.scaling import LOAD_REPEAT_S
 
 MIN_INTERVAL_S = 1.0
+TTFT_SAMPLES = 512  # times to first byte kept a window, for its percentiles
 REPEAT_S = LOAD_REPEAT_S * 0.8  # a margin under the reconciler's expectation
 
 
@@ -35,6 +40,18 @@ class Report:
     last_used: float
     tokens_in: int
     tokens_out: int
+    requests: int = 0
+    tokens_cached: int = 0
+    ttft_p50: float = 0.0
+    ttft_p90: float = 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The `q` quantile (0..1) of `values` by the nearest rank; 0 when there are none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 class Meter:
@@ -42,7 +59,7 @@ class Meter:
 
     __slots__ = (
         "in_flight", "queued", "changed_at", "since", "area_flight", "area_queued",
-        "last_used", "tokens_in", "tokens_out", "reported", "reported_at",
+        "last_used", "tokens_in", "tokens_out", "reported", "reported_at", "requests", "tokens_cached", "ttft",
     )  # fmt: skip
 
     def __init__(self, now: float) -> None:
@@ -55,6 +72,9 @@ class Meter:
         self.last_used = 0.0
         self.tokens_in = 0
         self.tokens_out = 0
+        self.requests = 0  # finished since the previous report
+        self.tokens_cached = 0
+        self.ttft: list[float] = []  # seconds to the first byte, of requests answered since the previous report
         self.reported = (0, 0)
         self.reported_at = -math.inf
 
@@ -69,6 +89,16 @@ class Meter:
         self._advance(now)
         self.in_flight += in_flight
         self.queued += queued
+
+    def finished(self, ttft: float | None = None) -> None:
+        """A request is done; `ttft`: seconds to its answer's first byte, when it had one."""
+        self.requests += 1
+        if ttft is not None and len(self.ttft) < TTFT_SAMPLES:
+            self.ttft.append(ttft)
+
+    def counted(self) -> bool:
+        """Whether it counted anything since the previous report."""
+        return bool(self.tokens_in or self.tokens_out or self.requests)
 
     def busy(self) -> bool:
         return bool(self.in_flight or self.queued)
@@ -88,17 +118,19 @@ class Meter:
         if since_report < MIN_INTERVAL_S:
             return False
         value = self.value(now)
-        if value != self.reported or self.tokens_in or self.tokens_out:
+        if value != self.reported or self.counted():
             return True
         return value != (0, 0) and since_report >= REPEAT_S
 
     def take(self, model: str, now: float) -> Report:
         """The report, and a new window from now."""
         in_flight, queued = self.value(now)
-        report = Report(model, in_flight, queued, self.last_used, self.tokens_in, self.tokens_out)
+        report = Report(model, in_flight, queued, self.last_used, self.tokens_in, self.tokens_out, self.requests,
+                        self.tokens_cached, percentile(self.ttft, 0.5), percentile(self.ttft, 0.9))
         self.reported, self.reported_at = (in_flight, queued), now
         self.since, self.area_flight, self.area_queued = now, 0.0, 0.0
-        self.tokens_in = self.tokens_out = 0
+        self.tokens_in = self.tokens_out = self.requests = self.tokens_cached = 0
+        self.ttft = []
         return report
 
 
@@ -120,7 +152,7 @@ class Loads:
         for model, m in list(self.meters.items()):
             if m.due(now):
                 out.append(m.take(model, now))
-            elif m.reported == (0, 0) and not m.busy() and not m.tokens_in and not m.tokens_out and now - m.reported_at >= MIN_INTERVAL_S:
+            elif m.reported == (0, 0) and not m.busy() and not m.counted() and now - m.reported_at >= MIN_INTERVAL_S:
                 if m.value(now) == (0, 0):
                     del self.meters[model]  # said all it had to say: zero
         return out

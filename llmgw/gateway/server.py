@@ -419,21 +419,26 @@ class Gateway:
             elapsed = time.monotonic() - req.received
             self.metrics.answered(model, replica, status, elapsed)
             prompt = completion = 0
+            first = None  # seconds to the answer's first byte (a stream's first token)
             if ex is not None and replica and ex.status == 200:
-                if ex.first_at and stream:
-                    self.metrics.first_token(model, replica, ex.first_at - req.received)
+                if ex.first_at:
+                    first = ex.first_at - req.received
+                    if stream:
+                        self.metrics.first_token(model, replica, first)
                 used = api.stream_usage(ex.tail) if stream else (api.usage_of(b"".join(ex.parts)) if ex.parts else None)
                 if used is None and stream:
-                    used = (0, max(ex.events - 1, 0))  # one event a token, less [DONE]
+                    used = (0, max(ex.events - 1, 0), 0)  # one event a token, less [DONE]
                 if used is not None:
-                    prompt, completion = used
+                    prompt, completion, cached = used
                     self.metrics.used(model, replica, prompt, completion)
                     meter.tokens_in += prompt
                     meter.tokens_out += completion
+                    meter.tokens_cached += min(cached, prompt)
                     if keyed:
                         lim = self.limits.get(req.auth.decode())
                         if lim is not None:
                             lim.used(prompt + completion, time.monotonic())
+            meter.finished(first)
             if span is not None:
                 span.set_attribute("llmgw.replica", replica)
                 span.set_attribute("http.status_code", status)
@@ -586,7 +591,8 @@ class Gateway:
     async def publish_load(self, r) -> None:
         event = ev.ModelLoad(
             at=time.time(), gateway=self.name, model=r.model, in_flight=r.in_flight, queued=r.queued,
-            last_used=r.last_used, tokens_in=r.tokens_in, tokens_out=r.tokens_out,
+            last_used=r.last_used, tokens_in=r.tokens_in, tokens_out=r.tokens_out, requests=r.requests,
+            tokens_cached=r.tokens_cached, ttft_p50=r.ttft_p50, ttft_p90=r.ttft_p90,
         )  # fmt: skip
         self._published += 1
         try:

@@ -303,6 +303,8 @@ async function render() {
       html = renderDecisions(data = await api("decisions", ["model", "replica", "node"].filter((k) => f[k]).map((k) => `${k}=${encodeURIComponent(f[k])}`).join("&")));
     } else if (view === "preemptions") html = renderPreemptions(data = await api("preemptions"));
     else if (view === "quotas") html = renderQuotas(data = await api("quotas"));
+    else if (view === "plots") html = plotsView.html(data = await api("plots", plotsView.query(param)));
+    else if (view === "timeline") html = timelineView.html(data = await api("timeline", plotsView.windowQuery()));
     else if (view === "explain") { html = await renderExplain(param); data = {seq: app.last, last: app.last}; }
     else html = `<p>No view ${esc(view)}.</p>`;
     // Drawn again only when it differs: a log that moves all the time (power readings) must not
@@ -310,6 +312,9 @@ async function render() {
     if (html !== app.html) { main.innerHTML = html; app.html = html; }
     main.dataset.view = view;
     main.dataset.seq = data ? data.seq : "";
+    if (view === "plots") plotsView.draw(data);  // plots.js, timeline.js: charts and lanes over time
+    else if (view === "timeline") timelineView.draw(data);
+    else if (view === "node") timelineView.node(param);
     if (data && data.last !== undefined) { app.shown = data.last; showTravel(data); }
     afterPaint(view);
   } catch (e) {
