@@ -48,6 +48,15 @@ def port_is_taken(port: int) -> bool:
     return False
 
 
+def listening(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts connections on host:port now."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 class NatsServer:
     """One nats-server process on a loopback port, data under `store_dir`.
 

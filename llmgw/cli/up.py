@@ -46,7 +46,7 @@ from pathlib import Path
 
 from ..bus import signing
 from ..bus.auth import DEFAULTS as AUTH, CredentialError, Keystore
-from ..bus.server import NatsServer, PortTaken, free_port, port_is_taken
+from ..bus.server import NatsServer, PortTaken, free_port, listening, port_is_taken
 from ..ctl.locate import DB_FILE, remove_up_file, write_up_file
 
 RESTART_PAUSE_S = 1.0  # doubled for each quick death in a row, up to a minute
@@ -79,6 +79,26 @@ class Child:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+LISTEN_WAIT_S = 30.0  # how long `up` waits for its gateway and console to listen before it says "ready"
+
+
+def by_name(children: list[Child], name: str) -> Child | None:
+    return next((c for c in children if c.name == name), None)
+
+
+def await_listening(children: list[tuple[Child, str, int]]) -> None:
+    """Wait until each child listens on its port, it exits, or LISTEN_WAIT_S
+    passes (then say so: `up` goes on, its restarts may yet bring it up)."""
+    deadline = time.monotonic() + LISTEN_WAIT_S
+    for child, listen, port in children:
+        host = "127.0.0.1" if listen in ("0.0.0.0", "::") else listen
+        while not listening(port, host):
+            if child.proc is None or child.proc.poll() is not None or time.monotonic() > deadline:
+                print(f"llmgw up: the {child.name} is not listening on port {port} yet", flush=True)
+                break
+            time.sleep(0.05)
 
 
 LOCK_FILE = "up.lock"  # in the state dir
@@ -279,6 +299,12 @@ def up(
             c.start()
         # How `llmgw ctl` (and the other commands) run in this folder find us.
         write_up_file(state, nats=nats_url, db=db)
+        # Say "ready" only when the URLs printed below answer: a client (a test's
+        # openai SDK) that asked the gateway at once was refused a connection.
+        await_listening([(c, listen, port) for c, listen, port in (
+            (by_name(children, "gateway"), gateway_listen, gateway_port),
+            (by_name(children, "console"), console_listen, console_port),
+        ) if c is not None])  # fmt: skip
         if demo:
             try:
                 said = asyncio.run(demo_mod.apply_demo(nats_url, creds=creds["operator"]))
