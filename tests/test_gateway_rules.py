@@ -13,11 +13,12 @@ import msgspec
 from llmgw.core import events as ev
 from llmgw.core.catalog import fingerprint
 from llmgw.core.tenancy import may_use
-from llmgw.gateway import api
+from llmgw.gateway import api, intake
 from llmgw.gateway.limits import KeyLimits, retry_after
 from llmgw.gateway.load import MIN_INTERVAL_S, REPEAT_S, Loads
 from llmgw.gateway.metrics import Metrics
 from llmgw.agent.engines import identity
+from llmgw.gateway.serves import EVERYTHING
 from llmgw.gateway.routing import (
     BREAKER_COOLDOWN_S,
     BREAKER_FAILURES,
@@ -299,7 +300,8 @@ def test_request_head_usage_and_errors():
         except ValueError:
             continue
         raise AssertionError(bad)
-    assert msgspec.json.decode(api.with_model(b'{"model": "alias", "x": [1]}', "real")) == {"model": "real", "x": [1]}
+    named = intake.prepare(b"/v1/models", b'{"model": "alias", "x": [1]}', "real", "alias", EVERYTHING)
+    assert msgspec.json.decode(named) == {"model": "real", "x": [1]}
     assert api.usage_of(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4}}') == (3, 4)
     assert api.usage_of(b'{"timings": {"prompt_n": 5, "predicted_n": 6}}') == (5, 6)
     assert api.usage_of(b'{"usage": null}') is None

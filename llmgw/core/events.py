@@ -77,6 +77,12 @@ class ProfileSpec(Struct):
     # replica must share ("": no such rule).
     power_w: b.NodeWatts = 0.0
     keep_within: b.DomainKind = ""
+    # Whether its engine can call tools (false: a model whose chat template
+    # has none, which llama.cpp answers with prose). The gateway refuses a
+    # request's tools for a model any of whose profiles says false, rather
+    # than let them be dropped (gateway/serves.py). Serving only: it does not
+    # change the fingerprint.
+    tools: bool = True
 
 
 class ModelSpec(Struct):

@@ -51,6 +51,7 @@ class _Profile(BaseModel):
     # and the domain kind every shard of a multi-node replica must share.
     power_w: float = Field(0.0, ge=0)
     keep_within: Literal["", "site", "room", "row", "rack", "pdu"] = ""
+    tools: bool = True  # serving: false when its engine cannot call tools (the gateway refuses them)
 
 
 class _Model(BaseModel):

@@ -41,7 +41,8 @@ from ..core.fold import apply
 from ..core.state import State
 from ..core.tenancy import may_use
 from ..telemetry import tracer
-from . import api
+from . import api, intake
+from .checks import Refusal
 from .config import GatewayConfig
 from .connection import Client, Request, _enough_files
 from .exchange import BROKEN, DONE, GONE, RETRY, STALE, TIMEOUT, Exchange
@@ -320,9 +321,10 @@ class Gateway:
                         api.error_body(429, f"Rate limit reached for {which} per minute of this API key: retry in {after}s.", "rate_limit_exceeded"),
                         headers=b"Retry-After: %d\r\n" % after,
                     )  # fmt: skip
-        body = req.body
-        if head.model != route.name:
-            body = api.with_model(body, route.name)
+        body = intake.prepare(path, req.body, route.name, head.model, route.serves)
+        if isinstance(body, Refusal):
+            self.metrics.answered(route.name, "", body.status, 0.0)
+            return client.reply(req, body.status, api.error_body(body.status, body.message, body.code, param=body.param))
         client.task = asyncio.get_running_loop().create_task(self.proxy(client, req, path, route.name, head.stream, body, owner is not None))
 
     async def proxy(self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, keyed: bool) -> None:
@@ -449,6 +451,7 @@ class Gateway:
         b.outstanding += 1
         meter.change(time.time(), in_flight=1)
         ex = Exchange(client, req, stream, b, loop.create_future())
+        ex.completion_ids = req.path == intake.COMPLETIONS
         client.exchange = ex
         ex.timer = loop.call_later(self.upstream_timeout, ex.timed_out)
         try:
