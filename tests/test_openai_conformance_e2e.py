@@ -1,0 +1,96 @@
+"""The OpenAI API as agents speak it, end to end (issue 31, parts 1, 4, 5
+and 6): a real nats-server, the control plane, this machine's real agent
+running two llama.cpp engines of the demo model (SmolLM2 on the CPU: one
+for chat, one started for embeddings with `--embeddings --pooling mean`,
+options the engine wrapper once refused), and `llmgw gateway`, each a
+process of its own, asked through the official `openai` SDK by the
+conformance matrix's rows (llmgw/conformance/openai_rows.py).
+
+Every row works or is refused with OpenAI's error (status, param, code);
+none is silently ignored. Tools come back as calls where tool_choice
+requires one (a named function too), streamed as deltas; embeddings are
+served; usage from embeddings and completions is counted with chat's.
+
+Small for 2 cores: two engines of one thread, small max_tokens, temperature 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llmgw.bus.server import free_port
+from llmgw.conformance.matrix import Target, Verdict, gather_rows, render, run_rows
+
+from .conftest import demo_gguf, engine_ports, kill_engines, sample
+from .test_e2e_nats import wait_for
+from .test_gateway_e2e import get, ready_of, wait_http
+from .test_serving_e2e import apply
+
+GGUF = demo_gguf()
+
+pytestmark = [pytest.mark.nats, pytest.mark.timeout(600)]
+
+CATALOG = """\
+models:
+  - name: smollm2
+    profiles:
+      - {name: cpu, engine: llama.cpp, gpus: 0, cpu_cores: 1, model: smollm2, args: ["--ctx-size", "1024", "--parallel", "1"]}
+  - name: smollm2-embed
+    profiles:
+      - name: cpu
+        engine: llama.cpp
+        gpus: 0
+        cpu_cores: 1
+        model: smollm2
+        args: ["--ctx-size", "1024", "--parallel", "1", "--embeddings", "--pooling", "mean"]
+"""
+
+MUST_WORK = (
+    "tools, tool_choice=required", "tools, tool_choice=a named function", "tools, streamed tool-call deltas",
+    "tools, tool_choice=none", "tools, parallel_tool_calls", "text, id cmpl-", "streamed, ids cmpl-",
+    "an embeddings profile", "text", "text, streamed with usage",
+)  # fmt: skip
+
+
+@pytest.fixture
+def agent_dir(tmp_path):
+    d = tmp_path / "agent"
+    yield d
+    kill_engines(d)
+
+
+def test_the_openai_rows_each_work_or_are_refused_clearly(nats_server, processes, tmp_path, agent_dir):
+    url = nats_server.url
+    agent_file = tmp_path / "agent.yaml"
+    agent_file.write_text("address: 127.0.0.1\ncpu_cores: 2\n")
+    port = free_port()
+    processes.start("control", "control", "--nats", url, "--state-dir", str(tmp_path / "control"))
+    processes.start(
+        "agent", "agent", "--name", "n1", "--agent-file", str(agent_file), "--state-dir", str(agent_dir), "--nats", url,
+        "--stop-engines-on-exit", "--engine-ports", engine_ports(),
+    )  # fmt: skip
+    processes.start("gateway", "gateway", "--nats", url, "--port", str(port), "--name", "gw1", "--wait-timeout", "120")
+    apply(url, tmp_path / "catalog.yaml", CATALOG)
+    wait_for(url, lambda s: len(ready_of(s, "smollm2")) == 1 and len(ready_of(s, "smollm2-embed")) == 1, timeout=180)
+    base = f"http://127.0.0.1:{port}/v1"
+    wait_http(f"{base}/models")
+
+    target = Target(url=base, key="unused", model="smollm2", embed_model="smollm2-embed")
+    results = asyncio.run(run_rows(gather_rows(("llmgw.conformance.openai_rows",)), target))
+    printed = render(results)
+    print(printed)
+    verdicts = {row.name: outcome.verdict for row, outcome in results}
+    assert not [r.name for r, o in results if o.verdict is Verdict.FAILS], printed
+    for name in MUST_WORK:
+        assert verdicts[name] is Verdict.WORKS, printed
+    assert all(v is not Verdict.SKIPPED for v in verdicts.values()), printed
+
+    # Usage from every path is counted as chat's is: embeddings and completions too.
+    metrics = get(f"http://127.0.0.1:{port}/metrics")
+    embedded = sum(
+        sample(metrics, "llmgw_gateway_tokens_total", model="smollm2-embed", replica=r, kind="prompt") or 0
+        for r in ("smollm2-embed-1", "smollm2-embed-2")
+    )
+    assert embedded >= 2, metrics
