@@ -104,6 +104,9 @@ def test_tool_choice_as_llama_cpp_honours_it():
     assert tools.prepare(named, llama_cpp=True, hermes=True)
     assert named["tools"] == [TIME] and named["tool_choice"] == "required"
     assert named["messages"][-1] == {"role": "assistant", "content": HERMES_CALL_OPEN}
+    assert named["stop"] == [tools.HERMES_CALL_CLOSE]  # one whole call, not calls repeated to max_tokens
+    many = {"messages": ASK, "tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": True, "stop": "x"}
+    assert tools.prepare(many, llama_cpp=True, hermes=True) and many["stop"] == "x"
     auto = {"messages": ASK, "tools": [WEATHER], "tool_choice": "auto"}
     assert not tools.prepare(auto, llama_cpp=True, hermes=True) and auto["messages"] == ASK
     other = {"messages": ASK, "tools": [WEATHER], "tool_choice": "required"}

@@ -48,7 +48,7 @@ def request_head(body: bytes) -> RequestHead:
     except msgspec.ValidationError as e:
         raise ValueError(f"invalid request body: {e}") from None
     except msgspec.DecodeError:
-        raise ValueError("the request body must be a JSON object") from None
+        raise ValueError("We could not parse the JSON body of your request: it must be a JSON object (OpenAI's API takes JSON).") from None
     except RecursionError:  # nested past the interpreter's limit: the edge's max_json_depth stops these first
         raise ValueError("the request body nests too deeply") from None
 

@@ -16,6 +16,10 @@ honours neither as written, and says nothing:
   runs), the answer is started with the tag, as an assistant message the
   engine continues: what follows is a call, by the grammar, and llama.cpp
   returns it as `tool_calls` (streamed as deltas too), content empty.
+  The grammar then allows more calls, and a small model repeats its call to
+  max_tokens, the last cut off mid-arguments (invalid JSON). Unless the
+  request asks for parallel calls (`parallel_tool_calls: true`), it stops at
+  the first call's closing tag: one whole call, finish_reason `tool_calls`.
 
 Other engines take OpenAI's tool_choice themselves: their requests pass as
 they are.
@@ -24,6 +28,8 @@ they are.
 from __future__ import annotations
 
 HERMES_CALL_OPEN = "<tool_call>\n"  # agent/chat_templates.HERMES_CALL_OPEN
+HERMES_CALL_CLOSE = "</tool_call>"
+MAX_STOPS = 4  # OpenAI's
 
 
 def prepare(body: dict, llama_cpp: bool, hermes: bool) -> bool:
@@ -39,4 +45,8 @@ def prepare(body: dict, llama_cpp: bool, hermes: bool) -> bool:
     msgs = body["messages"]
     if hermes and not (msgs and msgs[-1].get("role") == "assistant"):
         body["messages"] = [*msgs, {"role": "assistant", "content": HERMES_CALL_OPEN}]
+        stop = body.get("stop")
+        stops = [stop] if isinstance(stop, str) else list(stop) if isinstance(stop, list) else []
+        if body.get("parallel_tool_calls") is not True and len(stops) < MAX_STOPS:
+            body["stop"] = [*stops, HERMES_CALL_CLOSE]
     return True
