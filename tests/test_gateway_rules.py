@@ -302,11 +302,14 @@ def test_request_head_usage_and_errors():
         raise AssertionError(bad)
     named = intake.prepare(b"/v1/models", b'{"model": "alias", "x": [1]}', "real", "alias", EVERYTHING)
     assert msgspec.json.decode(named) == {"model": "real", "x": [1]}
-    assert api.usage_of(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4}}') == (3, 4)
-    assert api.usage_of(b'{"timings": {"prompt_n": 5, "predicted_n": 6}}') == (5, 6)
+    assert api.usage_of(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4}}') == (3, 4, 0)
+    assert api.usage_of(b'{"usage": {"prompt_tokens": 9, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 5}}}') == (9, 4, 5)
+    assert api.usage_of(b'{"usage": {"prompt_tokens": 2, "total_tokens": 2}}') == (2, 0, 0)  # embeddings, rerank
+    assert api.usage_of(b'{"timings": {"prompt_n": 5, "predicted_n": 6}}') == (5, 6, 0)
+    assert api.usage_of(b'{"timings": {"prompt_n": 5, "predicted_n": 6, "cache_n": 3}}') == (8, 6, 3)
     assert api.usage_of(b'{"usage": null}') is None
     tail = b'data: {"choices": []}\n\ndata: {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}\n\ndata: [DONE]\n\n'
-    assert api.stream_usage(tail) == (1, 2)
+    assert api.stream_usage(tail) == (1, 2, 0)
     body = msgspec.json.decode(api.error_body(429, "slow down", "rate_limit_exceeded"))
     assert body == {"error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded"}}
     assert api.sse_error(502, "gone").startswith(b'data: {"error":')

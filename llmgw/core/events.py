@@ -391,6 +391,9 @@ class ModelLoad(Event, tag="model.load"):
     # model since its previous report (so the sum over the log is the total).
     tokens_in: b.Counter = 0
     tokens_out: b.Counter = 0
+    # Of tokens_in, those the engine had cached (OpenAI's
+    # usage.prompt_tokens_details.cached_tokens; llama.cpp's cache_n).
+    tokens_cached: b.Counter = 0
 
 
 # --------------------------------------------------------------------------- control plane (llmgw.control.>)

@@ -114,14 +114,20 @@ def model_object(table: Table, name: str) -> bytes:
 # --------------------------------------------------------------------------- usage
 
 
+class Details(msgspec.Struct):
+    cached_tokens: int | None = 0
+
+
 class Usage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    prompt_tokens_details: Details | None = None
 
 
 class Timings(msgspec.Struct):  # llama.cpp's, on the last chunk of a stream
     prompt_n: int = 0
     predicted_n: int = 0
+    cache_n: int = 0
 
 
 class _Answer(msgspec.Struct):
@@ -132,20 +138,25 @@ class _Answer(msgspec.Struct):
 _answer = msgspec.json.Decoder(_Answer)
 
 
-def usage_of(body: bytes) -> tuple[int, int] | None:
-    """(prompt, completion) tokens of an answer, or None if it does not say."""
+def usage_of(body: bytes) -> tuple[int, int, int] | None:
+    """(prompt, completion, cached) tokens of an answer (chat, completions,
+    embeddings, rerank: the same `usage`), or None if it does not say. The
+    cached are of the prompt's: those the engine did not compute again."""
     try:
         a = _answer.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     if a.usage is not None:
-        return a.usage.prompt_tokens, a.usage.completion_tokens
-    if a.timings is not None:
-        return a.timings.prompt_n, a.timings.predicted_n
+        u = a.usage
+        cached = (u.prompt_tokens_details.cached_tokens or 0) if u.prompt_tokens_details is not None else 0
+        return u.prompt_tokens, u.completion_tokens, cached
+    if a.timings is not None:  # llama.cpp's prompt_n is what it computed, cache_n what it did not
+        t = a.timings
+        return t.prompt_n + t.cache_n, t.predicted_n, t.cache_n
     return None
 
 
-def stream_usage(tail: bytes) -> tuple[int, int] | None:
+def stream_usage(tail: bytes) -> tuple[int, int, int] | None:
     """Usage from the last events of a stream (`usage`, or llama.cpp's `timings`)."""
     for event in reversed(tail.split(b"\n\n")):
         event = event.strip()

@@ -35,6 +35,7 @@ class Report:
     last_used: float
     tokens_in: int
     tokens_out: int
+    tokens_cached: int = 0
 
 
 class Meter:
@@ -42,7 +43,7 @@ class Meter:
 
     __slots__ = (
         "in_flight", "queued", "changed_at", "since", "area_flight", "area_queued",
-        "last_used", "tokens_in", "tokens_out", "reported", "reported_at",
+        "last_used", "tokens_in", "tokens_out", "tokens_cached", "reported", "reported_at",
     )  # fmt: skip
 
     def __init__(self, now: float) -> None:
@@ -55,6 +56,7 @@ class Meter:
         self.last_used = 0.0
         self.tokens_in = 0
         self.tokens_out = 0
+        self.tokens_cached = 0  # of tokens_in: those the engine had cached
         self.reported = (0, 0)
         self.reported_at = -math.inf
 
@@ -95,10 +97,10 @@ class Meter:
     def take(self, model: str, now: float) -> Report:
         """The report, and a new window from now."""
         in_flight, queued = self.value(now)
-        report = Report(model, in_flight, queued, self.last_used, self.tokens_in, self.tokens_out)
+        report = Report(model, in_flight, queued, self.last_used, self.tokens_in, self.tokens_out, self.tokens_cached)
         self.reported, self.reported_at = (in_flight, queued), now
         self.since, self.area_flight, self.area_queued = now, 0.0, 0.0
-        self.tokens_in = self.tokens_out = 0
+        self.tokens_in = self.tokens_out = self.tokens_cached = 0
         return report
 
 

@@ -422,12 +422,13 @@ class Gateway:
                     self.metrics.first_token(model, replica, ex.first_at - req.received)
                 used = api.stream_usage(ex.tail) if stream else (api.usage_of(b"".join(ex.parts)) if ex.parts else None)
                 if used is None and stream:
-                    used = (0, max(ex.events - 1, 0))  # one event a token, less [DONE]
+                    used = (0, max(ex.events - 1, 0), 0)  # one event a token, less [DONE]
                 if used is not None:
-                    prompt, completion = used
-                    self.metrics.used(model, replica, prompt, completion)
+                    prompt, completion, cached = used
+                    self.metrics.used(model, replica, prompt, completion, cached)
                     meter.tokens_in += prompt
                     meter.tokens_out += completion
+                    meter.tokens_cached += cached
                     if keyed:
                         lim = self.limits.get(req.auth.decode())
                         if lim is not None:
@@ -585,7 +586,7 @@ class Gateway:
     async def publish_load(self, r) -> None:
         event = ev.ModelLoad(
             at=time.time(), gateway=self.name, model=r.model, in_flight=r.in_flight, queued=r.queued,
-            last_used=r.last_used, tokens_in=r.tokens_in, tokens_out=r.tokens_out,
+            last_used=r.last_used, tokens_in=r.tokens_in, tokens_out=r.tokens_out, tokens_cached=r.tokens_cached,
         )  # fmt: skip
         self._published += 1
         try:
