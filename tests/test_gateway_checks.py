@@ -116,10 +116,14 @@ def test_tool_choice_as_llama_cpp_honours_it():
 
 def test_intake_refuses_rewrites_and_passes():
     body = msgspec.json.encode({"model": "alias", "messages": ASK, "tools": [WEATHER], "tool_choice": "required"})
-    out = msgspec.json.decode(intake.prepare(b"/v1/chat/completions", body, "smollm2", "alias", LLAMA))
-    assert out["model"] == "smollm2" and out["messages"][-1]["role"] == "assistant"
+    ready = intake.prepare(b"/v1/chat/completions", body, "smollm2", "alias", LLAMA)
+    out = msgspec.json.decode(ready.body)
+    assert ready.tools and out["model"] == "smollm2" and out["messages"][-1]["role"] == "assistant"
     plain = msgspec.json.encode({"model": "smollm2", "messages": ASK})
-    assert intake.prepare(b"/v1/chat/completions", plain, "smollm2", "smollm2", LLAMA) is plain  # nothing changed: the same bytes
+    ready = intake.prepare(b"/v1/chat/completions", plain, "smollm2", "smollm2", LLAMA)
+    assert ready.body is plain and not ready.tools  # nothing changed: the same bytes
+    unused = msgspec.json.encode({"model": "smollm2", "messages": ASK, "tools": [WEATHER], "tool_choice": "none"})
+    assert not intake.prepare(b"/v1/chat/completions", unused, "smollm2", "smollm2", LLAMA).tools
     r = intake.prepare(b"/v1/chat/completions", b'{"model": "smollm2", "messages": []}', "smollm2", "smollm2", LLAMA)
     assert isinstance(r, checks.Refusal) and r.code == "empty_array"
     answer = b'{"id":"chatcmpl-abc","object":"text_completion"}'

@@ -301,7 +301,7 @@ def test_request_head_usage_and_errors():
             continue
         raise AssertionError(bad)
     named = intake.prepare(b"/v1/models", b'{"model": "alias", "x": [1]}', "real", "alias", EVERYTHING)
-    assert msgspec.json.decode(named) == {"model": "real", "x": [1]}
+    assert msgspec.json.decode(named.body) == {"model": "real", "x": [1]}
     assert api.usage_of(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4}}') == (3, 4, 0)
     assert api.usage_of(b'{"usage": {"prompt_tokens": 9, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 5}}}') == (9, 4, 5)
     assert api.usage_of(b'{"usage": {"prompt_tokens": 2, "total_tokens": 2}}') == (2, 0, 0)  # embeddings, rerank

@@ -9,7 +9,10 @@ conformance matrix's rows (llmgw/conformance/openai_rows.py).
 Every row works or is refused with OpenAI's error (status, param, code);
 none is silently ignored. Tools come back as calls where tool_choice
 requires one (a named function too), streamed as deltas; embeddings are
-served; usage from embeddings and completions is counted with chat's.
+served; usage from embeddings and completions is counted with chat's. A
+model whose engine cannot call tools (its profile says `tools: false`, or
+its llama.cpp template has no tool format: a third engine, on the GGUF's
+own template) gets 400 `tools_not_supported`.
 
 Small for 2 cores: two engines of one thread, small max_tokens, temperature 0.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 
+import openai
 import pytest
 
 from llmgw.bus.server import free_port
@@ -45,6 +49,13 @@ models:
         cpu_cores: 1
         model: smollm2
         args: ["--ctx-size", "1024", "--parallel", "1", "--embeddings", "--pooling", "mean"]
+  - name: smollm2-own-template
+    profiles:
+      - {name: cpu, engine: llama.cpp, gpus: 0, cpu_cores: 1, model: "GGUF", args: ["--ctx-size", "512", "--parallel", "1"]}
+  - name: declared-toolless
+    min_replicas: 0
+    profiles:
+      - {name: cpu, engine: llama.cpp, gpus: 0, cpu_cores: 1, model: smollm2, tools: false}
 """
 
 MUST_WORK = (
@@ -64,7 +75,7 @@ def agent_dir(tmp_path):
 def test_the_openai_rows_each_work_or_are_refused_clearly(nats_server, processes, tmp_path, agent_dir):
     url = nats_server.url
     agent_file = tmp_path / "agent.yaml"
-    agent_file.write_text("address: 127.0.0.1\ncpu_cores: 2\n")
+    agent_file.write_text("address: 127.0.0.1\ncpu_cores: 3\n")  # three engines of one thread
     port = free_port()
     processes.start("control", "control", "--nats", url, "--state-dir", str(tmp_path / "control"))
     processes.start(
@@ -72,8 +83,9 @@ def test_the_openai_rows_each_work_or_are_refused_clearly(nats_server, processes
         "--stop-engines-on-exit", "--engine-ports", engine_ports(),
     )  # fmt: skip
     processes.start("gateway", "gateway", "--nats", url, "--port", str(port), "--name", "gw1", "--wait-timeout", "120")
-    apply(url, tmp_path / "catalog.yaml", CATALOG)
-    wait_for(url, lambda s: len(ready_of(s, "smollm2")) == 1 and len(ready_of(s, "smollm2-embed")) == 1, timeout=180)
+    apply(url, tmp_path / "catalog.yaml", CATALOG.replace("GGUF", str(GGUF)))
+    served = ("smollm2", "smollm2-embed", "smollm2-own-template")
+    wait_for(url, lambda s: all(len(ready_of(s, m)) == 1 for m in served), timeout=240)
     base = f"http://127.0.0.1:{port}/v1"
     wait_http(f"{base}/models")
 
@@ -86,6 +98,20 @@ def test_the_openai_rows_each_work_or_are_refused_clearly(nats_server, processes
     for name in MUST_WORK:
         assert verdicts[name] is Verdict.WORKS, printed
     assert all(v is not Verdict.SKIPPED for v in verdicts.values()), printed
+
+    # Tools are never dropped: refused where the profile says so (before any
+    # replica is asked: this one runs none), and where the engine's own
+    # template (SmolLM2's, as the GGUF carries it) has no tool format.
+    client = openai.OpenAI(base_url=base, api_key="unused", timeout=120, max_retries=0)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
+    for model, says in (("declared-toolless", "tools: false"), ("smollm2-own-template", "replica smollm2-own-template-1")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], tools=tools, max_tokens=4)
+        assert (e.value.body["code"], e.value.body["param"]) == ("tools_not_supported", "tools") and says in e.value.body["message"]
+    plain = client.chat.completions.create(
+        model="smollm2-own-template", messages=[{"role": "user", "content": "Hi"}], tools=tools, tool_choice="none", max_tokens=4
+    )
+    assert plain.choices[0].message.content  # tool_choice none: no tools asked for, answered
 
     # Usage from every path is counted as chat's is: embeddings and completions too.
     metrics = get(f"http://127.0.0.1:{port}/metrics")

@@ -227,6 +227,16 @@ def _tools(body: dict, serves: Serves, model: str) -> Refusal | None:
     return None
 
 
+def tool_less(model: str, replica: str) -> str:
+    """Why a request with tools is refused where the replica's engine says its template takes none."""
+    return (
+        f"The model `{model}` cannot call tools: the chat template its engine runs (replica {replica}) has no tool "
+        "format, and llama.cpp would answer with prose. Give its catalog profile a template with tools "
+        "(`args: [--chat-template-file, FILE]`, or `[--chat-template, llmgw-chatml-tools]` for a ChatML model), "
+        "or `tools: false` to have them refused before any replica is asked."
+    )
+
+
 def chat(body: dict, serves: Serves, model: str) -> Refusal | None:
     """A /v1/chat/completions body: None when OpenAI would take it."""
     found = _messages(body) or _sampling(body, serves) or _tools(body, serves, model) or _boolean(body, "logprobs")

@@ -12,6 +12,8 @@ milliseconds.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import msgspec
 
 from . import checks, tools
@@ -24,12 +26,17 @@ CHAT = b"/v1/chat/completions"
 COMPLETIONS = b"/v1/completions"
 
 
-def prepare(path: bytes, body: bytes, model: str, asked: str, serves: Serves) -> bytes | Refusal:
+class Prepared(NamedTuple):
+    body: bytes  # what to send
+    tools: bool  # it asks for tool calls: a replica whose engine cannot make them refuses it (server.py)
+
+
+def prepare(path: bytes, body: bytes, model: str, asked: str, serves: Serves) -> Prepared | Refusal:
     """The body to send for `model` (asked for as `asked`, a name or an
     alias), or the Refusal to answer instead."""
     check = checks.CHECKS.get(path)
     if check is None and asked == model:
-        return body
+        return Prepared(body, False)
     try:
         data = _decode.decode(body)
     except (msgspec.DecodeError, RecursionError):  # request_head decoded it already: not met
@@ -43,9 +50,10 @@ def prepare(path: bytes, body: bytes, model: str, asked: str, serves: Serves) ->
         refused = check(data, serves, model)
         if refused is not None:
             return refused
+    wants_tools = path == CHAT and bool(data.get("tools")) and data.get("tool_choice") != "none"
     if path == CHAT:
         changed = tools.prepare(data, serves.llama_cpp, serves.hermes) or changed
-    return _encode(data) if changed else body
+    return Prepared(_encode(data) if changed else body, wants_tools)
 
 
 # llama.cpp names its completions `chatcmpl-`; OpenAI's are `cmpl-`. Rewritten

@@ -42,7 +42,7 @@ from ..core.state import State
 from ..core.tenancy import may_use
 from ..telemetry import tracer
 from . import api, intake
-from .checks import Refusal
+from .checks import Refusal, tool_less
 from .config import GatewayConfig
 from .connection import Client, Request, _enough_files
 from .exchange import BROKEN, DONE, GONE, RETRY, STALE, TIMEOUT, Exchange
@@ -321,13 +321,17 @@ class Gateway:
                         api.error_body(429, f"Rate limit reached for {which} per minute of this API key: retry in {after}s.", "rate_limit_exceeded"),
                         headers=b"Retry-After: %d\r\n" % after,
                     )  # fmt: skip
-        body = intake.prepare(path, req.body, route.name, head.model, route.serves)
-        if isinstance(body, Refusal):
-            self.metrics.answered(route.name, "", body.status, 0.0)
-            return client.reply(req, body.status, api.error_body(body.status, body.message, body.code, param=body.param))
-        client.task = asyncio.get_running_loop().create_task(self.proxy(client, req, path, route.name, head.stream, body, owner is not None))
+        ready = intake.prepare(path, req.body, route.name, head.model, route.serves)
+        if isinstance(ready, Refusal):
+            self.metrics.answered(route.name, "", ready.status, 0.0)
+            return client.reply(req, ready.status, api.error_body(ready.status, ready.message, ready.code, param=ready.param))
+        client.task = asyncio.get_running_loop().create_task(
+            self.proxy(client, req, path, route.name, head.stream, ready.body, owner is not None, ready.tools)
+        )
 
-    async def proxy(self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, keyed: bool) -> None:
+    async def proxy(
+        self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, keyed: bool, tools: bool = False
+    ) -> None:
         now = time.time()
         meter = self.loads.meter(model, now)
         meter.last_used = now
@@ -360,6 +364,11 @@ class Gateway:
                         else:
                             status, why = 503, f"no replica of {model} became ready within {self.wait_s:g}s{last}"
                         break
+                if tools and await self.tool_less(b):
+                    status, replica, why = 400, b.replica, tool_less(model, b.replica)
+                    client.reply(req, 400, api.error_body(400, why, "tools_not_supported", param="tools"))
+                    answered = True
+                    break
                 ex = await self.attempt(client, req, b, stream, upstream_req, body, meter)
                 outcome = ex.fut.result()
                 if outcome == RETRY:
@@ -445,6 +454,13 @@ class Gateway:
                 if why:
                     span.set_attribute("llmgw.error", why)
                 span.end()
+
+    async def tool_less(self, b: Backend) -> bool:
+        """Whether the replica's engine is known to take no tools (its template
+        has none): asked of it first where not yet known."""
+        if b.pool.tools is None and b.pool.identity:
+            await b.pool.probe()
+        return b.pool.tools is False
 
     async def attempt(self, client: Client, req: Request, b: Backend, stream: bool, upstream_req: bytes, body: bytes, meter) -> Exchange:
         loop = asyncio.get_running_loop()
