@@ -27,28 +27,19 @@ import pytest
 from llmgw.bus.server import free_port
 from llmgw.conformance.matrix import Target, Verdict, gather_rows, render, run_rows
 
-from .conftest import demo_gguf, engine_ports, kill_engines, sample
+from .conftest import demo_gguf, sample
 from .test_e2e_nats import wait_for
-from .test_gateway_e2e import get, ready_of, wait_http
-from .test_serving_e2e import apply
+from .test_gateway_e2e import agent_dir, get, ready_of, wait_http  # noqa: F401 (agent_dir: a fixture)
+from .test_serving_e2e import SMOLLM2, apply, start_local_fleet
 
 GGUF = demo_gguf()
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(600)]
 
-CATALOG = """\
-models:
-  - name: smollm2
-    profiles:
-      - {name: cpu, engine: llama.cpp, gpus: 0, cpu_cores: 1, model: smollm2, args: ["--ctx-size", "1024", "--parallel", "1"]}
+CATALOG = SMOLLM2 + """\
   - name: smollm2-embed
     profiles:
-      - name: cpu
-        engine: llama.cpp
-        gpus: 0
-        cpu_cores: 1
-        model: smollm2
-        args: ["--ctx-size", "1024", "--parallel", "1", "--embeddings", "--pooling", "mean"]
+      - {name: cpu, engine: llama.cpp, gpus: 0, cpu_cores: 1, model: smollm2, args: [--ctx-size, "1024", --parallel, "1", --embeddings, --pooling, mean]}
   - name: smollm2-own-template
     profiles:
       - {name: cpu, engine: llama.cpp, gpus: 0, cpu_cores: 1, model: "GGUF", args: ["--ctx-size", "512", "--parallel", "1"]}
@@ -65,24 +56,10 @@ MUST_WORK = (
 )  # fmt: skip
 
 
-@pytest.fixture
-def agent_dir(tmp_path):
-    d = tmp_path / "agent"
-    yield d
-    kill_engines(d)
-
-
 def test_the_openai_rows_each_work_or_are_refused_clearly(nats_server, processes, tmp_path, agent_dir):
     url = nats_server.url
-    agent_file = tmp_path / "agent.yaml"
-    agent_file.write_text("address: 127.0.0.1\ncpu_cores: 3\n")  # three engines of one thread
     port = free_port()
-    processes.start("control", "control", "--nats", url, "--state-dir", str(tmp_path / "control"))
-    processes.start(
-        "agent", "agent", "--name", "n1", "--agent-file", str(agent_file), "--state-dir", str(agent_dir), "--nats", url,
-        "--stop-engines-on-exit", "--engine-ports", engine_ports(),
-    )  # fmt: skip
-    processes.start("gateway", "gateway", "--nats", url, "--port", str(port), "--name", "gw1", "--wait-timeout", "120")
+    start_local_fleet(processes, url, tmp_path, agent_dir, port, cpu_cores=3)  # three engines of one thread
     apply(url, tmp_path / "catalog.yaml", CATALOG.replace("GGUF", str(GGUF)))
     served = ("smollm2", "smollm2-embed", "smollm2-own-template")
     wait_for(url, lambda s: all(len(ready_of(s, m)) == 1 for m in served), timeout=240)

@@ -19,20 +19,13 @@ from urllib.parse import urlsplit
 
 from .matrix import Outcome, Row, Target, Verdict
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather", "description": "The weather in a city now",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}  # fmt: skip
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time", "description": "The time in a time zone now",
-        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]},
-    },
-}  # fmt: skip
+def _function(name: str, description: str, param: str) -> dict:
+    schema = {"type": "object", "properties": {param: {"type": "string"}}, "required": [param]}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
+
+
+WEATHER = _function("get_weather", "The weather in a city now", "city")
+TIME = _function("get_time", "The time in a time zone now", "tz")
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 SMALL = {"max_tokens": 48, "temperature": 0}
 

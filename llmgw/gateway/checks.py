@@ -282,15 +282,15 @@ def completion(body: dict, serves: Serves, model: str) -> Refusal | None:
     return None
 
 
+def _not_served(model: str, serves: Serves, what: str, how: str, code: str) -> Refusal:
+    return Refusal(f"The model `{model}` does not {what}: it serves {serves.what()}. {how}", "model", code)
+
+
 def embeddings(body: dict, serves: Serves, model: str) -> Refusal | None:
     """A /v1/embeddings body."""
     if not serves.embeddings:
-        return Refusal(
-            f"The model `{model}` does not serve embeddings: it serves {serves.what()}. A llama.cpp engine serves "
-            "embeddings (and chat still) when started with them: give the model's profile "
-            "`args: [--embeddings, --pooling, mean]` in the catalog.",
-            "model", "embeddings_not_served",
-        )  # fmt: skip
+        how = "A llama.cpp engine serves embeddings (and chat still) when started with them: give the model's profile `args: [--embeddings, --pooling, mean]` in the catalog."
+        return _not_served(model, serves, "serve embeddings", how, "embeddings_not_served")
     if "input" not in body:
         return _missing("input")
     data = body["input"]
@@ -321,11 +321,8 @@ def embeddings(body: dict, serves: Serves, model: str) -> Refusal | None:
 def rerank(body: dict, serves: Serves, model: str) -> Refusal | None:
     """A /v1/rerank body (Jina's and Cohere's shape, as llama.cpp and vLLM serve it)."""
     if not serves.rerank:
-        return Refusal(
-            f"The model `{model}` does not rerank: it serves {serves.what()}. A llama.cpp engine of a reranking "
-            "model reranks when started with `args: [--reranking]` in its catalog profile.",
-            "model", "rerank_not_served",
-        )  # fmt: skip
+        how = "A llama.cpp engine of a reranking model reranks when started with `args: [--reranking]` in its catalog profile."
+        return _not_served(model, serves, "rerank", how, "rerank_not_served")
     if not isinstance(body.get("query"), str):
         return _missing("query") if body.get("query") is None else _wrong_type("query", "a string", body["query"])
     docs = body.get("documents")
