@@ -249,9 +249,9 @@ class Pool:
         # Authorization once the key is known (b"" until then).
         self.head = b"" if key_name else b"Host: %s" % self.host_header
         self._fetching: asyncio.Future | None = None
-        # Whether its engine's chat template takes tools: llama.cpp's /props,
-        # asked once, on the first verified connection (None: not known, or
-        # not llama.cpp). llama.cpp answers tools with prose where it does not.
+        # Whether its engine takes tools: llama.cpp's /props says whether its
+        # chat template does (llama.cpp answers tools with prose where it does
+        # not), asked once, on the first verified connection (None: none yet).
         self.tools: bool | None = None
 
     def take_idle(self) -> Connection | None:
@@ -339,12 +339,13 @@ class Pool:
         if conn.closed:
             raise NotTheEngine(f"{where} closed the connection after GET /v1/models (an engine must keep connections alive)")
         conn.verified = True
-        if self.tools is None and b'"owned_by":"llamacpp"' in body:
-            await self._props(conn)
+        if self.tools is None:
+            # Other engines refuse tools they cannot serve themselves: taken as they say.
+            self.tools = await self._props(conn) if b'"owned_by":"llamacpp"' in body else True
 
-    async def _props(self, conn: Connection) -> None:
+    async def _props(self, conn: Connection) -> bool:
         """llama.cpp's /props on a verified connection: whether its template
-        takes tools. Words only for a refusal: a failure leaves it unknown."""
+        takes tools (True where it cannot be told: refused only on its word)."""
         probe = _Probe(asyncio.get_running_loop().create_future())
         conn.send(b"GET /props HTTP/1.1\r\n%s\r\nAccept: application/json\r\n\r\n" % self.head, probe)
         try:
@@ -352,10 +353,9 @@ class Pool:
             caps = json.loads(body).get("chat_template_caps") if status == 200 else None
         except (asyncio.TimeoutError, Lost, ValueError, AttributeError):
             caps = None
-        if isinstance(caps, dict) and isinstance(caps.get("supports_tools"), bool):
-            self.tools = caps["supports_tools"]
         if conn.closed:
             raise NotTheEngine(f"the engine at {self.host}:{self.port} closed the connection after GET /props")
+        return caps.get("supports_tools") is not False if isinstance(caps, dict) else True
 
     async def probe(self) -> None:
         """A verified connection made now (and kept idle): what its engine serves is then known."""
