@@ -72,7 +72,8 @@ def say_template(host: str, port: int, key: str) -> None:
     import json
     import urllib.request
 
-    req = urllib.request.Request(f"http://{host}:{port}/props", headers={"Authorization": f"Bearer {key}"} if key else {})
+    where = f"[{host}]" if ":" in host else host
+    req = urllib.request.Request(f"http://{where}:{port}/props", headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
         with urllib.request.urlopen(req, timeout=5) as r:
             caps = json.load(r).get("chat_template_caps", {})
