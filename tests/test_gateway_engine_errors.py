@@ -74,9 +74,10 @@ async def _gateway(endpoint: str):
 async def test_an_engines_errors_come_in_the_openai_shape_with_its_words(llama):
     gw, client = await _gateway(llama)
     try:
-        # llama.cpp's own answer: {"error": {"code": 400, "message": "[json.exception.type_error.302] ...", ...}}
+        # llama.cpp's own answer: {"error": {"code": 400, "message": "Field 'n': Value must be ...", ...}}
+        # (what OpenAI takes and llama.cpp does not: the gateway's checks pass it)
         with pytest.raises(openai.BadRequestError) as e:
-            await client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": 5}], max_tokens=4)
+            await client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, n=2)
         body = e.value.body
         assert set(body) == {"message", "type", "param", "code"}, body
         assert body["type"] == "invalid_request_error" and not isinstance(body["code"], int)
@@ -86,7 +87,7 @@ async def test_an_engines_errors_come_in_the_openai_shape_with_its_words(llama):
             await client.embeddings.create(model="smollm2", input="hello")
         body = e.value.body
         assert body["code"] == "embeddings_not_served"
-        assert "args: [--embeddings]" in body["message"] and "--embeddings" in body["message"]
+        assert "args: [--embeddings, --pooling, mean]" in body["message"] and "chat and completions as well" in body["message"]
         assert e.value.response.headers["llmgw-replica"] == "smollm2-1"
         # The success path is untouched: the same connection answers the next request.
         ok = await client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)

@@ -13,11 +13,12 @@ import msgspec
 from llmgw.core import events as ev
 from llmgw.core.catalog import fingerprint
 from llmgw.core.tenancy import may_use
-from llmgw.gateway import api
+from llmgw.gateway import api, intake
 from llmgw.gateway.limits import KeyLimits, retry_after
 from llmgw.gateway.load import MIN_INTERVAL_S, REPEAT_S, Loads
 from llmgw.gateway.metrics import Metrics
 from llmgw.agent.engines import identity
+from llmgw.gateway.serves import EVERYTHING
 from llmgw.gateway.routing import (
     BREAKER_COOLDOWN_S,
     BREAKER_FAILURES,
@@ -318,14 +319,14 @@ def test_request_head_usage_and_errors():
         except ValueError:
             continue
         raise AssertionError(bad)
-    assert msgspec.json.decode(api.with_model(b'{"model": "alias", "x": [1]}', "real")) == {"model": "real", "x": [1]}
+    named = intake.prepare(b"/v1/models", b'{"model": "alias", "x": [1]}', "real", "alias", EVERYTHING)
+    assert msgspec.json.decode(named.body) == {"model": "real", "x": [1]}
     assert api.usage_of(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4}}') == (3, 4, 0)
+    assert api.usage_of(b'{"usage": {"prompt_tokens": 9, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 5}}}') == (9, 4, 5)
+    assert api.usage_of(b'{"usage": {"prompt_tokens": 2, "total_tokens": 2}}') == (2, 0, 0)  # embeddings, rerank
     assert api.usage_of(b'{"timings": {"prompt_n": 5, "predicted_n": 6}}') == (5, 6, 0)
-    # The prompt tokens taken from the engine's prefix cache: OpenAI's and vLLM's word, or llama.cpp's.
-    cached = b'{"usage": {"prompt_tokens": 9, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 7}}}'
-    assert api.usage_of(cached) == (9, 1, 7)
+    assert api.usage_of(b'{"timings": {"prompt_n": 5, "predicted_n": 6, "cache_n": 3}}') == (8, 6, 3)
     assert api.usage_of(b'{"usage": {"prompt_tokens": 9, "completion_tokens": 1, "prompt_tokens_details": null}}') == (9, 1, 0)
-    assert api.usage_of(b'{"timings": {"prompt_n": 2, "predicted_n": 6, "cache_n": 7}}') == (9, 6, 7)
     assert api.usage_of(b'{"usage": null}') is None
     tail = b'data: {"choices": []}\n\ndata: {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}\n\ndata: [DONE]\n\n'
     assert api.stream_usage(tail) == (1, 2, 0)

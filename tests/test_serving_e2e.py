@@ -94,6 +94,19 @@ class Rogue(SimulatedAgent):
         await self._status(cmd.replica, cmd.shard, cmd.generation, "ready", endpoint=self.where[cmd.model], identity=me)
 
 
+def start_local_fleet(processes, url: str, tmp_path, agent_dir, port: int, cpu_cores: int = 2) -> None:
+    """The control plane, this machine's real agent (declaring `cpu_cores`,
+    engines on ports of the test's own) and a gateway on `port`, each a process."""
+    agent_file = tmp_path / "agent.yaml"
+    agent_file.write_text(f"address: 127.0.0.1\ncpu_cores: {cpu_cores}\n")
+    processes.start("control", "control", "--nats", url, "--state-dir", str(tmp_path / "control"))
+    processes.start(
+        "agent", "agent", "--name", "n1", "--agent-file", str(agent_file), "--state-dir", str(agent_dir), "--nats", url,
+        "--stop-engines-on-exit", "--engine-ports", engine_ports(),
+    )  # fmt: skip
+    processes.start("gateway", "gateway", "--nats", url, "--port", str(port), "--name", "gw1", "--wait-timeout", "120")
+
+
 class Background:
     """An event loop of the test's own in a thread: the rogue node and the stranger."""
 
@@ -157,15 +170,8 @@ def test_each_model_is_answered_by_its_own_replica_or_waits_for_one_never_by_ano
     nats_server, processes, tmp_path, agent_dir, background
 ):
     url = nats_server.url
-    agent_file = tmp_path / "agent.yaml"
-    agent_file.write_text("address: 127.0.0.1\ncpu_cores: 2\n")
     port = free_port()
-    processes.start("control", "control", "--nats", url, "--state-dir", str(tmp_path / "control"))
-    processes.start(
-        "agent", "agent", "--name", "n1", "--agent-file", str(agent_file), "--state-dir", str(agent_dir), "--nats", url,
-        "--stop-engines-on-exit", "--engine-ports", engine_ports(),
-    )  # fmt: skip
-    processes.start("gateway", "gateway", "--nats", url, "--port", str(port), "--name", "gw1", "--wait-timeout", "120")
+    start_local_fleet(processes, url, tmp_path, agent_dir, port)
     catalog = tmp_path / "catalog.yaml"
     apply(url, catalog, SMOLLM2)
     wait_for(url, lambda s: len(ready_of(s, "smollm2")) == 1, timeout=120)

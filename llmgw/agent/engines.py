@@ -6,7 +6,9 @@ template, and this node's agent file must declare it (`engines`,
 with the reason.
 
     llama.cpp  llama.cpp on the CPU (or the GPUs of an xllamacpp built for
-               them) through `xllamacpp`: `python -m llmgw.agent.llamacpp_server`
+               them) through `xllamacpp`: `python -m llmgw.agent.llamacpp_server`,
+               which takes llama-server's options (the profile's args) by name;
+               the demo model gets llmgw's ChatML template with tools
     vllm       `vllm serve MODEL` (the program: agent file `engines.vllm`, else on PATH)
     sglang     `python -m sglang.launch_server` (the python: `engines.sglang`, else this one)
     a template's name: its command, split like a shell would
@@ -143,6 +145,7 @@ def build(
     this node. `engines` and `templates`: what the node's agent file declares
     (None: its defaults). `key`: the engine's key."""
     from .agentfile import DEFAULT_ENGINES
+    from .weights import DEMO_MODEL
 
     engines = DEFAULT_ENGINES if engines is None else engines
     templates = templates or {}
@@ -172,6 +175,9 @@ def build(
             argv += ["--threads", str(p.cpu_cores)]
         if cmd.gpus:
             argv += ["--n-gpu-layers", "999"]
+        if (p.model or cmd.model) == DEMO_MODEL and not any(a.startswith("--chat-template") for a in p.args):
+            # SmolLM2's own template has no tools: llama.cpp dropped them (chat_templates.py).
+            argv += ["--chat-template", "llmgw-chatml-tools"]
         return Launch(
             argv + list(p.args), env, "/health", "/metrics", ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
             kind, model, me, key,

@@ -2,6 +2,7 @@
 
     python -m llmgw.agent.llamacpp_server --model FILE.gguf --port 20000 [--host H]
         [--alias NAME]... [--threads N] [--ctx-size N] [--parallel N] [--n-gpu-layers N] [--embeddings]
+        [any llama-server option: --pooling mean, --reranking, --chat-template-file F, --flash-attn on, ...]
 
 `xllamacpp.Server` serves until the object is dropped, so it gets a process
 (the agent's engine) and lives until SIGTERM or SIGINT. llama.cpp says only
@@ -9,6 +10,11 @@
 taken, so those are checked first and said in words, as the last line of the
 log, which is what the agent reports as the reason. Exit status: 0 stopped
 on a signal, 1 llama.cpp failed, 2 bad arguments or no model file, 3 port taken.
+Options past its own are llama.cpp's, set on xllamacpp's CommonParams by name
+(llamacpp_options.py): a profile's `args` reach llama.cpp as written, and one
+it cannot set is said, naming it, before anything starts. Once serving, it
+says whether the chat template takes tools (llama.cpp ignores a request's
+tools when it does not: the profile should say `tools: false`).
 Metrics (`/metrics`, with `llamacpp:requests_processing`) are on: a drain
 reads them.
 
@@ -28,9 +34,12 @@ import sys
 import threading
 import time
 
+from . import llamacpp_options
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="llmgw.agent.llamacpp_server", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="llmgw.agent.llamacpp_server", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     p.add_argument("--model", required=True, help="a .gguf file")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
@@ -57,8 +66,29 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
+def say_template(host: str, port: int, key: str) -> None:
+    """Whether the chat template takes tools, from llama.cpp's /props: where
+    it does not, llama.cpp answers a request's tools with prose."""
+    import json
+    import urllib.request
+
+    where = f"[{host}]" if ":" in host else host
+    req = urllib.request.Request(f"http://{where}:{port}/props", headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            caps = json.load(r).get("chat_template_caps", {})
+    except Exception as e:  # only words for the log
+        say(f"could not read the chat template's capabilities: {e}")
+        return
+    if caps.get("supports_tools"):
+        say("the chat template takes tools")
+    else:
+        say("the chat template does not take tools: llama.cpp ignores a request's tools (give the profile "
+            "`tools: false`, or a template with tools: --chat-template-file F, or --chat-template llmgw-chatml-tools)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args, extra = parser().parse_known_args(argv)
     if not os.path.isfile(args.model):
         say(f"model file {args.model} not found")
         return 2
@@ -88,6 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     p.embedding = args.embeddings
     if args.alias:
         p.model_alias = set(args.alias)
+    try:
+        passed = llamacpp_options.apply(p, extra)
+    except llamacpp_options.OptionError as e:
+        say(str(e))
+        return 2
+    if passed:
+        say("llama.cpp options: " + ", ".join(passed))
     key = os.environ.get("LLMGW_ENGINE_KEY", "")
     if key:
         p.api_keys = [key]
@@ -99,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     took = time.monotonic() - started
     say(f"serving {args.model} on http://{args.host}:{args.port} ({threads} threads), loaded in {took:.2f}s")
+    say_template(args.host, args.port, key)
     while not stop.wait(1.0):
         pass
     say("stopping")

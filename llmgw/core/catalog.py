@@ -22,9 +22,10 @@ def fingerprint(profile: ProfileSpec) -> str:
     a replica running an older fingerprint is known to need a restart.
     """
     data = msgspec.json.encode(profile)
-    if b'"weight"' in data:  # routing only: a weight, even 1.0 written out, restarts nothing
+    if b'"weight"' in data or b'"tools"' in data:  # routing and serving only: they restart nothing
         fields = msgspec.to_builtins(profile)
         fields.pop("weight", None)
+        fields.pop("tools", None)
         data = msgspec.json.encode(fields)
     return hashlib.sha256(data).hexdigest()[:12]
 

@@ -81,6 +81,12 @@ class ProfileSpec(Struct):
     # simulated), where its engine would not run: a profile of a real engine
     # (any but "sim") goes on a simulated node only when this says so.
     simulate: bool = False
+    # Whether its engine can call tools (false: a model whose chat template
+    # has none, which llama.cpp answers with prose). The gateway refuses a
+    # request's tools for a model any of whose profiles says false, rather
+    # than let them be dropped (gateway/serves.py). Serving only: it does not
+    # change the fingerprint.
+    tools: bool = True
 
 
 class ModelSpec(Struct):

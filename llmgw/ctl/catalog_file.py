@@ -54,6 +54,7 @@ class _Profile(BaseModel):
     # May run simulated on a simulated node (`llmgw agent --simulate`), where
     # its engine would not run; without it, a real engine's profile is never placed there.
     simulate: bool = False
+    tools: bool = True  # serving: false when its engine cannot call tools (the gateway refuses them)
 
 
 class _Model(BaseModel):

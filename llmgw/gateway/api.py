@@ -11,8 +11,8 @@ import msgspec
 from ..core.tenancy import may_use
 from .routing import Table
 
-# Paths proxied to an engine, as they are.
-PROXIED = (b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings")
+# Paths proxied to an engine (their bodies checked and prepared by intake.py).
+PROXIED = (b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings", b"/v1/rerank")
 
 REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
@@ -48,20 +48,12 @@ def request_head(body: bytes) -> RequestHead:
     except msgspec.ValidationError as e:
         raise ValueError(f"invalid request body: {e}") from None
     except msgspec.DecodeError:
-        raise ValueError("the request body must be a JSON object") from None
+        raise ValueError("We could not parse the JSON body of your request: it must be a JSON object (OpenAI's API takes JSON).") from None
     except RecursionError:  # nested past the interpreter's limit: the edge's max_json_depth stops these first
         raise ValueError("the request body nests too deeply") from None
 
 
-_generic = msgspec.json.Decoder()
 _encode = msgspec.json.encode
-
-
-def with_model(body: bytes, model: str) -> bytes:
-    """The body with `model` replaced (an alias asked for: engines know the model's name)."""
-    data = _generic.decode(body)
-    data["model"] = model
-    return _encode(data)
 
 
 class _Error(msgspec.Struct):
@@ -75,8 +67,8 @@ class _ErrorBody(msgspec.Struct):
     error: _Error
 
 
-def error_body(status: int, message: str, code: str | None = None, type_: str | None = None) -> bytes:
-    return _encode(_ErrorBody(_Error(message, type_ or ERROR_TYPES.get(status, "server_error"), None, code)))
+def error_body(status: int, message: str, code: str | None = None, type_: str | None = None, param: str | None = None) -> bytes:
+    return _encode(_ErrorBody(_Error(message, type_ or ERROR_TYPES.get(status, "server_error"), param, code)))
 
 
 def sse_error(status: int, message: str, code: str | None = None) -> bytes:

@@ -23,16 +23,24 @@ _encode = msgspec.json.Encoder()
 _INTERNAL = re.compile(r"^\s*\[json\.exception\.[a-z_]+\.\d+\]\s*")
 MAX_MESSAGE = 2000
 
-# What an engine's words mean for the catalog: (a phrase of the engine's, what to change).
+# What an engine's words mean for the catalog: (a phrase of the engine's, what to change, OpenAI's code).
 HINTS = (
     (
         "--embeddings",
-        "{model} serves no embeddings: its llama.cpp engine serves them only when started with --embeddings, "
-        "and then serves embeddings only. Give the model a profile of its own for them, with `args: [--embeddings]` "
-        "in the catalog (profile field `args`).",
+        "{model} serves no embeddings here: its llama.cpp engine serves them only when started with them (and "
+        "then serves chat and completions as well). Give the model's profile `args: [--embeddings, --pooling, mean]` "
+        "in the catalog.",
         "embeddings_not_served",
     ),
+    (
+        "--reranking",
+        "{model} does not rerank here: a llama.cpp engine of a reranking model reranks when started with "
+        "`args: [--reranking]` in its catalog profile.",
+        "rerank_not_served",
+    ),
 )
+# llama.cpp's error types that OpenAI has a code for: (code, param).
+CODES = {"exceed_context_size_error": ("context_length_exceeded", "messages")}
 
 
 def _text(v) -> str:
@@ -66,6 +74,9 @@ def openai_error(status: int, body: bytes, model: str) -> bytes:
     if not message:
         message = body.decode(errors="replace").strip() or f"the engine answered {status} with no words"
     message = _INTERNAL.sub("", message)[:MAX_MESSAGE]
+    if type_ in CODES and code is None:
+        code, param = CODES[type_]
+        type_ = None  # OpenAI's: invalid_request_error
     for phrase, hint, hint_code in HINTS:
         if phrase in message:
             message = f"{hint.format(model=model)} (The engine said: {message})"

@@ -10,6 +10,7 @@ import time
 
 from .connection import Client, Request, _status_line
 from .engine_errors import openai_error
+from .intake import completion_ids
 from .routing import Backend
 from .upstream import Lost
 
@@ -26,7 +27,7 @@ class Exchange:
 
     __slots__ = (
         "client", "req", "stream", "backend", "fut", "upstream", "out", "sent", "chunked", "status", "keep_alive",
-        "first_at", "parts", "kept", "tail", "events", "error", "retry_body", "timer",
+        "first_at", "parts", "kept", "tail", "events", "error", "retry_body", "timer", "completion_ids",
     )  # fmt: skip
 
     def __init__(self, client: Client, req: Request, stream: bool, backend: Backend, fut: asyncio.Future) -> None:
@@ -49,6 +50,7 @@ class Exchange:
         self.error: Lost | None = None
         self.retry_body = b""
         self.timer = None
+        self.completion_ids = False  # a /v1/completions answer: its ids made OpenAI's (intake.completion_ids)
 
     def _resolve(self, outcome: int) -> None:
         if not self.fut.done():
@@ -79,6 +81,8 @@ class Exchange:
             if len(self.retry_body) < ERROR_KEEP:
                 self.retry_body += data
             return
+        if self.completion_ids:
+            data = completion_ids(data)
         if self.chunked:
             self.out.append(b"%x\r\n%s\r\n" % (len(data), data))
         else:

@@ -6,7 +6,7 @@ control plane's are (llmgw/control/metrics.py): one way of doing metrics.
     llmgw_gateway_requests_total{model,replica,code}       requests answered
     llmgw_gateway_request_seconds{model,replica}           latency, received to last byte
     llmgw_gateway_time_to_first_token_seconds{model,replica}  streamed answers: to the first chunk
-    llmgw_gateway_tokens_total{model,replica,kind}         kind: prompt | completion
+    llmgw_gateway_tokens_total{model,replica,kind}         kind: prompt | completion | cached (of the prompt's)
     llmgw_gateway_retries_total{model}                     attempts on another replica
     llmgw_gateway_in_flight{model}, llmgw_gateway_queued{model}
     llmgw_gateway_replica_outstanding{model,replica}, llmgw_gateway_breaker_open{model,replica}
@@ -69,7 +69,10 @@ class Metrics:
             h = self.ttft[(model, replica)] = Histogram()
         h.observe(seconds)
 
-    def used(self, model: str, replica: str, prompt: int, completion: int) -> None:
+    def used(self, model: str, replica: str, prompt: int, completion: int, cached: int = 0) -> None:
+        if cached:  # of the prompt's, counted in it too
+            k = (model, replica, "cached")
+            self.tokens[k] = self.tokens.get(k, 0) + cached
         if prompt:
             k = (model, replica, "prompt")
             self.tokens[k] = self.tokens.get(k, 0) + prompt
@@ -115,7 +118,7 @@ class Metrics:
                 buckets.append(("+Inf", h.count))
                 family.add_metric([m, r], buckets, sum_value=h.sum)
             yield family
-        tokens = CounterMetricFamily(f"{p}tokens", "Tokens of the answered requests: prompt and completion.", labels=["model", "replica", "kind"])
+        tokens = CounterMetricFamily(f"{p}tokens", "Tokens of the answered requests: prompt and completion, and the prompt's cached (counted in prompt too).", labels=["model", "replica", "kind"])
         for (m, r, k), n in sorted(self.tokens.items()):
             if keep(m):
                 tokens.add_metric([m, r, k], n)

@@ -50,6 +50,7 @@ from ..core.scaling import decided
 from ..core.state import ApiKey, State
 from ..core.tenancy import keys_by_hash
 from ..core.waits import request_wait
+from . import serves as serving
 
 BREAKER_FAILURES = 3
 BREAKER_COOLDOWN_S = 2.0
@@ -88,6 +89,8 @@ class Route:
     # Replicas on their way: placing, starting, loading, failed (to be
     # replaced), and those its decided count lacks. 0 when parked.
     coming: int = 0
+    # What its profiles' engines serve (tools, embeddings, rerank, context).
+    serves: serving.Serves = serving.EVERYTHING
 
 
 @dataclass(slots=True)
@@ -193,6 +196,7 @@ def build(state: State) -> Table:
         table.routes[name] = Route(
             name=name, owner=spec.owner, created=int(model.applied_at), no_wait=no_wait, wait_kind=kind,
             coming=on_way.get(name, 0),
+            serves=serving.of(spec),
         )
         table.names[name] = name
     for name in sorted(state.models):  # aliases never shadow a model's own name

@@ -43,7 +43,8 @@ from ..core.fold import apply
 from ..core.state import State
 from ..core.tenancy import may_use
 from ..telemetry import tracer
-from . import api
+from . import api, intake
+from .checks import Refusal, tool_less
 from .config import GatewayConfig
 from .connection import Client, Request, _enough_files
 from .exchange import BROKEN, DONE, GONE, RETRY, STALE, TIMEOUT, Exchange
@@ -322,12 +323,17 @@ class Gateway:
                         api.error_body(429, f"Rate limit reached for {which} per minute of this API key: retry in {after}s.", "rate_limit_exceeded"),
                         headers=b"Retry-After: %d\r\n" % after,
                     )  # fmt: skip
-        body = req.body
-        if head.model != route.name:
-            body = api.with_model(body, route.name)
-        client.task = asyncio.get_running_loop().create_task(self.proxy(client, req, path, route.name, head.stream, body, owner is not None))
+        ready = intake.prepare(path, req.body, route.name, head.model, route.serves)
+        if isinstance(ready, Refusal):
+            self.metrics.answered(route.name, "", ready.status, 0.0)
+            return client.reply(req, ready.status, api.error_body(ready.status, ready.message, ready.code, param=ready.param))
+        client.task = asyncio.get_running_loop().create_task(
+            self.proxy(client, req, path, route.name, head.stream, ready.body, owner is not None, ready.tools)
+        )
 
-    async def proxy(self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, keyed: bool) -> None:
+    async def proxy(
+        self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, keyed: bool, tools: bool = False
+    ) -> None:
         now = time.time()
         meter = self.loads.meter(model, now)
         meter.last_used = now
@@ -362,6 +368,11 @@ class Gateway:
                         else:
                             status, why = 503, f"no replica of {model} became ready within {self.wait_s:g}s{last}"
                         break
+                if tools and await self.tool_less(b):
+                    status, replica, why = 400, b.replica, tool_less(model, b.replica)
+                    client.reply(req, 400, api.error_body(400, why, "tools_not_supported", param="tools"))
+                    answered = True
+                    break
                 ex = await self.attempt(client, req, b, stream, upstream_req, body, meter)
                 outcome = ex.fut.result()
                 if outcome == RETRY:
@@ -430,7 +441,7 @@ class Gateway:
                     used = (0, max(ex.events - 1, 0), 0)  # one event a token, less [DONE]
                 if used is not None:
                     prompt, completion, cached = used
-                    self.metrics.used(model, replica, prompt, completion)
+                    self.metrics.used(model, replica, prompt, completion, cached)
                     meter.tokens_in += prompt
                     meter.tokens_out += completion
                     meter.tokens_cached += min(cached, prompt)
@@ -452,12 +463,20 @@ class Gateway:
                     span.set_attribute("llmgw.error", why)
                 span.end()
 
+    async def tool_less(self, b: Backend) -> bool:
+        """Whether the replica's engine is known to take no tools (its template
+        has none): asked of it first where not yet known."""
+        if b.pool.tools is None and b.pool.identity:
+            await b.pool.probe()
+        return b.pool.tools is False
+
     async def attempt(self, client: Client, req: Request, b: Backend, stream: bool, upstream_req: bytes, body: bytes, meter) -> Exchange:
         loop = asyncio.get_running_loop()
         b.breaker.picked(time.monotonic())
         b.outstanding += 1
         meter.change(time.time(), in_flight=1)
         ex = Exchange(client, req, stream, b, loop.create_future())
+        ex.completion_ids = req.path == intake.COMPLETIONS
         client.exchange = ex
         ex.timer = loop.call_later(self.upstream_timeout, ex.timed_out)
         try:

@@ -28,6 +28,7 @@ key that cannot be had (the bucket unreachable, or no key there) is
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 
@@ -226,7 +227,7 @@ class Pool:
 
     __slots__ = (
         "host", "port", "idle", "open", "host_header", "connect_timeout", "closed", "identity", "verify_timeout",
-        "keys", "key_name", "key_timeout", "head", "_fetching",
+        "keys", "key_name", "key_timeout", "head", "_fetching", "tools",
     )  # fmt: skip
 
     def __init__(
@@ -248,6 +249,10 @@ class Pool:
         # Authorization once the key is known (b"" until then).
         self.head = b"" if key_name else b"Host: %s" % self.host_header
         self._fetching: asyncio.Future | None = None
+        # Whether its engine takes tools: llama.cpp's /props says whether its
+        # chat template does (llama.cpp answers tools with prose where it does
+        # not), asked once, on the first verified connection (None: none yet).
+        self.tools: bool | None = None
 
     def take_idle(self) -> Connection | None:
         idle = self.idle
@@ -334,6 +339,33 @@ class Pool:
         if conn.closed:
             raise NotTheEngine(f"{where} closed the connection after GET /v1/models (an engine must keep connections alive)")
         conn.verified = True
+        if self.tools is None:
+            # Other engines refuse tools they cannot serve themselves: taken as they say.
+            self.tools = await self._props(conn) if b'"owned_by":"llamacpp"' in body else True
+
+    async def _props(self, conn: Connection) -> bool:
+        """llama.cpp's /props on a verified connection: whether its template
+        takes tools (True where it cannot be told: refused only on its word)."""
+        probe = _Probe(asyncio.get_running_loop().create_future())
+        conn.send(b"GET /props HTTP/1.1\r\n%s\r\nAccept: application/json\r\n\r\n" % self.head, probe)
+        try:
+            status, body = await asyncio.wait_for(probe.done, self.verify_timeout)
+            caps = json.loads(body).get("chat_template_caps") if status == 200 else None
+        except (asyncio.TimeoutError, Lost, ValueError, AttributeError):
+            caps = None
+        if conn.closed:
+            raise NotTheEngine(f"the engine at {self.host}:{self.port} closed the connection after GET /props")
+        return caps.get("supports_tools") is not False if isinstance(caps, dict) else True
+
+    async def probe(self) -> None:
+        """A verified connection made now (and kept idle): what its engine serves is then known."""
+        try:
+            conn = await self.connect()
+        except (OSError, asyncio.TimeoutError, NotTheEngine, NoKey):
+            return  # the attempt meets it again, and says so
+        if conn.closed:
+            return
+        self.release(conn)
 
     def release(self, conn: Connection) -> None:
         if self.closed or len(self.idle) >= MAX_IDLE:
