@@ -231,6 +231,9 @@ class Client(asyncio.Protocol):
         n = name.lower()
         if n == b"authorization":
             self.req.auth = value
+        elif n == b"x-api-key":  # Anthropic's clients send the key so; Authorization wins when both come
+            if not self.req.auth:
+                self.req.auth = value
         elif n == b"content-length":
             try:
                 self.length = int(value)

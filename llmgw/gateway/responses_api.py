@@ -328,6 +328,7 @@ class Stream:
         self.output: list[dict] = []  # items done
         self.open: dict | None = None  # the item being streamed
         self.calls: dict[int, dict] = {}  # chat's tool call index -> its item
+        self.failed = False
 
     def _event(self, kind: str, **fields) -> bytes:
         data = {"type": kind, **fields, "sequence_number": self.seq}
@@ -389,10 +390,9 @@ class Stream:
 
     def fail(self, message: str, code: str | None) -> bytes:
         """The engine (or the gateway's wait) failed mid-stream: an error event, then response.failed."""
-        if self.open is not None:
-            self.open = None
+        self.open = None
+        self.failed = True
         failed = dict(self.response, status="failed", output=self.output, error={"code": code or "server_error", "message": message})
-        self.done = failed
         return self._event("error", code=code, message=message, param=None) + self._event("response.failed", response=failed)
 
     def finish(self) -> tuple[bytes, dict]:

@@ -41,7 +41,7 @@ from ..core.fold import apply
 from ..core.state import State
 from ..core.tenancy import may_use
 from ..telemetry import tracer
-from . import api
+from . import api, translated
 from .config import GatewayConfig
 from .connection import Client, Request, _enough_files
 from .exchange import BROKEN, DONE, GONE, RETRY, STALE, TIMEOUT, Exchange
@@ -104,6 +104,7 @@ class Gateway:
         self._published = 0
         self._tracing = False
         self._publish_warned = 0.0
+        self.stored = translated.stored(self)  # /v1/responses' stored responses (NATS KV)
 
     # ----------------------------------------------------------------- the log
 
@@ -213,6 +214,8 @@ class Gateway:
         path, method = req.path, req.method
         if client.admin:
             return self.handle_admin(client, req)
+        if translated.serves(path):  # /v1/responses, /v1/messages: onto chat completions
+            return translated.start(self, client, req, path)
         if path in api.PROXIED:
             if method != b"POST":
                 return client.reply(req, 405, api.error_body(405, f"{path.decode()} takes POST"))
@@ -304,10 +307,16 @@ class Gateway:
         if not head.model:
             self.metrics.answered("", "", 400, 0.0)
             return client.reply(req, 400, api.error_body(400, "you must provide a model parameter", "missing_model"))
-        route = self.table.resolve(head.model)
+        self.admit(client, req, path, head.model, head.stream, req.body, owner)
+
+    def admit(self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, owner: str | None) -> None:
+        """A request with its key checked and its body read (a chat request
+        here, or one translated.py made): its model resolved, the key's access
+        and limits asked, then sent (`proxy`)."""
+        route = self.table.resolve(model)
         if route is None or (owner is not None and not may_use(owner, route.owner)):
             self.metrics.answered("", "", 404, 0.0)
-            return client.reply(req, 404, self._no_model(head.model))
+            return client.reply(req, 404, self._no_model(model))
         if owner is not None:
             lim = self.limits.get(req.auth.decode())
             if lim is not None:
@@ -320,10 +329,9 @@ class Gateway:
                         api.error_body(429, f"Rate limit reached for {which} per minute of this API key: retry in {after}s.", "rate_limit_exceeded"),
                         headers=b"Retry-After: %d\r\n" % after,
                     )  # fmt: skip
-        body = req.body
-        if head.model != route.name:
+        if model != route.name:
             body = api.with_model(body, route.name)
-        client.task = asyncio.get_running_loop().create_task(self.proxy(client, req, path, route.name, head.stream, body, owner is not None))
+        client.task = asyncio.get_running_loop().create_task(self.proxy(client, req, path, route.name, stream, body, owner is not None))
 
     async def proxy(self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, keyed: bool) -> None:
         now = time.time()
