@@ -224,3 +224,22 @@ async def test_messages_errors_are_in_anthropics_shape_and_x_api_key_is_a_key(se
     with pytest.raises(anthropic.BadRequestError) as e:
         await good.post("/v1/messages", body={"model": "chat", "max_tokens": "4", "messages": [{"role": "user", "content": "x"}]}, cast_to=object)
     assert "max_tokens" in e.value.body["error"]["message"]
+
+
+async def test_an_oversized_body_is_413_in_each_apis_shape(setup):
+    e = await FakeEngine("a").start()
+    setup.engines.append(e)
+    await setup.log.model(spec("chat"))
+    await setup.log.replica(spec("chat"), e.endpoint)
+    await setup.gateway(max_body=1024)
+    big = b'{"model":"chat","input":"' + b"x" * 2000 + b'"}'
+    for path, shape in ((b"/v1/messages", "anthropic"), (b"/v1/responses", "openai")):
+        status, _, body = await setup.raw(
+            b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (path, len(big), big)
+        )
+        got = json.loads(body)
+        assert status == 413
+        if shape == "anthropic":
+            assert got["type"] == "error" and got["error"]["type"] == "request_too_large"
+        else:
+            assert got["error"]["code"] == "request_too_large"

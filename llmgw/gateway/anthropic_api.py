@@ -57,6 +57,14 @@ ERROR_TYPES = {
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}
 
 
+PATHS = (b"/v1/messages", b"/v1/messages/count_tokens")
+
+
+def serves(path: bytes) -> bool:
+    """Whether a path is Anthropic's (its errors in Anthropic's shape, even the HTTP edge's)."""
+    return path in PATHS
+
+
 def error_body(status: int, message: str) -> bytes:
     kind = ERROR_TYPES.get(status, "api_error")
     return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()

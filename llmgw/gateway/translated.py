@@ -39,8 +39,7 @@ log = logging.getLogger("llmgw.gateway")
 
 CHAT = b"/v1/chat/completions"
 RESPONSES = b"/v1/responses"
-MESSAGES = b"/v1/messages"
-COUNT = b"/v1/messages/count_tokens"
+MESSAGES, COUNT = anthropic_api.PATHS
 PATHS = (RESPONSES, MESSAGES, COUNT)
 RESPONSE_PREFIX = b"/v1/responses/"
 _DROPPED = (b"content-length", b"transfer-encoding", b"content-type")
@@ -50,8 +49,7 @@ def serves(path: bytes) -> bool:
     return path in PATHS or path.startswith(RESPONSE_PREFIX)
 
 
-def anthropic(path: bytes) -> bool:
-    return path == MESSAGES or path == COUNT
+anthropic = anthropic_api.serves
 
 
 def _error_message(body: bytes) -> str:
