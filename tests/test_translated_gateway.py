@@ -21,11 +21,15 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class ToolEngine(FakeEngine):
-    """Calls the first tool when tools are given (tool_choice not none), else talks."""
+    """Calls the first tool when tools are given (tool_choice not none) and no tool result is last, else talks."""
+
+    def prompt_tokens(self, req: dict) -> int:
+        return 7 if len(req.get("messages") or ()) < 2 and not req.get("tools") else 7 + len(json.dumps(req)) // 40
 
     async def answer(self, writer, method, path, req) -> bool:
         tools = req.get("tools") or []
-        if path != "/v1/chat/completions" or not tools or req.get("tool_choice") == "none":
+        answered = (req.get("messages") or [{}])[-1].get("role") == "tool"  # a tool's result in: the model answers
+        if path != "/v1/chat/completions" or not tools or req.get("tool_choice") == "none" or answered:
             return await super().answer(writer, method, path, req)
         self.paths.append(path)
         self.requests.append(req)
@@ -84,7 +88,7 @@ async def test_responses_text_streamed_tools_and_a_stored_chain(setup):
     client = setup.client()
     r = await client.responses.create(model="c", input="hi", instructions="be brief", max_output_tokens=9)
     assert r.output_text == "hello from a" and r.status == "completed" and r.id.startswith("resp_")
-    assert r.usage.input_tokens == 7 and r.usage.output_tokens == 3 and r.model == "c"
+    assert r.usage.input_tokens == engine.prompt_tokens(engine.requests[-1]) and r.usage.output_tokens == 3 and r.model == "c"
     sent = engine.requests[-1]
     assert sent["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     assert sent["max_tokens"] == 9 and sent["model"] == "chat"
@@ -243,3 +247,25 @@ async def test_an_oversized_body_is_413_in_each_apis_shape(setup):
             assert got["type"] == "error" and got["error"]["type"] == "request_too_large"
         else:
             assert got["error"]["code"] == "request_too_large"
+
+
+async def test_the_conformance_rows_against_stand_in_engines_and_two_gateways(setup):
+    """The matrix's rows (python -m llmgw.conformance) against two gateways of one log: none FAILS."""
+    from llmgw.conformance.matrix import Target, Verdict, gather_rows, render, run_rows
+    from llmgw.gateway.config import GatewayConfig
+    from llmgw.gateway.server import Gateway
+
+    await served(setup, keys=True)
+    other = Gateway(setup.bus, name="gw-other", config=GatewayConfig(port=0))
+    await other.start()
+    try:
+        rows = gather_rows(("llmgw.conformance.responses_rows", "llmgw.conformance.anthropic_rows"))
+        target = Target(setup.url, "sk-one", "chat", other_url=f"http://127.0.0.1:{other.port}/v1")
+        results = await run_rows(rows, target)
+    finally:
+        await other.close(grace=0.5)
+    table = render(results)
+    assert not [r for r, o in results if o.verdict is Verdict.FAILS], table
+    assert all(o.verdict is not Verdict.SKIPPED for _, o in results), table
+    agent = next(o for r, o in results if r.api == "openai agents")
+    assert agent.detail == "get_weather('Paris') then: 'hello from a'", table

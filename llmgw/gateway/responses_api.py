@@ -41,6 +41,7 @@ KNOWN = frozenset({
     "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "text", "metadata", "user",
     "truncation", "include", "prompt_cache_key", "safety_identifier", "service_tier", "reasoning", "background",
     "conversation", "prompt", "max_tool_calls", "top_logprobs", "context_management", "prompt_cache_retention",
+    "prompt_cache_options",
 })  # fmt: skip
 # Known to OpenAI, not served here: refused with a word, not ignored.
 UNSUPPORTED = {
