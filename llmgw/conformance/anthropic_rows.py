@@ -104,8 +104,11 @@ async def tools_streamed(target: Target) -> Outcome:
 
 async def count_tokens(target: Target) -> Outcome:
     c = client(target)
-    short = await c.messages.count_tokens(model=target.model, messages=[{"role": "user", "content": "Hi"}])
-    longer = await c.messages.count_tokens(model=target.model, system="You are terse.", tools=[TOOL], messages=ASK)
+    short = await c.messages.count_tokens(model=target.model, system="You are terse.", messages=[{"role": "user", "content": "Hi"}])
+    longer = await c.messages.count_tokens(
+        model=target.model, system="You are terse.", tools=[TOOL],
+        messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}, *ASK],
+    )  # fmt: skip
     if not 0 < short.input_tokens < longer.input_tokens:
         return Outcome(Verdict.FAILS, f"counts {short.input_tokens}, {longer.input_tokens}")
     return Outcome(Verdict.WORKS, f"{short.input_tokens} and {longer.input_tokens} tokens (the engine's own count)")
