@@ -12,7 +12,7 @@ import pytest
 
 from .fake_openai import FakeEngine
 from .gateway_harness import spec
-from .test_gateway_server import Setup
+from .test_gateway_server import setup  # noqa: F401 (the fixture)
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
@@ -34,7 +34,8 @@ class ToolEngine(FakeEngine):
         self.paths.append(path)
         self.requests.append(req)
         name = tools[0]["function"]["name"]
-        usage = {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14}
+        prompt = self.prompt_tokens(req)
+        usage = {"prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5}
         if not req.get("stream"):
             call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": '{"city":"Paris"}'}}
             msg = {"role": "assistant", "content": None, "tool_calls": [call]}
@@ -53,15 +54,6 @@ class ToolEngine(FakeEngine):
         self._event(writer, {"id": "x", "object": "chat.completion.chunk", "choices": [], "usage": usage})
         writer.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
         return True
-
-
-@pytest.fixture
-async def setup():
-    s = Setup()
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 async def served(setup, keys: bool = False) -> ToolEngine:

@@ -76,14 +76,17 @@ class Shape:
         raise NotImplementedError
 
     def start(self) -> bytes:
-        return b""
+        return self.events.start()
 
     def feed(self, data: bytes) -> bytes:
-        return b""
+        out = self.events.feed(data)
+        self.failed = self.events.failed
+        return out
 
     def finish(self) -> bytes:
-        return b""
+        return self.events.finish()
 
+    events = None  # the API's Stream, when the answer is streamed
     failed = False
     done: dict | None = None  # the Response to store, once finished
 
@@ -109,14 +112,6 @@ class ResponsesShape(Shape):
         self.done = responses_api.complete(self.response, chat_answer.whole(body))
         return json.dumps(self.done, separators=(",", ":")).encode()
 
-    def start(self) -> bytes:
-        return self.events.start()
-
-    def feed(self, data: bytes) -> bytes:
-        out = self.events.feed(data)
-        self.failed = self.events.failed
-        return out
-
     def finish(self) -> bytes:
         out, self.done = self.events.finish()
         return out
@@ -136,17 +131,6 @@ class MessagesShape(Shape):
         answer = chat_answer.whole(body)
         out = anthropic_api.count(answer) if self.counting else anthropic_api.message(answer, self.model)
         return json.dumps(out, separators=(",", ":")).encode()
-
-    def start(self) -> bytes:
-        return self.events.start()
-
-    def feed(self, data: bytes) -> bytes:
-        out = self.events.feed(data)
-        self.failed = self.events.failed
-        return out
-
-    def finish(self) -> bytes:
-        return self.events.finish()
 
 
 # --------------------------------------------------------------------------- the rewriting transport
