@@ -121,6 +121,9 @@ async def test_responses_text_streamed_tools_and_a_stored_chain(setup):
     assert messages[2] == {"role": "tool", "tool_call_id": item.call_id, "content": "sunny"}
     got = await client.responses.retrieve(after.id)
     assert got.output_text == "hello from a"
+    await client.responses.delete(after.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(after.id)
 
     # store: false is not stored; an unknown id is a 404.
     r = await client.responses.create(model="chat", input="x", store=False)

@@ -77,6 +77,10 @@ class Stored:
         data = record(response, input_items, self.config.max_stored_response)
         await self.bus.put_stored(key_of(owner, response["id"]), data)
 
+    async def delete(self, owner: str | None, rid: str) -> None:
+        """Gone for good: a marker in its place (the bucket keeps no history)."""
+        await self.bus.put_stored(key_of(owner, rid), json.dumps({"v": VERSION, "at": time.time(), "deleted": True}).encode())
+
     async def get(self, owner: str | None, rid: str, param: str | None = "previous_response_id") -> dict:
         """The record of `rid` for `owner`; BadRequest (404) when there is none for it."""
         if not valid_id(rid):
@@ -88,7 +92,7 @@ class Stored:
             rec = json.loads(data)
         except ValueError:
             raise not_found(rid, param) from None
-        if time.time() - rec.get("at", 0) > self.config.stored_response_ttl:
+        if rec.get("deleted") or time.time() - rec.get("at", 0) > self.config.stored_response_ttl:
             raise not_found(rid, param)
         if "too_large" in rec:
             raise BadRequest(

@@ -347,25 +347,32 @@ async def _prepare(gw, client: Client, req: Request, path: bytes, body: dict, ow
 
 
 def _stored_request(gw, client: Client, req: Request, path: bytes) -> None:
-    """GET /v1/responses/{id}: a stored response, its owner's only."""
-    if req.method != b"GET":
-        return reply_error(gw, client, req, path, BadRequest(f"{path.decode()}: this gateway serves GET only", status=405))
+    """GET (and DELETE) /v1/responses/{id}: a stored response, its owner's only."""
+    rid = path[len(RESPONSE_PREFIX):].decode(errors="replace")
+    if "/" in rid:
+        return reply_error(gw, client, req, path, BadRequest(f"{path.decode(errors='replace')[:100]} is not served by this gateway", status=404))
+    if req.method not in (b"GET", b"DELETE"):
+        return reply_error(gw, client, req, path, BadRequest(f"{path.decode()}: this gateway serves GET and DELETE", status=405))
     ok, owner = gw.authenticate(client, req)
     if not ok:
         return
-    rid = path[len(RESPONSE_PREFIX):].decode(errors="replace")
 
-    async def fetch() -> None:
+    async def answer() -> None:
         try:
             rec = await gw.stored.get(owner, rid, param=None)
+            if req.method == b"DELETE":
+                await gw.stored.delete(owner, rid)
+                out = {"id": rid, "object": "response", "deleted": True}
+            else:
+                out = rec["response"]
         except BadRequest as e:
             return reply_error(gw, client, req, path, e)
         except Exception as e:
-            return reply_error(gw, client, req, path, BadRequest(f"stored responses cannot be read now: {e}", code="store_unavailable", status=503))
+            return reply_error(gw, client, req, path, BadRequest(f"stored responses cannot be reached now: {e}", code="store_unavailable", status=503))
         gw.metrics.answered("", "", 200, 0.0)
-        client.reply(req, 200, json.dumps(rec["response"], separators=(",", ":")).encode())
+        client.reply(req, 200, json.dumps(out, separators=(",", ":")).encode())
 
-    client.task = asyncio.get_running_loop().create_task(fetch())
+    client.task = asyncio.get_running_loop().create_task(answer())
 
 
 def stored(gw) -> Stored:
