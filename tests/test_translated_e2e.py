@@ -46,6 +46,7 @@ api_keys:
     key: {KEY_TWO}
 """
 TOOL_ROWS = ("function tool", "function_call_output", "tool-using agent", "tool_use")
+MINE = ("llmgw.conformance.responses_rows", "llmgw.conformance.anthropic_rows")  # openai_rows: chat and embeddings, tested elsewhere
 
 
 class Fleet:
@@ -128,7 +129,7 @@ def target(fleet, key: str = KEY_ONE):
 def test_the_matrix_without_tools_works_or_errs_clearly_with_the_real_engine(fleet):
     from llmgw.conformance.matrix import Verdict, gather_rows, render, run_rows
 
-    rows = [r for r in gather_rows() if r.api != "openai chat" and not any(t in r.name for t in TOOL_ROWS)]
+    rows = [r for r in gather_rows(MINE) if not any(t in r.name for t in TOOL_ROWS)]
     results = asyncio.run(run_rows(rows, target(fleet)))
     table = render(results)
     print(table)
@@ -140,7 +141,7 @@ def test_tool_rows_with_the_real_engine(fleet):
     """The tool rows (function tools, tool_use, the Agents SDK loop): skipped, saying so, where the engine drops tools."""
     from llmgw.conformance.matrix import Verdict, gather_rows, render, run_rows
 
-    rows = [r for r in gather_rows() if r.api != "openai chat" and any(t in r.name for t in TOOL_ROWS)]
+    rows = [r for r in gather_rows(MINE) if any(t in r.name for t in TOOL_ROWS)]
     results = asyncio.run(run_rows(rows, target(fleet)))
     table = render(results)
     print(table)
