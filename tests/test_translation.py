@@ -117,6 +117,7 @@ def test_responses_requests_openai_refuses_are_refused_naming_the_parameter(req,
         ({"model": "m", "input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
         ({"model": "m", "input": "x", "tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
         ({"model": "m", "input": []}, "input"),
+        ({"model": "m", "input": "x", "text": {"format": "json"}}, "text.format"),
     ],
 )
 def test_what_cannot_be_translated_is_refused_never_dropped(req, param):

@@ -139,7 +139,7 @@ def _text(blocks, param: str) -> str:
 
 
 def _image(block: dict, param: str) -> dict:
-    source = block.get("source") or {}
+    source = expect(block.get("source") or {}, dict, f"{param}.source", "an object")
     if source.get("type") == "base64":
         url = f"data:{source.get('media_type', 'image/png')};base64,{source.get('data', '')}"
     elif source.get("type") == "url":

@@ -208,6 +208,8 @@ def _tool_choice(choice):
 
 def _format(text: dict | None) -> dict | None:
     fmt = (text or {}).get("format")
+    if fmt is not None:
+        expect(fmt, dict, "text.format", "an object")
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":

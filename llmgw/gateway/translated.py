@@ -323,27 +323,41 @@ async def _prepare(gw, client: Client, req: Request, path: bytes, body: dict, ow
     """The chat body (a stored chain read first, for previous_response_id), then the chat path."""
     model = body["model"]
     try:
-        if path == RESPONSES:
-            history = await gw.stored.history(owner, body["previous_response_id"]) if body.get("previous_response_id") else []
-            chat = responses_api.to_chat(body, model, history)
-            shape: Shape = ResponsesShape(body, responses_api.skeleton(body, responses_api.new_id("resp"), model))
-            if body.get("store", True):
-                items = responses_api.input_items(body)
-                rewriter.on_done = lambda s: gw.stored.put(owner, s.done, items)
-        else:
-            chat = anthropic_api.to_chat(body, model, counting=path == COUNT)
-            shape = MessagesShape(body, model, path == COUNT)
+        history: list = []
+        if path == RESPONSES and body.get("previous_response_id"):
+            try:
+                history = await gw.stored.history(owner, body["previous_response_id"])
+            except BadRequest:
+                raise
+            except Exception as e:  # the bucket unreachable: said, not a hang
+                log.warning("reading stored responses failed: %s", e)
+                raise BadRequest(f"stored responses cannot be read now: {e}", code="store_unavailable", status=503) from None
+        try:
+            shape = _shape(path, body, model, history, owner, gw, rewriter)
+        except (TypeError, AttributeError, KeyError, ValueError) as e:  # a shape the checks did not foresee: still the input's
+            if isinstance(e, BadRequest):
+                raise
+            raise BadRequest(f"Invalid request body: {type(e).__name__}: {e}", code="invalid_request") from None
     except BadRequest as e:
         return reply_error(gw, client, req, path, e)
     except asyncio.CancelledError:
         if not client.late:
             raise
         return reply_error(gw, client, req, path, BadRequest(f"the request was not answered within {gw.config.request_timeout:g}s", code="request_timeout", status=504))
-    except Exception as e:  # the bucket unreachable: said, not a hang
-        log.warning("reading stored responses failed: %s", e)
-        return reply_error(gw, client, req, path, BadRequest(f"stored responses cannot be read now: {e}", code="store_unavailable", status=503))
-    rewriter.shape = shape
+    chat, rewriter.shape = shape
     gw.admit(client, req, CHAT, model, bool(chat.get("stream")), json.dumps(chat, separators=(",", ":")).encode(), owner)
+
+
+def _shape(path: bytes, body: dict, model: str, history: list, owner, gw, rewriter: Rewriter) -> tuple[dict, Shape]:
+    """(the chat body, how its answer is rewritten); a stored response's put set on `rewriter`."""
+    if path != RESPONSES:
+        return anthropic_api.to_chat(body, model, counting=path == COUNT), MessagesShape(body, model, path == COUNT)
+    chat = responses_api.to_chat(body, model, history)
+    shape = ResponsesShape(body, responses_api.skeleton(body, responses_api.new_id("resp"), model))
+    if body.get("store", True):
+        items = responses_api.input_items(body)
+        rewriter.on_done = lambda s: gw.stored.put(owner, s.done, items)
+    return chat, shape
 
 
 def _stored_request(gw, client: Client, req: Request, path: bytes) -> None:
