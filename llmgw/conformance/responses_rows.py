@@ -170,7 +170,7 @@ async def agent_loop(target: Target) -> Outcome:
     agent = Agent(
         name="weather", instructions="Use get_weather, then answer in one sentence.", tools=[get_weather], model=model,
         # A tiny model may call tools for ever: required once, then the SDK's reset lets it answer.
-        model_settings=ModelSettings(tool_choice="required", max_tokens=64), reset_tool_choice=True,
+        model_settings=ModelSettings(tool_choice="required", max_tokens=128), reset_tool_choice=True,
     )  # fmt: skip
     try:
         result = await Runner.run(agent, "What is the weather in Paris?", max_turns=4, run_config=RunConfig(tracing_disabled=True))
