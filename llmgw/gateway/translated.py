@@ -316,35 +316,39 @@ def start(gw, client: Client, req: Request, path: bytes) -> None:
             anthropic_api.check(body, counting=path == COUNT)
     except BadRequest as e:
         return reply_error(gw, client, req, path, e)
-    client.task = asyncio.get_running_loop().create_task(_prepare(gw, client, req, path, body, owner, rewriter))
+    if path == RESPONSES and body.get("previous_response_id"):  # the chain first, from the bucket
+        client.task = asyncio.get_running_loop().create_task(_continued(gw, client, req, body, owner, rewriter))
+    else:  # nothing to wait for: on at once (a task less, a turn of the loop less)
+        _send(gw, client, req, path, body, owner, rewriter, [])
 
 
-async def _prepare(gw, client: Client, req: Request, path: bytes, body: dict, owner: str | None, rewriter: Rewriter) -> None:
-    """The chat body (a stored chain read first, for previous_response_id), then the chat path."""
-    model = body["model"]
+async def _continued(gw, client: Client, req: Request, body: dict, owner: str | None, rewriter: Rewriter) -> None:
+    """A response continuing a stored one: its chain read back, then sent."""
     try:
-        history: list = []
-        if path == RESPONSES and body.get("previous_response_id"):
-            try:
-                history = await gw.stored.history(owner, body["previous_response_id"])
-            except BadRequest:
-                raise
-            except Exception as e:  # the bucket unreachable: said, not a hang
-                log.warning("reading stored responses failed: %s", e)
-                raise BadRequest(f"stored responses cannot be read now: {e}", code="store_unavailable", status=503) from None
-        try:
-            shape = _shape(path, body, model, history, owner, gw, rewriter)
-        except (TypeError, AttributeError, KeyError, ValueError) as e:  # a shape the checks did not foresee: still the input's
-            if isinstance(e, BadRequest):
-                raise
-            raise BadRequest(f"Invalid request body: {type(e).__name__}: {e}", code="invalid_request") from None
+        history = await gw.stored.history(owner, body["previous_response_id"])
     except BadRequest as e:
-        return reply_error(gw, client, req, path, e)
+        return reply_error(gw, client, req, RESPONSES, e)
     except asyncio.CancelledError:
         if not client.late:
             raise
-        return reply_error(gw, client, req, path, BadRequest(f"the request was not answered within {gw.config.request_timeout:g}s", code="request_timeout", status=504))
-    chat, rewriter.shape = shape
+        why = f"the request was not answered within {gw.config.request_timeout:g}s"
+        return reply_error(gw, client, req, RESPONSES, BadRequest(why, code="request_timeout", status=504))
+    except Exception as e:  # the bucket unreachable: said, not a hang
+        log.warning("reading stored responses failed: %s", e)
+        return reply_error(gw, client, req, RESPONSES, BadRequest(f"stored responses cannot be read now: {e}", code="store_unavailable", status=503))
+    _send(gw, client, req, RESPONSES, body, owner, rewriter, history)
+
+
+def _send(gw, client: Client, req: Request, path: bytes, body: dict, owner: str | None, rewriter: Rewriter, history: list) -> None:
+    """The chat body made and sent down the chat path, its answer's shape set on `rewriter`."""
+    model = body["model"]
+    try:
+        chat, rewriter.shape = _shape(path, body, model, history, owner, gw, rewriter)
+    except BadRequest as e:
+        return reply_error(gw, client, req, path, e)
+    except (TypeError, AttributeError, KeyError, ValueError) as e:  # a shape the checks did not foresee: still the input's
+        why = f"Invalid request body: {type(e).__name__}: {e}"
+        return reply_error(gw, client, req, path, BadRequest(why, code="invalid_request"))
     gw.admit(client, req, CHAT, model, bool(chat.get("stream")), json.dumps(chat, separators=(",", ":")).encode(), owner)
 
 
