@@ -32,6 +32,13 @@ Measured, each straight to the upstream and then through the gateway:
                         file (itself then part of what limits)
     streaming           8 streams at a time of `--chunks` events: events/s
 
+And what the translated APIs add (issue 31: /v1/responses and Anthropic's
+/v1/messages, translated onto the engine's chat completions in the gateway):
+the same fixed-rate rounds on each, beside the gateway's own chat path, the
+added latency over the engine's chat API (direct) and over the gateway's chat
+path; a stored response (`store`: a put into NATS KV before the answer's
+last byte) on its own row; each translated stream's events/s.
+
 Everything shares this machine's cores: the client, the upstream and the
 gateway. The gateway is one process (one core at most).
 """
@@ -265,16 +272,29 @@ class ClientConn(asyncio.Protocol):
         pass
 
 
-def request_bytes(port: int, body: bytes = REQUEST) -> bytes:
+def request_bytes(port: int, body: bytes = REQUEST, path: bytes = b"/v1/chat/completions") -> bytes:
     # The engine key goes to the gateway too, which has no keys of its own here and ignores it.
-    return b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
-        port, KEY.encode(), len(body), body)  # fmt: skip
+    return b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        path, port, KEY.encode(), len(body), body)  # fmt: skip
 
 
-async def open_loop(port: int, rate: float, seconds: float) -> dict:
+# The translated APIs (llmgw/gateway/translated.py): (path, body) asking what REQUEST asks.
+_ASK = "Say hello in one word."
+TRANSLATED = {
+    "/v1/responses": (b"/v1/responses", json.dumps({"model": MODEL, "input": _ASK, "max_output_tokens": 8, "temperature": 0, "store": False}).encode()),
+    "/v1/responses, stored": (b"/v1/responses", json.dumps({"model": MODEL, "input": _ASK, "max_output_tokens": 8, "temperature": 0}).encode()),
+    "/v1/messages": (b"/v1/messages", json.dumps({"model": MODEL, "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": _ASK}]}).encode()),
+}
+TRANSLATED_STREAMS = {
+    "/v1/responses": (b"/v1/responses", json.dumps({"model": STREAM_MODEL, "input": "Hi", "stream": True, "store": False}).encode()),
+    "/v1/messages": (b"/v1/messages", json.dumps({"model": STREAM_MODEL, "max_tokens": 1000, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}).encode()),
+}
+
+
+async def open_loop(port: int, rate: float, seconds: float, path: bytes = b"/v1/chat/completions", body: bytes = REQUEST) -> dict:
     """Requests sent on a fixed schedule; latency from when each was due."""
     loop = asyncio.get_running_loop()
-    data = request_bytes(port)
+    data = request_bytes(port, body, path)
     idle: list[ClientConn] = []
     due: dict[ClientConn, float] = {}
     latencies: list[float] = []
@@ -379,10 +399,10 @@ def wrk(port: int, connections: int, seconds: float, work: Path) -> dict:
     }  # fmt: skip
 
 
-async def streams(port: int, concurrent: int, seconds: float) -> dict:
+async def streams(port: int, concurrent: int, seconds: float, path: bytes = b"/v1/chat/completions", body: bytes = b"") -> dict:
     loop = asyncio.get_running_loop()
-    body = json.dumps({"model": STREAM_MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True}).encode()
-    data = request_bytes(port, body)
+    body = body or json.dumps({"model": STREAM_MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True}).encode()
+    data = request_bytes(port, body, path)
     events = 0
     answers = 0
     stop_at = 0.0
@@ -438,6 +458,7 @@ def main() -> int:
     p.add_argument("--upstream", choices=("auto", "nginx", "python"), default="auto")
     p.add_argument("--json", help="also write the figures here")
     p.add_argument("--auth", action="store_true", help="the server with auth on, the gateway with its credential (as llmgw up)")
+    p.add_argument("--no-translated", dest="translated", action="store_false", help="skip /v1/responses and /v1/messages")
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
@@ -498,6 +519,31 @@ def main() -> int:
             ]
             for name, port in (("direct", stream_port), ("gateway", gw_port)):
                 results.setdefault(name, {})["streaming"] = await streams(port, 8, args.seconds)
+            if args.translated:
+                await translated(results)
+
+        async def translated(results: dict) -> None:
+            """Each translated path beside the gateway's chat path and the engine's, round by round."""
+            for path, body in TRANSLATED.values():
+                await open_loop(gw_port, args.rate, 1.0, path, body)  # warm
+            rounds: dict[str, list[dict]] = {"direct": [], "gateway": [], **{name: [] for name in TRANSLATED}}
+            for _ in range(args.rounds):
+                rounds["direct"].append(await open_loop(up_port, args.rate, args.seconds))
+                rounds["gateway"].append(await open_loop(gw_port, args.rate, args.seconds))
+                for name, (path, body) in TRANSLATED.items():
+                    rounds[name].append(await open_loop(gw_port, args.rate, args.seconds, path, body))
+            out = results["translated"] = {}
+            for name in TRANSLATED:
+                got = rounds[name]
+                over = {base: [round(t["p50_ms"] - b["p50_ms"], 3) for t, b in zip(got, rounds[base])] for base in ("direct", "gateway")}
+                out[name] = {
+                    "at_rate": median_round(got), "at_rate_rounds": got,
+                    "added_p50_ms_over_engine": sorted(over["direct"])[len(got) // 2],
+                    "added_p50_ms_over_gateway_chat": sorted(over["gateway"])[len(got) // 2],
+                    "added_p50_ms_over_engine_rounds": over["direct"],
+                }  # fmt: skip
+            for name, (path, body) in TRANSLATED_STREAMS.items():
+                out[name]["streaming"] = await streams(gw_port, 8, args.seconds, path, body)
 
         uvloop.run(measure())
         for name, port in (("direct", up_port), ("gateway", gw_port)):
@@ -542,6 +588,14 @@ def report(r: dict, args) -> None:
     print(f"{'':34}{'direct':>12}{'gateway':>12}{'added':>10}")
     for name, a, b, added in rows:
         print(f"{name:34}{a:>12}{b:>12}{'' if added is None else added:>10}")
+    if "translated" in r:
+        print(f"\ntranslated onto chat completions, at {args.rate:g} req/s (median of {args.rounds} rounds):")
+        print(f"{'':34}{'p50 ms':>10}{'p99 ms':>10}{'+engine':>10}{'+gw chat':>10}{'events/s':>10}")
+        for name, t in r["translated"].items():
+            ev = t.get("streaming", {}).get("events_per_s", "")
+            print(f"{name:34}{t['at_rate']['p50_ms']:>10}{t['at_rate']['p99_ms']:>10}{t['added_p50_ms_over_engine']:>10}"
+                  f"{t['added_p50_ms_over_gateway_chat']:>10}{ev:>10}")
+        print("(+engine: p50 added over the engine's own chat API, direct; +gw chat: over the gateway's chat path)")
 
 
 if __name__ == "__main__":

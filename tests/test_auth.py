@@ -389,3 +389,37 @@ def test_a_revoked_node_is_cut_off_exits_3_and_is_lost(auth_nats, processes, tmp
     listed = run_llmgw("creds", "list", "--json", "--dir", str(auth_nats.auth.folder), cwd=tmp_path)
     rows = {(r["role"], r["name"]): r for r in json.loads(listed.stdout)}
     assert rows[("agent", victim)]["revoked_at"] > 0 and rows[("agent", other)]["revoked_at"] == 0
+
+
+@pytest.mark.parametrize("role", ["operator", "projector", "console", "agent"])
+async def test_stored_responses_are_put_and_read_by_gateways_only(auth_nats, role):
+    """The stored responses of /v1/responses (LLMGW_RESPONSES): gateways put and
+    get them by key; no other role reads or writes a byte of them."""
+    from llmgw.bus import RESPONSES_BUCKET
+
+    control = await _control(auth_nats)  # makes the bucket
+    g1 = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("gateway", "g1"))
+    g2 = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("gateway", "g2"))
+    other = await Speaker.connect(auth_nats, role, "x" if role in ("agent", "console", "operator") else None)
+    try:
+        await g1.put_stored("local.resp_1", b"kept")
+        assert await g2.get_stored("local.resp_1") == b"kept"  # another gateway finds it
+        assert await g2.get_stored("local.resp_2") is None
+        put = f"$KV.{RESPONSES_BUCKET}.local.resp_1"
+        await other.nc.publish(put, b"forged")
+        assert await other.refused("publish", put)
+        get = f"$JS.API.DIRECT.GET.KV_{RESPONSES_BUCKET}.$KV.{RESPONSES_BUCKET}.local.resp_1"
+        await other.nc.publish(get, b"")
+        assert await other.refused("publish", get)
+        listing = f"$JS.API.CONSUMER.CREATE.KV_{RESPONSES_BUCKET}"
+        gw_raw = await Speaker.connect(auth_nats, "gateway", "g3")  # not even a gateway lists them
+        try:
+            await gw_raw.nc.publish(listing, b"{}")
+            assert await gw_raw.refused("publish", listing)
+        finally:
+            await gw_raw.close()
+        assert await g1.get_stored("local.resp_1") == b"kept"
+    finally:
+        await other.close()
+        for bus in (g1, g2, control):
+            await bus.close()

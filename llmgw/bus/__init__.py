@@ -34,6 +34,12 @@ LEASE_KEY = "leader"
 # the only ones who may read it (NATS permissions: the agent of node N may put
 # and delete keys under `N.`; gateways may read), never in the log.
 ENGINE_KEYS_BUCKET = "LLMGW_ENGINE_KEYS"
+# Stored responses of the Responses API (`store`, `previous_response_id`:
+# gateway/stored.py): written and read by gateways only (NATS permissions),
+# each under its owner's prefix, gone after STORED_RESPONSES_TTL_S (the
+# bucket's age limit; a gateway may keep them shorter, GatewayConfig).
+RESPONSES_BUCKET = "LLMGW_RESPONSES"
+STORED_RESPONSES_TTL_S = 30 * 24 * 3600.0  # OpenAI keeps a stored response 30 days
 _KEY_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
@@ -134,6 +140,12 @@ class Bus(Protocol):
         """The engine key under `name`; None when there is none (raises when the bucket cannot be reached)."""
 
     async def delete_engine_key(self, name: str) -> None: ...
+
+    async def put_stored(self, key: str, value: bytes) -> None:
+        """Keep a stored response under `key` in RESPONSES_BUCKET."""
+
+    async def get_stored(self, key: str) -> bytes | None:
+        """The stored response under `key`; None when there is none (expired, never stored)."""
 
     async def close(self) -> None: ...
 

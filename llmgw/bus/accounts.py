@@ -33,7 +33,8 @@ What crosses (the account JWTs' exports and imports):
       engine-key puts and their direct gets.
     LLMGW -> READERS (services): the readers' JetStream API (stream info,
       ephemeral consumers, message gets, direct gets; no pulls), their
-      consumers' flow control, gateways' and operators' facts.
+      consumers' flow control, gateways' and operators' facts, gateways'
+      stored responses (puts; read by direct get).
     LLMGW -> READERS (streams): what readers' consumers deliver, into
       `_INBOX.<role>.>` (each reader may subscribe only its own inbox).
     NODES -> LLMGW, READERS (services): operators' log requests to agents
@@ -62,7 +63,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import COMMAND_PREFIX, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET
+from . import COMMAND_PREFIX, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, RESPONSES_BUCKET
 
 LOGS_PREFIX = "llmgw.agent-logs"  # llmgw/agent/logs.py
 SIM_PREFIX = "llmgw.sim"  # the simulated agents' test hooks (llmgw.sim.<node>.fail, .silence)
@@ -95,6 +96,9 @@ READER_API = (
     "$JS.FC.>",
 )
 READER_FACTS = ("llmgw.gw.>", "llmgw.ctl.>")
+# ... and the stored responses' puts (gateway/stored.py; read by direct get,
+# in READER_API). Of READERS' users, only gateways may publish there (auth.py).
+READER_STORES = (f"$KV.{RESPONSES_BUCKET}.>",)
 # ... and, as streams, what its consumers deliver: into its inbox (each
 # reader's user may subscribe only its own, bus/auth.py inbox_prefix).
 READER_INBOXES = tuple(f"_INBOX.{role}.>" for role in sorted(READER_ROLES))
@@ -146,7 +150,7 @@ def _distinct(subjects) -> list[str]:
 def llmgw_crossings(nodes_account: str) -> dict:
     """The exports and imports of the llmgw account's JWT."""
     return {
-        "exports": [_service(s) for s in _distinct((*INTO_THE_LOG, *READER_API, *READER_FACTS))] + [_stream(s) for s in READER_INBOXES],
+        "exports": [_service(s) for s in _distinct((*INTO_THE_LOG, *READER_API, *READER_FACTS, *READER_STORES))] + [_stream(s) for s in READER_INBOXES],
         "imports": [_import(s, nodes_account) for s in TO_THE_NODES] + [_import(COMMANDS, nodes_account, "stream")],
     }
 
@@ -154,7 +158,7 @@ def llmgw_crossings(nodes_account: str) -> dict:
 def readers_crossings(llmgw_account: str, nodes_account: str) -> dict:
     """The imports of the readers' account's JWT (it exports nothing)."""
     return {
-        "imports": [_import(s, llmgw_account) for s in (*READER_API, *READER_FACTS)]
+        "imports": [_import(s, llmgw_account) for s in (*READER_API, *READER_FACTS, *READER_STORES)]
         + [_import(s, llmgw_account, "stream") for s in READER_INBOXES]
         + [_import(s, nodes_account) for s in TO_THE_NODES],
     }

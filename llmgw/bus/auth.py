@@ -20,7 +20,8 @@ Roles and what their credential allows (`permissions`):
                 command subject, its logs and test hooks, its own inbox;
                 no JetStream API but reading back its own engine keys
     gateway G   publish llmgw.gw.G.>; read the log (the routing table is a
-                fold of it) and the engine keys
+                fold of it) and the engine keys; put and get (by key, never
+                list or watch) stored responses (LLMGW_RESPONSES)
     operator    publish llmgw.ctl.>, ask agents for logs; read the log and
                 the lease bucket (LLMGW_LEADER: `ctl get leader`)
     control     publish llmgw.control.> (and llmgw.cmd.> with its NODES user), hold the lease
@@ -64,7 +65,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, LEADER_BUCKET, STREAM, signing
+from . import COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, LEADER_BUCKET, RESPONSES_BUCKET, STREAM, signing
 from . import accounts
 from .accounts import LOGS_PREFIX, SIM_PREFIX
 
@@ -213,6 +214,12 @@ def _engine_keys_reader() -> tuple[str, ...]:
     return _bucket_reader(ENGINE_KEYS_BUCKET)
 
 
+def _stored_responses() -> tuple[str, ...]:
+    """Stored responses (gateway/stored.py): a put, and a get of one key by
+    its subject. No consumer on the bucket: a gateway never lists them."""
+    return (f"$KV.{RESPONSES_BUCKET}.>", f"$JS.API.DIRECT.GET.KV_{RESPONSES_BUCKET}.$KV.{RESPONSES_BUCKET}.>")
+
+
 def permissions(role: str, name: str) -> Permissions:
     check_name(role, name)
     inbox = f"{inbox_prefix(role, name)}.>"
@@ -243,7 +250,7 @@ def permissions(role: str, name: str) -> Permissions:
         )
     if role == "gateway":
         return Permissions(
-            pub_allow=(f"llmgw.gw.{name}.>", *_log_reader(), *_engine_keys_reader()),
+            pub_allow=(f"llmgw.gw.{name}.>", *_log_reader(), *_engine_keys_reader(), *_stored_responses()),
             sub_allow=(inbox,),
         )
     if role == "operator":

@@ -79,6 +79,7 @@ class MemoryBus:
         self._lease: MemoryLease | None = None
         self.engine_keys: dict[str, str] = {}  # ENGINE_KEYS_BUCKET
         self.engine_keys_down = False  # a test's unreachable bucket
+        self.stored: dict[str, bytes] = {}  # RESPONSES_BUCKET
 
     async def ensure_streams(self) -> None:
         pass
@@ -178,6 +179,12 @@ class MemoryBus:
     async def delete_engine_key(self, name: str) -> None:
         self._keys_reachable()
         self.engine_keys.pop(name, None)
+
+    async def put_stored(self, key: str, value: bytes) -> None:
+        self.stored[key] = value
+
+    async def get_stored(self, key: str) -> bytes | None:
+        return self.stored.get(key)
 
     def _keys_reachable(self) -> None:
         if self.engine_keys_down:

@@ -52,6 +52,8 @@ from . import (
     ENGINE_KEYS_BUCKET,
     HEARTBEAT_BUCKET,
     LEADER_BUCKET,
+    RESPONSES_BUCKET,
+    STORED_RESPONSES_TTL_S,
     STREAM,
     SUBJECTS,
     BusUnavailable,
@@ -293,6 +295,7 @@ class NatsBus:
         self.replicas = replicas
         self._kv = None
         self._keys = None  # the engine keys bucket, once opened
+        self._responses = None  # the stored responses bucket, once opened
         self._instance = uuid.uuid4().hex[:12]
         self.reconnected_at = 0.0  # wall clock of the last reconnect
         self.on_reconnect: list = []  # async callables run after a reconnect
@@ -469,7 +472,12 @@ class NatsBus:
         self._keys = await self._make_bucket(
             KeyValueConfig(bucket=ENGINE_KEYS_BUCKET, history=1, storage=StorageType.FILE, replicas=self.replicas, direct=True)
         )
-        for bucket in (HEARTBEAT_BUCKET, ENGINE_KEYS_BUCKET):
+        # Stored responses (gateway/stored.py): on disk, each gone after the TTL; read by key, direct.
+        await self._make_bucket(
+            KeyValueConfig(bucket=RESPONSES_BUCKET, history=1, ttl=STORED_RESPONSES_TTL_S, storage=StorageType.FILE,
+                           replicas=self.replicas, direct=True)
+        )  # fmt: skip
+        for bucket in (HEARTBEAT_BUCKET, ENGINE_KEYS_BUCKET, RESPONSES_BUCKET):
             await buckets.harden(self.js, bucket)  # one made by an older llmgw
 
     def _heartbeat_config(self) -> KeyValueConfig:
@@ -871,6 +879,23 @@ class NatsBus:
 
     async def delete_engine_key(self, name: str) -> None:
         await self._engine_keys().delete(name)
+
+    # ----------------------------------------------------------------- stored responses
+
+    def _stored(self):
+        if self._responses is None:
+            self._responses = self._bucket(RESPONSES_BUCKET, direct=True)
+        return self._responses
+
+    async def put_stored(self, key: str, value: bytes) -> None:
+        await self._stored().put(key, value)
+
+    async def get_stored(self, key: str) -> bytes | None:
+        try:
+            entry = await self._stored().get(key)
+        except KeyNotFoundError:
+            return None
+        return entry.value or None
 
     async def close(self) -> None:
         """Drain what is pending; with the server gone, just let go."""

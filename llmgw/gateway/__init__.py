@@ -18,4 +18,13 @@ without I/O, the shell around them is thin:
     connection.py  one client connection: parsed, limited, answered  (shell)
     exchange.py  one attempt at one replica, passed back as it comes  (shell)
     server.py    the gateway: requests routed, the log followed, reports published  (shell)
+
+The APIs served by translation onto the engines' chat completions (issue 31):
+
+    chat_answer.py    a chat answer (whole or streamed) read into its facts  (pure)
+    responses_api.py  OpenAI's Responses API <-> chat completions             (pure)
+    anthropic_api.py  Anthropic's Messages API <-> chat completions           (pure)
+    stored.py    stored responses in NATS KV, owner-scoped, bounded      (shell)
+    translated.py  their requests onto the chat path, answers rewritten at the
+                 client's transport                                  (shell)
 """

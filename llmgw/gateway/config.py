@@ -63,6 +63,8 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
+from ..bus import STORED_RESPONSES_TTL_S
+
 KIB = 1024
 MIB = 1024 * KIB
 
@@ -122,6 +124,16 @@ class GatewayConfig:
     connect_timeout: float = _f(3.0, "seconds to connect to an engine")
     key_timeout: float = _f(3.0, "seconds to read an engine's key from the engine keys bucket, the first time it is reached")
     failover_timeout: float = _f(5.0, "after the replicas tried failed, seconds to wait for the log to say another is coming")
+    # Stored responses of /v1/responses (stored.py).
+    stored_response_ttl: float = _f(
+        STORED_RESPONSES_TTL_S, "seconds a stored response (store: true) may be found by previous_response_id; at most "
+        "the bucket's own age limit (30 days), which drops it from NATS",
+    )  # fmt: skip
+    max_stored_response: int = _f(
+        60 * KIB, "bytes of one stored response (its input and output): past it the answer is served but not stored, "
+        "and a later previous_response_id to it is refused saying so. At most the gateway's NATS payload limit (64 KiB)",
+    )  # fmt: skip
+    max_response_chain: int = _f(256, "responses a previous_response_id chain may reach back (400 past it)")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -131,6 +143,7 @@ class GatewayConfig:
         for f in (
             "max_request_line", "max_header_bytes", "max_connections", "header_timeout", "body_timeout", "keepalive_timeout",
             "max_connections_per_client", "max_json_depth", "request_timeout", "key_failure_window",
+            "max_response_chain",
         ):  # fmt: skip
             if getattr(self, f) <= 0:
                 raise ValueError(f"{f} must be positive")

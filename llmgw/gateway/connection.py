@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import httptools
 
-from . import api
+from . import anthropic_api, api
 from .edge_limits import client_of
 
 if TYPE_CHECKING:
@@ -231,6 +231,9 @@ class Client(asyncio.Protocol):
         n = name.lower()
         if n == b"authorization":
             self.req.auth = value
+        elif n == b"x-api-key":  # Anthropic's clients send the key so; Authorization wins when both come
+            if not self.req.auth:
+                self.req.auth = value
         elif n == b"content-length":
             try:
                 self.length = int(value)
@@ -355,8 +358,11 @@ class Client(asyncio.Protocol):
         self.queue.clear()
         self.req = None
         self.parts = []
-        self.url = b""
-        body = api.error_body(status, message, _EDGE_CODE.get(status))
+        url, self.url = self.url, b""
+        if anthropic_api.serves(url.split(b"?", 1)[0]):  # its clients read Anthropic's shape
+            body = anthropic_api.error_body(status, message)
+        else:
+            body = api.error_body(status, message, _EDGE_CODE.get(status))
         t = self.transport
         t.write(
             b"%sContent-Type: application/json\r\nContent-Length: %d\r\n%sConnection: close\r\n\r\n%s"

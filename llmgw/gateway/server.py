@@ -43,7 +43,7 @@ from ..core.fold import apply
 from ..core.state import State
 from ..core.tenancy import may_use
 from ..telemetry import tracer
-from . import api, intake
+from . import api, intake, translated
 from .checks import Refusal, tool_less
 from .config import GatewayConfig
 from .connection import Client, Request, _enough_files
@@ -107,6 +107,7 @@ class Gateway:
         self._published = 0
         self._tracing = False
         self._publish_warned = 0.0
+        self.stored = translated.stored(self)  # /v1/responses' stored responses (NATS KV)
 
     # ----------------------------------------------------------------- the log
 
@@ -216,6 +217,8 @@ class Gateway:
         path, method = req.path, req.method
         if client.admin:
             return self.handle_admin(client, req)
+        if translated.serves(path):  # /v1/responses, /v1/messages: onto chat completions
+            return translated.start(self, client, req, path)
         if path in api.PROXIED:
             if method != b"POST":
                 return client.reply(req, 405, api.error_body(405, f"{path.decode()} takes POST"))
@@ -307,10 +310,16 @@ class Gateway:
         if not head.model:
             self.metrics.answered("", "", 400, 0.0)
             return client.reply(req, 400, api.error_body(400, "you must provide a model parameter", "missing_model"))
-        route = self.table.resolve(head.model)
+        self.admit(client, req, path, head.model, head.stream, req.body, owner)
+
+    def admit(self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, owner: str | None) -> None:
+        """A request with its key checked and its body read (a chat request
+        here, or one translated.py made): its model resolved, the key's access
+        and limits asked, then sent (`proxy`)."""
+        route = self.table.resolve(model)
         if route is None or (owner is not None and not may_use(owner, route.owner)):
             self.metrics.answered("", "", 404, 0.0)
-            return client.reply(req, 404, self._no_model(head.model))
+            return client.reply(req, 404, self._no_model(model))
         if owner is not None:
             lim = self.limits.get(req.auth.decode())
             if lim is not None:
@@ -323,12 +332,12 @@ class Gateway:
                         api.error_body(429, f"Rate limit reached for {which} per minute of this API key: retry in {after}s.", "rate_limit_exceeded"),
                         headers=b"Retry-After: %d\r\n" % after,
                     )  # fmt: skip
-        ready = intake.prepare(path, req.body, route.name, head.model, route.serves)
+        ready = intake.prepare(path, body, route.name, model, route.serves)
         if isinstance(ready, Refusal):
             self.metrics.answered(route.name, "", ready.status, 0.0)
             return client.reply(req, ready.status, api.error_body(ready.status, ready.message, ready.code, param=ready.param))
         client.task = asyncio.get_running_loop().create_task(
-            self.proxy(client, req, path, route.name, head.stream, ready.body, owner is not None, ready.tools)
+            self.proxy(client, req, path, route.name, stream, ready.body, owner is not None, ready.tools)
         )
 
     async def proxy(
