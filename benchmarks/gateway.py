@@ -36,8 +36,9 @@ And what the translated APIs add (issue 31: /v1/responses and Anthropic's
 /v1/messages, translated onto the engine's chat completions in the gateway):
 the same fixed-rate rounds on each, beside the gateway's own chat path, the
 added latency over the engine's chat API (direct) and over the gateway's chat
-path; a stored response (`store`: a put into NATS KV before the answer's
-last byte) on its own row; each translated stream's events/s.
+path; a stored response (`store`: a put into NATS KV, under way as the
+answer's last byte leaves: its cost is the gateway's and the server's CPU,
+not a wait) on its own row; each translated stream's events/s.
 
 Everything shares this machine's cores: the client, the upstream and the
 gateway. The gateway is one process (one core at most).

@@ -134,6 +134,10 @@ class GatewayConfig:
         "and a later previous_response_id to it is refused saying so. At most the gateway's NATS payload limit (64 KiB)",
     )  # fmt: skip
     max_response_chain: int = _f(256, "responses a previous_response_id chain may reach back (400 past it)")
+    stored_miss_wait: float = _f(
+        0.5, "seconds a gateway looks again for a stored response it does not find (another gateway's put may be "
+        "landing: puts are not awaited by the answers they store) before its 404",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

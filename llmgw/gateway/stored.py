@@ -17,12 +17,19 @@ later `previous_response_id` to it says why it is missing), a chain past
 `stored_response_ttl` is not found (the bucket's age limit drops it from
 NATS after 30 days; a gateway may keep them shorter).
 
+A put is not awaited by the answer it stores (translated.py says why): a
+gateway asked for a response whose put it has under way waits for that put;
+one that does not find a response looks again for up to `stored_miss_wait`
+(another gateway's put may be landing), so an unknown id costs that long
+before its 404.
+
 Only gateways may put and get in the bucket (bus/auth.py); there is no
 listing: a response is found by its id, which is 128 random bits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -71,11 +78,40 @@ class Stored:
     def __init__(self, bus, config) -> None:
         self.bus = bus
         self.config = config
-        self.pending: set = set()  # puts under way (kept so that the loop does not drop them)
+        self.pending: dict[str, asyncio.Task] = {}  # puts under way, by key
 
     async def put(self, owner: str | None, response: dict, input_items: list) -> None:
         data = record(response, input_items, self.config.max_stored_response)
         await self.bus.put_stored(key_of(owner, response["id"]), data)
+
+    def put_soon(self, owner: str | None, response: dict, input_items: list) -> None:
+        """`put`, under way from now; a failure is logged (the answer was the client's already)."""
+        key = key_of(owner, response["id"])
+        task = asyncio.get_running_loop().create_task(self.put(owner, response, input_items))
+        self.pending[key] = task
+
+        def landed(t: asyncio.Task) -> None:
+            if self.pending.get(key) is t:
+                del self.pending[key]
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("storing response %s failed: %s", response.get("id"), t.exception())
+
+        task.add_done_callback(landed)
+
+    async def _read(self, key: str) -> bytes | None:
+        """The record under `key`: after this gateway's own put of it, if one is under way; looked for
+        again, while `stored_miss_wait` lasts, if it is not there (another gateway's put landing)."""
+        under_way = self.pending.get(key)
+        if under_way is not None:
+            await asyncio.wait([under_way])
+        deadline = time.monotonic() + self.config.stored_miss_wait
+        pause = 0.01
+        while True:
+            data = await self.bus.get_stored(key)
+            if data is not None or time.monotonic() + pause > deadline:
+                return data
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     async def delete(self, owner: str | None, rid: str) -> None:
         """Gone for good: a marker in its place (the bucket keeps no history)."""
@@ -85,7 +121,7 @@ class Stored:
         """The record of `rid` for `owner`; BadRequest (404) when there is none for it."""
         if not valid_id(rid):
             raise not_found(rid, param)
-        data = await self.bus.get_stored(key_of(owner, rid))
+        data = await self._read(key_of(owner, rid))
         if data is None:
             raise not_found(rid, param)
         try:

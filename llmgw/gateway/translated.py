@@ -16,9 +16,13 @@ error shape (Anthropic's on its paths, 401s and 503s included). So nothing
 of the chat path knows about the translated APIs, and no answer can leave
 in the wrong shape.
 
-A stored response is put in the bucket (stored.py) before the last byte of
-its answer leaves: a client that asks another gateway with
-`previous_response_id` as soon as it has its answer finds it.
+A stored response is put in the bucket (stored.py) as its answer's last
+byte leaves, not before: waiting for the bucket's ack (an fsync, with
+`sync_interval: always`) added 1.2-2.6 ms to every stored response's answer
+(benchmarks/gateway.py), over the 1 ms this path may add. A client that
+asks at once with `previous_response_id` is still answered: by this gateway
+after the put it has under way, by another after `stored_miss_wait`'s
+bounded look again (stored.py `Stored.get`).
 """
 
 from __future__ import annotations
@@ -153,10 +157,7 @@ class Rewriter:
         self.sse = SseReader()
         self.streaming = False
         self.done = False  # its answer complete: written as it is from here on
-        self.held: list[bytes] = []  # written while a store is under way (held == None: not holding)
-        self.holding = False
-        self.close_after: str | None = None
-        self.on_done = None  # async callable(shape) run before the last bytes leave (the store)
+        self.on_done = None  # callable(shape) once its last bytes left, for a 200 (the store)
         client.transport = self
 
     # the real transport's, for everything but write
@@ -164,11 +165,7 @@ class Rewriter:
         return getattr(self.real, name)
 
     def _out(self, data: bytes) -> None:
-        if not data:
-            return
-        if self.holding:
-            self.held.append(data)
-        else:
+        if data:
             self.real.write(data)
 
     def write(self, data: bytes) -> None:
@@ -182,14 +179,10 @@ class Rewriter:
             self.real.abort()
 
     def close(self) -> None:
-        if self.holding:
-            self.close_after = "close"
-            return
         self._restore()
         self.real.close()
 
     def abort(self) -> None:
-        self.holding = False
         self._restore()
         self.real.abort()
 
@@ -250,33 +243,11 @@ class Rewriter:
         )
 
     def _finish(self, last: bytes) -> None:
-        """The answer's last bytes: after the store when there is one (a
-        client asking another gateway at once finds it)."""
-        if self.on_done is None or self.shape.done is None or self.status != 200:
-            self._out(last)
-            self._restore()
-            return
-        self.holding = True
-        self.done = True  # what is written meanwhile (a pipelined answer) waits behind this one
-        task = asyncio.get_running_loop().create_task(self._store_then(last))
-        self.client.gw.stored.pending.add(task)
-        task.add_done_callback(self.client.gw.stored.pending.discard)
-
-    async def _store_then(self, last: bytes) -> None:
-        try:
-            await self.on_done(self.shape)
-        except Exception as e:  # the answer is still the client's; it just cannot be continued
-            log.warning("storing response %s failed: %s", self.shape.done.get("id"), e)
-        held, self.held, self.holding = self.held, [], False
-        if self.client.closed:
-            return
-        self.real.write(last)
-        for data in held:
-            self.real.write(data)
-        close, self.close_after = self.close_after, None
+        """The answer's last bytes; then its store, when it is one to keep."""
+        self._out(last)
         self._restore()
-        if close:
-            self.real.close()
+        if self.on_done is not None and self.shape.done is not None and self.status == 200:
+            self.on_done(self.shape)
 
 
 # --------------------------------------------------------------------------- requests
@@ -360,7 +331,7 @@ def _shape(path: bytes, body: dict, model: str, history: list, owner, gw, rewrit
     shape = ResponsesShape(body, responses_api.skeleton(body, responses_api.new_id("resp"), model))
     if body.get("store", True):
         items = responses_api.input_items(body)
-        rewriter.on_done = lambda s: gw.stored.put(owner, s.done, items)
+        rewriter.on_done = lambda s: gw.stored.put_soon(owner, s.done, items)
     return chat, shape
 
 
