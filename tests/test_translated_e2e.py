@@ -138,17 +138,13 @@ def test_the_matrix_without_tools_works_or_errs_clearly_with_the_real_engine(fle
 
 
 def test_tool_rows_with_the_real_engine(fleet):
-    """The tool rows (function tools, tool_use, the Agents SDK loop): skipped, saying so, where the engine drops tools."""
+    """The tool rows (function tools, tool_use, the Agents SDK loop), each to a call and its answer."""
     from llmgw.conformance.matrix import Verdict, gather_rows, render, run_rows
 
     rows = [r for r in gather_rows(MINE) if any(t in r.name for t in TOOL_ROWS)]
     results = asyncio.run(run_rows(rows, target(fleet)))
     table = render(results)
     print(table)
-    # Every tool row begins with a required call: where the plainest one got prose, the engine dropped the tools.
-    plain = next(o for r, o in results if r.name == "function tool, tool_choice=required")
-    if plain.verdict is Verdict.FAILS and "answered without a call" in plain.detail:
-        pytest.skip(f"the engine answers prose where a tool call is required (issue 31 part 1, branch t31-tools):\n{table}")
     assert Verdict.FAILS not in [o.verdict for _, o in results], table
 
 
