@@ -20,6 +20,9 @@ class ConsoleConfig(msgspec.Struct, kw_only=True, frozen=True):
     history_limit: int = 300  # events of a node's history
     facts_limit: int = 60  # the events shown as the facts a decision was taken on
     states_cached: int = 4  # folded past states kept (time travel back and forth over one point)
+    # An action's banner: how long it waits for a decision the fold says is due
+    # before it says that none came (followup.py; most actions need none, said at once).
+    follow_settle_s: float = 10.0
 
 
 CONFIG = ConsoleConfig()

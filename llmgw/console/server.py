@@ -40,7 +40,7 @@ from ..ctl.readmodels import NoReadModels, ReadModels
 from ..ctl.views import decision_words
 from ..replay.tool import fold_until
 from ..core import facility
-from . import views
+from . import fleetmap, followup, views
 from .config import CONFIG, COOKIE, ConsoleConfig
 
 log = logging.getLogger("llmgw.console")
@@ -179,8 +179,8 @@ class Console:
             cookie = f"{COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
             await self._send(writer, 303, b"", extra={"Location": "/", "Set-Cookie": cookie})
             return
-        if path == "/favicon.ico":  # asked by every browser; none here
-            await self._send(writer, 404, b"")
+        if path == "/favicon.ico":  # asked by browsers that did not read the page's icon link; no secret in it
+            await self._static(writer, "/static/favicon.svg")
             return
         if not self._authorized(headers):
             raise HttpError(401, "this console needs its token: open the URL llmgw up printed (…/?token=…)")
@@ -265,6 +265,10 @@ class Console:
         head = {"seq": state.seq, "last": self.state.seq, "past": past, "at": self._at_of(state.seq),
                 "first_at": self._at_of(self.records[0][0]) if self.records else 0.0}
         upto = state.seq if past else None
+        if what == "map":
+            return {**head, **fleetmap.fleet_map(state)}
+        if what == "followed":  # what followed an action's event (the banner); always now
+            return {**head, **msgspec.to_builtins(self.followed(query.get("event", "")))}
         if what == "fleet":
             return {**head, **views.fleet(state)}
         if what == "models":
@@ -292,6 +296,7 @@ class Console:
             page = views.node(state, name, self.models)
             if page is None:
                 raise HttpError(404, f"no node {name} (at event {state.seq})")
+            page["running"] = fleetmap.running_on(state, name)
             return {**head, "node": page}
         if what.startswith("explain/"):
             from ..cli.ctl import explanation
@@ -302,6 +307,15 @@ class Console:
             lines, data = explanation(state, name)
             return {**head, "lines": lines, "explanation": data}
         raise HttpError(404, f"no view {what}")
+
+    def followed(self, event: str) -> followup.Followed:
+        if not event.isdigit():
+            raise HttpError(400, f"event {event!r} is not a sequence number")
+        seq = int(event)
+        if seq < 1:
+            raise HttpError(400, "event 0 is not in the log (the first is 1)")
+        return followup.followed(self.records, self.state, seq, self._at_of(seq) or time.time(), time.time(),
+                                 self.config.follow_settle_s)
 
     def _at_of(self, seq: int) -> float:
         """The time of the event at `seq` (0 when unknown)."""

@@ -1,4 +1,4 @@
-// The llmgw console: one page, a view per hash (#fleet, #node/NAME, ...).
+// The llmgw console: one page, a view per hash (#map, the landing view; #fleet, #node/NAME, ...).
 // Plain JavaScript, no build step: what ships is this file.
 "use strict";
 
@@ -53,7 +53,7 @@ async function act(verb, args) {
     const body = await r.json();
     if (!r.ok) throw new Error(body.error || `${r.status}`);
     app.pending = {seq: body.seq, said: `${body.event} published as event ${body.seq}: ${body.summary}`};
-    box.innerHTML = `<span data-action-seq="${body.seq}">${esc(app.pending.said)}</span>; waiting for the decision that follows…`;
+    box.innerHTML = `<span data-action-seq="${body.seq}">${esc(app.pending.said)}</span>; <span class="pending">looking at what follows…</span>`;
     followAction();
     scheduleRefresh(0);
   } catch (e) {
@@ -61,18 +61,25 @@ async function act(verb, args) {
     box.textContent = `${verb} refused: ${e.message}`;
   }
 }
+const FOLLOW_POLL_MS = 1000;  // how often the banner asks again while a decision is due (the log may be quiet)
 async function followAction() {
-  // The decisions after the action's event: what the control plane did about it.
+  // What followed the action's event (llmgw/console/followup.py): the decision that took it into
+  // account, or that none needs to follow; asked of the live fold, whatever point the page shows.
   if (!app.pending) return;
   const p = app.pending;
   try {
-    const d = await fetch(`/api/decisions?after=${p.seq}`, {credentials: "same-origin"}).then((r) => r.json());
-    const rows = d.decisions || [];
-    if (!rows.length) return;
-    $("#actionsaid").innerHTML = `<span data-action-seq="${p.seq}">${esc(p.said)}</span>. The decision that followed (event ${rows[0].seq}):<ul>` +
-      rows.filter((r) => r.seq === rows[0].seq).map((r) =>
-        `<li class="followed">${esc(r.words)}${r.reason ? ": " + esc(r.reason) : ""}` +
-        `${r.voided ? ` <span class="voided">[voided: ${esc(r.voided)}]</span>` : ""}</li>`).join("") + "</ul>";
+    const f = await fetch(`/api/followed?event=${p.seq}`, {credentials: "same-origin"}).then((r) => r.json());
+    if (app.pending !== p) return;
+    const head = `<span data-action-seq="${p.seq}">${esc(p.said)}</span>. `;
+    if (f.status === "pending") {
+      $("#actionsaid").innerHTML = head + `<span class="pending" data-follow="pending">${esc(f.said)}…</span>`;
+      clearTimeout(app.followTimer);
+      app.followTimer = setTimeout(followAction, FOLLOW_POLL_MS);
+      return;
+    }
+    const acts = f.actions.map((a) => `<li class="${f.status === "followed" ? "followed" : "due"}">${esc(a)}</li>`).join("");
+    $("#actionsaid").innerHTML = head + `<span data-follow="${esc(f.status)}">${esc(f.said[0].toUpperCase() + f.said.slice(1))}` +
+      `${acts ? ":" : "."}</span>` + (acts ? `<ul>${acts}</ul>` : "");
     app.pending = null;
   } catch (e) { /* the next move of the log tries again */ }
 }
@@ -111,8 +118,14 @@ async function showPointDecision() {
       `<details><summary>the facts it was taken on (${d.facts_total} event(s) since the pass before)</summary><ul>${facts || "<li>(none)</li>"}</ul></details>`;
   } catch (e) { box.hidden = false; box.textContent = e.message; }
 }
+function sliderSays(v) {
+  // The box says where the slider is (the end of the log: live, the box empty).
+  $("#atbox").value = v >= app.last ? "" : String(v);
+}
+$("#slider").addEventListener("input", (e) => sliderSays(Number(e.target.value)));
 $("#slider").addEventListener("change", (e) => {
   const v = Number(e.target.value);
+  sliderSays(v);
   setAt(v >= app.last ? null : {seq: v});
 });
 $("#atform").addEventListener("submit", (e) => {
@@ -224,8 +237,19 @@ function renderNode(data) {
     `<span>labels</span><span id="node-labels">${labels || "(none)"}</span><span>registered</span><span>${esc(when(n.registered_at))}</span></div>` +
     `<h3>Location</h3><form id="labelform" class="labels" data-node="${esc(n.name)}">${loc} ` +
     (app.at ? "" : `<button type="submit">Save location</button>`) + `</form>` +
+    `<h3>Running now</h3>${runningNow(n.running || [])}` +
     `<h3>GPUs</h3><div class="gpus">${gpus || '<span class="muted">(none)</span>'}</div>` +
     `<h3>History</h3>${table(["SEQ", "TIME", "EVENT", "WHAT HAPPENED"], hist)}`;
+}
+
+function runningNow(rows) {
+  // What runs on the node now, a row per shard: on GPUs or on its CPU alone.
+  const trs = rows.map((r) => `<tr data-replica="${esc(r.replica)}"><td><a href="#replicas">${esc(r.replica)}</a>` +
+    `${r.rank ? ` <span class="muted">shard ${r.rank}</span>` : ""}</td><td><span class="sw" style="background:${colour(r.model)}"></span>${esc(r.model)}` +
+    ` <span class="muted">${esc(r.profile)}</span></td><td class="state">${esc(r.state)}${r.shard_state !== r.state ? ` <span class="muted">(shard ${esc(r.shard_state)})</span>` : ""}` +
+    `${r.restart ? ` <span class="muted">restart ${esc(r.restart)}</span>` : ""}</td><td class="port">${r.port || ""}</td>` +
+    `<td>${r.gpus.length ? `GPU ${r.gpus.join(", ")}` : "CPU only"}${r.cpu_cores ? ` · ${r.cpu_cores} core(s)` : ""}${r.memory_gb ? ` · ${gb(r.memory_gb)} GB` : ""}</td></tr>`);
+  return `<div class="fm-running">${table(["REPLICA", "MODEL", "STATE", "PORT", "GPUS / CPU"], trs)}</div>`;
 }
 
 function renderModels(data) {
@@ -288,13 +312,14 @@ async function renderExplain(name) {
 async function render() {
   clearTimeout(app.refreshTimer);
   app.refreshTimer = null;
-  const [view, ...rest] = (location.hash.slice(1) || "fleet").split("/");
+  const [view, ...rest] = (location.hash.slice(1) || "map").split("/");
   const param = decodeURIComponent(rest.join("/"));
-  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("on", a.dataset.view === view || (view === "node" && a.dataset.view === "fleet")));
+  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("on", a.dataset.view === view || (view === "node" && a.dataset.view === "map")));
   const main = $("#main");
   try {
     let html, data;
-    if (view === "fleet") html = renderFleet(data = await api("fleet"));
+    if (view === "map") html = fleetMap.html(data = await api("map"), rest.join("/"));
+    else if (view === "fleet") html = renderFleet(data = await api("fleet"));
     else if (view === "node") html = renderNode(data = await api(`node/${encodeURIComponent(param)}`));
     else if (view === "models") html = renderModels(data = await api("models"));
     else if (view === "replicas") html = renderReplicas(data = await api("replicas"));
@@ -308,6 +333,7 @@ async function render() {
     // Drawn again only when it differs: a log that moves all the time (power readings) must not
     // replace the button under the operator's pointer.
     if (html !== app.html) { main.innerHTML = html; app.html = html; }
+    if (view === "map") fleetMap.draw();  // its canvases: the same HTML may show another use
     main.dataset.view = view;
     main.dataset.seq = data ? data.seq : "";
     if (data && data.last !== undefined) { app.shown = data.last; showTravel(data); }
@@ -346,8 +372,11 @@ document.addEventListener("click", (e) => {
   if (b.dataset.hold) act("hold", {domain: b.dataset.hold, drain: false, reason: "held from the console"});
   else if (b.dataset.holdDrain) act("hold", {domain: b.dataset.holdDrain, drain: true, reason: "drained from the console"});
   else if (b.dataset.release) act("release", {domain: b.dataset.release});
-  else if (b.dataset.restart) act("restart", {replica: b.dataset.restart, in_place: false});
-  else if (b.dataset.restartInplace) act("restart", {replica: b.dataset.restartInplace, in_place: true});
+  else if (b.dataset.restart) {
+    if (confirm(`Restart ${b.dataset.restart}? A replacement starts beside it; it stops once the replacement serves.`)) act("restart", {replica: b.dataset.restart, in_place: false});
+  } else if (b.dataset.restartInplace) {
+    if (confirm(`Restart ${b.dataset.restartInplace} in place? It stops first: its requests go to the other replicas meanwhile.`)) act("restart", {replica: b.dataset.restartInplace, in_place: true});
+  }
   else if (b.dataset.retry) act("retry", {model: b.dataset.retry});
   else if (b.dataset.allRows) { app.allRows = true; render(); }
 });
