@@ -16,6 +16,8 @@ read from the replicas' shards, not from its GPUs.
 
 from __future__ import annotations
 
+import urllib.parse
+
 from ..core import facility
 from ..core.state import State
 
@@ -81,6 +83,14 @@ def fleet_map(state: State) -> dict:
     }
 
 
+def _listening(shard) -> int:
+    """The port a shard's engine listens on: its endpoint's, once it said one
+    (a simulated node's may differ from the port placed, issue 34), else the
+    port it was given."""
+    port = urllib.parse.urlsplit(shard.endpoint).port if shard.endpoint else None
+    return port or shard.port
+
+
 def running_on(state: State, name: str) -> list[dict]:
     """What runs on node `name` now: a row per shard of every replica placed
     there (replica, model, profile, the replica's and the shard's state, its
@@ -92,7 +102,7 @@ def running_on(state: State, name: str) -> list[dict]:
                 continue
             out.append({
                 "replica": r.id, "model": r.model, "profile": r.profile, "state": r.state, "shard": s.id,
-                "shard_state": s.state, "rank": s.rank, "port": s.port, "endpoint": s.endpoint, "gpus": list(s.gpus),
+                "shard_state": s.state, "rank": s.rank, "port": _listening(s), "endpoint": s.endpoint, "gpus": list(s.gpus),
                 "cpu_cores": s.cpu_cores, "memory_gb": s.memory_gb, "restart": r.restart,
             })
     return out

@@ -132,7 +132,7 @@ const fleetMap = (() => {
       `<div class="fm-legend"><span>GPU use <i class="fm-scale fm-gpu"></i></span><span>CPU-only node, cores used <i class="fm-scale fm-cpu"></i></span>` +
       `<span><i style="background:${FREE}"></i>idle</span><span><i style="background:${LOST}"></i>lost</span></div>` +
       `<div class="fm-models">${models || '<span class="muted">no model runs here</span>'}</div>` +
-      `<div id="fleetmap" class="fm-tiles${keys.length === 1 ? " one" : ""}" data-by="${by >= 0 ? KINDS[by] : ""}">${tiles}</div>${cards}`;
+      `<div id="fleetmap" class="fm-tiles${keys.length === 1 ? " one" : ""}" data-by="${by >= 0 ? KINDS[by] : ""}" data-zoom-at="${esc(zoomHash(zoom))}">${tiles}</div>${cards}`;
   }
 
   function draw() {
