@@ -16,8 +16,9 @@ Each view is opened in a fresh page, the two fleets alternating, `--runs`
 times; the figure is the median of the time from navigation start to the
 view's first paint after its data came (the page marks `llmgw-painted-VIEW`
 in a requestAnimationFrame after the paint of the rendered view), and the
-size of its data. "fleet@past" is the fleet folded back to the middle of the
-log (time travel).
+size of its data and when it came (the rest is the browser's drawing).
+"VIEW@past" is the view folded back to the middle of the log (time travel);
+"map-zoom" the map zoomed into one site.
 
     .venv/bin/python benchmarks/console.py [--nodes 2000] [--runs 3]
 """
@@ -42,7 +43,7 @@ from llmgw.console.server import Console  # noqa: E402
 from llmgw.core import events as ev  # noqa: E402
 from llmgw.core.decide import decide  # noqa: E402
 
-VIEWS = ["fleet", "fleet@past", "node", "models", "replicas", "decisions", "quotas", "explain"]
+VIEWS = ["map", "map@past", "map-zoom", "fleet", "fleet@past", "node", "models", "replicas", "decisions", "quotas", "explain"]
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -150,10 +151,11 @@ def measure(browser, served: Served, token: str, view: str) -> tuple[float, int]
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     base = f"http://127.0.0.1:{served.port}"
-    page.goto(f"{base}/?token={token}")  # the cookie, then the fleet once
-    page.wait_for_selector('body[data-painted="fleet"]', timeout=120_000)
+    page.goto(f"{base}/?token={token}")  # the cookie, then the landing view (the map) once
+    page.wait_for_selector('body[data-painted="map"]', timeout=120_000)
     name, _, when = view.partition("@")
-    target = {"node": "node/node-0000", "explain": "explain/model-00"}.get(name, name)
+    target = {"node": "node/node-0000", "explain": "explain/model-00", "map-zoom": "map/site=site-0"}.get(name, name)
+    name = name.split("-")[0]  # map-zoom paints the map
     mid = served.console.state.seq // 2
     if when:
         page.goto(f"{base}/#{target}")  # where the page opens; the point in the log is set below
@@ -172,11 +174,17 @@ def measure(browser, served: Served, token: str, view: str) -> tuple[float, int]
         page.wait_for_selector(f'body[data-painted="{name}"]', timeout=120_000)
         painted = page.evaluate(f"performance.getEntriesByName('llmgw-painted-{name}').map(e => e.startTime)")
         ms = painted[0] if painted else float("nan")
-    size = page.evaluate(
-        "performance.getEntriesByType('resource').filter(e => e.name.includes('/api/') && !e.name.includes('/api/events'))"
-        ".reduce((s, e) => s + e.encodedBodySize, 0)")
+    # Where the time went: its data parsed (the page's last llmgw-data mark before the paint), its HTML in
+    # the page (llmgw-html); the rest is style, layout and paint. From the same start as `ms`.
+    since = start if when else 0.0
+    size, came, built = page.evaluate(
+        "([since, paint]) => { const rs = performance.getEntriesByType('resource')"
+        ".filter(e => e.name.includes('/api/') && !e.name.includes('/api/events') && e.startTime >= since);"
+        "const last = (n) => Math.max(...performance.getEntriesByName(n).map(m => m.startTime).filter(t => t >= since && t <= paint));"
+        "return [rs.reduce((s, e) => s + e.encodedBodySize, 0), last('llmgw-data') - since, last('llmgw-html') - since]; }",
+        [since, since + ms])
     context.close()
-    return ms, int(size)
+    return ms, int(size), came, built
 
 
 def main() -> None:
@@ -199,6 +207,8 @@ def main() -> None:
           f"{sum(len(n.gpus) for n in s.nodes.values())} GPUs used, {len(big_log)} events) and {args.small} nodes "
           f"({len(small_log)} events); logs generated through the core in {made:.1f}s")
     results: dict[tuple[str, str], list[float]] = {}
+    came: dict[tuple[str, str], list[float]] = {}
+    built: dict[tuple[str, str], list[float]] = {}
     sizes: dict[tuple[str, str], int] = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=ARGS)
@@ -206,22 +216,26 @@ def main() -> None:
             for _ in range(args.runs):
                 for view in VIEWS:
                     for label, served in (("big", big), ("small", small)):  # alternating A/B
-                        ms, size = measure(browser, served, token, view)
+                        ms, size, data_at, html_at = measure(browser, served, token, view)
                         results.setdefault((view, label), []).append(ms)
+                        came.setdefault((view, label), []).append(data_at)
+                        built.setdefault((view, label), []).append(html_at)
                         sizes[(view, label)] = size
         finally:
             browser.close()
             big.stop()
             small.stop()
             shutil.rmtree(folder, ignore_errors=True)
-    print(f"\n{'view':<12} {'first paint, ' + str(args.nodes) + ' nodes':>26} {'data':>9} "
+    print(f"\n{'view':<12} {'first paint, ' + str(args.nodes) + ' nodes':>26} {'data in':>9} {'HTML in':>9} {'data':>9} "
           f"{'first paint, ' + str(args.small) + ' nodes':>24} {'ratio':>7}")
     for view in VIEWS:
         b = statistics.median(results[(view, "big")])
         sm = statistics.median(results[(view, "small")])
-        print(f"{view:<12} {b:>23.0f} ms {sizes[(view, 'big')] / 1024:>6.0f} KB {sm:>21.0f} ms {b / sm:>6.1f}x")
+        c, h = statistics.median(came[(view, "big")]), statistics.median(built[(view, "big")])
+        print(f"{view:<12} {b:>23.0f} ms {c:>6.0f} ms {h:>6.0f} ms {sizes[(view, 'big')] / 1024:>6.0f} KB {sm:>21.0f} ms {b / sm:>6.1f}x")
     print("\n(first paint: navigation start to the paint after the view is drawn, median of "
-          f"{args.runs}; fleet@past: from asking for the middle of the log to its paint)")
+          f"{args.runs}; data in: its data fetched and parsed; HTML in: built and in the page; the rest is style, "
+          "layout and paint; VIEW@past: from asking for the middle of the log; map-zoom: the map of one site)")
 
 
 if __name__ == "__main__":

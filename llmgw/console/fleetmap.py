@@ -75,11 +75,15 @@ def fleet_map(state: State) -> dict:
         gpus = [shard_model.get(n.used[g.index], -1) if g.index in n.used else -1 for g in n.gpus]
         rows.append([n.name, place, st, gpus, n.cpu_used, n.cpu_cores, round(n.memory_used, 1), round(n.memory_gb, 1),
                      sorted(cpu_on.get(n.name, ()))])
-    domains = {d.domain: [d.draw_w, d.cap_w] for d in facility.domain_rows(state) if d.draw_w or d.cap_w}
+    # Each domain's draw and cap as the fold keeps them (facility.domain_rows sums them afresh, at
+    # twice the cost of the rest of the map).
+    power = {d: [round(w), state.budgets.get(d, 0.0)] for d, w in state.domain_draw.items() if w}
+    for d, cap in state.budgets.items():
+        power.setdefault(d, [0, cap])
     return {
         "kinds": list(facility.KINDS), "places": [list(p) for p in places], "states": state_names,
         "models": models, "owners": [state.models[m].spec.owner if m in state.models else "" for m in models],
-        "nodes": rows, "held": {d: h.drain for d, h in state.holds.items()}, "power": domains,
+        "nodes": rows, "held": {d: h.drain for d, h in state.holds.items()}, "power": power,
     }
 
 

@@ -274,7 +274,8 @@ class Console:
         if what == "models":
             return {**head, "models": views.models_view(state)}
         if what == "replicas":
-            return {**head, "replicas": views.replicas_view(state)}
+            limit = int(query["limit"]) if query.get("limit", "").isdigit() else 0
+            return {**head, "replicas": views.replicas_view(state, limit), "total": len(state.replicas)}
         if what == "quotas":
             return {**head, "quotas": views.quotas_view(state)}
         if what == "decision":

@@ -105,9 +105,15 @@ def models_view(state: State) -> list[dict]:
     return out
 
 
-def replicas_view(state: State) -> list[dict]:
+def replicas_view(state: State, limit: int = 0) -> list[dict]:
+    """The replicas in model then id order; the first `limit` only (0: all).
+
+    WHY a limit: the page draws 500 rows until asked for all, and rows for
+    5,000 replicas cost more to make, send and parse than the 500 to draw
+    (benchmarks/console.py)."""
     out = []
-    for r in sorted(state.replicas.values(), key=lambda r: (r.model, r.id)):
+    chosen = sorted(state.replicas.values(), key=lambda r: (r.model, r.id))
+    for r in chosen[:limit] if limit > 0 else chosen:
         d = _as_dict("replicas", replica_row(r, state))
         shards = [_as_dict("shards", s) for s in shard_rows(r)]
         d["nodes"] = [s["node"] for s in sorted(shards, key=lambda s: s["rank"])]

@@ -38,6 +38,7 @@ async function api(path, params) {
   const body = await r.json().catch(() => ({error: `${r.status}`}));
   if (!r.ok) throw new Error(body.error || `${r.status}`);
   app.last = Math.max(app.last, body.last || 0);
+  performance.mark("llmgw-data");  // where a view's time goes (benchmarks/console.py): its data parsed
   return body;
 }
 async function act(verb, args) {
@@ -142,12 +143,14 @@ $("#golive").addEventListener("click", () => { $("#atbox").value = ""; setAt(nul
 // ------------------------------------------------------------------ views
 
 const ROWS_SHOWN = 500;  // a table draws this many rows until asked for all: 5,000 rows take seconds to lay out
-function table(head, rows) {
-  const cut = !app.allRows && rows.length > ROWS_SHOWN;
+function table(head, rows, total) {
+  // `total`: the rows there are, where the server sent the first ROWS_SHOWN only (the replicas).
+  total = Math.max(total || 0, rows.length);
+  const cut = !app.allRows && total > ROWS_SHOWN;
   const shown = cut ? rows.slice(0, ROWS_SHOWN) : rows;
   return `<div class="scroll"><table><thead><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}</tr></thead><tbody>` +
     (shown.length ? shown.join("") : `<tr><td colspan="${head.length}" class="muted">(none)</td></tr>`) + "</tbody></table></div>" +
-    (cut ? `<p class="muted">${rows.length - ROWS_SHOWN} more row(s) <button data-all-rows="1">show all ${rows.length}</button></p>` : "");
+    (cut ? `<p class="muted">${total - ROWS_SHOWN} more row(s) <button data-all-rows="1">show all ${total}</button></p>` : "");
 }
 function options(values, chosen, all) {
   return `<option value="">${esc(all)}</option>` +
@@ -181,7 +184,11 @@ function renderFleet(data) {
   const out = [];
   let prev = null, group = [];
   const flush = () => { if (group.length) out.push(`<div class="nodes">${group.join("")}</div>`); group = []; };
-  for (const n of nodes) {
+  // The first ROWS_SHOWN nodes until asked for all, as a table's rows: 2,000 nodes and their
+  // 3,000 domain lines cost most of a second to build and lay out (the Map shows them all).
+  const cut = !app.allRows && nodes.length > ROWS_SHOWN;
+  for (const n of nodes) for (const m of n.gpus) if (m) models.add(m);  // the legend: every node shown or not
+  for (const n of cut ? nodes.slice(0, ROWS_SHOWN) : nodes) {
     const k = key(n);
     if (!prev || k.join("\u0001") !== prev.join("\u0001")) {
       flush();
@@ -194,13 +201,17 @@ function renderFleet(data) {
       prev = k;
     }
     // One element per node, a stripe per GPU (a gradient): 16,000 cells as elements cost seconds of layout.
+    // A run of GPUs of one model is one stripe, and the title is made on hover (gpuTitle): the page's
+    // HTML for 2,000 nodes is a third of what a stop per GPU and a title per node made.
     const step = 100 / Math.max(1, n.gpus.length);
-    const stops = n.gpus.map((m, i) => {
-      if (m) models.add(m);
-      return `${m ? colour(m) : "#e5e7eb"} ${(i * step).toFixed(2)}% ${((i + 1) * step).toFixed(2)}%`;
-    }).join(",");
-    const cells = n.gpus.length ? `<span class="g" style="width:${n.gpus.length * 8}px;background:linear-gradient(to right,${stops})"` +
-      ` data-gpus="${esc(n.gpus.join("|"))}" title="${esc(n.gpus.map((m, i) => `GPU ${i}: ${m || "free"}`).join("\n"))}"></span>` : "";
+    const stops = [];
+    for (let i = 0, j; i < n.gpus.length; i = j) {
+      const m = n.gpus[i];
+      for (j = i + 1; j < n.gpus.length && n.gpus[j] === m;) j++;
+      stops.push(`${m ? colour(m) : "#e5e7eb"} ${Math.round(i * step)}% ${Math.round(j * step)}%`);
+    }
+    const cells = n.gpus.length ? `<span class="g" style="width:${n.gpus.length * 8}px;background:linear-gradient(to right,${stops.join(",")})"` +
+      ` data-gpus="${esc(n.gpus.join("|"))}"></span>` : "";
     const cpu = n.cpu[1] ? ` cpu ${n.cpu[0]}/${n.cpu[1]}` : "";
     const mem = n.mem[1] ? ` mem ${gb(n.mem[0])}/${gb(n.mem[1])}G` : "";
     group.push(`<span class="n${n.state === "lost" ? " lost" : ""}${isHeld(n) ? " held" : ""}" data-node="${esc(n.name)}">` +
@@ -215,8 +226,9 @@ function renderFleet(data) {
     `<div class="filters"><label>model <select id="f-model">${options(data.models, f.model, "any")}</select></label>` +
     `<label>owner <select id="f-owner">${options(data.owners, f.owner, "any")}</select></label>` +
     `<label>state <select id="f-state">${options(["ready", "lost", "held"], f.state, "any")}</select></label>` +
-    `<span class="muted">${nodes.length} shown</span>` +
-    `</div><div class="legend">${legend}</div><div id="fleet">${out.join("")}</div>`;
+    `<span class="muted">${cut ? `${ROWS_SHOWN} of ${nodes.length}` : nodes.length} shown</span>` +
+    `</div><div class="legend">${legend}</div><div id="fleet">${out.join("")}</div>` +
+    (cut ? `<p class="muted">${nodes.length - ROWS_SHOWN} more node(s) <button data-all-rows="1">show all ${nodes.length}</button></p>` : "");
 }
 
 function renderNode(data) {
@@ -268,7 +280,7 @@ function renderReplicas(data) {
       `<td>${esc(r.restart)}${r.restart_reason ? ": " + esc(r.restart_reason) : ""}</td><td>${r.nodes.map((n) => `<a href="#node/${encodeURIComponent(n)}">${esc(n)}</a>`).join(", ")}</td>` +
       `<td>${esc(r.endpoint)}</td><td>${esc(r.reason)}</td><td>${can ? `<button data-restart="${esc(r.id)}">restart</button> <button data-restart-inplace="${esc(r.id)}">in place</button>` : ""}</td></tr>`;
   });
-  return `<h2>Replicas</h2>` + table(["REPLICA", "MODEL", "PROFILE", "STATE", "RESTART", "NODES", "ENDPOINT", "REASON", ""], rows);
+  return `<h2>Replicas</h2>` + table(["REPLICA", "MODEL", "PROFILE", "STATE", "RESTART", "NODES", "ENDPOINT", "REASON", ""], rows, data.total);
 }
 
 function renderDecisions(data) {
@@ -322,7 +334,7 @@ async function render() {
     else if (view === "fleet") html = renderFleet(data = await api("fleet"));
     else if (view === "node") html = renderNode(data = await api(`node/${encodeURIComponent(param)}`));
     else if (view === "models") html = renderModels(data = await api("models"));
-    else if (view === "replicas") html = renderReplicas(data = await api("replicas"));
+    else if (view === "replicas") html = renderReplicas(data = await api("replicas", app.allRows ? "" : `limit=${ROWS_SHOWN}`));
     else if (view === "decisions") {
       const f = app.decisionFilters;
       html = renderDecisions(data = await api("decisions", ["model", "replica", "node"].filter((k) => f[k]).map((k) => `${k}=${encodeURIComponent(f[k])}`).join("&")));
@@ -333,6 +345,7 @@ async function render() {
     // Drawn again only when it differs: a log that moves all the time (power readings) must not
     // replace the button under the operator's pointer.
     if (html !== app.html) { main.innerHTML = html; app.html = html; }
+    performance.mark("llmgw-html");  // its HTML built and in the page (the rest: style, layout, paint)
     if (view === "map") fleetMap.draw();  // its canvases: the same HTML may show another use
     main.dataset.view = view;
     main.dataset.seq = data ? data.seq : "";
@@ -379,6 +392,11 @@ document.addEventListener("click", (e) => {
   }
   else if (b.dataset.retry) act("retry", {model: b.dataset.retry});
   else if (b.dataset.allRows) { app.allRows = true; render(); }
+});
+document.addEventListener("mouseover", (e) => {
+  // A node's GPUs in words, made when the pointer first comes to its stripes (renderFleet).
+  const g = e.target.closest && e.target.closest(".n .g");
+  if (g && !g.title) g.title = g.dataset.gpus.split("|").map((m, i) => `GPU ${i}: ${m || "free"}`).join("\n");
 });
 document.addEventListener("change", (e) => {
   const id = e.target.id;
