@@ -20,7 +20,7 @@ size of its data and when it came (the rest is the browser's drawing).
 "VIEW@past" is the view folded back to the middle of the log (time travel);
 "map-zoom" the map zoomed into one site.
 
-    .venv/bin/python benchmarks/console.py [--nodes 2000] [--runs 3]
+    .venv/bin/python benchmarks/console.py [--nodes 2000] [--runs 3] [--views map,fleet,...]
 """
 
 from __future__ import annotations
@@ -164,8 +164,8 @@ def measure(browser, served: Served, token: str, view: str) -> tuple[float, int]
         start = page.evaluate("performance.now()")
         page.click('#atform button[type="submit"]')
         page.wait_for_selector(f'main[data-seq="{mid}"]', timeout=120_000)
-        page.wait_for_selector(f'body[data-painted="{name}"]', timeout=120_000)
-        page.wait_for_timeout(50)
+        page.wait_for_function("n => performance.getEntriesByName(n).length > 0", arg=f"llmgw-painted-{name}",
+                               timeout=120_000)
         painted = page.evaluate(f"performance.getEntriesByName('llmgw-painted-{name}').map(e => e.startTime)")
         ms = (painted[-1] - start) if painted else float("nan")
     else:
@@ -194,7 +194,12 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=2000, help="nodes of the big fleet")
     ap.add_argument("--small", type=int, default=20, help="nodes of the yardstick fleet")
     ap.add_argument("--runs", type=int, default=3, help="runs of each view on each fleet (the median is shown)")
+    ap.add_argument("--views", default=",".join(VIEWS), help="the views to measure, comma-separated (default: all)")
     args = ap.parse_args()
+    views = [v for v in args.views.split(",") if v]
+    unknown = sorted(set(views) - set(VIEWS))
+    if unknown:
+        ap.error(f"--views: no view {', '.join(unknown)} (give some of {', '.join(VIEWS)})")
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     t = time.perf_counter()
     big_log, small_log = make_log(args.nodes), make_log(args.small)
@@ -214,7 +219,7 @@ def main() -> None:
         browser = p.chromium.launch(executable_path=chromium, args=ARGS)
         try:
             for _ in range(args.runs):
-                for view in VIEWS:
+                for view in views:
                     for label, served in (("big", big), ("small", small)):  # alternating A/B
                         ms, size, data_at, html_at = measure(browser, served, token, view)
                         results.setdefault((view, label), []).append(ms)
@@ -228,7 +233,7 @@ def main() -> None:
             shutil.rmtree(folder, ignore_errors=True)
     print(f"\n{'view':<12} {'first paint, ' + str(args.nodes) + ' nodes':>26} {'data in':>9} {'HTML in':>9} {'data':>9} "
           f"{'first paint, ' + str(args.small) + ' nodes':>24} {'ratio':>7}")
-    for view in VIEWS:
+    for view in views:
         b = statistics.median(results[(view, "big")])
         sm = statistics.median(results[(view, "small")])
         c, h = statistics.median(came[(view, "big")]), statistics.median(built[(view, "big")])

@@ -14,6 +14,10 @@ tmp dir."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tests.test_console import CHROMIUM, WAIT_MS, Fleet, location, request, show
@@ -22,7 +26,7 @@ from tests.test_console import browser  # noqa: F401 - the module's browser fixt
 playwright_api = pytest.importorskip("playwright.sync_api")
 pytestmark = [
     pytest.mark.nats,
-    pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason="no chromium (.ci/run installs it)"),
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no chromium (.ci/run installs it)"),
 ]
 
 CATALOG = """
@@ -49,10 +53,7 @@ def fleet(tmp_path_factory):
         f.agent("gpu-2", location("par1", "r1", "pdu-1a"))
         f.agent("gpu-3", location("par1", "r2", "pdu-2a"))
         (f.folder / "vm.yaml").write_text(VM)
-        with open(f.folder / "vm.log", "wb") as log:
-            import subprocess
-            import sys
-
+        with open(f.folder / "vm.log", "wb") as log:  # a fleet file: a single simulated agent has no cores
             f.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "llmgw", "agent", "--simulate", "--fleet-file", str(f.folder / "vm.yaml")],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=f.folder, start_new_session=True,
@@ -160,6 +161,9 @@ def test_the_map_shows_every_node_coloured_by_use_with_cpu_only_nodes_and_models
     assert "tiny (CPU)" in page.get_attribute(".fm-tile:not([data-domain]) canvas.fm-cells", "title")
     no_overflow(page)
     shot(page, fleet, "map")
+    # The Fleet view shows the model on the CPU-only node too (it had only "cpu 2/8 mem 4/32G").
+    show(page, "fleet")
+    assert "tiny (CPU)" in page.inner_text('.n[data-node="vm"]')
 
 
 def test_a_click_on_a_domain_zooms_into_it(page, fleet):

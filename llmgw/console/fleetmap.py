@@ -87,6 +87,16 @@ def fleet_map(state: State) -> dict:
     }
 
 
+def cpu_models(state: State) -> dict[str, list[str]]:
+    """node -> the models whose shards run there on its CPU alone (no GPU), sorted."""
+    out: dict[str, set[str]] = {}
+    for r in state.replicas.values():
+        for s in r.shards:
+            if not s.gpus:
+                out.setdefault(s.node, set()).add(r.model)
+    return {n: sorted(ms) for n, ms in out.items()}
+
+
 def _listening(shard) -> int:
     """The port a shard's engine listens on: its endpoint's, once it said one
     (a simulated node's may differ from the port placed, issue 34), else the

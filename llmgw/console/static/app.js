@@ -214,8 +214,9 @@ function renderFleet(data) {
       ` data-gpus="${esc(n.gpus.join("|"))}"></span>` : "";
     const cpu = n.cpu[1] ? ` cpu ${n.cpu[0]}/${n.cpu[1]}` : "";
     const mem = n.mem[1] ? ` mem ${gb(n.mem[0])}/${gb(n.mem[1])}G` : "";
+    const onCpu = (n.cpu_models || []).map((m) => ` <span class="cm" data-model="${esc(m)}"><i style="background:${colour(m)}"></i>${esc(m)} (CPU)</span>`).join("");
     group.push(`<span class="n${n.state === "lost" ? " lost" : ""}${isHeld(n) ? " held" : ""}" data-node="${esc(n.name)}">` +
-      `<a href="#node/${encodeURIComponent(n.name)}">${esc(n.name)}</a>${cells}<span class="r">${cpu}${mem}</span></span>`);
+      `<a href="#node/${encodeURIComponent(n.name)}">${esc(n.name)}</a>${cells}<span class="r">${cpu}${mem}</span>${onCpu}</span>`);
   }
   flush();
   const used = data.nodes.reduce((s, n) => s + n.gpus.filter(Boolean).length, 0);
@@ -324,6 +325,7 @@ async function renderExplain(name) {
 async function render() {
   clearTimeout(app.refreshTimer);
   app.refreshTimer = null;
+  app.inflight = (app.inflight || 0) + 1;
   const [view, ...rest] = (location.hash.slice(1) || "map").split("/");
   const param = decodeURIComponent(rest.join("/"));
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("on", a.dataset.view === view || (view === "node" && a.dataset.view === "map")));
@@ -353,6 +355,8 @@ async function render() {
     afterPaint(view);
   } catch (e) {
     main.innerHTML = app.html = `<p class="err">${esc(e.message)}</p>`;
+  } finally {
+    app.inflight--;
   }
 }
 function afterPaint(view) {
@@ -372,6 +376,9 @@ function scheduleRefresh(ms) {
     app.refreshTimer = null;
     const typing = document.activeElement && document.activeElement.matches("#main form input");
     if (typing) { scheduleRefresh(1000); return; }  // never wipe what the operator is typing
+    // A view still coming is not asked for again beside itself (the log's first word comes while
+    // the first view of 2,000 nodes is on its way: twice the server's and the browser's work).
+    if (app.inflight) { scheduleRefresh(150); return; }
     if (!app.at && !(app.shown >= app.last)) render();  // not when the view already shows the last event
     followAction();
   }, ms);
