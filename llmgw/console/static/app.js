@@ -143,13 +143,22 @@ $("#golive").addEventListener("click", () => { $("#atbox").value = ""; setAt(nul
 // ------------------------------------------------------------------ views
 
 const ROWS_SHOWN = 500;  // a table draws this many rows until asked for all: 5,000 rows take seconds to lay out
+// Rows (a table's, the Fleet view's nodes) in the first paint; the rest come in the frame after it,
+// from a <template> (parsed with the page, laid out only once moved in: afterPaint). 500 rows of a
+// table took 300 to 600 ms of layout before anything showed, on a busy machine (benchmarks/console.py).
+const FIRST_ROWS = 100;
+function later(id, html) {
+  return html ? `<template class="later" data-into="${id}">${html}</template>` : "";
+}
 function table(head, rows, total) {
   // `total`: the rows there are, where the server sent the first ROWS_SHOWN only (the replicas).
   total = Math.max(total || 0, rows.length);
   const cut = !app.allRows && total > ROWS_SHOWN;
   const shown = cut ? rows.slice(0, ROWS_SHOWN) : rows;
-  return `<div class="scroll"><table><thead><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}</tr></thead><tbody>` +
-    (shown.length ? shown.join("") : `<tr><td colspan="${head.length}" class="muted">(none)</td></tr>`) + "</tbody></table></div>" +
+  const id = `rows-${++app.tables}`;  // the same in every render of a view: its HTML compares equal
+  return `<div class="scroll"><table><thead><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}</tr></thead><tbody id="${id}">` +
+    (shown.length ? shown.slice(0, FIRST_ROWS).join("") : `<tr><td colspan="${head.length}" class="muted">(none)</td></tr>`) +
+    "</tbody></table>" + later(id, shown.slice(FIRST_ROWS).join("")) + "</div>" +
     (cut ? `<p class="muted">${total - ROWS_SHOWN} more row(s) <button data-all-rows="1">show all ${total}</button></p>` : "");
 }
 function options(values, chosen, all) {
@@ -183,7 +192,13 @@ function renderFleet(data) {
   const models = new Set();
   const out = [];
   let prev = null, group = [];
-  const flush = () => { if (group.length) out.push(`<div class="nodes">${group.join("")}</div>`); group = []; };
+  let first = -1;  // the end of the first paint's part of `out` (FIRST_ROWS nodes)
+  const flush = () => {
+    if (group.length) out.push(`<div class="nodes">${group.join("")}</div>`);
+    group = [];
+    if (first < 0 && drawn >= FIRST_ROWS) first = out.length;
+  };
+  let drawn = 0;
   // The first ROWS_SHOWN nodes until asked for all, as a table's rows: 2,000 nodes and their
   // 3,000 domain lines cost most of a second to build and lay out (the Map shows them all).
   const cut = !app.allRows && nodes.length > ROWS_SHOWN;
@@ -217,6 +232,7 @@ function renderFleet(data) {
     const onCpu = (n.cpu_models || []).map((m) => ` <span class="cm" data-model="${esc(m)}"><i style="background:${colour(m)}"></i>${esc(m)} (CPU)</span>`).join("");
     group.push(`<span class="n${n.state === "lost" ? " lost" : ""}${isHeld(n) ? " held" : ""}" data-node="${esc(n.name)}">` +
       `<a href="#node/${encodeURIComponent(n.name)}">${esc(n.name)}</a>${cells}<span class="r">${cpu}${mem}</span>${onCpu}</span>`);
+    drawn++;
   }
   flush();
   const used = data.nodes.reduce((s, n) => s + n.gpus.filter(Boolean).length, 0);
@@ -228,7 +244,8 @@ function renderFleet(data) {
     `<label>owner <select id="f-owner">${options(data.owners, f.owner, "any")}</select></label>` +
     `<label>state <select id="f-state">${options(["ready", "lost", "held"], f.state, "any")}</select></label>` +
     `<span class="muted">${cut ? `${ROWS_SHOWN} of ${nodes.length}` : nodes.length} shown</span>` +
-    `</div><div class="legend">${legend}</div><div id="fleet">${out.join("")}</div>` +
+    `</div><div class="legend">${legend}</div><div id="fleet">${(first < 0 ? out : out.slice(0, first)).join("")}</div>` +
+    (first < 0 ? "" : later("fleet", out.slice(first).join(""))) +
     (cut ? `<p class="muted">${nodes.length - ROWS_SHOWN} more node(s) <button data-all-rows="1">show all ${nodes.length}</button></p>` : "");
 }
 
@@ -326,6 +343,7 @@ async function render() {
   clearTimeout(app.refreshTimer);
   app.refreshTimer = null;
   app.inflight = (app.inflight || 0) + 1;
+  app.tables = 0;
   const [view, ...rest] = (location.hash.slice(1) || "map").split("/");
   const param = decodeURIComponent(rest.join("/"));
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("on", a.dataset.view === view || (view === "node" && a.dataset.view === "map")));
@@ -366,6 +384,11 @@ function afterPaint(view) {
       app.rendered[view] = performance.now();
       performance.mark(`llmgw-painted-${view}`);
     }
+    document.querySelectorAll("#main template.later").forEach((t) => {
+      const into = document.getElementById(t.dataset.into);
+      if (into) into.append(t.content);
+      t.remove();
+    });
     document.body.dataset.painted = view;
     document.body.dataset.renders = String(Number(document.body.dataset.renders || 0) + 1);
   }));
