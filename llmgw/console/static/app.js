@@ -63,6 +63,7 @@ async function act(verb, args) {
   }
 }
 const FOLLOW_POLL_MS = 1000;  // how often the banner asks again while a decision is due (the log may be quiet)
+const FOLLOW_GIVE_UP_MS = 120000;  // a console whose fold never reaches the event: the banner stops asking
 async function followAction() {
   // What followed the action's event (llmgw/console/followup.py): the decision that took it into
   // account, or that none needs to follow; asked of the live fold, whatever point the page shows.
@@ -72,6 +73,12 @@ async function followAction() {
     const f = await fetch(`/api/followed?event=${p.seq}`, {credentials: "same-origin"}).then((r) => r.json());
     if (app.pending !== p) return;
     const head = `<span data-action-seq="${p.seq}">${esc(p.said)}</span>. `;
+    p.since = p.since || Date.now();
+    if (f.status === "pending" && Date.now() - p.since > FOLLOW_GIVE_UP_MS) {
+      $("#actionsaid").innerHTML = head + `<span data-follow="unknown">Still ${esc(f.said)} after ${FOLLOW_GIVE_UP_MS / 1000} s: see Decisions.</span>`;
+      app.pending = null;
+      return;
+    }
     if (f.status === "pending") {
       $("#actionsaid").innerHTML = head + `<span class="pending" data-follow="pending">${esc(f.said)}…</span>`;
       clearTimeout(app.followTimer);
@@ -216,7 +223,7 @@ function renderFleet(data) {
       prev = k;
     }
     // One element per node, a stripe per GPU (a gradient): 16,000 cells as elements cost seconds of layout.
-    // A run of GPUs of one model is one stripe, and the title is made on hover (gpuTitle): the page's
+    // A run of GPUs of one model is one stripe, and the title is made on hover (the mouseover listener): the page's
     // HTML for 2,000 nodes is a third of what a stop per GPU and a title per node made.
     const step = 100 / Math.max(1, n.gpus.length);
     const stops = [];
