@@ -68,7 +68,7 @@ def test_the_map_has_every_node_gpu_and_cpu_only_with_the_models_on_them():
     assert gpus == [] and cpu_used == 2 and cpu_cores == 8 and mem_used == 4 and cpu_models == [1]
     assert m["places"][place] == ["", "", "", "", ""]
     assert rows[{"n1": "n2", "n2": "n1"}[chat_on]][3] == [-1, -1]
-    assert m["held"] == {"rack/r2": True}
+    assert m["held"] == {"rack/r2": [True, "maintenance"]}
 
 
 def test_a_nodes_running_now_lists_its_replicas_on_gpus_and_on_cpus():

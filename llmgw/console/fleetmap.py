@@ -1,6 +1,7 @@
-"""The console's Map view and a node's "Running now": what the fleet runs,
-where, as JSON-ready data made from a folded State (now or at any point of
-the log, like views.py).
+"""The console's Map and Fleet views and a node's "Running now": what the
+fleet runs, where, as JSON-ready data made from a folded State (now or at
+any point of the log, like views.py). The Map and the Fleet view draw the
+same data (`fleet_map`), each its own way (static/fleetmap.js, app.js).
 
 WHY the map's data is columns of small numbers and not a dict per node: the
 Map is the landing view and must paint 2,000 nodes in well under a second,
@@ -8,7 +9,13 @@ so every node is one short array and every repeated string (a location, a
 model's name) is sent once and named by its index. The browser draws each
 domain as one canvas, a cell per node (static/fleetmap.js).
 
-WHY CPU-only shards are counted here and not in views.fleet: a shard with no
+WHY the Fleet view has no data of its own since issue 34: it sent 835 KB for
+2,000 nodes (a dict per node, a location dict, a model name per GPU, every
+domain with its zero fields), which took longer to make, send and parse than
+the page took to draw; the domains' counts are sums the browser makes from
+the nodes in a few milliseconds.
+
+WHY CPU-only shards are counted here: a shard with no
 GPU holds only cores and memory (a llama.cpp model on the `vm` node of the
 demo), so a map made from GPUs alone never shows it. A node's models are
 read from the replicas' shards, not from its GPUs.
@@ -22,7 +29,8 @@ from ..core import facility
 from ..core.state import State
 
 # A node's state, as a number in the map's rows (the names travel once, in `states`).
-STATES = ("ready", "lost", "muted", "cordoned")
+STATES = ("ready", "lost")
+FREE, STRAY = -1, -2  # a GPU's model index when no shard holds it, and when one no replica claims does
 
 
 def _shards_by_node(state: State) -> dict[str, list[tuple[str, object]]]:
@@ -38,10 +46,11 @@ def fleet_map(state: State) -> dict:
     """Every node as one row [name, place, state, gpus, cpu_used, cpu_cores,
     memory_used, memory_gb, cpu_models]: `place` an index into `places`
     (site, room, row, rack, pdu; "" where a node has no such label), `state`
-    an index into `states`, `gpus` the model index on each GPU (-1 free),
-    `cpu_models` the indexes of the models whose GPU-less shards run there.
-    `held` lists the held domains (KIND/NAME) and `domains` each domain's
-    draw and cap, for the tiles' headings."""
+    an index into `states`, `gpus` the model index on each GPU (FREE, or
+    STRAY: held by a shard no replica claims), `cpu_models` the indexes of the
+    models whose GPU-less shards run there. `owners` is each model's owner,
+    `held` the held domains (KIND/NAME: [drain, reason]) and `power` each
+    domain's [draw, cap] in watts where it has either."""
     models = sorted(state.models)
     index = {m: i for i, m in enumerate(models)}
 
@@ -72,7 +81,7 @@ def fleet_map(state: State) -> dict:
         if st is None:
             st = states[n.state] = len(state_names)
             state_names.append(n.state)
-        gpus = [shard_model.get(n.used[g.index], -1) if g.index in n.used else -1 for g in n.gpus]
+        gpus = [shard_model.get(n.used[g.index], STRAY) if g.index in n.used else FREE for g in n.gpus]
         rows.append([n.name, place, st, gpus, n.cpu_used, n.cpu_cores, round(n.memory_used, 1), round(n.memory_gb, 1),
                      sorted(cpu_on.get(n.name, ()))])
     # Each domain's draw and cap as the fold keeps them (facility.domain_rows sums them afresh, at
@@ -83,18 +92,8 @@ def fleet_map(state: State) -> dict:
     return {
         "kinds": list(facility.KINDS), "places": [list(p) for p in places], "states": state_names,
         "models": models, "owners": [state.models[m].spec.owner if m in state.models else "" for m in models],
-        "nodes": rows, "held": {d: h.drain for d, h in state.holds.items()}, "power": power,
+        "nodes": rows, "held": {d: [h.drain, h.reason] for d, h in state.holds.items()}, "power": power,
     }
-
-
-def cpu_models(state: State) -> dict[str, list[str]]:
-    """node -> the models whose shards run there on its CPU alone (no GPU), sorted."""
-    out: dict[str, set[str]] = {}
-    for r in state.replicas.values():
-        for s in r.shards:
-            if not s.gpus:
-                out.setdefault(s.node, set()).add(r.model)
-    return {n: sorted(ms) for n, ms in out.items()}
 
 
 def _listening(shard) -> int:

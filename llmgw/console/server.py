@@ -265,12 +265,10 @@ class Console:
         head = {"seq": state.seq, "last": self.state.seq, "past": past, "at": self._at_of(state.seq),
                 "first_at": self._at_of(self.records[0][0]) if self.records else 0.0}
         upto = state.seq if past else None
-        if what == "map":
+        if what in ("map", "fleet"):  # the same data, drawn two ways (fleetmap.py says why)
             return {**head, **fleetmap.fleet_map(state)}
         if what == "followed":  # what followed an action's event (the banner); always now
             return {**head, **msgspec.to_builtins(self.followed(query.get("event", "")))}
-        if what == "fleet":
-            return {**head, **views.fleet(state)}
         if what == "models":
             return {**head, "models": views.models_view(state)}
         if what == "replicas":

@@ -1,7 +1,7 @@
 """What each view of the console shows, as JSON-ready data, made from a
 folded State (now, or as it stood at any point of the log) and the read models.
 
-WHY the entity views (fleet, models, replicas, quotas) come from a State and
+WHY the entity views (models, replicas, quotas; the fleet in fleetmap.py) come from a State and
 not from the SQLite rows: time travel folds the log to a point with the pure
 core, and the same functions must render now and then alike; the rows are
 made with the projector's own row functions (projections/rows.py), so they
@@ -23,7 +23,6 @@ from ..ctl.readmodels import ReadModels
 from ..ctl.views import decision_words
 from ..projections.rows import COLUMNS, model_row, node_row, quota_rows, replica_row, shard_rows
 from ..core import facility
-from . import fleetmap
 from .config import CONFIG
 
 
@@ -39,37 +38,6 @@ def _as_dict(table: str, row: tuple) -> dict:
 def shard_models(state: State) -> dict[str, tuple[str, str]]:
     """shard id -> (model, replica) for every shard of the state."""
     return {s.id: (r.model, r.id) for r in state.replicas.values() for s in r.shards}
-
-
-_DOMAIN_COUNTS = frozenset({"domain", "kind", "name", "nodes", "gpus_used", "gpus_free"})
-
-
-def fleet(state: State) -> dict:
-    """Every node, compactly (2,000 of them go to the browser at once): its
-    location, a cell per GPU (the model on it), CPU and memory, and the
-    domains with what they hold and draw."""
-    owners = {name: m.spec.owner for name, m in state.models.items()}
-    of_shard = shard_models(state)
-    cpu_only = fleetmap.cpu_models(state)  # a model on a node's CPU alone has no GPU to colour
-    nodes = []
-    for n in sorted(state.nodes.values(), key=lambda n: n.name):
-        gpus = []
-        for g in n.gpus:
-            shard = n.used.get(g.index, "")
-            gpus.append(of_shard.get(shard, ("?", ""))[0] if shard else "")
-        models = sorted({m for m in gpus if m})
-        nodes.append({
-            "name": n.name, "state": n.state, "reason": n.reason, "loc": facility.location(n),
-            "gpus": gpus, "gpu_model": n.gpus[0].model if n.gpus else "",
-            "cpu": [n.cpu_used, n.cpu_cores], "mem": [n.memory_used, n.memory_gb],
-            "owners": sorted({owners.get(m, "") for m in models} - {""}), "strays": len(n.strays),
-            **({"cpu_models": cpu_only[n.name]} if n.name in cpu_only else {}),
-        })
-    # A domain's hold and power fields only where it has them: most of 3,000 domains have neither,
-    # and their zeros were a quarter of the view's data.
-    domains = [{k: v for k, v in msgspec.structs.asdict(d).items() if v or k in _DOMAIN_COUNTS}
-               for d in facility.domain_rows(state)]
-    return {"nodes": nodes, "domains": domains, "models": sorted(state.models), "owners": sorted(state.owners)}
 
 
 def node(state: State, name: str, models: ReadModels | None) -> dict | None:

@@ -186,13 +186,41 @@ function domainLine(d, level, nodesShown) {
     `<span>${d.nodes} node(s) · GPUs ${d.gpus_used} used, ${d.gpus_free} free${cap}</span>${held} ${buttons}</div>`;
 }
 
-function renderFleet(data) {
+function fleetData(data) {
+  // The map's data (llmgw/console/fleetmap.py) in the shape this view draws: a node with its location
+  // by kind and a model name per GPU ("?" a stray's), and each domain's counts summed here.
+  const nodes = data.nodes.map(([name, place, state, gpus, cpuUsed, cpuCores, memUsed, memGb, cpuModels]) => {
+    const loc = {};
+    data.places[place].forEach((v, i) => { if (v) loc[KINDS[i]] = v; });
+    return {name, state: data.states[state], loc, gpus: gpus.map((m) => (m >= 0 ? data.models[m] : m === -1 ? "" : "?")),
+            cpu: [cpuUsed, cpuCores], mem: [memUsed, memGb], cpu_models: cpuModels.map((m) => data.models[m]),
+            owners: [...new Set(gpus.filter((m) => m >= 0).map((m) => data.owners[m]).filter(Boolean))]};
+  });
+  const domains = new Map();
+  const domain = (d) => {
+    let r = domains.get(d);
+    if (!r) { const i = d.indexOf("/"); domains.set(d, r = {domain: d, kind: d.slice(0, i), name: d.slice(i + 1), nodes: 0, gpus_used: 0, gpus_free: 0}); }
+    return r;
+  };
+  for (const n of nodes) {  // as facility.domain_rows counts: a lost node's GPUs neither used nor free
+    const used = n.state === "ready" ? n.gpus.filter(Boolean).length : 0;
+    const free = n.state === "ready" ? n.gpus.length - used : 0;
+    for (const k of KINDS) if (n.loc[k]) { const r = domain(`${k}/${n.loc[k]}`); r.nodes++; r.gpus_used += used; r.gpus_free += free; }
+  }
+  for (const [d, [draw, cap]] of Object.entries(data.power)) Object.assign(domain(d), {draw_w: draw, cap_w: cap});
+  for (const [d, [drain, reason]] of Object.entries(data.held)) Object.assign(domain(d), {held: true, drain, hold_reason: reason});
+  const owners = [...new Set(data.owners.filter(Boolean))].sort();
+  return {...data, nodes, domains: [...domains.values()], models: data.models.slice().sort(), owners};
+}
+
+function renderFleet(raw) {
+  const data = fleetData(raw);
   const f = app.filters;
   const domains = new Map(data.domains.map((d) => [d.domain, d]));
   const heldKinds = data.domains.filter((d) => d.held).map((d) => d.domain);
   const isHeld = (n) => KINDS.some((k) => n.loc[k] && heldKinds.includes(`${k}/${n.loc[k]}`));
   const nodes = data.nodes.filter((n) =>
-    (!f.model || n.gpus.includes(f.model)) && (!f.owner || n.owners.includes(f.owner)) &&
+    (!f.model || n.gpus.includes(f.model) || n.cpu_models.includes(f.model)) && (!f.owner || n.owners.includes(f.owner)) &&
     (!f.state || (f.state === "held" ? isHeld(n) : n.state === f.state)));
   const key = (n) => KINDS.map((k) => n.loc[k] || "");
   nodes.sort((a, b) => { const x = key(a).join("\u0001"), y = key(b).join("\u0001"); return x < y ? -1 : x > y ? 1 : a.name < b.name ? -1 : 1; });

@@ -14,7 +14,7 @@
 const fleetMap = (() => {
   const CARDS_MAX = 48;      // nodes in view up to which each gets a card (beside the heat maps)
   const GAP = 1;             // pixels between cells
-  const FREE = "#e5e7eb", LOST = "#111827";
+  const FREE = "#e5e7eb", LOST = "#111827", STRAY = "#9ca3af";  // STRAY: a GPU a shard no replica claims holds
   const GPU_LOW = [191, 219, 254], GPU_HIGH = [29, 78, 216];   // a GPU node: 1% used .. all used
   const CPU_LOW = [233, 213, 255], CPU_HIGH = [126, 34, 206];  // a CPU-only node: by its cores
   let shown = null;          // {data, groups: [[node rows]]}: what the canvases show, for hover and click
@@ -25,7 +25,7 @@ const fleetMap = (() => {
   function node(data, row) {
     // [name, place, state, gpus, cpu_used, cpu_cores, mem_used, mem_gb, cpu_models]
     const [name, place, state, gpus, cpuUsed, cpuCores, memUsed, memGb, cpuModels] = row;
-    const used = gpus.reduce((s, m) => s + (m >= 0), 0);
+    const used = gpus.reduce((s, m) => s + (m !== -1), 0);  // -1 free, -2 a stray's (fleetmap.py)
     return {name, loc: data.places[place], state: data.states[state], gpus, used, cpuUsed, cpuCores, memUsed, memGb, cpuModels};
   }
   function fill(n) {
@@ -66,8 +66,8 @@ const fleetMap = (() => {
       (t.cpuOnly ? ` · ${t.cpuOnly} CPU-only` : "") + (t.lost ? ` · <span class="fm-lost">${t.lost} lost</span>` : "");
   }
   function card(n, data) {
-    const gpus = n.gpus.map((m, i) => `<i style="background:${m >= 0 ? colour(data.models[m]) : FREE}" ` +
-      `title="GPU ${i}: ${esc(m >= 0 ? data.models[m] : "free")}"></i>`).join("");
+    const gpus = n.gpus.map((m, i) => `<i style="background:${m >= 0 ? colour(data.models[m]) : m === -1 ? FREE : STRAY}" ` +
+      `title="GPU ${i}: ${esc(m >= 0 ? data.models[m] : m === -1 ? "free" : "a shard no replica claims")}"></i>`).join("");
     const on = {};
     for (const m of n.gpus) if (m >= 0) on[data.models[m]] = (on[data.models[m]] || 0) + 1;
     const models = Object.entries(on).map(([m, c]) => `<span class="fm-model" data-model="${esc(m)}"><i style="background:${colour(m)}"></i>${esc(m)} ×${c} GPU</span>`)
@@ -109,7 +109,7 @@ const fleetMap = (() => {
       const zoomTo = g === null ? "" : zoomHash(zoom.concat([[KINDS[by], g]]));
       return `<div class="fm-tile${isHeld ? " held" : ""}" data-group="${i}"${domain ? ` data-domain="${esc(domain)}"` : ""}` +
         `${zoomTo && g !== "" ? ` data-zoom="${esc(zoomTo)}"` : ""}><div class="fm-head"><b>${esc(title)}</b>` +
-        `${isHeld ? ` <span class="held">HELD${held[domain] ? " (drain)" : ""}</span>` : ""}` +
+        `${isHeld ? ` <span class="held">HELD${held[domain][0] ? " (drain)" : ""}</span>` : ""}` +
         `<span class="muted">${said(totals(nodes))}${draw}</span></div><canvas class="fm-cells" data-group="${i}" role="img" ` +
         `aria-label="${esc(title)}: ${nodes.length} node(s)"></canvas></div>`;
     }).join("");
