@@ -158,13 +158,14 @@ def measure(browser, served: Served, token: str, view: str) -> tuple[float, int]
     name = name.split("-")[0]  # map-zoom paints the map
     mid = served.console.state.seq // 2
     if when:
+        page.goto("about:blank")
         page.goto(f"{base}/#{target}")  # where the page opens; the point in the log is set below
         page.wait_for_selector(f'body[data-painted="{name}"]', timeout=120_000)
-        # Two frames, so that no paint of the view now is still to be marked (the map is where the page
-        # opened: its hash set again draws it again).
+        # No view of now still coming, and two frames, so that no paint of it is still to be marked.
+        page.wait_for_function("() => !app.inflight", timeout=120_000)
         page.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => setTimeout(r, 50))))")
-        page.evaluate(f"performance.clearMarks(); app.rendered = {{}}; document.getElementById('atbox').value = '{mid}'")
-        start = page.evaluate("performance.now()")
+        start = page.evaluate(f"performance.clearMarks(); app.rendered = {{}}; "
+                              f"document.getElementById('atbox').value = '{mid}'; performance.now()")
         page.click('#atform button[type="submit"]')
         page.wait_for_selector(f'main[data-seq="{mid}"]', timeout=120_000)
         page.wait_for_function("n => performance.getEntriesByName(n).length > 0", arg=f"llmgw-painted-{name}",
