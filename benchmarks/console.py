@@ -19,10 +19,11 @@ Each view is opened in a fresh page, the two fleets alternating, `--runs`
 times; the figure is the median of the time from navigation start to the
 view's first paint after its data came (the page marks `llmgw-painted-VIEW`
 in a requestAnimationFrame after the paint of the rendered view), and the
-size of its data. "fleet@past" is the fleet folded back to the middle of the
-log (time travel).
+size of its data and when it came (the rest is the browser's drawing).
+"VIEW@past" is the view folded back to the middle of the log (time travel);
+"map-zoom" the map zoomed into one site.
 
-    .venv/bin/python benchmarks/console.py [--nodes 2000] [--runs 3]
+    .venv/bin/python benchmarks/console.py [--nodes 2000] [--runs 3] [--views map,fleet,...]
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ from llmgw.console.server import Console  # noqa: E402
 from llmgw.core import events as ev  # noqa: E402
 from llmgw.core.decide import decide  # noqa: E402
 
-VIEWS = ["fleet", "fleet@past", "node", "node-gpus", "models", "replicas", "decisions", "quotas", "explain", "plots",
-         "timeline"]
+VIEWS = ["map", "map@past", "map-zoom", "fleet", "fleet@past", "node", "node-gpus", "models", "replicas", "decisions",
+         "quotas", "explain", "plots", "timeline"]
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -161,21 +162,27 @@ def measure(browser, served: Served, token: str, view: str) -> tuple[float, int]
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     base = f"http://127.0.0.1:{served.port}"
-    page.goto(f"{base}/?token={token}")  # the cookie, then the fleet once
-    page.wait_for_selector('body[data-painted="fleet"]', timeout=120_000)
+    page.goto(f"{base}/?token={token}")  # the cookie, then the landing view (the map) once
+    page.wait_for_selector('body[data-painted="map"]', timeout=120_000)
     name, _, when = view.partition("@")
     target = {"node": "node/node-0000", "node-gpus": "node/node-0000", "explain": "explain/model-00",
-              "plots": "plots/model-00"}.get(name, name)
+              "plots": "plots/model-00", "map-zoom": "map/site=site-0"}.get(name, name)
+    if name == "map-zoom":
+        name = "map"  # map-zoom paints the map
     mid = served.console.state.seq // 2
     if when:
+        page.goto("about:blank")
         page.goto(f"{base}/#{target}")  # where the page opens; the point in the log is set below
         page.wait_for_selector(f'body[data-painted="{name}"]', timeout=120_000)
-        page.evaluate(f"performance.clearMarks(); app.rendered = {{}}; document.getElementById('atbox').value = '{mid}'")
-        start = page.evaluate("performance.now()")
+        # No view of now still coming, and two frames, so that no paint of it is still to be marked.
+        page.wait_for_function("() => !app.inflight", timeout=120_000)
+        page.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => setTimeout(r, 50))))")
+        start = page.evaluate(f"performance.clearMarks(); app.rendered = {{}}; "
+                              f"document.getElementById('atbox').value = '{mid}'; performance.now()")
         page.click('#atform button[type="submit"]')
         page.wait_for_selector(f'main[data-seq="{mid}"]', timeout=120_000)
-        page.wait_for_selector(f'body[data-painted="{name}"]', timeout=120_000)
-        page.wait_for_timeout(50)
+        page.wait_for_function("n => performance.getEntriesByName(n).length > 0", arg=f"llmgw-painted-{name}",
+                               timeout=120_000)
         painted = page.evaluate(f"performance.getEntriesByName('llmgw-painted-{name}').map(e => e.startTime)")
         ms = (painted[-1] - start) if painted else float("nan")
     else:
@@ -187,11 +194,17 @@ def measure(browser, served: Served, token: str, view: str) -> tuple[float, int]
             page.wait_for_selector(f'body[data-painted="{name}"]', timeout=120_000)
         painted = page.evaluate(f"performance.getEntriesByName('llmgw-painted-{name}').map(e => e.startTime)")
         ms = painted[0] if painted else float("nan")
-    size = page.evaluate(
-        "performance.getEntriesByType('resource').filter(e => e.name.includes('/api/') && !e.name.includes('/api/events'))"
-        ".reduce((s, e) => s + e.encodedBodySize, 0)")
+    # Where the time went: its data parsed (the page's last llmgw-data mark before the paint), its HTML in
+    # the page (llmgw-html); the rest is style, layout and paint. From the same start as `ms`.
+    since = start if when else 0.0
+    size, came, built = page.evaluate(
+        "([since, paint]) => { const rs = performance.getEntriesByType('resource')"
+        ".filter(e => e.name.includes('/api/') && !e.name.includes('/api/events') && e.startTime >= since);"
+        "const last = (n) => Math.max(...performance.getEntriesByName(n).map(m => m.startTime).filter(t => t >= since && t <= paint));"
+        "return [rs.reduce((s, e) => s + e.encodedBodySize, 0), last('llmgw-data') - since, last('llmgw-html') - since]; }",
+        [since, since + ms])
     context.close()
-    return ms, int(size)
+    return ms, int(size), came, built
 
 
 def main() -> None:
@@ -201,7 +214,12 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=2000, help="nodes of the big fleet")
     ap.add_argument("--small", type=int, default=20, help="nodes of the yardstick fleet")
     ap.add_argument("--runs", type=int, default=3, help="runs of each view on each fleet (the median is shown)")
+    ap.add_argument("--views", default=",".join(VIEWS), help="the views to measure, comma-separated (default: all)")
     args = ap.parse_args()
+    views = [v for v in args.views.split(",") if v]
+    unknown = sorted(set(views) - set(VIEWS))
+    if unknown:
+        ap.error(f"--views: no view {', '.join(unknown)} (give some of {', '.join(VIEWS)})")
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     t = time.perf_counter()
     big_log, small_log = make_log(args.nodes), make_log(args.small)
@@ -214,29 +232,35 @@ def main() -> None:
           f"{sum(len(n.gpus) for n in s.nodes.values())} GPUs used, {len(big_log)} events) and {args.small} nodes "
           f"({len(small_log)} events); logs generated through the core in {made:.1f}s")
     results: dict[tuple[str, str], list[float]] = {}
+    came: dict[tuple[str, str], list[float]] = {}
+    built: dict[tuple[str, str], list[float]] = {}
     sizes: dict[tuple[str, str], int] = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=ARGS)
         try:
             for _ in range(args.runs):
-                for view in VIEWS:
+                for view in views:
                     for label, served in (("big", big), ("small", small)):  # alternating A/B
-                        ms, size = measure(browser, served, token, view)
+                        ms, size, data_at, html_at = measure(browser, served, token, view)
                         results.setdefault((view, label), []).append(ms)
+                        came.setdefault((view, label), []).append(data_at)
+                        built.setdefault((view, label), []).append(html_at)
                         sizes[(view, label)] = size
         finally:
             browser.close()
             big.stop()
             small.stop()
             shutil.rmtree(folder, ignore_errors=True)
-    print(f"\n{'view':<12} {'first paint, ' + str(args.nodes) + ' nodes':>26} {'data':>9} "
+    print(f"\n{'view':<12} {'first paint, ' + str(args.nodes) + ' nodes':>26} {'data in':>9} {'HTML in':>9} {'data':>9} "
           f"{'first paint, ' + str(args.small) + ' nodes':>24} {'ratio':>7}")
-    for view in VIEWS:
+    for view in views:
         b = statistics.median(results[(view, "big")])
         sm = statistics.median(results[(view, "small")])
-        print(f"{view:<12} {b:>23.0f} ms {sizes[(view, 'big')] / 1024:>6.0f} KB {sm:>21.0f} ms {b / sm:>6.1f}x")
+        c, h = statistics.median(came[(view, "big")]), statistics.median(built[(view, "big")])
+        print(f"{view:<12} {b:>23.0f} ms {c:>6.0f} ms {h:>6.0f} ms {sizes[(view, 'big')] / 1024:>6.0f} KB {sm:>21.0f} ms {b / sm:>6.1f}x")
     print("\n(first paint: navigation start to the paint after the view is drawn, median of "
-          f"{args.runs}; fleet@past: from asking for the middle of the log to its paint; "
+          f"{args.runs}; data in: its data fetched and parsed; HTML in: built and in the page; the rest is style, "
+          "layout and paint; VIEW@past: from asking for the middle of the log; map-zoom: the map of one site; "
           "node-gpus: to the paint of the node's GPU timeline, which comes after its page)")
 
 

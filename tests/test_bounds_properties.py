@@ -25,7 +25,7 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw.console import series, views
+from llmgw.console import fleetmap, series, views
 from llmgw.core import bounds
 from llmgw.core import events as ev
 from llmgw.core.decide import decide
@@ -122,7 +122,7 @@ def _survive(events: list[ev.Event], times: list[float], then=None) -> State:
     _check_quarantines(state)
     assert decode_state(encode_state(state)) == state
     # The console's views of it, as JSON.
-    msgspec.json.encode([views.fleet(state), views.models_view(state), views.replicas_view(state),
+    msgspec.json.encode([fleetmap.fleet_map(state), views.models_view(state), views.replicas_view(state),
                          views.quotas_view(state), [views.node(state, n, None) for n in state.nodes]])
     # Its plots and timelines, as JSON (JSON has no infinity: an open GPU segment ends at the window's end).
     recorded, rec = series.record(records)

@@ -203,7 +203,7 @@ def page(browser, fleet):
     errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
     pg.goto(fleet.url)  # the token, swapped for a cookie, and the address bar cleaned of it
-    pg.wait_for_selector('body[data-painted="fleet"]')
+    pg.wait_for_selector('body[data-painted="map"]')  # the landing view (tests/test_console_map.py)
     assert "token" not in pg.url
     yield pg
     context.close()
@@ -276,6 +276,7 @@ def test_a_request_without_the_token_gets_401_and_nothing(fleet):
 
 def test_every_view_renders_the_fleets_real_data(page, fleet):
     # Fleet: grouped site > room > row > rack > pdu, a cell per GPU coloured by model.
+    show(page, "fleet")
     racks = {d: page.locator(f'.dom[data-domain="{d}"]') for d in ("site/par1", "room/hall-1", "row/2", "rack/r1", "rack/r2",
                                                                     "pdu/pdu-1a", "pdu/pdu-2a", "pdu/pdu-2b")}
     for d, loc in racks.items():
@@ -366,7 +367,7 @@ def test_a_phone_sized_screen_shows_the_fleet_without_breaking(browser, fleet):
     pg.set_default_timeout(WAIT_MS)
     try:
         pg.goto(fleet.url)
-        for view in ("fleet", "replicas", "decisions"):
+        for view in ("map", "fleet", "replicas", "decisions"):
             show(pg, view)
             # Nothing wider than the screen but the tables, which scroll in their own box.
             assert pg.evaluate("document.documentElement.scrollWidth") <= 390 + 1, view
@@ -380,6 +381,7 @@ def test_a_phone_sized_screen_shows_the_fleet_without_breaking(browser, fleet):
 
 def test_views_follow_the_log_without_a_reload_and_time_travel_shows_before(page, fleet):
     marker = page.evaluate("window.__notReloaded = 1")  # noqa: F841 - gone if the page reloads
+    show(page, "fleet")
     fleet.agent("gpu-5", location("par2", "r7", "pdu-7a", room="hall-7", row="7"))
     page.wait_for_selector('.n[data-node="gpu-5"]')
     page.wait_for_selector('.dom[data-domain="site/par2"]')
@@ -470,6 +472,7 @@ def test_label_and_hold_actions_publish_as_the_operator_and_change_the_fleet(pag
 
 def test_restart_a_replica_from_the_console_replaces_it_and_shows_the_decision(page, fleet):
     show(page, "replicas")
+    page.once("dialog", lambda d: d.accept())  # it asks first (tests/test_console_map.py: dismissed, nothing)
     page.click('button[data-restart="chat-1"]')
     page.wait_for_selector("#actionsaid .followed")  # the decision that followed
     assert "chat" in page.inner_text("#actionsaid")

@@ -5,7 +5,7 @@ rows, the decision at a point of the log with its facts, and the token check."""
 from __future__ import annotations
 
 from llmgw.core import facility as fac
-from llmgw.console import views
+from llmgw.console import fleetmap, views
 from llmgw.console.server import Console, HttpError
 from llmgw.core import events as ev
 from llmgw.core.fold import apply
@@ -47,8 +47,9 @@ def test_the_console_shows_the_labels_and_holds_the_operator_published():
     assert rows["rack/r1"].held and rows["rack/r1"].drain and rows["rack/r1"].hold_reason == "maintenance"
     assert not rows["rack/r9"].held and rows["rack/r9"].nodes == 1
     assert rows["site/par1"].nodes == 3 and not rows.get("rack/r2", fac.DomainRow(domain="", kind="", name="")).nodes
-    fleet = views.fleet(state)
-    assert [n["name"] for n in fleet["nodes"]] == ["n1", "n2", "n3"] and fleet["nodes"][0]["gpus"] == ["", ""]
+    fleet = fleetmap.fleet_map(state)
+    assert [n[0] for n in fleet["nodes"]] == ["n1", "n2", "n3"] and fleet["nodes"][0][3] == [fleetmap.FREE] * 2
+    assert fleet["held"] == {"rack/r1": [True, "maintenance"]}
 
 
 def test_the_decision_at_a_point_comes_with_the_facts_it_was_taken_on():

@@ -24,6 +24,9 @@ class ConsoleConfig(msgspec.Struct, kw_only=True, frozen=True):
     plot_points_max: int = 2000
     timeline_limit: int = 2000  # the last marks of a model's lane (and segments of a GPU) in a window
     timeline_cells: int = 1000  # a lane's marks of one kind within 1/1000 of its window are drawn as one
+    # An action's banner: how long it waits for a decision the fold says is due
+    # before it says that none came (followup.py; most actions need none, said at once).
+    follow_settle_s: float = 10.0
 
 
 CONFIG = ConsoleConfig()

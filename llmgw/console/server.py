@@ -41,7 +41,7 @@ from ..ctl.readmodels import NoReadModels, ReadModels
 from ..ctl.views import decision_words
 from ..replay.tool import fold_until
 from ..core import facility
-from . import series, views
+from . import fleetmap, followup, series, views
 from .config import CONFIG, COOKIE, ConsoleConfig
 
 log = logging.getLogger("llmgw.console")
@@ -188,8 +188,8 @@ class Console:
             cookie = f"{COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
             await self._send(writer, 303, b"", extra={"Location": "/", "Set-Cookie": cookie})
             return
-        if path == "/favicon.ico":  # asked by every browser; none here
-            await self._send(writer, 404, b"")
+        if path == "/favicon.ico":  # asked by browsers that did not read the page's icon link; no secret in it
+            await self._static(writer, "/static/favicon.svg")
             return
         if not self._authorized(headers):
             raise HttpError(401, "this console needs its token: open the URL llmgw up printed (…/?token=…)")
@@ -276,12 +276,15 @@ class Console:
         head = {"seq": state.seq, "last": self.state.seq, "past": past, "at": self._at_of(state.seq),
                 "first_at": self._at_of(self.records[0][0]) if self.records else 0.0}
         upto = state.seq if past else None
-        if what == "fleet":
-            return {**head, **views.fleet(state)}
+        if what in ("map", "fleet"):  # the same data, drawn two ways (fleetmap.py says why)
+            return {**head, **fleetmap.fleet_map(state)}
+        if what == "followed":  # what followed an action's event (the banner); always now
+            return {**head, **msgspec.to_builtins(self.followed(query.get("event", "")))}
         if what == "models":
             return {**head, "models": views.models_view(state)}
         if what == "replicas":
-            return {**head, "replicas": views.replicas_view(state)}
+            limit = int(query["limit"]) if query.get("limit", "").isdigit() else 0
+            return {**head, "replicas": views.replicas_view(state, limit), "total": len(state.replicas)}
         if what == "quotas":
             return {**head, "quotas": views.quotas_view(state)}
         if what == "decision":
@@ -303,6 +306,7 @@ class Console:
             page = views.node(state, name, self.models)
             if page is None:
                 raise HttpError(404, f"no node {name} (at event {state.seq})")
+            page["running"] = fleetmap.running_on(state, name)
             return {**head, "node": page}
         if what.startswith("explain/"):
             from ..cli.ctl import explanation
@@ -363,6 +367,14 @@ class Console:
         if not 0 <= t <= MAX_TIME:  # (nor NaN: JSON has none to send back)
             raise HttpError(400, f"{key} {query[key]!r} is not Unix seconds")
         return t
+    def followed(self, event: str) -> followup.Followed:
+        if not event.isdigit():
+            raise HttpError(400, f"event {event!r} is not a sequence number")
+        seq = int(event)
+        if seq < 1:
+            raise HttpError(400, "event 0 is not in the log (the first is 1)")
+        return followup.followed(self.records, self.state, seq, self._at_of(seq) or time.time(), time.time(),
+                                 self.config.follow_settle_s)
 
     def _at_of(self, seq: int) -> float:
         """The time of the event at `seq` (0 when unknown)."""

@@ -1,7 +1,7 @@
 """What each view of the console shows, as JSON-ready data, made from a
 folded State (now, or as it stood at any point of the log) and the read models.
 
-WHY the entity views (fleet, models, replicas, quotas) come from a State and
+WHY the entity views (models, replicas, quotas; the fleet in fleetmap.py) come from a State and
 not from the SQLite rows: time travel folds the log to a point with the pure
 core, and the same functions must render now and then alike; the rows are
 made with the projector's own row functions (projections/rows.py), so they
@@ -38,29 +38,6 @@ def _as_dict(table: str, row: tuple) -> dict:
 def shard_models(state: State) -> dict[str, tuple[str, str]]:
     """shard id -> (model, replica) for every shard of the state."""
     return {s.id: (r.model, r.id) for r in state.replicas.values() for s in r.shards}
-
-
-def fleet(state: State) -> dict:
-    """Every node, compactly (2,000 of them go to the browser at once): its
-    location, a cell per GPU (the model on it), CPU and memory, and the
-    domains with what they hold and draw."""
-    owners = {name: m.spec.owner for name, m in state.models.items()}
-    of_shard = shard_models(state)
-    nodes = []
-    for n in sorted(state.nodes.values(), key=lambda n: n.name):
-        gpus = []
-        for g in n.gpus:
-            shard = n.used.get(g.index, "")
-            gpus.append(of_shard.get(shard, ("?", ""))[0] if shard else "")
-        models = sorted({m for m in gpus if m})
-        nodes.append({
-            "name": n.name, "state": n.state, "reason": n.reason, "loc": facility.location(n),
-            "gpus": gpus, "gpu_model": n.gpus[0].model if n.gpus else "",
-            "cpu": [n.cpu_used, n.cpu_cores], "mem": [n.memory_used, n.memory_gb],
-            "owners": sorted({owners.get(m, "") for m in models} - {""}), "strays": len(n.strays),
-        })
-    domains = [msgspec.to_builtins(d) for d in facility.domain_rows(state)]
-    return {"nodes": nodes, "domains": domains, "models": sorted(state.models), "owners": sorted(state.owners)}
 
 
 def node(state: State, name: str, models: ReadModels | None) -> dict | None:
@@ -105,9 +82,15 @@ def models_view(state: State) -> list[dict]:
     return out
 
 
-def replicas_view(state: State) -> list[dict]:
+def replicas_view(state: State, limit: int = 0) -> list[dict]:
+    """The replicas in model then id order; the first `limit` only (0: all).
+
+    WHY a limit: the page draws 500 rows until asked for all, and rows for
+    5,000 replicas cost more to make, send and parse than the 500 to draw
+    (benchmarks/console.py)."""
     out = []
-    for r in sorted(state.replicas.values(), key=lambda r: (r.model, r.id)):
+    chosen = sorted(state.replicas.values(), key=lambda r: (r.model, r.id))
+    for r in chosen[:limit] if limit > 0 else chosen:
         d = _as_dict("replicas", replica_row(r, state))
         shards = [_as_dict("shards", s) for s in shard_rows(r)]
         d["nodes"] = [s["node"] for s in sorted(shards, key=lambda s: s["rank"])]

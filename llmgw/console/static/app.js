@@ -1,4 +1,4 @@
-// The llmgw console: one page, a view per hash (#fleet, #node/NAME, ...).
+// The llmgw console: one page, a view per hash (#map, the landing view; #fleet, #node/NAME, ...).
 // Plain JavaScript, no build step: what ships is this file.
 "use strict";
 
@@ -38,6 +38,7 @@ async function api(path, params) {
   const body = await r.json().catch(() => ({error: `${r.status}`}));
   if (!r.ok) throw new Error(body.error || `${r.status}`);
   app.last = Math.max(app.last, body.last || 0);
+  performance.mark("llmgw-data");  // where a view's time goes (benchmarks/console.py): its data parsed
   return body;
 }
 async function act(verb, args) {
@@ -53,7 +54,7 @@ async function act(verb, args) {
     const body = await r.json();
     if (!r.ok) throw new Error(body.error || `${r.status}`);
     app.pending = {seq: body.seq, said: `${body.event} published as event ${body.seq}: ${body.summary}`};
-    box.innerHTML = `<span data-action-seq="${body.seq}">${esc(app.pending.said)}</span>; waiting for the decision that follows…`;
+    box.innerHTML = `<span data-action-seq="${body.seq}">${esc(app.pending.said)}</span>; <span class="pending">looking at what follows…</span>`;
     followAction();
     scheduleRefresh(0);
   } catch (e) {
@@ -61,18 +62,32 @@ async function act(verb, args) {
     box.textContent = `${verb} refused: ${e.message}`;
   }
 }
+const FOLLOW_POLL_MS = 1000;  // how often the banner asks again while a decision is due (the log may be quiet)
+const FOLLOW_GIVE_UP_MS = 120000;  // a console whose fold never reaches the event: the banner stops asking
 async function followAction() {
-  // The decisions after the action's event: what the control plane did about it.
+  // What followed the action's event (llmgw/console/followup.py): the decision that took it into
+  // account, or that none needs to follow; asked of the live fold, whatever point the page shows.
   if (!app.pending) return;
   const p = app.pending;
   try {
-    const d = await fetch(`/api/decisions?after=${p.seq}`, {credentials: "same-origin"}).then((r) => r.json());
-    const rows = d.decisions || [];
-    if (!rows.length) return;
-    $("#actionsaid").innerHTML = `<span data-action-seq="${p.seq}">${esc(p.said)}</span>. The decision that followed (event ${rows[0].seq}):<ul>` +
-      rows.filter((r) => r.seq === rows[0].seq).map((r) =>
-        `<li class="followed">${esc(r.words)}${r.reason ? ": " + esc(r.reason) : ""}` +
-        `${r.voided ? ` <span class="voided">[voided: ${esc(r.voided)}]</span>` : ""}</li>`).join("") + "</ul>";
+    const f = await fetch(`/api/followed?event=${p.seq}`, {credentials: "same-origin"}).then((r) => r.json());
+    if (app.pending !== p) return;
+    const head = `<span data-action-seq="${p.seq}">${esc(p.said)}</span>. `;
+    p.since = p.since || Date.now();
+    if (f.status === "pending" && Date.now() - p.since > FOLLOW_GIVE_UP_MS) {
+      $("#actionsaid").innerHTML = head + `<span data-follow="unknown">Still ${esc(f.said)} after ${FOLLOW_GIVE_UP_MS / 1000} s: see Decisions.</span>`;
+      app.pending = null;
+      return;
+    }
+    if (f.status === "pending") {
+      $("#actionsaid").innerHTML = head + `<span class="pending" data-follow="pending">${esc(f.said)}…</span>`;
+      clearTimeout(app.followTimer);
+      app.followTimer = setTimeout(followAction, FOLLOW_POLL_MS);
+      return;
+    }
+    const acts = f.actions.map((a) => `<li class="${f.status === "followed" ? "followed" : "due"}">${esc(a)}</li>`).join("");
+    $("#actionsaid").innerHTML = head + `<span data-follow="${esc(f.status)}">${esc(f.said[0].toUpperCase() + f.said.slice(1))}` +
+      `${acts ? ":" : "."}</span>` + (acts ? `<ul>${acts}</ul>` : "");
     app.pending = null;
   } catch (e) { /* the next move of the log tries again */ }
 }
@@ -111,8 +126,14 @@ async function showPointDecision() {
       `<details><summary>the facts it was taken on (${d.facts_total} event(s) since the pass before)</summary><ul>${facts || "<li>(none)</li>"}</ul></details>`;
   } catch (e) { box.hidden = false; box.textContent = e.message; }
 }
+function sliderSays(v) {
+  // The box says where the slider is (the end of the log: live, the box empty).
+  $("#atbox").value = v >= app.last ? "" : String(v);
+}
+$("#slider").addEventListener("input", (e) => sliderSays(Number(e.target.value)));
 $("#slider").addEventListener("change", (e) => {
   const v = Number(e.target.value);
+  sliderSays(v);
   setAt(v >= app.last ? null : {seq: v});
 });
 $("#atform").addEventListener("submit", (e) => {
@@ -129,12 +150,23 @@ $("#golive").addEventListener("click", () => { $("#atbox").value = ""; setAt(nul
 // ------------------------------------------------------------------ views
 
 const ROWS_SHOWN = 500;  // a table draws this many rows until asked for all: 5,000 rows take seconds to lay out
-function table(head, rows) {
-  const cut = !app.allRows && rows.length > ROWS_SHOWN;
+// Rows (a table's, the Fleet view's nodes) in the first paint; the rest come in the frame after it,
+// from a <template> (parsed with the page, laid out only once moved in: afterPaint). 500 rows of a
+// table took 300 to 600 ms of layout before anything showed, on a busy machine (benchmarks/console.py).
+const FIRST_ROWS = 100;
+function later(id, html) {
+  return html ? `<template class="later" data-into="${id}">${html}</template>` : "";
+}
+function table(head, rows, total) {
+  // `total`: the rows there are, where the server sent the first ROWS_SHOWN only (the replicas).
+  total = Math.max(total || 0, rows.length);
+  const cut = !app.allRows && total > ROWS_SHOWN;
   const shown = cut ? rows.slice(0, ROWS_SHOWN) : rows;
-  return `<div class="scroll"><table><thead><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}</tr></thead><tbody>` +
-    (shown.length ? shown.join("") : `<tr><td colspan="${head.length}" class="muted">(none)</td></tr>`) + "</tbody></table></div>" +
-    (cut ? `<p class="muted">${rows.length - ROWS_SHOWN} more row(s) <button data-all-rows="1">show all ${rows.length}</button></p>` : "");
+  const id = `rows-${++app.tables}`;  // the same in every render of a view: its HTML compares equal
+  return `<div class="scroll"><table><thead><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}</tr></thead><tbody id="${id}">` +
+    (shown.length ? shown.slice(0, FIRST_ROWS).join("") : `<tr><td colspan="${head.length}" class="muted">(none)</td></tr>`) +
+    "</tbody></table>" + later(id, shown.slice(FIRST_ROWS).join("")) + "</div>" +
+    (cut ? `<p class="muted">${total - ROWS_SHOWN} more row(s) <button data-all-rows="1">show all ${total}</button></p>` : "");
 }
 function options(values, chosen, all) {
   return `<option value="">${esc(all)}</option>` +
@@ -154,21 +186,59 @@ function domainLine(d, level, nodesShown) {
     `<span>${d.nodes} node(s) · GPUs ${d.gpus_used} used, ${d.gpus_free} free${cap}</span>${held} ${buttons}</div>`;
 }
 
-function renderFleet(data) {
+function fleetData(data) {
+  // The map's data (llmgw/console/fleetmap.py) in the shape this view draws: a node with its location
+  // by kind and a model name per GPU ("?" a stray's), and each domain's counts summed here.
+  const nodes = data.nodes.map(([name, place, state, gpus, cpuUsed, cpuCores, memUsed, memGb, cpuModels]) => {
+    const loc = {};
+    data.places[place].forEach((v, i) => { if (v) loc[KINDS[i]] = v; });
+    return {name, state: data.states[state], loc, gpus: gpus.map((m) => (m >= 0 ? data.models[m] : m === -1 ? "" : "?")),
+            cpu: [cpuUsed, cpuCores], mem: [memUsed, memGb], cpu_models: cpuModels.map((m) => data.models[m]),
+            owners: [...new Set(gpus.filter((m) => m >= 0).map((m) => data.owners[m]).filter(Boolean))]};
+  });
+  const domains = new Map();
+  const domain = (d) => {
+    let r = domains.get(d);
+    if (!r) { const i = d.indexOf("/"); domains.set(d, r = {domain: d, kind: d.slice(0, i), name: d.slice(i + 1), nodes: 0, gpus_used: 0, gpus_free: 0}); }
+    return r;
+  };
+  for (const n of nodes) {  // as facility.domain_rows counts: a lost node's GPUs neither used nor free
+    const used = n.state === "ready" ? n.gpus.filter(Boolean).length : 0;
+    const free = n.state === "ready" ? n.gpus.length - used : 0;
+    for (const k of KINDS) if (n.loc[k]) { const r = domain(`${k}/${n.loc[k]}`); r.nodes++; r.gpus_used += used; r.gpus_free += free; }
+  }
+  for (const [d, [draw, cap]] of Object.entries(data.power)) Object.assign(domain(d), {draw_w: draw, cap_w: cap});
+  for (const [d, [drain, reason]] of Object.entries(data.held)) Object.assign(domain(d), {held: true, drain, hold_reason: reason});
+  const owners = [...new Set(data.owners.filter(Boolean))].sort();
+  return {...data, nodes, domains: [...domains.values()], models: data.models.slice().sort(), owners};
+}
+
+function renderFleet(raw) {
+  const data = fleetData(raw);
   const f = app.filters;
   const domains = new Map(data.domains.map((d) => [d.domain, d]));
   const heldKinds = data.domains.filter((d) => d.held).map((d) => d.domain);
   const isHeld = (n) => KINDS.some((k) => n.loc[k] && heldKinds.includes(`${k}/${n.loc[k]}`));
   const nodes = data.nodes.filter((n) =>
-    (!f.model || n.gpus.includes(f.model)) && (!f.owner || n.owners.includes(f.owner)) &&
+    (!f.model || n.gpus.includes(f.model) || n.cpu_models.includes(f.model)) && (!f.owner || n.owners.includes(f.owner)) &&
     (!f.state || (f.state === "held" ? isHeld(n) : n.state === f.state)));
   const key = (n) => KINDS.map((k) => n.loc[k] || "");
   nodes.sort((a, b) => { const x = key(a).join("\u0001"), y = key(b).join("\u0001"); return x < y ? -1 : x > y ? 1 : a.name < b.name ? -1 : 1; });
   const models = new Set();
   const out = [];
   let prev = null, group = [];
-  const flush = () => { if (group.length) out.push(`<div class="nodes">${group.join("")}</div>`); group = []; };
-  for (const n of nodes) {
+  let first = -1;  // the end of the first paint's part of `out` (FIRST_ROWS nodes)
+  const flush = () => {
+    if (group.length) out.push(`<div class="nodes">${group.join("")}</div>`);
+    group = [];
+    if (first < 0 && drawn >= FIRST_ROWS) first = out.length;
+  };
+  let drawn = 0;
+  // The first ROWS_SHOWN nodes until asked for all, as a table's rows: 2,000 nodes and their
+  // 3,000 domain lines cost most of a second to build and lay out (the Map shows them all).
+  const cut = !app.allRows && nodes.length > ROWS_SHOWN;
+  for (const n of nodes) for (const m of n.gpus) if (m) models.add(m);  // the legend: every node shown or not
+  for (const n of cut ? nodes.slice(0, ROWS_SHOWN) : nodes) {
     const k = key(n);
     if (!prev || k.join("\u0001") !== prev.join("\u0001")) {
       flush();
@@ -181,17 +251,23 @@ function renderFleet(data) {
       prev = k;
     }
     // One element per node, a stripe per GPU (a gradient): 16,000 cells as elements cost seconds of layout.
+    // A run of GPUs of one model is one stripe, and the title is made on hover (the mouseover listener): the page's
+    // HTML for 2,000 nodes is a third of what a stop per GPU and a title per node made.
     const step = 100 / Math.max(1, n.gpus.length);
-    const stops = n.gpus.map((m, i) => {
-      if (m) models.add(m);
-      return `${m ? colour(m) : "#e5e7eb"} ${(i * step).toFixed(2)}% ${((i + 1) * step).toFixed(2)}%`;
-    }).join(",");
-    const cells = n.gpus.length ? `<span class="g" style="width:${n.gpus.length * 8}px;background:linear-gradient(to right,${stops})"` +
-      ` data-gpus="${esc(n.gpus.join("|"))}" title="${esc(n.gpus.map((m, i) => `GPU ${i}: ${m || "free"}`).join("\n"))}"></span>` : "";
+    const stops = [];
+    for (let i = 0, j; i < n.gpus.length; i = j) {
+      const m = n.gpus[i];
+      for (j = i + 1; j < n.gpus.length && n.gpus[j] === m;) j++;
+      stops.push(`${m ? colour(m) : "#e5e7eb"} ${Math.round(i * step)}% ${Math.round(j * step)}%`);
+    }
+    const cells = n.gpus.length ? `<span class="g" style="width:${n.gpus.length * 8}px;background:linear-gradient(to right,${stops.join(",")})"` +
+      ` data-gpus="${esc(n.gpus.join("|"))}"></span>` : "";
     const cpu = n.cpu[1] ? ` cpu ${n.cpu[0]}/${n.cpu[1]}` : "";
     const mem = n.mem[1] ? ` mem ${gb(n.mem[0])}/${gb(n.mem[1])}G` : "";
+    const onCpu = (n.cpu_models || []).map((m) => ` <span class="cm" data-model="${esc(m)}"><i style="background:${colour(m)}"></i>${esc(m)} (CPU)</span>`).join("");
     group.push(`<span class="n${n.state === "lost" ? " lost" : ""}${isHeld(n) ? " held" : ""}" data-node="${esc(n.name)}">` +
-      `<a href="#node/${encodeURIComponent(n.name)}">${esc(n.name)}</a>${cells}<span class="r">${cpu}${mem}</span></span>`);
+      `<a href="#node/${encodeURIComponent(n.name)}">${esc(n.name)}</a>${cells}<span class="r">${cpu}${mem}</span>${onCpu}</span>`);
+    drawn++;
   }
   flush();
   const used = data.nodes.reduce((s, n) => s + n.gpus.filter(Boolean).length, 0);
@@ -202,8 +278,10 @@ function renderFleet(data) {
     `<div class="filters"><label>model <select id="f-model">${options(data.models, f.model, "any")}</select></label>` +
     `<label>owner <select id="f-owner">${options(data.owners, f.owner, "any")}</select></label>` +
     `<label>state <select id="f-state">${options(["ready", "lost", "held"], f.state, "any")}</select></label>` +
-    `<span class="muted">${nodes.length} shown</span>` +
-    `</div><div class="legend">${legend}</div><div id="fleet">${out.join("")}</div>`;
+    `<span class="muted">${cut ? `${ROWS_SHOWN} of ${nodes.length}` : nodes.length} shown</span>` +
+    `</div><div class="legend">${legend}</div><div id="fleet">${(first < 0 ? out : out.slice(0, first)).join("")}</div>` +
+    (first < 0 ? "" : later("fleet", out.slice(first).join(""))) +
+    (cut ? `<p class="muted">${nodes.length - ROWS_SHOWN} more node(s) <button data-all-rows="1">show all ${nodes.length}</button></p>` : "");
 }
 
 function renderNode(data) {
@@ -224,8 +302,19 @@ function renderNode(data) {
     `<span>labels</span><span id="node-labels">${labels || "(none)"}</span><span>registered</span><span>${esc(when(n.registered_at))}</span></div>` +
     `<h3>Location</h3><form id="labelform" class="labels" data-node="${esc(n.name)}">${loc} ` +
     (app.at ? "" : `<button type="submit">Save location</button>`) + `</form>` +
+    `<h3>Running now</h3>${runningNow(n.running || [])}` +
     `<h3>GPUs</h3><div class="gpus">${gpus || '<span class="muted">(none)</span>'}</div>` +
     `<h3>History</h3>${table(["SEQ", "TIME", "EVENT", "WHAT HAPPENED"], hist)}`;
+}
+
+function runningNow(rows) {
+  // What runs on the node now, a row per shard: on GPUs or on its CPU alone.
+  const trs = rows.map((r) => `<tr data-replica="${esc(r.replica)}"><td><a href="#replicas">${esc(r.replica)}</a>` +
+    `${r.rank ? ` <span class="muted">shard ${r.rank}</span>` : ""}</td><td><span class="sw" style="background:${colour(r.model)}"></span>${esc(r.model)}` +
+    ` <span class="muted">${esc(r.profile)}</span></td><td class="state">${esc(r.state)}${r.shard_state !== r.state ? ` <span class="muted">(shard ${esc(r.shard_state)})</span>` : ""}` +
+    `${r.restart ? ` <span class="muted">restart ${esc(r.restart)}</span>` : ""}</td><td class="port">${r.port || ""}</td>` +
+    `<td>${r.gpus.length ? `GPU ${r.gpus.join(", ")}` : "CPU only"}${r.cpu_cores ? ` · ${r.cpu_cores} core(s)` : ""}${r.memory_gb ? ` · ${gb(r.memory_gb)} GB` : ""}</td></tr>`);
+  return `<div class="fm-running">${table(["REPLICA", "MODEL", "STATE", "PORT", "GPUS / CPU"], trs)}</div>`;
 }
 
 function renderModels(data) {
@@ -244,7 +333,7 @@ function renderReplicas(data) {
       `<td>${esc(r.restart)}${r.restart_reason ? ": " + esc(r.restart_reason) : ""}</td><td>${r.nodes.map((n) => `<a href="#node/${encodeURIComponent(n)}">${esc(n)}</a>`).join(", ")}</td>` +
       `<td>${esc(r.endpoint)}</td><td>${esc(r.reason)}</td><td>${can ? `<button data-restart="${esc(r.id)}">restart</button> <button data-restart-inplace="${esc(r.id)}">in place</button>` : ""}</td></tr>`;
   });
-  return `<h2>Replicas</h2>` + table(["REPLICA", "MODEL", "PROFILE", "STATE", "RESTART", "NODES", "ENDPOINT", "REASON", ""], rows);
+  return `<h2>Replicas</h2>` + table(["REPLICA", "MODEL", "PROFILE", "STATE", "RESTART", "NODES", "ENDPOINT", "REASON", ""], rows, data.total);
 }
 
 function renderDecisions(data) {
@@ -288,16 +377,19 @@ async function renderExplain(name) {
 async function render() {
   clearTimeout(app.refreshTimer);
   app.refreshTimer = null;
-  const [view, ...rest] = (location.hash.slice(1) || "fleet").split("/");
+  app.inflight = (app.inflight || 0) + 1;
+  app.tables = 0;
+  const [view, ...rest] = (location.hash.slice(1) || "map").split("/");
   const param = decodeURIComponent(rest.join("/"));
-  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("on", a.dataset.view === view || (view === "node" && a.dataset.view === "fleet")));
+  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("on", a.dataset.view === view || (view === "node" && a.dataset.view === "map")));
   const main = $("#main");
   try {
     let html, data;
-    if (view === "fleet") html = renderFleet(data = await api("fleet"));
+    if (view === "map") html = fleetMap.html(data = await api("map"), rest.join("/"));
+    else if (view === "fleet") html = renderFleet(data = await api("fleet"));
     else if (view === "node") html = renderNode(data = await api(`node/${encodeURIComponent(param)}`));
     else if (view === "models") html = renderModels(data = await api("models"));
-    else if (view === "replicas") html = renderReplicas(data = await api("replicas"));
+    else if (view === "replicas") html = renderReplicas(data = await api("replicas", app.allRows ? "" : `limit=${ROWS_SHOWN}`));
     else if (view === "decisions") {
       const f = app.decisionFilters;
       html = renderDecisions(data = await api("decisions", ["model", "replica", "node"].filter((k) => f[k]).map((k) => `${k}=${encodeURIComponent(f[k])}`).join("&")));
@@ -310,6 +402,8 @@ async function render() {
     // Drawn again only when it differs: a log that moves all the time (power readings) must not
     // replace the button under the operator's pointer.
     if (html !== app.html) { main.innerHTML = html; app.html = html; }
+    performance.mark("llmgw-html");  // its HTML built and in the page (the rest: style, layout, paint)
+    if (view === "map") fleetMap.draw();  // its canvases: the same HTML may show another use
     main.dataset.view = view;
     main.dataset.seq = data ? data.seq : "";
     if (view === "plots") plotsView.draw(data);  // plots.js, timeline.js: charts and lanes over time
@@ -319,6 +413,8 @@ async function render() {
     afterPaint(view);
   } catch (e) {
     main.innerHTML = app.html = `<p class="err">${esc(e.message)}</p>`;
+  } finally {
+    app.inflight--;
   }
 }
 function afterPaint(view) {
@@ -328,6 +424,11 @@ function afterPaint(view) {
       app.rendered[view] = performance.now();
       performance.mark(`llmgw-painted-${view}`);
     }
+    document.querySelectorAll("#main template.later").forEach((t) => {
+      const into = document.getElementById(t.dataset.into);
+      if (into) into.append(t.content);
+      t.remove();
+    });
     document.body.dataset.painted = view;
     document.body.dataset.renders = String(Number(document.body.dataset.renders || 0) + 1);
   }));
@@ -338,6 +439,9 @@ function scheduleRefresh(ms) {
     app.refreshTimer = null;
     const typing = document.activeElement && document.activeElement.matches("#main form input");
     if (typing) { scheduleRefresh(1000); return; }  // never wipe what the operator is typing
+    // A view still coming is not asked for again beside itself (the log's first word comes while
+    // the first view of 2,000 nodes is on its way: twice the server's and the browser's work).
+    if (app.inflight) { scheduleRefresh(150); return; }
     if (!app.at && !(app.shown >= app.last)) render();  // not when the view already shows the last event
     followAction();
   }, ms);
@@ -351,10 +455,18 @@ document.addEventListener("click", (e) => {
   if (b.dataset.hold) act("hold", {domain: b.dataset.hold, drain: false, reason: "held from the console"});
   else if (b.dataset.holdDrain) act("hold", {domain: b.dataset.holdDrain, drain: true, reason: "drained from the console"});
   else if (b.dataset.release) act("release", {domain: b.dataset.release});
-  else if (b.dataset.restart) act("restart", {replica: b.dataset.restart, in_place: false});
-  else if (b.dataset.restartInplace) act("restart", {replica: b.dataset.restartInplace, in_place: true});
+  else if (b.dataset.restart) {
+    if (confirm(`Restart ${b.dataset.restart}? A replacement starts beside it; it stops once the replacement serves.`)) act("restart", {replica: b.dataset.restart, in_place: false});
+  } else if (b.dataset.restartInplace) {
+    if (confirm(`Restart ${b.dataset.restartInplace} in place? It stops first: its requests go to the other replicas meanwhile.`)) act("restart", {replica: b.dataset.restartInplace, in_place: true});
+  }
   else if (b.dataset.retry) act("retry", {model: b.dataset.retry});
   else if (b.dataset.allRows) { app.allRows = true; render(); }
+});
+document.addEventListener("mouseover", (e) => {
+  // A node's GPUs in words, made when the pointer first comes to its stripes (renderFleet).
+  const g = e.target.closest && e.target.closest(".n .g");
+  if (g && !g.title) g.title = g.dataset.gpus.split("|").map((m, i) => `GPU ${i}: ${m || "free"}`).join("\n");
 });
 document.addEventListener("change", (e) => {
   const id = e.target.id;
