@@ -2,6 +2,7 @@
 
     python -m llmgw.agent.llamacpp_server --model FILE.gguf --port 20000 [--host H]
         [--alias NAME]... [--threads N] [--ctx-size N] [--parallel N] [--n-gpu-layers N] [--embeddings]
+        [--cache-ram-mib N] [--slot-prompt-similarity F]
 
 `xllamacpp.Server` serves until the object is dropped, so it gets a process
 (the agent's engine) and lives until SIGTERM or SIGINT. llama.cpp says only
@@ -9,6 +10,13 @@
 taken, so those are checked first and said in words, as the last line of the
 log, which is what the agent reports as the reason. Exit status: 0 stopped
 on a signal, 1 llama.cpp failed, 2 bad arguments or no model file, 3 port taken.
+The prompt cache (issue 30: the gateway sends a prompt where its prefix is
+warm, so the engine must keep it): `--cache-ram-mib` is the host memory
+llama.cpp keeps prompts in beyond its slots (CACHE_RAM_MIB; llama.cpp's own
+default, 8 GiB, is more than a small CPU node has to spare), and
+`--slot-prompt-similarity` how much of a new prompt must match a slot's for
+the slot to be reused (SLOT_PROMPT_SIMILARITY, llama.cpp's default). The
+agent passes these from named defaults; a profile's args override them.
 Metrics (`/metrics`, with `llamacpp:requests_processing`) are on: a drain
 reads them.
 
@@ -28,6 +36,9 @@ import sys
 import threading
 import time
 
+CACHE_RAM_MIB = 1024  # host memory for prompts kept beyond the slots (-1: no limit, 0: none)
+SLOT_PROMPT_SIMILARITY = 0.1  # the share of a prompt a slot must match to be reused for it
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llmgw.agent.llamacpp_server", description=__doc__.split("\n\n")[0])
@@ -40,6 +51,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", type=int, default=2, help="requests served at once")
     p.add_argument("--n-gpu-layers", type=int, default=0)
     p.add_argument("--embeddings", action="store_true")
+    p.add_argument("--cache-ram-mib", type=int, default=CACHE_RAM_MIB, help="MiB of host memory for cached prompts (-1: no limit, 0: off)")
+    p.add_argument(
+        "--slot-prompt-similarity", type=float, default=SLOT_PROMPT_SIMILARITY,
+        help="how much of a prompt must match a slot's for that slot to take it (0: any slot)",
+    )  # fmt: skip
     return p
 
 
@@ -86,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     p.cpuparams_batch.n_threads = threads
     p.endpoint_metrics = True
     p.embedding = args.embeddings
+    p.cache_prompt = True
+    p.cache_ram_mib = args.cache_ram_mib
+    p.slot_prompt_similarity = args.slot_prompt_similarity
     if args.alias:
         p.model_alias = set(args.alias)
     key = os.environ.get("LLMGW_ENGINE_KEY", "")

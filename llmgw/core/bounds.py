@@ -204,6 +204,8 @@ Leader = _str(MODEL_NAME_LEN, None, "a control plane's id")
 Role = _str(32, WORD_PATTERN, "a credential's role")
 PublicKey = _str(128, NKEY_PATTERN, "an NKey")
 Priority = _str(32, NO_CONTROL_PATTERN, "a model's priority class")
+# How a gateway picks a model's replica (gateway/choose.py): prefix, least-load, round-robin.
+Routing = _str(32, WORD_PATTERN, "a model's routing policy")
 Word = _str(64, ID_PATTERN, "a short word")
 # A name said again, in the events most of a log is (a shard's status, a
 # gateway's load, a decision's shards): bounded in length only. Its

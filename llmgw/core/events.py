@@ -104,6 +104,11 @@ class ModelSpec(Struct):
     # Who gives way to whom when the fleet is full: critical > standard >
     # opportunistic (see preempt.py).
     priority: b.Priority = "standard"
+    # How a gateway picks among its ready replicas (gateway/choose.py):
+    # "prefix" (where the prompt's prefix is warm, bounded by load; else where
+    # it hashes), "least-load" (fewest outstanding per unit of weight) or
+    # "round-robin". Routing only: no replica is restarted for it.
+    routing: b.Routing = "prefix"
 
 
 class Resources(Struct):

@@ -36,6 +36,7 @@ class RequestHead(msgspec.Struct):
 
     model: str = ""
     stream: bool = False
+    user: str = ""  # a session: the replica it stays on (choose.py)
 
 
 _head = msgspec.json.Decoder(RequestHead)
@@ -122,14 +123,20 @@ def model_object(table: Table, name: str) -> bytes:
 # --------------------------------------------------------------------------- usage
 
 
+class Details(msgspec.Struct):
+    cached_tokens: int = 0
+
+
 class Usage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    prompt_tokens_details: Details | None = None  # cached_tokens: of the prompt, from the engine's cache
 
 
 class Timings(msgspec.Struct):  # llama.cpp's, on the last chunk of a stream
-    prompt_n: int = 0
+    prompt_n: int = 0  # the prompt's tokens it had to compute (past its cache)
     predicted_n: int = 0
+    cache_n: int = 0  # the prompt's tokens it had in its cache
 
 
 class _Answer(msgspec.Struct):
@@ -140,25 +147,42 @@ class _Answer(msgspec.Struct):
 _answer = msgspec.json.Decoder(_Answer)
 
 
-def usage_of(body: bytes) -> tuple[int, int] | None:
-    """(prompt, completion) tokens of an answer, or None if it does not say."""
+def usage_and_cache(body: bytes) -> tuple[int, int, int] | None:
+    """(prompt, completion, cached) tokens of an answer, or None if it does not
+    say; cached: the prompt's tokens the engine had in its cache (OpenAI's
+    usage.prompt_tokens_details.cached_tokens, llama.cpp's timings.cache_n)."""
     try:
         a = _answer.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
+    t = a.timings
     if a.usage is not None:
-        return a.usage.prompt_tokens, a.usage.completion_tokens
-    if a.timings is not None:
-        return a.timings.prompt_n, a.timings.predicted_n
+        u = a.usage
+        cached = u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details is not None else (t.cache_n if t else 0)
+        return u.prompt_tokens, u.completion_tokens, cached
+    if t is not None:
+        return t.prompt_n + t.cache_n, t.predicted_n, t.cache_n
+    return None
+
+
+def usage_of(body: bytes) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of an answer, or None if it does not say."""
+    found = usage_and_cache(body)
+    return found[:2] if found is not None else None
+
+
+def stream_usage_and_cache(tail: bytes) -> tuple[int, int, int] | None:
+    """(prompt, completion, cached) from the last events of a stream (`usage`, or llama.cpp's `timings`)."""
+    for event in reversed(tail.split(b"\n\n")):
+        event = event.strip()
+        if event.startswith(b"data:") and (b'"usage"' in event or b'"timings"' in event):
+            found = usage_and_cache(event[5:].strip())
+            if found is not None:
+                return found
     return None
 
 
 def stream_usage(tail: bytes) -> tuple[int, int] | None:
     """Usage from the last events of a stream (`usage`, or llama.cpp's `timings`)."""
-    for event in reversed(tail.split(b"\n\n")):
-        event = event.strip()
-        if event.startswith(b"data:") and (b'"usage"' in event or b'"timings"' in event):
-            found = usage_of(event[5:].strip())
-            if found is not None:
-                return found
-    return None
+    found = stream_usage_and_cache(tail)
+    return found[:2] if found is not None else None

@@ -37,6 +37,7 @@ outcome closes the breaker or opens it again for twice as long.
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 from dataclasses import dataclass, field
 
@@ -81,6 +82,7 @@ class Route:
     # Replicas on their way: placing, starting, loading, failed (to be
     # replaced), and those its decided count lacks. 0 when parked.
     coming: int = 0
+    routing: str = "prefix"  # the catalog's policy (choose.py)
 
 
 @dataclass(slots=True)
@@ -158,7 +160,8 @@ def build(state: State) -> Table:
         else:
             no_wait = ""
         table.routes[name] = Route(
-            name=name, owner=spec.owner, created=int(model.applied_at), no_wait=no_wait, coming=on_way.get(name, 0)
+            name=name, owner=spec.owner, created=int(model.applied_at), no_wait=no_wait, coming=on_way.get(name, 0),
+            routing=spec.routing,
         )
         table.names[name] = name
     for name in sorted(state.models):  # aliases never shadow a model's own name
@@ -284,12 +287,18 @@ class Breaker:
 # --------------------------------------------------------------------------- the choice
 
 
+_tokens = itertools.count(1)
+
+
 class Backend:
     """What this gateway keeps per replica: requests outstanding, its breaker.
-    Kept across rebuilds of the table for as long as the replica is in it."""
+    Kept across rebuilds of the table for as long as the replica is in it.
+    `token`: a number of its own, what the prefix index knows it by (a new
+    generation of the replica is a new backend, so a new token: forgotten)."""
 
     __slots__ = (
         "target", "replica", "model", "endpoint", "host", "port", "weight", "outstanding", "breaker", "pool", "identity",
+        "token",
     )  # fmt: skip
 
     def __init__(self, target: Target) -> None:
@@ -303,6 +312,7 @@ class Backend:
         self.outstanding = 0
         self.breaker = Breaker()
         self.pool = None  # the shell's connections to it
+        self.token = next(_tokens)
 
 
 def choose(backends: list[Backend], now: float, turn: int, exclude: tuple[str, ...] | set[str] = ()) -> Backend | None:

@@ -42,14 +42,16 @@ from ..core.state import State
 from ..core.tenancy import may_use
 from ..telemetry import tracer
 from . import api
-from .config import GatewayConfig
+from .choose import PREFIX, Ask, Bounds, Router
+from .config import KIB, MIB, GatewayConfig
 from .connection import Client, Request, _enough_files
 from .exchange import BROKEN, DONE, GONE, RETRY, STALE, TIMEOUT, Exchange
 from .edge_limits import Connections, KeyFailures, nests_deeper
 from .limits import KeyLimits, retry_after
 from .load import Loads
 from .metrics import Metrics
-from .routing import Backend, NoneReady, Table, build, choose, when_none_ready
+from .prefix import prefix_of
+from .routing import Backend, NoneReady, Table, build, when_none_ready
 from .upstream import Lost, NotTheEngine, Pool
 
 log = logging.getLogger("llmgw.gateway")
@@ -87,6 +89,9 @@ class Gateway:
         self.limits: dict[str, KeyLimits] = {}
         self.loads = Loads()
         self.metrics = Metrics()
+        self.router = Router(
+            config.prefix_index_mib * MIB, config.prefix_sessions, Bounds(config.prefix_epsilon, config.prefix_floor)
+        )
         self.clients: set[Client] = set()
         self.per_client = Connections()  # open connections by client address
         self.key_failures = KeyFailures(config.max_key_failures, config.key_failure_window)
@@ -136,9 +141,10 @@ class Gateway:
                 found.append(b)
             if found:
                 by_model[route.name] = found
-        for key, b in self.backends.items():
-            if key not in backends:
-                b.pool.close()
+        gone = [b for key, b in self.backends.items() if key not in backends]
+        for b in gone:
+            b.pool.close()
+        self.router.forget(b.token for b in gone)  # stopped, draining, a new generation: at once
         now = time.monotonic()
         limits = {}
         for _, (name, key) in table.keys.items():
@@ -323,9 +329,29 @@ class Gateway:
         body = req.body
         if head.model != route.name:
             body = api.with_model(body, route.name)
-        client.task = asyncio.get_running_loop().create_task(self.proxy(client, req, path, route.name, head.stream, body, owner is not None))
+        ask = self.ask(route, req, head, body)
+        client.task = asyncio.get_running_loop().create_task(
+            self.proxy(client, req, path, route.name, head.stream, body, owner is not None, ask)
+        )
 
-    async def proxy(self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, keyed: bool) -> None:
+    def ask(self, route, req: Request, head, body: bytes) -> Ask:
+        """What the choice of a replica reads of a request: its model's policy,
+        its prompt's blocks (at most prefix_hash_kib of it), its session."""
+        if route.routing != PREFIX:
+            return Ask(route.routing)
+        session = req.session.decode(errors="replace") if req.session else head.user
+        return Ask(PREFIX, prefix_of(body, self.config.prefix_hash_kib * KIB), session)
+
+    def choose(self, model: str, backends: list[Backend], tried: list[str], ask: Ask) -> Backend | None:
+        """The replica for the request (choose.Router), its reason kept on `ask`."""
+        self.turn += 1
+        choice = ask.choice = self.router.pick(ask.policy, model, backends, time.monotonic(), self.turn, tried, ask.prefix, ask.session)
+        return choice.backend if choice is not None else None
+
+    async def proxy(
+        self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, keyed: bool, ask: Ask | None = None
+    ) -> None:
+        ask = ask if ask is not None else Ask()
         now = time.time()
         meter = self.loads.meter(model, now)
         meter.last_used = now
@@ -339,12 +365,11 @@ class Gateway:
         try:
             while True:
                 backends = self.by_model.get(model)
-                self.turn += 1
-                b = choose(backends, time.monotonic(), self.turn, tried) if backends else None
+                b = self.choose(model, backends, tried, ask) if backends else None
                 if b is None:
                     if not deadline:
                         deadline = time.monotonic() + self.wait_s
-                    b, verdict = await self.wait_for_replica(client, model, meter, tried, failed_at, deadline)
+                    b, verdict = await self.wait_for_replica(client, model, meter, tried, failed_at, deadline, ask)
                     if b is None:
                         last = f"; the last tried, {tried[-1]}: {ex.error if ex else 'failed'}" if tried else ""
                         if client.closed:
@@ -358,6 +383,7 @@ class Gateway:
                         else:
                             status, why = 503, f"no replica of {model} became ready within {self.wait_s:g}s{last}"
                         break
+                req.route = ask.choice.reason.value.encode() if ask.choice is not None else b""
                 ex = await self.attempt(client, req, b, stream, upstream_req, body, meter)
                 outcome = ex.fut.result()
                 if outcome == RETRY:
@@ -414,16 +440,21 @@ class Gateway:
         finally:
             elapsed = time.monotonic() - req.received
             self.metrics.answered(model, replica, status, elapsed)
+            if replica and ask.choice is not None:
+                self.metrics.routed(model, replica, ask.choice.reason)
             prompt = completion = 0
             if ex is not None and replica and ex.status == 200:
                 if ex.first_at and stream:
                     self.metrics.first_token(model, replica, ex.first_at - req.received)
-                used = api.stream_usage(ex.tail) if stream else (api.usage_of(b"".join(ex.parts)) if ex.parts else None)
+                used = api.stream_usage_and_cache(ex.tail) if stream else (api.usage_and_cache(b"".join(ex.parts)) if ex.parts else None)
                 if used is None and stream:
-                    used = (0, max(ex.events - 1, 0))  # one event a token, less [DONE]
+                    used = (0, max(ex.events - 1, 0), 0)  # one event a token, less [DONE]
                 if used is not None:
-                    prompt, completion = used
+                    prompt, completion, cached = used
                     self.metrics.used(model, replica, prompt, completion)
+                    choice = ask.choice
+                    if choice is not None and choice.backend.replica == replica:
+                        self.metrics.cached(model, replica, cached, self.router.answered(choice, prompt, cached))
                     meter.tokens_in += prompt
                     meter.tokens_out += completion
                     if keyed:
@@ -523,7 +554,7 @@ class Gateway:
             client.finished(False)
 
     async def wait_for_replica(
-        self, client: Client, model: str, meter, tried: list[str], failed_at: float, deadline: float
+        self, client: Client, model: str, meter, tried: list[str], failed_at: float, deadline: float, ask: Ask | None = None
     ) -> tuple[Backend | None, NoneReady]:
         """Wait (queued) for a replica not yet tried to take the request, as
         long as `when_none_ready` says one may come and `deadline` allows.
@@ -535,8 +566,7 @@ class Gateway:
                 now = time.monotonic()
                 backends = self.by_model.get(model)
                 if backends:
-                    self.turn += 1
-                    b = choose(backends, now, self.turn, tried)
+                    b = self.choose(model, backends, tried, ask if ask is not None else Ask())
                     if b is not None:
                         return b, NoneReady.WAIT
                 verdict = when_none_ready(self.table.routes.get(model), len(tried), now - failed_at, self.failover_s)
