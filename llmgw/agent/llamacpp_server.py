@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 
+SLOTS = 2  # requests served at once, each slot keeping its last prompt
 CACHE_RAM_MIB = 1024  # host memory for prompts kept beyond the slots (-1: no limit, 0: none)
 SLOT_PROMPT_SIMILARITY = 0.1  # the share of a prompt a slot must match to be reused for it
 
@@ -48,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--alias", action="append", default=[], help="a name the OpenAI API answers to (repeatable)")
     p.add_argument("--threads", type=int, default=0, help="0: the cores this process may use")
     p.add_argument("--ctx-size", type=int, default=4096, help="the context shared by the parallel slots")
-    p.add_argument("--parallel", type=int, default=2, help="requests served at once")
+    p.add_argument("--parallel", type=int, default=SLOTS, help="requests served at once (slots)")
     p.add_argument("--n-gpu-layers", type=int, default=0)
     p.add_argument("--embeddings", action="store_true")
     p.add_argument("--cache-ram-mib", type=int, default=CACHE_RAM_MIB, help="MiB of host memory for cached prompts (-1: no limit, 0: off)")
