@@ -264,3 +264,31 @@ def test_the_index_stays_in_its_bound_and_the_choice_only_goes_to_ready_replicas
                 router.answered(c, 400, 0 if said == 1 else 400)
         assert len(router.index) <= router.index.capacity == blocks
         assert len(router.sessions.by_key) <= 3
+
+
+# --------------------------------------------------------------------------- in the log, and in `ctl describe model`
+
+
+def test_the_gateways_reports_of_where_requests_went_are_summed_per_replica_and_described():
+    from llmgw.core import events as ev
+    from llmgw.core.fold import apply
+    from llmgw.core.state import Replica, State
+    from llmgw.ctl import views
+
+    assert tuple(r.value for r in Reason) == ev.ROUTE_REASONS
+    state = State()
+    model = ev.ModelSpec(name="m", profiles=[ev.ProfileSpec(name="p", gpus=0)])
+    apply(state, 1, ev.subject_for(ev.ModelApplied(at=1.0, model=model)), ev.encode(ev.ModelApplied(at=1.0, model=model)))
+    state.replicas["m-1"] = Replica(id="m-1", model="m", profile="p", fingerprint="", shards=[])
+    routes = [
+        ev.RouteCount("m-1", "hashed", 1, 600, 0, 0), ev.RouteCount("m-1", "warm", 3, 1800, 1790, 3),
+        ev.RouteCount("m-9", "warm", 5, 5, 5, 5),  # a replica the state does not have: not counted
+        ev.RouteCount("m-1", "prompt_tokens", 7, 0, 0, 0),  # not a reason: not counted
+    ]  # fmt: skip
+    for seq, gw in ((2, "gw1"), (3, "gw2")):
+        load = ev.ModelLoad(at=2.0, gateway=gw, model="m", in_flight=0, routes=routes)
+        apply(state, seq, ev.subject_for(load), ev.encode(load))
+    assert state.models["m"].routed == {"m-1": {"hashed": 2, "warm": 6, "prompt_tokens": 4800, "cached_tokens": 3580, "hits": 6}}
+    page = {"routing": {"policy": "prefix", "replicas": state.models["m"].routed}}
+    text = "\n".join(views._routing(page["routing"]))
+    assert "Routing: prefix" in text and "m-1" in text and "75%" in text

@@ -82,6 +82,7 @@ MAX_PORT = 65_535
 MAX_LABELS = 256  # labels of one node (Kubernetes nodes carry a few dozen)
 MAX_DOMAINS = 65_536  # facility domains with a power cap (racks, PDUs of 16,000 nodes)
 MAX_PROFILES = 64
+MAX_ROUTE_ROWS = 256  # (replica, reason) rows of one gateway's load report: the rest wait for the next
 MAX_ALIASES = 64
 MAX_ARGS = 256
 MAX_VICTIMS = 4096

@@ -373,6 +373,24 @@ class NodePower(Event, tag="node.power"):
 # --------------------------------------------------------------------------- gateways (llmgw.gw.<gateway>.>)
 
 
+# Why a gateway sent a request where it did (gateway/choose.Reason's values).
+ROUTE_REASONS = ("warm", "hashed", "overflow", "session", "least_load", "round_robin")
+
+
+class RouteCount(Struct):
+    """Requests one gateway sent one replica for one reason (gateway/choose.py:
+    warm, hashed, overflow, session, least_load, round_robin) since its
+    previous report, with their prompt tokens, the part of them the engine
+    had in its cache, and the answers that were prefix hits."""
+
+    replica: b.ReplicaRef
+    reason: b.Word
+    requests: b.Counter = 0
+    prompt_tokens: b.Counter = 0
+    cached_tokens: b.Counter = 0
+    hits: b.Counter = 0
+
+
 class ModelLoad(Event, tag="model.load"):
     """One gateway's load on one model, coalesced: published when it changes,
     at most every second or so, and once more when it falls to nothing.
@@ -390,6 +408,8 @@ class ModelLoad(Event, tag="model.load"):
     # model since its previous report (so the sum over the log is the total).
     tokens_in: b.Counter = 0
     tokens_out: b.Counter = 0
+    # Where its requests went and why, since its previous report (issue 30).
+    routes: b.many(RouteCount, b.MAX_ROUTE_ROWS) = []
 
 
 # --------------------------------------------------------------------------- control plane (llmgw.control.>)

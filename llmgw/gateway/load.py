@@ -6,8 +6,10 @@ and queued (waiting for one: no replica is ready, which is how an on-demand
 model is woken), each the larger of the count now and the mean over the time
 since the previous report, rounded up: a burst between two reports is not
 lost, and a single request counts as one. With them, when the model was last
-sent a request, and the prompt and completion tokens counted since the
-previous report.
+sent a request, the prompt and completion tokens counted since the
+previous report, and where its requests went and why (per replica and
+reason: requests, prompt and cached tokens, prefix hits; at most
+MAX_ROUTE_ROWS rows a report, the rest in the next).
 
 A report goes out when what it would say changed, at most every
 MIN_INTERVAL_S per model; a load that is not zero is repeated at least every
@@ -21,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..core.bounds import MAX_ROUTE_ROWS
 from ..core.scaling import LOAD_REPEAT_S
 
 MIN_INTERVAL_S = 1.0
@@ -35,6 +38,7 @@ class Report:
     last_used: float
     tokens_in: int
     tokens_out: int
+    routes: list[tuple[str, str, int, int, int, int]] = ()  # (replica, reason, requests, prompt, cached, hits)
 
 
 class Meter:
@@ -42,7 +46,7 @@ class Meter:
 
     __slots__ = (
         "in_flight", "queued", "changed_at", "since", "area_flight", "area_queued",
-        "last_used", "tokens_in", "tokens_out", "reported", "reported_at",
+        "last_used", "tokens_in", "tokens_out", "reported", "reported_at", "routes",
     )  # fmt: skip
 
     def __init__(self, now: float) -> None:
@@ -57,6 +61,16 @@ class Meter:
         self.tokens_out = 0
         self.reported = (0, 0)
         self.reported_at = -math.inf
+        self.routes: dict[tuple[str, str], list[int]] = {}  # (replica, reason) -> [requests, prompt, cached, hits]
+
+    def routed(self, replica: str, reason: str, prompt: int, cached: int, hit: bool) -> None:
+        row = self.routes.get((replica, reason))
+        if row is None:
+            row = self.routes[(replica, reason)] = [0, 0, 0, 0]
+        row[0] += 1
+        row[1] += prompt
+        row[2] += cached
+        row[3] += hit
 
     def _advance(self, now: float) -> None:
         dt = now - self.changed_at
@@ -88,14 +102,17 @@ class Meter:
         if since_report < MIN_INTERVAL_S:
             return False
         value = self.value(now)
-        if value != self.reported or self.tokens_in or self.tokens_out:
+        if value != self.reported or self.tokens_in or self.tokens_out or self.routes:
             return True
         return value != (0, 0) and since_report >= REPEAT_S
 
     def take(self, model: str, now: float) -> Report:
         """The report, and a new window from now."""
         in_flight, queued = self.value(now)
-        report = Report(model, in_flight, queued, self.last_used, self.tokens_in, self.tokens_out)
+        routes = []
+        for key in list(self.routes)[:MAX_ROUTE_ROWS]:
+            routes.append((*key, *self.routes.pop(key)))
+        report = Report(model, in_flight, queued, self.last_used, self.tokens_in, self.tokens_out, routes)
         self.reported, self.reported_at = (in_flight, queued), now
         self.since, self.area_flight, self.area_queued = now, 0.0, 0.0
         self.tokens_in = self.tokens_out = 0
@@ -120,7 +137,7 @@ class Loads:
         for model, m in list(self.meters.items()):
             if m.due(now):
                 out.append(m.take(model, now))
-            elif m.reported == (0, 0) and not m.busy() and not m.tokens_in and not m.tokens_out and now - m.reported_at >= MIN_INTERVAL_S:
+            elif m.reported == (0, 0) and not m.busy() and not m.tokens_in and not m.tokens_out and not m.routes and now - m.reported_at >= MIN_INTERVAL_S:
                 if m.value(now) == (0, 0):
                     del self.meters[model]  # said all it had to say: zero
         return out

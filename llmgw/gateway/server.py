@@ -440,9 +440,8 @@ class Gateway:
         finally:
             elapsed = time.monotonic() - req.received
             self.metrics.answered(model, replica, status, elapsed)
-            if replica and ask.choice is not None:
-                self.metrics.routed(model, replica, ask.choice.reason)
-            prompt = completion = 0
+            prompt = completion = cached = 0
+            hit = False
             if ex is not None and replica and ex.status == 200:
                 if ex.first_at and stream:
                     self.metrics.first_token(model, replica, ex.first_at - req.received)
@@ -454,13 +453,18 @@ class Gateway:
                     self.metrics.used(model, replica, prompt, completion)
                     choice = ask.choice
                     if choice is not None and choice.backend.replica == replica:
-                        self.metrics.cached(model, replica, cached, self.router.answered(choice, prompt, cached))
+                        hit = self.router.answered(choice, prompt, cached)
+                        self.metrics.cached(model, replica, cached, hit)
                     meter.tokens_in += prompt
                     meter.tokens_out += completion
                     if keyed:
                         lim = self.limits.get(req.auth.decode())
                         if lim is not None:
                             lim.used(prompt + completion, time.monotonic())
+            if replica and ask.choice is not None:
+                reason = ask.choice.reason
+                self.metrics.routed(model, replica, reason)
+                meter.routed(replica, reason.value, prompt, cached, hit)
             if span is not None:
                 span.set_attribute("llmgw.replica", replica)
                 span.set_attribute("http.status_code", status)
@@ -613,6 +617,7 @@ class Gateway:
         event = ev.ModelLoad(
             at=time.time(), gateway=self.name, model=r.model, in_flight=r.in_flight, queued=r.queued,
             last_used=r.last_used, tokens_in=r.tokens_in, tokens_out=r.tokens_out,
+            routes=[ev.RouteCount(rep, why, n, p, c, h) for rep, why, n, p, c, h in r.routes],
         )  # fmt: skip
         self._published += 1
         try:
