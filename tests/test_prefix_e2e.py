@@ -101,6 +101,10 @@ def test_a_prefix_goes_where_it_is_warm_through_either_gateway_and_a_restarted_r
     assert sample(metrics, "llmgw_gateway_prefix_hits_total", model="smol", replica=home) == 1
     assert sample(metrics, "llmgw_gateway_cached_token_ratio", model="smol", replica=home) > 0.4
 
+    # The gateways report it in the log (what `ctl describe model` shows): both gateways' counts, summed.
+    routed = wait_for(url, lambda s: sum(s.models["smol"].routed.get(home, {}).get(k, 0) for k in ("warm", "hashed")) == 3)
+    assert routed.models["smol"].routed[home]["cached_tokens"] > 0.6 * routed.models["smol"].routed[home]["prompt_tokens"]
+
     # The warm replica's engine is killed and restarted: what it held is gone, and forgotten.
     rec = state.replicas[home]
     os.kill(engine_pid(agent_dir, rec.shards[0].port), signal.SIGKILL)
