@@ -17,6 +17,7 @@ control plane's are (llmgw/control/metrics.py): one way of doing metrics.
     llmgw_gateway_in_flight{model}, llmgw_gateway_queued{model}
     llmgw_gateway_replica_outstanding{model,replica}, llmgw_gateway_breaker_open{model,replica}
     llmgw_gateway_connections                              open client connections
+    llmgw_gateway_prefix_index_blocks                      blocks the prefix index holds (prefix.py)
     llmgw_gateway_edge_refused_total{why}                  connections cut, or requests refused, by a limit of
                                                            the HTTP edge (why: its name in config.py, or
                                                            malformed, or internal_error: a bug answered 500)
@@ -106,13 +107,14 @@ class Metrics:
         backends: list[tuple[str, str, int, bool]] | None = None,
         models: set[str] | None = None,
         connections: int | None = None,
+        index_blocks: int | None = None,
     ) -> bytes:
         """The text format, written by prometheus_client; `loads` is model ->
         (in flight, queued), `backends` (model, replica, outstanding, breaker
         open) for each routable replica; only the rows of `models` when given."""
-        return generate_latest(_Scrape(self, loads, backends, models, connections))
+        return generate_latest(_Scrape(self, loads, backends, models, connections, index_blocks))
 
-    def families(self, loads, backends, models, connections):
+    def families(self, loads, backends, models, connections, index_blocks=None):
         keep = (lambda m: True) if models is None else models.__contains__
         p = "llmgw_gateway_"
         requests = CounterMetricFamily(f"{p}requests", "Requests answered, by model, replica and HTTP status.", labels=["model", "replica", "code"])
@@ -170,6 +172,8 @@ class Metrics:
             yield breaker
         if connections is not None:
             yield GaugeMetricFamily(f"{p}connections", "Open client connections.", value=connections)
+            if index_blocks is not None:
+                yield GaugeMetricFamily(f"{p}prefix_index_blocks", "Blocks the prefix index holds (an LRU, bounded).", value=index_blocks)
             refused = CounterMetricFamily(f"{p}edge_refused", "Connections cut by a limit of the HTTP edge, by the limit.", labels=["why"])
             for why, n in sorted(self.refused.items()):
                 refused.add_metric([why], n)

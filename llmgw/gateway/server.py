@@ -634,7 +634,11 @@ class Gateway:
         for model in self.table.routes:
             loads.setdefault(model, (0, 0))
         backends = [(b.model, b.replica, b.outstanding, b.breaker.state != "closed") for b in self.backends.values()]
-        return self.metrics.render(loads, backends, models=models, connections=len(self.clients) if models is None else None)
+        whole = models is None  # the edge's figures and the index's size: not a key's view
+        return self.metrics.render(
+            loads, backends, models=models, connections=len(self.clients) if whole else None,
+            index_blocks=len(self.router.index) if whole else None,
+        )
 
     # ----------------------------------------------------------------- the whole
 
