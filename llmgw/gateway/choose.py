@@ -12,9 +12,13 @@ costs a fraction of one that is new to it (SmolLM2 on one CPU thread, a
   index, prefix.py) takes it, unless saturated (WARM); a less warm one next,
   then the one it hashes to, then the least loaded (OVERFLOW);
 - a prompt warm nowhere goes where it hashes (rendezvous over the replicas
-  that can take it, by weight: prefix.py), unless saturated (HASHED; else
-  OVERFLOW to the least loaded), so the next request with that prefix, at
-  this gateway or any other folding the same log, looks where it went;
+  that can take it, by weight: prefix.py), so the next request with that
+  prefix, at this gateway or any other folding the same log, looks where it
+  went (HASHED), unless that replica has more than one request more
+  outstanding (per unit of weight) than the least loaded: then the least
+  loaded (OVERFLOW). A cold prompt costs its prefill wherever it goes, so
+  it need not queue behind more than one request for it; without this,
+  unique prompts were placed at random, and queued as at random;
 - a request with no prompt (embeddings) goes to the least loaded (LEAST_LOAD).
 
 Saturated (bounded load, as consistent hashing with bounded loads): a
@@ -155,8 +159,11 @@ class Router:
                     return Choice(b, Reason.WARM if i == 0 else Reason.OVERFLOW, warm=d)
             if home.token not in depth and fits(home):
                 return Choice(home, Reason.OVERFLOW)
-        elif fits(home):
-            return Choice(home, Reason.HASHED)
+        else:
+            least = choose(allowed, 0.0, turn)
+            if (home.outstanding + 1) / home.weight <= (least.outstanding + 1) / least.weight + 1.0:
+                return Choice(home, Reason.HASHED)
+            return Choice(least, Reason.OVERFLOW)
         b = choose(allowed, 0.0, turn)
         return Choice(b, Reason.OVERFLOW, warm=depth.get(b.token, 0))
 
