@@ -25,7 +25,8 @@ groups, each with its own system prompt of ~`--system-tokens` tokens, each
 with `--users` users holding multi-turn conversations (questions of
 ~`--question-tokens` tokens, each turn carrying the earlier ones and their
 answers; a conversation starts again after 4 turns). The no-prefix
-workload: single questions with nothing in common, of about the same length.
+workload: single questions with nothing in common, of about twice a
+question's length.
 
 Five ways to route the shared-prefix workload, one after the other, the same
 arrivals for each (the same seed), each with prompts new to every engine
@@ -100,7 +101,7 @@ class Workload:
     def messages(self, i: int) -> tuple[tuple[int, int] | None, list[dict]]:
         q = f"Question {i}: " + words(self.rng, self.args.question_tokens) + "?"
         if not self.shared:
-            return None, [{"role": "user", "content": f"[{self.salt}/{i}] " + words(self.rng, self.args.system_tokens // 2) + " " + q}]
+            return None, [{"role": "user", "content": f"[{self.salt}/{i}] " + words(self.rng, self.args.question_tokens) + " " + q}]
         who = (self.rng.randrange(self.args.groups), self.rng.randrange(self.args.users))
         turns = self.history.get(who, [])
         if len(turns) >= 2 * TURNS:
