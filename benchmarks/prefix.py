@@ -53,7 +53,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+
+from gateway import wait_port  # noqa: E402  (benchmarks/gateway.py)
+from llmgw.bus.server import free_port  # noqa: E402
 
 MODEL = "smol"
 TURNS = 4  # a conversation starts again after this many
@@ -260,23 +262,6 @@ def summary(name: str, rs: list[dict]) -> dict:
 
 
 # --------------------------------------------------------------------------- the fleet
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), 1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"nothing listens on port {port} after {timeout:g}s")
 
 
 def llmgw(work: Path, *args: str, timeout: float = 600) -> str:
