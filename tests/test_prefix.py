@@ -301,6 +301,9 @@ def test_the_gateways_reports_of_where_requests_went_are_summed_per_replica_and_
         load = ev.ModelLoad(at=2.0, gateway=gw, model="m", in_flight=0, routes=routes)
         apply(state, seq, ev.subject_for(load), ev.encode(load))
     assert state.models["m"].routed == {"m-1": {"hashed": 2, "warm": 6, "prompt_tokens": 4800, "cached_tokens": 3580, "hits": 6}}
+    from llmgw.console.views import models_view
+
+    assert models_view(state)[0]["routing"] == {"policy": "prefix", "replicas": state.models["m"].routed}  # the console's
     page = {"routing": {"policy": "prefix", "replicas": state.models["m"].routed}}
     text = "\n".join(views._routing(page["routing"]))
     assert "Routing: prefix" in text and "m-1" in text and "75%" in text
