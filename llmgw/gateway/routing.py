@@ -7,9 +7,11 @@ change it (a replica ready, draining, gone; the catalog; the keys). A replica
 is routable while it is ready with an endpoint; one being stopped (draining)
 gets no new request. Its weight is its profile's.
 
-The choice is least outstanding requests per unit of weight: the replica with
-the fewest requests in flight from this gateway, relative to its weight, among
-those whose breaker lets a request through; ties go round in turn.
+The least-load choice (`choose` here; the catalog's `routing: least-load`,
+and what the others fall back on: choose.py) is least outstanding requests
+per unit of weight: the replica with the fewest requests in flight from this
+gateway, relative to its weight, among those whose breaker lets a request
+through; ties go round in turn.
 
 A replica's engine must be the one its agent started: an engine given an
 identity at start (ShardStatus.identity) is sent requests only on a

@@ -4,7 +4,8 @@ table, load and usage published, metrics and spans.
 
 A request goes: parse, authenticate (when the catalog has keys), resolve the
 model or alias, check the key may use it and is within its limits, choose a
-replica (routing.choose), send, and pass the answer back as it comes. A
+replica (choose.py, by the model's routing policy: where its prompt's prefix
+is warm, by default), send, and pass the answer back as it comes. A
 failure before the first byte reaches the client (no connection, connection
 lost, a 502/503/504) counts against the replica's breaker and is tried on
 another replica; after it, a streamed answer ends with an error event (what
