@@ -276,7 +276,7 @@ def catalog(args, routing: str) -> str:
     return (
         f"models:\n  - name: {MODEL}\n    min_replicas: {args.replicas}\n    routing: {routing}\n    profiles:\n"
         f"      - {{name: cpu, engine: llama.cpp, gpus: 0, cpu_cores: 1, model: smollm2, "
-        f'args: ["--ctx-size", "{args.ctx_size}", "--parallel", "2"]}}\n'
+        f'args: ["--ctx-size", "{args.ctx_size}", "--parallel", "{args.slots}"]}}\n'
     )
 
 
@@ -364,7 +364,11 @@ def main() -> int:
     p.add_argument("--rate", type=float, default=0.25, help="requests/s offered (Poisson)")
     p.add_argument("--requests", type=int, default=80, help="requests per phase")
     p.add_argument("--drain-s", type=float, default=600.0, help="after the last arrival, how long answers are waited for")
-    p.add_argument("--ctx-size", type=int, default=8192, help="each engine's context, shared by its 2 slots")
+    p.add_argument("--ctx-size", type=int, default=8192, help="each engine's context, shared by its slots")
+    p.add_argument(
+        "--slots", type=int, default=2,
+        help="each engine's slots (llama.cpp --parallel): a request that finds its prefix's slot busy takes another, cold",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=30)
     p.add_argument("--phases", default="a,b,c,d,e,a0,c0", help="which to run, in order (a0, c0: the no-prefix workload)")
     p.add_argument("--litellm", default=shutil.which("litellm") or "", help="LiteLLM's proxy program (litellm[proxy])")
