@@ -450,7 +450,7 @@ def ratio(a, b) -> str:
 def report(out: dict, args) -> None:
     ph = out["phases"]
     load = os.getloadavg()[0]
-    print(f"{args.replicas} llama.cpp replicas of SmolLM2-135M (one thread each) on {os.cpu_count()} cores shared with others "
+    print(f"{args.replicas} llama.cpp replicas of SmolLM2-135M (one thread, {args.slots} slots each) on {os.cpu_count()} cores shared with others "
           f"(load average {load:.1f} at the end); {args.requests} requests a phase at {args.rate:g}/s (Poisson, open loop); "
           f"{args.groups} groups x {args.users} users, system prompts ~{args.system_tokens} tokens, questions ~{args.question_tokens}, "
           f"answers {args.max_tokens} tokens")  # fmt: skip
