@@ -165,14 +165,14 @@ def test_bounded_load_overflows_a_saturated_warm_replica_to_the_next_best():
     # Now warm in two places: the less loaded of them takes the next, as warm.
     nxt = router.pick("prefix", "m", [a, b, c], 0.0, 0, prefix=p)
     assert nxt.backend is over.backend and nxt.reason is Reason.WARM
-    # A prompt warm nowhere goes where it hashes unless that one has more than one request more than the least loaded.
+    # A prompt warm nowhere goes where it hashes unless that one has more outstanding than the least loaded.
     cold = prefix_of(chat("a new prompt " * 300, "q"), 64 * KIB)
     hashed = router.pick("prefix", "m", [a, b, c], 0.0, 0, prefix=cold)
     assert hashed.reason is Reason.HASHED
     others = [x for x in (a, b, c) if x is not hashed.backend]
     for x in (a, b, c):
         x.outstanding = 0
-    hashed.backend.outstanding = 2
+    hashed.backend.outstanding = 1
     fresh = prefix_of(chat("a new prompt " * 300, "another q"), 64 * KIB)
     router.index.drop(hashed.backend.token, router.index.seq)  # as if it never had it: cold everywhere
     moved = router.pick("prefix", "m", [a, b, c], 0.0, 0, prefix=fresh)
