@@ -11,18 +11,9 @@ import pytest
 
 from .conftest import sample
 from .gateway_harness import spec
-from .test_gateway_server import Setup
+from .test_gateway_server import Setup, setup  # noqa: F401  (the fixture: a gateway on a memory bus, fake engines)
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-async def setup():
-    s = Setup()
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 def chat(system: str, question: str, **extra) -> dict:
