@@ -1,7 +1,7 @@
 """What the gateway adds: latency and throughput through `llmgw gateway`
 against straight to the same upstream, side by side in one run.
 
-    python benchmarks/gateway.py [--seconds S] [--rate R] [--connections C] [--json FILE] [--auth]
+    python benchmarks/gateway.py [--seconds S] [--rate R] [--connections C] [--json FILE] [--auth] [--prefixes N]
 
 With --auth the nats-server runs as `llmgw up` runs it (bus/auth.py) and the
 gateway connects with a gateway's credential.
@@ -39,6 +39,11 @@ added latency over the engine's chat API (direct) and over the gateway's chat
 path; a stored response (`store`: a put into NATS KV, under way as the
 answer's last byte leaves: its cost is the gateway's and the server's CPU,
 not a wait) on its own row; each translated stream's events/s.
+Before anything is measured, --prefixes unique prompts (100,000 by default)
+go through the gateway, so that its prefix index (gateway/prefix.py) holds
+that many when the figures are taken (its size is read from /metrics,
+llmgw_gateway_prefix_index_blocks): the routing of a model's `routing:
+prefix` (the default) costs what it costs with a full index.
 
 Everything shares this machine's cores: the client, the upstream and the
 gateway. The gateway is one process (one core at most).
@@ -352,6 +357,42 @@ def median_round(rounds: list[dict]) -> dict:
     return out
 
 
+async def fill(port: int, prefixes: int, connections: int = 32) -> None:
+    """`prefixes` requests, each with a prompt of its own, as fast as they go."""
+    loop = asyncio.get_running_loop()
+    sent = 0
+    finished = asyncio.Event()
+    answered = 0
+
+    def body(i: int) -> bytes:
+        return request_bytes(port, json.dumps({"model": MODEL, "messages": [{"role": "user", "content": f"prompt number {i}"}]}).encode())
+
+    def done(conn: ClientConn) -> None:
+        nonlocal sent, answered
+        answered += 1
+        if sent < prefixes:
+            conn.transport.write(body(sent))
+            sent += 1
+        elif answered >= prefixes:
+            finished.set()
+
+    conns = [(await loop.create_connection(lambda: ClientConn(done), "127.0.0.1", port))[1] for _ in range(min(connections, prefixes))]
+    for c in conns:
+        c.transport.write(body(sent))
+        sent += 1
+    await asyncio.wait_for(finished.wait(), 600)
+    for c in conns:
+        c.transport.close()
+
+
+def index_blocks(port: int) -> int:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    found = re.search(r"^llmgw_gateway_prefix_index_blocks (\S+)$", text, re.M)
+    return int(float(found.group(1))) if found else -1
+
+
 async def closed_loop(port: int, connections: int, seconds: float) -> dict:
     """As fast as it goes: each connection sends its next request on the answer."""
     loop = asyncio.get_running_loop()
@@ -460,6 +501,7 @@ def main() -> int:
     p.add_argument("--json", help="also write the figures here")
     p.add_argument("--auth", action="store_true", help="the server with auth on, the gateway with its credential (as llmgw up)")
     p.add_argument("--no-translated", dest="translated", action="store_false", help="skip /v1/responses and /v1/messages")
+    p.add_argument("--prefixes", type=int, default=100_000, help="unique prompts sent through the gateway first: its prefix index holds them")
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
@@ -503,6 +545,9 @@ def main() -> int:
         results: dict = {"upstream": "nginx " + subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip().split("/")[-1] if use_nginx else "python (uvloop)"}
 
         async def measure() -> None:
+            if args.prefixes:
+                await fill(gw_port, args.prefixes)
+            results["index_blocks"] = index_blocks(gw_port)
             # Warm both paths (connections, caches) before anything counts.
             for port in (up_port, gw_port):
                 await open_loop(port, args.rate, 1.0)
@@ -584,7 +629,8 @@ def report(r: dict, args) -> None:
     rows.append(("streaming events/s (8 at once)", d["streaming"]["events_per_s"], g["streaming"]["events_per_s"], None))
     print(f"upstream: {r['upstream']}; {os.cpu_count()} cores shared by the client, the upstream and the gateway "
           f"(load average {r['load_average_before']:.2f} before the run); {args.seconds:g}s a measurement; "
-          f"at {args.rate:g} req/s: the median of {args.rounds} rounds; {sat_d['connections']} connections at saturation")
+          f"at {args.rate:g} req/s: the median of {args.rounds} rounds; {sat_d['connections']} connections at saturation; "
+          f"the gateway's prefix index held {r['index_blocks']} blocks ({args.prefixes} unique prompts sent first)")
     print("added latency by round (p50, p99 ms): " + ", ".join(f"({a['p50_ms']}, {a['p99_ms']})" for a in r["added_rounds"]))
     print(f"{'':34}{'direct':>12}{'gateway':>12}{'added':>10}")
     for name, a, b, added in rows:

@@ -69,7 +69,9 @@ def test_llama_cpp_runs_the_xllamacpp_server_on_the_cpu_with_its_alias(tmp_path)
     launch = engines.build(cmd, host="127.0.0.1", model=str(gguf), python="/py")
     assert launch.argv == [
         "/py", "-m", "llmgw.agent.llamacpp_server", "--model", str(gguf), "--host", "127.0.0.1", "--port", "20001",
-        "--alias", "smol", "--alias", "smol@m-1.0/1", "--threads", "2", "--ctx-size", "1024",
+        "--alias", "smol", "--alias", "smol@m-1.0/1", "--threads", "2",
+        "--parallel", "2", "--cache-ram-mib", "1024", "--slot-prompt-similarity", "0.1",  # its prompt cache (issue 30)
+        "--ctx-size", "1024",
     ]  # fmt: skip
     assert launch.identity == "smol@m-1.0/1" == engines.identity("smol", "m-1.0", 1)
     assert launch.env == {"CUDA_VISIBLE_DEVICES": ""}  # a CPU shard sees no GPU
@@ -91,6 +93,9 @@ def test_vllm_gets_its_gpus_tensor_parallel_and_for_a_multi_node_replica_rank_an
     words = " ".join(one.argv)
     assert "--tensor-parallel-size 2" in words and "--served-model-name org/m org/m@m-1.0/1" in words and "--port 20000" in words
     assert one.identity == "org/m@m-1.0/1" and "--nnodes" not in words
+    assert "--enable-prefix-caching" in one.argv  # issue 30: prefixes stay warm for the gateway's routing
+    off = build(start_cmd(1, engine="vllm", args=["--no-enable-prefix-caching"]), host="h", model="", which=which)
+    assert "--enable-prefix-caching" not in off.argv
     # Names of the profile's own replace ours: it carries no identity, and is taken on its endpoint.
     named = build(start_cmd(1, engine="vllm", args=["--served-model-name", "x"]), host="h", model="", which=which)
     assert named.identity == ""

@@ -177,7 +177,9 @@ async def test_keep_alive_pipelining_and_expect_continue(setup):
 async def test_least_outstanding_spreads_the_load_by_weight(setup):
     heavy = await setup.engine("heavy", delay=0.3)
     light = await setup.engine("light", delay=0.3)
-    s = ev.ModelSpec(name="m", profiles=[ev.ProfileSpec(name="big", gpus=0, weight=3.0), ev.ProfileSpec(name="small", gpus=0)])
+    s = ev.ModelSpec(
+        name="m", profiles=[ev.ProfileSpec(name="big", gpus=0, weight=3.0), ev.ProfileSpec(name="small", gpus=0)], routing="least-load"
+    )  # the same prompt each time: `prefix` would keep it where it is warm
     await setup.log.model(s)
     await setup.log.replica(s, heavy.endpoint)
     small = msgspec.structs.replace(s, profiles=[s.profiles[1]])
@@ -192,7 +194,7 @@ async def test_a_failure_before_the_first_byte_goes_to_another_replica_and_opens
     dead = await setup.engine("dead")
     busy = await setup.engine("busy")
     good = await setup.engine("good")
-    m = spec("m")
+    m = spec("m", routing="least-load")  # each replica in turn: `prefix` would keep "x" where it hashes
     await setup.log.model(m)
     r_dead = await setup.log.replica(m, dead.endpoint)
     r_busy = await setup.log.replica(m, busy.endpoint)

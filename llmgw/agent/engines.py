@@ -29,6 +29,13 @@ Template placeholders: {port} {host} {model} (the weights, resolved) {name}
 {key} (see below) {python} (the agent's interpreter); `{{` and `}}` for
 braces. An unknown placeholder is an error that names it. Args of the known kinds are passed as written.
 
+Engines keep prompts (issue 30: the gateway sends a prompt where its prefix
+is warm): llama.cpp is given its prompt cache, `--parallel` slots
+(llamacpp_server.SLOTS), `--cache-ram-mib` (CACHE_RAM_MIB) and
+`--slot-prompt-similarity` (SLOT_PROMPT_SIMILARITY), and vLLM
+`--enable-prefix-caching` (unless the profile says
+`--no-enable-prefix-caching`); the profile's args override any of them.
+
 Each kind says how to tell it is healthy (`health`, a path that answers 200
 once the model is loaded; the OpenAI `/v1/models` for templates) and where its
 requests in flight show (`metrics` and `inflight`, Prometheus gauges summed),
@@ -67,6 +74,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..core.commands import StartShard
+from .llamacpp_server import CACHE_RAM_MIB, SLOT_PROMPT_SIMILARITY, SLOTS
 
 LLAMA_CPP = "llama.cpp"
 VLLM = "vllm"
@@ -178,6 +186,8 @@ def build(
         if (p.model or cmd.model) == DEMO_MODEL and not any(a.startswith("--chat-template") for a in p.args):
             # SmolLM2's own template has no tools: llama.cpp dropped them (chat_templates.py).
             argv += ["--chat-template", "llmgw-chatml-tools"]
+        argv += ["--parallel", str(SLOTS), "--cache-ram-mib", str(CACHE_RAM_MIB)]
+        argv += ["--slot-prompt-similarity", str(SLOT_PROMPT_SIMILARITY)]
         return Launch(
             argv + list(p.args), env, "/health", "/metrics", ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
             kind, model, me, key,
@@ -186,6 +196,8 @@ def build(
         program = _check_program(engines.get(VLLM) or "vllm", which, "agent file engines.vllm, else PATH")
         argv = [program, "serve", model or cmd.model, "--host", host, "--port", str(cmd.port)]
         argv += ["--served-model-name", cmd.model, me, "--tensor-parallel-size", str(tp)]
+        if "--no-enable-prefix-caching" not in p.args:
+            argv.append("--enable-prefix-caching")
         if nodes > 1:
             argv += ["--pipeline-parallel-size", str(nodes), "--nnodes", str(nodes), "--node-rank", str(cmd.rank)]
             argv += ["--master-addr", _leader(cmd, host), "--master-port", str(DIST_PORT)]

@@ -3,6 +3,7 @@
     python -m llmgw.agent.llamacpp_server --model FILE.gguf --port 20000 [--host H]
         [--alias NAME]... [--threads N] [--ctx-size N] [--parallel N] [--n-gpu-layers N] [--embeddings]
         [any llama-server option: --pooling mean, --reranking, --chat-template-file F, --flash-attn on, ...]
+        [--cache-ram-mib N] [--slot-prompt-similarity F]
 
 `xllamacpp.Server` serves until the object is dropped, so it gets a process
 (the agent's engine) and lives until SIGTERM or SIGINT. llama.cpp says only
@@ -15,6 +16,13 @@ Options past its own are llama.cpp's, set on xllamacpp's CommonParams by name
 it cannot set is said, naming it, before anything starts. Once serving, it
 says whether the chat template takes tools (llama.cpp ignores a request's
 tools when it does not: the profile should say `tools: false`).
+The prompt cache (issue 30: the gateway sends a prompt where its prefix is
+warm, so the engine must keep it): `--cache-ram-mib` is the host memory
+llama.cpp keeps prompts in beyond its slots (CACHE_RAM_MIB; llama.cpp's own
+default, 8 GiB, is more than a small CPU node has to spare), and
+`--slot-prompt-similarity` how much of a new prompt must match a slot's for
+the slot to be reused (SLOT_PROMPT_SIMILARITY, llama.cpp's default). The
+agent passes these from named defaults; a profile's args override them.
 Metrics (`/metrics`, with `llamacpp:requests_processing`) are on: a drain
 reads them.
 
@@ -35,6 +43,10 @@ import threading
 import time
 
 from . import llamacpp_options
+SLOTS = 2  # requests served at once, each slot keeping its last prompt
+CACHE_RAM_MIB = 1024  # host memory for prompts kept beyond the slots (-1: no limit, 0: none)
+SLOT_PROMPT_SIMILARITY = 0.1  # the share of a prompt a slot must match to be reused for it
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -46,9 +58,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--alias", action="append", default=[], help="a name the OpenAI API answers to (repeatable)")
     p.add_argument("--threads", type=int, default=0, help="0: the cores this process may use")
     p.add_argument("--ctx-size", type=int, default=4096, help="the context shared by the parallel slots")
-    p.add_argument("--parallel", type=int, default=2, help="requests served at once")
+    p.add_argument("--parallel", type=int, default=SLOTS, help="requests served at once (slots)")
     p.add_argument("--n-gpu-layers", type=int, default=0)
     p.add_argument("--embeddings", action="store_true")
+    p.add_argument("--cache-ram-mib", type=int, default=CACHE_RAM_MIB, help="MiB of host memory for cached prompts (-1: no limit, 0: off)")
+    p.add_argument(
+        "--slot-prompt-similarity", type=float, default=SLOT_PROMPT_SIMILARITY,
+        help="how much of a prompt must match a slot's for that slot to take it (0: any slot)",
+    )  # fmt: skip
     return p
 
 
@@ -116,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     p.cpuparams_batch.n_threads = threads
     p.endpoint_metrics = True
     p.embedding = args.embeddings
+    p.cache_prompt = True
+    p.cache_ram_mib = args.cache_ram_mib
+    p.slot_prompt_similarity = args.slot_prompt_similarity
     if args.alias:
         p.model_alias = set(args.alias)
     try:

@@ -30,7 +30,7 @@ def _as_dict(table: str, row: tuple) -> dict:
     d = dict(zip(COLUMNS[table], row))
     for k, v in d.items():
         if isinstance(v, str) and v[:1] in "[{" and k in ("aliases", "profiles", "gpus", "labels", "strays",
-                                                          "guarantee", "limits", "usage", "borrowed"):
+                                                          "guarantee", "limits", "usage", "borrowed", "routing"):
             d[k] = json.loads(v)
     return d
 

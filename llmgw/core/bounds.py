@@ -82,6 +82,7 @@ MAX_PORT = 65_535
 MAX_LABELS = 256  # labels of one node (Kubernetes nodes carry a few dozen)
 MAX_DOMAINS = 65_536  # facility domains with a power cap (racks, PDUs of 16,000 nodes)
 MAX_PROFILES = 64
+MAX_ROUTE_ROWS = 256  # (replica, reason) rows of one gateway's load report: the rest wait for the next
 MAX_ALIASES = 64
 MAX_ARGS = 256
 MAX_VICTIMS = 4096
@@ -204,6 +205,8 @@ Leader = _str(MODEL_NAME_LEN, None, "a control plane's id")
 Role = _str(32, WORD_PATTERN, "a credential's role")
 PublicKey = _str(128, NKEY_PATTERN, "an NKey")
 Priority = _str(32, NO_CONTROL_PATTERN, "a model's priority class")
+# How a gateway picks a model's replica (gateway/choose.py): prefix, least-load, round-robin.
+Routing = _str(32, WORD_PATTERN, "a model's routing policy")
 Word = _str(64, ID_PATTERN, "a short word")
 WaitKind = _str(32, WORD_PATTERN, "why a model waits (core/waits.py): no_room, over_limit, parked, ...")
 # A name said again, in the events most of a log is (a shard's status, a

@@ -114,6 +114,11 @@ class ModelSpec(Struct):
     # Who gives way to whom when the fleet is full: critical > standard >
     # opportunistic (see preempt.py).
     priority: b.Priority = "standard"
+    # How a gateway picks among its ready replicas (gateway/choose.py):
+    # "prefix" (where the prompt's prefix is warm, bounded by load; else where
+    # it hashes), "least-load" (fewest outstanding per unit of weight) or
+    # "round-robin". Routing only: no replica is restarted for it.
+    routing: b.Routing = "prefix"
 
 
 class Resources(Struct):
@@ -383,6 +388,24 @@ class NodePower(Event, tag="node.power"):
 # --------------------------------------------------------------------------- gateways (llmgw.gw.<gateway>.>)
 
 
+# Why a gateway sent a request where it did (gateway/choose.Reason's values).
+ROUTE_REASONS = ("warm", "hashed", "overflow", "session", "least_load", "round_robin")
+
+
+class RouteCount(Struct):
+    """Requests one gateway sent one replica for one reason (gateway/choose.py:
+    warm, hashed, overflow, session, least_load, round_robin) since its
+    previous report, with their prompt tokens, the part of them the engine
+    had in its cache, and the answers that were prefix hits."""
+
+    replica: b.ReplicaRef
+    reason: b.Word
+    requests: b.Counter = 0
+    prompt_tokens: b.Counter = 0
+    cached_tokens: b.Counter = 0
+    hits: b.Counter = 0
+
+
 class ModelLoad(Event, tag="model.load"):
     """One gateway's load on one model, coalesced: published when it changes,
     at most every second or so, and once more when it falls to nothing.
@@ -410,6 +433,8 @@ class ModelLoad(Event, tag="model.load"):
     tokens_cached: b.Counter = 0
     ttft_p50: b.Duration = 0.0
     ttft_p90: b.Duration = 0.0
+    # Where its requests went and why, since its previous report (issue 30).
+    routes: b.many(RouteCount, b.MAX_ROUTE_ROWS) = []
 
 
 # --------------------------------------------------------------------------- control plane (llmgw.control.>)

@@ -60,7 +60,9 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 17: a model's waiting kind (Model.waiting_kind, waits.py) from ModelWaiting.kind
 #     (or, recorded before it, its words); a node's `simulated` (NodeRegistered),
 #     on which a real engine's profile is not placed (fit.SIMULATED).
-FOLD_VERSION = 17
+# 18: ModelLoad.routes summed into Model.routed (issue 30: where the
+#     gateways sent a model's requests, and why).
+FOLD_VERSION = 18
 
 
 class Refused(ValueError):
@@ -326,9 +328,28 @@ def _model_load(state: State, e: ev.ModelLoad, seq: int) -> None:
         last = at
     if last > model.last_used:
         model.last_used = last
+    if e.routes:
+        _routed(state, model, e.routes)
     spec = model.spec
     if spec.target_load > 0:
         note_peak(model, at, wants(spec, current_load(model, at)))
+
+
+def _routed(state: State, model, routes) -> None:
+    """ModelLoad.routes summed per replica of the state (a replica unknown
+    or gone is not counted, and its figures are dropped)."""
+    routed = model.routed
+    for rc in routes:
+        if rc.replica not in state.replicas or rc.reason not in ev.ROUTE_REASONS:
+            continue
+        row = routed.get(rc.replica)
+        if row is None:
+            for gone in [r for r in routed if r not in state.replicas]:
+                del routed[gone]
+            row = routed[rc.replica] = {}
+        for key, n in ((rc.reason, rc.requests), ("prompt_tokens", rc.prompt_tokens), ("cached_tokens", rc.cached_tokens), ("hits", rc.hits)):
+            if n:
+                row[key] = row.get(key, 0) + n
 
 
 # --------------------------------------------------------------------------- agent events

@@ -227,12 +227,17 @@ class Model(msgspec.Struct, kw_only=True, gc=False):
     # elsewhere where it can. Without it, best fit (fewest GPUs free) gave
     # every retry to the node that never started the first.
     late_nodes: list[str] = []
+    # Where the gateways sent its requests, and why (ModelLoad.routes, summed):
+    # replica -> {reason: requests, "prompt_tokens", "cached_tokens", "hits"}.
+    # Only replicas the state has are counted; one that left is dropped.
+    routed: dict[str, dict[str, int]] = {}
 
 
 # The fields of a Model that a new definition of it does not reset.
 RUNTIME = (
     "desired", "load", "last_used", "peaks", "start_failures", "last_failure", "failed_at", "parked",
     "restart_queue", "restart_surge", "restart_unavailable", "held_until", "held_for", "preempting", "late_nodes",
+    "routed",
 )
 
 

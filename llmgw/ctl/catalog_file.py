@@ -70,6 +70,7 @@ class _Model(BaseModel):
     idle_s: float = Field(600.0, gt=0)
     drain_grace_s: float = Field(30.0, ge=0)
     priority: Literal["critical", "standard", "opportunistic"] = "standard"
+    routing: Literal["prefix", "least-load", "round-robin"] = "prefix"  # gateway/choose.py
     profiles: list[_Profile] = Field(min_length=1)
 
     @field_validator("name")

@@ -19,7 +19,7 @@ from ..projections.db import POSITION_NAME
 
 # The JSON columns of each table (projections/0001_initial.sql).
 _JSON = {
-    "models": ("aliases", "profiles"),
+    "models": ("aliases", "profiles", "routing"),
     "nodes": ("gpus", "labels", "strays", "location", "unadmitted"),
     "replicas": ("rejections",),
     "shards": ("gpus",),

@@ -404,6 +404,26 @@ def _fields(pairs: list[tuple[str, object]]) -> list[str]:
     return [f"{(k + ':').ljust(width)} {v}" for k, v in pairs]
 
 
+ROUTE_COLUMNS = ("warm", "hashed", "overflow", "session", "least_load", "round_robin")
+
+
+def _routing(routing: dict) -> list[str]:
+    """A model's routing policy, and where the gateways sent its requests and
+    why, per replica (issue 30; gateway/choose.py), with the share of their
+    prompts the engines had cached."""
+    out = _fields([("Routing", routing.get("policy", "prefix"))])
+    rows = []
+    for replica, f in sorted((routing.get("replicas") or {}).items()):
+        prompt = f.get("prompt_tokens", 0)
+        cached = f"{100 * f.get('cached_tokens', 0) / prompt:.0f}%" if prompt else "-"
+        rows.append([replica, *(str(f.get(k, 0)) for k in ROUTE_COLUMNS), str(f.get("hits", 0)), cached])
+    if rows:
+        out.append("Routed (requests by why they went there; prefix hits; prompt tokens cached):")
+        header = ["REPLICA", "WARM", "HASHED", "OVERFLOW", "SESSION", "LEAST-LOAD", "ROUND-ROBIN", "HITS", "CACHED"]
+        out += ["  " + line for line in table(rows, header).splitlines()]
+    return out
+
+
 def describe_text(kind: str, page: dict) -> str:
     """A page about one model, replica or node: what it is now, then its history."""
     out: list[str] = []
@@ -419,6 +439,7 @@ def describe_text(kind: str, page: dict) -> str:
                 ("Desired", now["desired"]), ("Waiting", now["waiting"] or "(no)"),
                 ("Parked", now["parked"] or "(no)"), ("Applied", _age(now["applied_at"])),
             ])
+            out += _routing(now.get("routing") or {})
             out.append("Profiles (in order of preference):")
             for p in now["profiles"]:
                 extra = ", ".join(f"{k} {v}" for k, v in p.items() if k not in ("name", "fingerprint") and v not in ("", [], {}, 0, 0.0))

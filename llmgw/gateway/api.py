@@ -36,6 +36,7 @@ class RequestHead(msgspec.Struct):
 
     model: str = ""
     stream: bool = False
+    user: str = ""  # a session: the replica it stays on (choose.py)
 
 
 _head = msgspec.json.Decoder(RequestHead)
@@ -125,9 +126,9 @@ class Usage(msgspec.Struct):
 
 
 class Timings(msgspec.Struct):  # llama.cpp's, on the last chunk of a stream
-    prompt_n: int = 0
+    prompt_n: int = 0  # the prompt's tokens it had to compute (past its cache)
     predicted_n: int = 0
-    cache_n: int = 0  # prompt tokens taken from its cache
+    cache_n: int = 0  # the prompt's tokens it had in its cache
 
 
 class _Answer(msgspec.Struct):

@@ -69,8 +69,8 @@ KIB = 1024
 MIB = 1024 * KIB
 
 
-def _f(default, help: str, flag: str = "", type=None):
-    return field(default=default, metadata={"help": help, "flag": flag, "type": type})
+def _f(default, help: str, flag: str = "", type=None, metavar: str = ""):
+    return field(default=default, metadata={"help": help, "flag": flag, "type": type, "metavar": metavar})
 
 
 def address(text: str) -> tuple[str, int]:
@@ -138,6 +138,18 @@ class GatewayConfig:
         0.5, "seconds a gateway looks again for a stored response it does not find (another gateway's put may be "
         "landing: puts are not awaited by the answers they store) before its 404",
     )  # fmt: skip
+    # Cache-aware routing (choose.py, prefix.py): a model's `routing: prefix`.
+    prefix_hash_kib: int = _f(64, "KiB of a prompt hashed to match it to a warm replica: what a huge prompt costs the router (0: off)")
+    prefix_index_mib: int = _f(64, "MiB the prefix index may hold (an LRU: a flood of unique prompts evicts the oldest)")
+    prefix_epsilon: float = _f(
+        0.25, "bounded load: a replica is saturated past (1 + this) times the model's mean outstanding per unit of weight",
+        metavar="RATIO",
+    )  # fmt: skip
+    prefix_floor: float = _f(
+        4.0, "bounded load: nor is one saturated below this many outstanding per unit of weight (a warm queue beats a cold prefill)",
+        metavar="N",
+    )  # fmt: skip
+    prefix_sessions: int = _f(100_000, "sessions (a request's user or X-Session-Id) remembered, each on its replica (an LRU)")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -173,7 +185,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(GatewayConfig):
         kind = f.metadata.get("type") or type(f.default)
         shown = f"{f.default / MIB:g} MiB" if kind is int and f.default >= MIB else (f"{f.default}" if f.default != "" else "none")
-        metavar = "ADDR:PORT" if f.name == "metrics_listen" else {int: "N", float: "SECONDS", str: "ADDR"}[kind]
+        metavar = f.metadata.get("metavar") or ("ADDR:PORT" if f.name == "metrics_listen" else {int: "N", float: "SECONDS", str: "ADDR"}[kind])
         parser.add_argument(
             _flag(f), dest=f"gw_{f.name}", type=kind, default=f.default, metavar=metavar, help=f"{f.metadata['help']} (default {shown})"
         )

@@ -51,7 +51,7 @@ def _status_line(status: int) -> bytes:
 
 
 class Request:
-    __slots__ = ("method", "path", "auth", "body", "keep_alive", "received", "expect")
+    __slots__ = ("method", "path", "auth", "body", "keep_alive", "received", "expect", "session", "route")
 
     def __init__(self) -> None:
         self.method = b""
@@ -61,6 +61,8 @@ class Request:
         self.keep_alive = True
         self.received = 0.0
         self.expect = False
+        self.session = b""  # X-Session-Id: the replica it stays on (choose.py)
+        self.route = b""  # why its replica was chosen (choose.Reason), said in the llmgw-route header
 
 
 class Refused(Exception):
@@ -234,6 +236,8 @@ class Client(asyncio.Protocol):
         elif n == b"x-api-key":  # Anthropic's clients send the key so; Authorization wins when both come
             if not self.req.auth:
                 self.req.auth = value
+        elif n == b"x-session-id":
+            self.req.session = value[:256]
         elif n == b"content-length":
             try:
                 self.length = int(value)

@@ -66,12 +66,13 @@ class Exchange:
         self.chunked = length is None
         framing = b"Transfer-Encoding: chunked\r\n" if self.chunked else b"Content-Length: %d\r\n" % length
         self.out.append(
-            b"%sContent-Type: %s\r\n%sllmgw-replica: %s\r\n%s\r\n"
+            b"%sContent-Type: %s\r\n%sllmgw-replica: %s\r\n%s%s\r\n"
             % (
                 _status_line(status),
                 content_type or b"application/json",
                 framing,
                 self.backend.replica.encode(),
+                b"llmgw-route: %s\r\n" % self.req.route if self.req.route else b"",
                 b"" if self.keep_alive else b"Connection: close\r\n",
             )
         )

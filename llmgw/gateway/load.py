@@ -7,11 +7,13 @@ model is woken), each the larger of the count now and the mean over the time
 since the previous report, rounded up: a burst between two reports is not
 lost, and a single request counts as one. With them, when the model was last
 sent a request, and the prompt and completion tokens counted since the
-previous report; and, for the console's plots, the requests finished, the
-prompt tokens the engines took from their prefix cache, and the median and
-90th percentile of the time to first byte over the same window (kept from at
-most TTFT_SAMPLES requests a window: a percentile of a window that busy is
-as good from its first few hundred as from all).
+previous report; where its requests went and why (per replica and reason:
+requests, prompt and cached tokens, prefix hits; at most MAX_ROUTE_ROWS rows
+a report, the rest in the next); and, for the console's plots, the requests
+finished, the prompt tokens the engines took from their prefix cache, and
+the median and 90th percentile of the time to first byte over the same
+window (kept from at most TTFT_SAMPLES requests a window: a percentile of a
+window that busy is as good from its first few hundred as from all).
 
 A report goes out when what it would say changed, at most every
 MIN_INTERVAL_S per model; a load that is not zero is repeated at least every
@@ -25,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..core.bounds import MAX_ROUTE_ROWS
 from ..core.scaling import LOAD_REPEAT_S
 
 MIN_INTERVAL_S = 1.0
@@ -44,6 +47,7 @@ class Report:
     tokens_cached: int = 0
     ttft_p50: float = 0.0
     ttft_p90: float = 0.0
+    routes: list[tuple[str, str, int, int, int, int]] = ()  # (replica, reason, requests, prompt, cached, hits)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -60,6 +64,7 @@ class Meter:
     __slots__ = (
         "in_flight", "queued", "changed_at", "since", "area_flight", "area_queued",
         "last_used", "tokens_in", "tokens_out", "reported", "reported_at", "requests", "tokens_cached", "ttft",
+        "routes",
     )  # fmt: skip
 
     def __init__(self, now: float) -> None:
@@ -77,6 +82,16 @@ class Meter:
         self.ttft: list[float] = []  # seconds to the first byte, of requests answered since the previous report
         self.reported = (0, 0)
         self.reported_at = -math.inf
+        self.routes: dict[tuple[str, str], list[int]] = {}  # (replica, reason) -> [requests, prompt, cached, hits]
+
+    def routed(self, replica: str, reason: str, prompt: int, cached: int, hit: bool) -> None:
+        row = self.routes.get((replica, reason))
+        if row is None:
+            row = self.routes[(replica, reason)] = [0, 0, 0, 0]
+        row[0] += 1
+        row[1] += prompt
+        row[2] += cached
+        row[3] += hit
 
     def _advance(self, now: float) -> None:
         dt = now - self.changed_at
@@ -98,7 +113,7 @@ class Meter:
 
     def counted(self) -> bool:
         """Whether it counted anything since the previous report."""
-        return bool(self.tokens_in or self.tokens_out or self.requests)
+        return bool(self.tokens_in or self.tokens_out or self.requests or self.routes)
 
     def busy(self) -> bool:
         return bool(self.in_flight or self.queued)
@@ -125,8 +140,11 @@ class Meter:
     def take(self, model: str, now: float) -> Report:
         """The report, and a new window from now."""
         in_flight, queued = self.value(now)
+        routes = []
+        for key in list(self.routes)[:MAX_ROUTE_ROWS]:
+            routes.append((*key, *self.routes.pop(key)))
         report = Report(model, in_flight, queued, self.last_used, self.tokens_in, self.tokens_out, self.requests,
-                        self.tokens_cached, percentile(self.ttft, 0.5), percentile(self.ttft, 0.9))
+                        self.tokens_cached, percentile(self.ttft, 0.5), percentile(self.ttft, 0.9), routes)
         self.reported, self.reported_at = (in_flight, queued), now
         self.since, self.area_flight, self.area_queued = now, 0.0, 0.0
         self.tokens_in = self.tokens_out = self.requests = self.tokens_cached = 0

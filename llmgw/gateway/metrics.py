@@ -8,9 +8,16 @@ control plane's are (llmgw/control/metrics.py): one way of doing metrics.
     llmgw_gateway_time_to_first_token_seconds{model,replica}  streamed answers: to the first chunk
     llmgw_gateway_tokens_total{model,replica,kind}         kind: prompt | completion | cached (of the prompt's)
     llmgw_gateway_retries_total{model}                     attempts on another replica
+    llmgw_gateway_routed_total{model,replica,reason}       why each answered request went where it did
+                                                           (choose.Reason: warm, hashed, overflow, session,
+                                                           least_load, round_robin)
+    llmgw_gateway_prefix_hits_total{model,replica}         answers with at least half their prompt cached
+    llmgw_gateway_cached_tokens_total{model,replica}       prompt tokens the engine had in its cache
+    llmgw_gateway_cached_token_ratio{model,replica}        those over the prompt tokens (tokens_total{kind=prompt})
     llmgw_gateway_in_flight{model}, llmgw_gateway_queued{model}
     llmgw_gateway_replica_outstanding{model,replica}, llmgw_gateway_breaker_open{model,replica}
     llmgw_gateway_connections                              open client connections
+    llmgw_gateway_prefix_index_blocks                      blocks the prefix index holds (prefix.py)
     llmgw_gateway_edge_refused_total{why}                  connections cut, or requests refused, by a limit of
                                                            the HTTP edge (why: its name in config.py, or
                                                            malformed, or internal_error: a bug answered 500)
@@ -22,6 +29,7 @@ A key's view (`models` given) has only those models' rows and no edge figures.
 from __future__ import annotations
 
 from bisect import bisect_left
+from enum import Enum
 
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -50,6 +58,9 @@ class Metrics:
         self.ttft: dict[tuple[str, str], Histogram] = {}
         self.tokens: dict[tuple[str, str, str], int] = {}
         self.retries: dict[str, int] = {}
+        self.routes: dict[tuple[str, str, Enum], int] = {}
+        self.hits: dict[tuple[str, str], int] = {}
+        self.cached_tokens: dict[tuple[str, str], int] = {}
         self.refused: dict[str, int] = {}
 
     def edge(self, why: str) -> None:
@@ -80,6 +91,16 @@ class Metrics:
             k = (model, replica, "completion")
             self.tokens[k] = self.tokens.get(k, 0) + completion
 
+    def routed(self, model: str, replica: str, reason: Enum) -> None:
+        k = (model, replica, reason)
+        self.routes[k] = self.routes.get(k, 0) + 1
+
+    def cached(self, model: str, replica: str, cached: int, hit: bool) -> None:
+        k = (model, replica)
+        self.cached_tokens[k] = self.cached_tokens.get(k, 0) + cached
+        if hit:
+            self.hits[k] = self.hits.get(k, 0) + 1
+
     def retried(self, model: str) -> None:
         self.retries[model] = self.retries.get(model, 0) + 1
 
@@ -89,13 +110,14 @@ class Metrics:
         backends: list[tuple[str, str, int, bool]] | None = None,
         models: set[str] | None = None,
         connections: int | None = None,
+        index_blocks: int | None = None,
     ) -> bytes:
         """The text format, written by prometheus_client; `loads` is model ->
         (in flight, queued), `backends` (model, replica, outstanding, breaker
         open) for each routable replica; only the rows of `models` when given."""
-        return generate_latest(_Scrape(self, loads, backends, models, connections))
+        return generate_latest(_Scrape(self, loads, backends, models, connections, index_blocks))
 
-    def families(self, loads, backends, models, connections):
+    def families(self, loads, backends, models, connections, index_blocks=None):
         keep = (lambda m: True) if models is None else models.__contains__
         p = "llmgw_gateway_"
         requests = CounterMetricFamily(f"{p}requests", "Requests answered, by model, replica and HTTP status.", labels=["model", "replica", "code"])
@@ -130,6 +152,7 @@ class Metrics:
             if keep(m):
                 retries.add_metric([m], n)
         yield retries
+        yield from self._routing(keep, p)
         if loads is not None:
             in_flight = GaugeMetricFamily(f"{p}in_flight", "Requests sent to a replica and not yet answered.", labels=["model"])
             queued = GaugeMetricFamily(f"{p}queued", "Requests waiting for a ready replica.", labels=["model"])
@@ -152,10 +175,35 @@ class Metrics:
             yield breaker
         if connections is not None:
             yield GaugeMetricFamily(f"{p}connections", "Open client connections.", value=connections)
+            if index_blocks is not None:
+                yield GaugeMetricFamily(f"{p}prefix_index_blocks", "Blocks the prefix index holds (an LRU, bounded).", value=index_blocks)
             refused = CounterMetricFamily(f"{p}edge_refused", "Connections cut by a limit of the HTTP edge, by the limit.", labels=["why"])
             for why, n in sorted(self.refused.items()):
                 refused.add_metric([why], n)
             yield refused
+
+
+    def _routing(self, keep, p: str):
+        routed = CounterMetricFamily(
+            f"{p}routed", "Answered requests by why their replica was chosen (warm, hashed, overflow, session, least_load, round_robin).",
+            labels=["model", "replica", "reason"],
+        )  # fmt: skip
+        for (m, r, why), n in sorted(self.routes.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2].value)):
+            if keep(m):
+                routed.add_metric([m, r, why.value], n)
+        yield routed
+        hits = CounterMetricFamily(f"{p}prefix_hits", "Answers with at least half their prompt in the engine's cache.", labels=["model", "replica"])
+        cached = CounterMetricFamily(f"{p}cached_tokens", "Prompt tokens the engine had in its cache.", labels=["model", "replica"])
+        ratio = GaugeMetricFamily(f"{p}cached_token_ratio", "Cached prompt tokens over prompt tokens.", labels=["model", "replica"])
+        for (m, r), n in sorted(self.cached_tokens.items()):
+            if keep(m):
+                hits.add_metric([m, r], self.hits.get((m, r), 0))
+                cached.add_metric([m, r], n)
+                prompt = self.tokens.get((m, r, "prompt"), 0)
+                ratio.add_metric([m, r], n / prompt if prompt else 0.0)
+        yield hits
+        yield cached
+        yield ratio
 
 
 class _Scrape:

@@ -7,9 +7,11 @@ change it (a replica ready, draining, gone; the catalog; the keys). A replica
 is routable while it is ready with an endpoint; one being stopped (draining)
 gets no new request. Its weight is its profile's.
 
-The choice is least outstanding requests per unit of weight: the replica with
-the fewest requests in flight from this gateway, relative to its weight, among
-those whose breaker lets a request through; ties go round in turn.
+The least-load choice (`choose` here; the catalog's `routing: least-load`,
+and what the others fall back on: choose.py) is least outstanding requests
+per unit of weight: the replica with the fewest requests in flight from this
+gateway, relative to its weight, among those whose breaker lets a request
+through; ties go round in turn.
 
 A replica's engine must be the one its agent started: an engine given an
 identity at start (ShardStatus.identity) is sent requests only on a
@@ -41,6 +43,7 @@ outcome closes the breaker or opens it again for twice as long.
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 from dataclasses import dataclass, field
 
@@ -91,6 +94,7 @@ class Route:
     coming: int = 0
     # What its profiles' engines serve (tools, embeddings, rerank, context).
     serves: serving.Serves = serving.EVERYTHING
+    routing: str = "prefix"  # the catalog's policy (choose.py)
 
 
 @dataclass(slots=True)
@@ -197,6 +201,7 @@ def build(state: State) -> Table:
             name=name, owner=spec.owner, created=int(model.applied_at), no_wait=no_wait, wait_kind=kind,
             coming=on_way.get(name, 0),
             serves=serving.of(spec),
+            routing=spec.routing,
         )
         table.names[name] = name
     for name in sorted(state.models):  # aliases never shadow a model's own name
@@ -322,12 +327,18 @@ class Breaker:
 # --------------------------------------------------------------------------- the choice
 
 
+_tokens = itertools.count(1)
+
+
 class Backend:
     """What this gateway keeps per replica: requests outstanding, its breaker.
-    Kept across rebuilds of the table for as long as the replica is in it."""
+    Kept across rebuilds of the table for as long as the replica is in it.
+    `token`: a number of its own, what the prefix index knows it by (a new
+    generation of the replica is a new backend, so a new token: forgotten)."""
 
     __slots__ = (
         "target", "replica", "model", "endpoint", "host", "port", "weight", "outstanding", "breaker", "pool", "identity",
+        "token",
     )  # fmt: skip
 
     def __init__(self, target: Target) -> None:
@@ -341,6 +352,7 @@ class Backend:
         self.outstanding = 0
         self.breaker = Breaker()
         self.pool = None  # the shell's connections to it
+        self.token = next(_tokens)
 
 
 def choose(backends: list[Backend], now: float, turn: int, exclude: tuple[str, ...] | set[str] = ()) -> Backend | None:

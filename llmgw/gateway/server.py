@@ -4,7 +4,8 @@ table, load and usage published, metrics and spans.
 
 A request goes: parse, authenticate (when the catalog has keys), resolve the
 model or alias, check the key may use it and is within its limits, choose a
-replica (routing.choose), send, and pass the answer back as it comes. A
+replica (choose.py, by the model's routing policy: where its prompt's prefix
+is warm, by default), send, and pass the answer back as it comes. A
 failure before the first byte reaches the client (no connection, connection
 lost, a 502/503/504) counts against the replica's breaker and is tried on
 another replica; after it, a streamed answer ends with an error event (what
@@ -45,14 +46,16 @@ from ..core.tenancy import may_use
 from ..telemetry import tracer
 from . import api, intake, translated
 from .checks import Refusal, tool_less
-from .config import GatewayConfig
+from .choose import PREFIX, Ask, Bounds, Router
+from .config import KIB, MIB, GatewayConfig
 from .connection import Client, Request, _enough_files
 from .exchange import BROKEN, DONE, GONE, RETRY, STALE, TIMEOUT, Exchange
 from .edge_limits import Connections, KeyFailures, nests_deeper
 from .limits import KeyLimits, retry_after
 from .load import Loads
 from .metrics import Metrics
-from .routing import Backend, NoneReady, Table, build, choose, when_none_ready
+from .prefix import prefix_of
+from .routing import Backend, NoneReady, Table, build, when_none_ready
 from .upstream import Lost, NotTheEngine, Pool
 
 log = logging.getLogger("llmgw.gateway")
@@ -70,6 +73,14 @@ def _shown(path: bytes) -> str:
     """A path in a message: at most 100 characters of it."""
     text = path[:100].decode(errors="replace")
     return text + "…" if len(path) > 100 else text
+
+
+def _user(body: bytes) -> str:
+    """The request's `user` (a session), or "" where it has none a session can be."""
+    try:
+        return api.request_head(body).user
+    except ValueError:
+        return ""
 
 
 class Gateway:
@@ -90,6 +101,9 @@ class Gateway:
         self.limits: dict[str, KeyLimits] = {}
         self.loads = Loads()
         self.metrics = Metrics()
+        self.router = Router(
+            config.prefix_index_mib * MIB, config.prefix_sessions, Bounds(config.prefix_epsilon, config.prefix_floor)
+        )
         self.clients: set[Client] = set()
         self.per_client = Connections()  # open connections by client address
         self.key_failures = KeyFailures(config.max_key_failures, config.key_failure_window)
@@ -140,9 +154,10 @@ class Gateway:
                 found.append(b)
             if found:
                 by_model[route.name] = found
-        for key, b in self.backends.items():
-            if key not in backends:
-                b.pool.close()
+        gone = [b for key, b in self.backends.items() if key not in backends]
+        for b in gone:
+            b.pool.close()
+        self.router.forget(b.token for b in gone)  # stopped, draining, a new generation: at once
         now = time.monotonic()
         limits = {}
         for _, (name, key) in table.keys.items():
@@ -336,13 +351,31 @@ class Gateway:
         if isinstance(ready, Refusal):
             self.metrics.answered(route.name, "", ready.status, 0.0)
             return client.reply(req, ready.status, api.error_body(ready.status, ready.message, ready.code, param=ready.param))
+        ask = self.ask(route, req, ready.body)
         client.task = asyncio.get_running_loop().create_task(
-            self.proxy(client, req, path, route.name, stream, ready.body, owner is not None, ready.tools)
+            self.proxy(client, req, path, route.name, stream, ready.body, owner is not None, ready.tools, ask)
         )
 
+    def ask(self, route, req: Request, body: bytes) -> Ask:
+        """What the choice of a replica reads of a request: its model's policy,
+        its prompt's blocks (at most prefix_hash_kib of it), its session
+        (X-Session-Id, else the body's `user`)."""
+        if route.routing != PREFIX:
+            return Ask(route.routing)
+        session = req.session.decode(errors="replace") if req.session else _user(body)
+        return Ask(PREFIX, prefix_of(body, self.config.prefix_hash_kib * KIB), session)
+
+    def choose(self, model: str, backends: list[Backend], tried: list[str], ask: Ask) -> Backend | None:
+        """The replica for the request (choose.Router), its reason kept on `ask`."""
+        self.turn += 1
+        choice = ask.choice = self.router.pick(ask.policy, model, backends, time.monotonic(), self.turn, tried, ask.prefix, ask.session)
+        return choice.backend if choice is not None else None
+
     async def proxy(
-        self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, keyed: bool, tools: bool = False
+        self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, keyed: bool,
+        tools: bool = False, ask: Ask | None = None,
     ) -> None:
+        ask = ask if ask is not None else Ask()
         now = time.time()
         meter = self.loads.meter(model, now)
         meter.last_used = now
@@ -357,12 +390,11 @@ class Gateway:
         try:
             while True:
                 backends = self.by_model.get(model)
-                self.turn += 1
-                b = choose(backends, time.monotonic(), self.turn, tried) if backends else None
+                b = self.choose(model, backends, tried, ask) if backends else None
                 if b is None:
                     if not deadline:
                         deadline = time.monotonic() + self.wait_s
-                    b, verdict = await self.wait_for_replica(client, model, meter, tried, failed_at, deadline)
+                    b, verdict = await self.wait_for_replica(client, model, meter, tried, failed_at, deadline, ask)
                     if b is None:
                         last = f"; the last tried, {tried[-1]}: {ex.error if ex else 'failed'}" if tried else ""
                         if client.closed:
@@ -382,6 +414,7 @@ class Gateway:
                     client.reply(req, 400, api.error_body(400, why, "tools_not_supported", param="tools"))
                     answered = True
                     break
+                req.route = ask.choice.reason.value.encode() if ask.choice is not None else b""
                 ex = await self.attempt(client, req, b, stream, upstream_req, body, meter)
                 outcome = ex.fut.result()
                 if outcome == RETRY:
@@ -438,7 +471,8 @@ class Gateway:
         finally:
             elapsed = time.monotonic() - req.received
             self.metrics.answered(model, replica, status, elapsed)
-            prompt = completion = 0
+            prompt = completion = cached = 0
+            hit = False
             first = None  # seconds to the answer's first byte (a stream's first token)
             if ex is not None and replica and ex.status == 200:
                 if ex.first_at:
@@ -451,6 +485,10 @@ class Gateway:
                 if used is not None:
                     prompt, completion, cached = used
                     self.metrics.used(model, replica, prompt, completion, cached)
+                    choice = ask.choice
+                    if choice is not None and choice.backend.replica == replica:
+                        hit = self.router.answered(choice, prompt, cached)
+                        self.metrics.cached(model, replica, cached, hit)
                     meter.tokens_in += prompt
                     meter.tokens_out += completion
                     meter.tokens_cached += min(cached, prompt)
@@ -459,6 +497,10 @@ class Gateway:
                         if lim is not None:
                             lim.used(prompt + completion, time.monotonic())
             meter.finished(first)
+            if replica and ask.choice is not None:
+                reason = ask.choice.reason
+                self.metrics.routed(model, replica, reason)
+                meter.routed(replica, reason.value, prompt, cached, hit)
             if span is not None:
                 span.set_attribute("llmgw.replica", replica)
                 span.set_attribute("http.status_code", status)
@@ -560,7 +602,7 @@ class Gateway:
             client.finished(False)
 
     async def wait_for_replica(
-        self, client: Client, model: str, meter, tried: list[str], failed_at: float, deadline: float
+        self, client: Client, model: str, meter, tried: list[str], failed_at: float, deadline: float, ask: Ask | None = None
     ) -> tuple[Backend | None, NoneReady]:
         """Wait (queued) for a replica not yet tried to take the request, as
         long as `when_none_ready` says one may come and `deadline` allows.
@@ -572,8 +614,7 @@ class Gateway:
                 now = time.monotonic()
                 backends = self.by_model.get(model)
                 if backends:
-                    self.turn += 1
-                    b = choose(backends, now, self.turn, tried)
+                    b = self.choose(model, backends, tried, ask if ask is not None else Ask())
                     if b is not None:
                         return b, NoneReady.WAIT
                 verdict = when_none_ready(self.table.routes.get(model), len(tried), now - failed_at, self.failover_s)
@@ -621,6 +662,7 @@ class Gateway:
             at=time.time(), gateway=self.name, model=r.model, in_flight=r.in_flight, queued=r.queued,
             last_used=r.last_used, tokens_in=r.tokens_in, tokens_out=r.tokens_out, requests=r.requests,
             tokens_cached=r.tokens_cached, ttft_p50=r.ttft_p50, ttft_p90=r.ttft_p90,
+            routes=[ev.RouteCount(rep, why, n, p, c, h) for rep, why, n, p, c, h in r.routes],
         )  # fmt: skip
         self._published += 1
         try:
@@ -637,7 +679,11 @@ class Gateway:
         for model in self.table.routes:
             loads.setdefault(model, (0, 0))
         backends = [(b.model, b.replica, b.outstanding, b.breaker.state != "closed") for b in self.backends.values()]
-        return self.metrics.render(loads, backends, models=models, connections=len(self.clients) if models is None else None)
+        whole = models is None  # the edge's figures and the index's size: not a key's view
+        return self.metrics.render(
+            loads, backends, models=models, connections=len(self.clients) if whole else None,
+            index_blocks=len(self.router.index) if whole else None,
+        )
 
     # ----------------------------------------------------------------- the whole
 

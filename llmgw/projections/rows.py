@@ -52,7 +52,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "decisions": ("seq", "idx", "at", "kind", "model", "replica", "node", "reason", "voided", "leader"),
     "quarantined": ("seq", "subject", "error"),
     "models": ("name", "owner", "min_replicas", "max_replicas", "aliases", "profiles", "waiting", "applied_at",
-               "desired", "parked"),
+               "desired", "parked", "routing"),
     "nodes": ("name", "state", "reason", "gpus_total", "gpus_used", "gpus", "labels", "memory_gb", "cpu_cores",
               "agent", "strays", "registered_at", "location", "power_w", "unadmitted"),
     "replicas": ("id", "model", "profile", "fingerprint", "state", "reason", "placed_at", "ready_at", "stopping_at",
@@ -328,6 +328,7 @@ def model_row(m: Model) -> tuple:
         m.applied_at,
         decided(m),
         m.parked,
+        _json_text({"policy": spec.routing, "replicas": m.routed}),
     )
 
 

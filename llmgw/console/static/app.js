@@ -317,13 +317,25 @@ function runningNow(rows) {
   return `<div class="fm-running">${table(["REPLICA", "MODEL", "STATE", "PORT", "GPUS / CPU"], trs)}</div>`;
 }
 
+// A model's routing policy and, summed over its replicas, why the gateways sent its requests where they did
+// and the share of prompt tokens the engines had cached (issue 30; `ctl describe model` has them per replica).
+function routingText(r) {
+  if (!r) return "";
+  const sums = {};
+  for (const f of Object.values(r.replicas || {})) for (const [k, v] of Object.entries(f)) sums[k] = (sums[k] || 0) + v;
+  const why = ["warm", "hashed", "overflow", "session", "least_load", "round_robin"].filter((k) => sums[k]).map((k) => `${k} ${sums[k]}`);
+  const cached = sums.prompt_tokens ? ` · ${Math.round(100 * (sums.cached_tokens || 0) / sums.prompt_tokens)}% cached` : "";
+  return `${r.policy}${why.length ? " · " + why.join(", ") : ""}${cached}`;
+}
+
 function renderModels(data) {
   const rows = data.models.map((m) => `<tr data-model="${esc(m.name)}"><td>${esc(m.name)}</td><td>${esc(m.priority)}</td><td>${esc(m.owner)}</td>` +
     `<td>${m.desired}</td><td>${m.ready}/${m.replicas}</td><td>${esc(m.waiting)}</td><td>${esc(m.parked)}` +
     `${m.parked && !app.at ? ` <button data-retry="${esc(m.name)}">retry</button>` : ""}</td>` +
     `<td>${m.usage && m.usage.gpus !== undefined ? `${m.usage.gpus} GPU, ${m.usage.cpu_cores} cores, ${gb(m.usage.memory_gb)} GB` : ""}</td>` +
+    `<td>${esc(routingText(m.routing))}</td>` +
     `<td><a href="#explain/${encodeURIComponent(m.name)}">explain</a></td></tr>`);
-  return `<h2>Models</h2>` + table(["MODEL", "CLASS", "OWNER", "DESIRED", "READY", "WAITING", "PARKED", "OWNER'S QUOTA USE", ""], rows);
+  return `<h2>Models</h2>` + table(["MODEL", "CLASS", "OWNER", "DESIRED", "READY", "WAITING", "PARKED", "OWNER'S QUOTA USE", "ROUTING", ""], rows);
 }
 
 function renderReplicas(data) {

@@ -1,0 +1,478 @@
+"""Cache-aware routing against the others, on real engines (issue 30).
+
+    python benchmarks/prefix.py [--replicas 3] [--groups 16] [--users 2] [--system-tokens 1000]
+        [--question-tokens 100] [--rate R] [--requests N] [--max-tokens 16] [--litellm PATH] [--json FILE]
+
+The fleet: real `llmgw up` (NATS, control plane, projector, this machine's
+agent, a gateway) in a temporary state dir, running `--replicas` llama.cpp
+replicas of the demo model (SmolLM2-135M, one thread each, the agent's
+prompt cache settings), and a second `llmgw gateway` with a credential of its
+own. The peer: LiteLLM's proxy (PyPI `litellm[proxy]`, `--litellm` its
+program, else `litellm` on PATH; skipped, saying so, when there is none)
+over the same engines, each reached with its engine key as a gateway reads
+it, with `routing_strategy: least-busy`: LiteLLM has no prefix-aware
+strategy for OpenAI-compatible servers (its `prompt_caching` pre-call check
+acts only on prompts marked with Anthropic's `cache_control`), and
+least-busy (fewest requests in flight) is the best of the others for
+prompts that cost by where they go: it is our least-load.
+
+The load generator is an open-loop client of this file (Poisson arrivals
+from a seeded generator, each request sent when due whatever came back, a
+stream with `stream_options.include_usage`, timed from when it was due):
+guidellm and aiperf were not run here (see the report's note), so the
+workload's shape is theirs, made here. The shared-prefix workload: `--groups`
+groups, each with its own system prompt of ~`--system-tokens` tokens, each
+with `--users` users holding multi-turn conversations (questions of
+~`--question-tokens` tokens, each turn carrying the earlier ones and their
+answers; a conversation starts again after 4 turns). The no-prefix
+workload: single questions with nothing in common, of about twice a
+question's length.
+
+Five ways to route the shared-prefix workload, one after the other, the same
+arrivals for each (the same seed), each with prompts new to every engine
+(a phase's salt at the start of every system prompt), so each starts cold:
+(a) least-load, (b) round-robin, (c) prefix, (d) prefix with requests
+alternating between the two gateways, (e) LiteLLM; then the no-prefix
+workload under (a) and (c). A phase's policy is set by applying the catalog
+with its `routing:`, and begins once both gateways answer with it (their
+`llmgw-route` header).
+
+Per phase: TTFT p50/p90/p99, end-to-end latency, requests/s and output
+tokens/s (answered over the time from the first arrival to the last
+answer), the cache-hit ratio (the engines' cached_tokens over prompt
+tokens), the requests per replica (the spread), errors. Then the issue's
+goals as ratios of this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from gateway import wait_port  # noqa: E402  (benchmarks/gateway.py)
+from llmgw.bus.server import free_port  # noqa: E402
+
+MODEL = "smol"
+TURNS = 4  # a conversation starts again after this many
+WORDS = (
+    "the fleet node replica model engine request answer cache prompt token gateway cluster rack power memory "
+    "storage network queue batch stream latency throughput schedule policy owner quota budget region zone "
+    "service client server health metric alert incident deploy release version config secret label pool "
+    "weight load balance route table index block hash session user group question reason history decision"
+).split()
+
+
+# --------------------------------------------------------------------------- the workload
+
+
+def words(rng: random.Random, tokens: int) -> str:
+    # SmolLM2's tokenizer: about 1.3 tokens per word of this list (the report prints the real count).
+    return " ".join(rng.choice(WORDS) for _ in range(max(1, int(tokens / 1.3))))
+
+
+class Workload:
+    """The arrivals of one phase: (due time, conversation) with a seeded generator."""
+
+    def __init__(self, args, salt: str, shared: bool) -> None:
+        self.rng = random.Random(args.seed)
+        self.args, self.salt, self.shared = args, salt, shared
+        text = random.Random(args.seed + 1)
+        self.systems = [f"[{salt}/{g}] You are the assistant of team {g}. " + words(text, args.system_tokens) for g in range(args.groups)]
+        self.history: dict[tuple[int, int], list[dict]] = {}
+
+    def arrivals(self) -> list[float]:
+        t, out = 0.0, []
+        for _ in range(self.args.requests):
+            out.append(t)
+            t += self.rng.expovariate(self.args.rate)
+        return out
+
+    def messages(self, i: int) -> tuple[tuple[int, int] | None, list[dict]]:
+        q = f"Question {i}: " + words(self.rng, self.args.question_tokens) + "?"
+        if not self.shared:
+            return None, [{"role": "user", "content": f"[{self.salt}/{i}] " + words(self.rng, self.args.question_tokens) + " " + q}]
+        who = (self.rng.randrange(self.args.groups), self.rng.randrange(self.args.users))
+        turns = self.history.get(who, [])
+        if len(turns) >= 2 * TURNS:
+            turns = []
+        msgs = [{"role": "system", "content": self.systems[who[0]]}, *turns, {"role": "user", "content": q}]
+        return who, msgs
+
+    def answered(self, who, msgs: list[dict], text: str) -> None:
+        if who is not None:
+            self.history[who] = [*msgs[1:], {"role": "assistant", "content": text}]
+
+
+# --------------------------------------------------------------------------- one request (a small HTTP/1.1 client)
+
+
+async def ask(port: int, body: bytes, headers: dict[str, str], timeout: float) -> dict:
+    """POST a streamed chat completion; what came back, timed."""
+    t0 = time.monotonic()
+    out = {"ok": False, "status": 0, "ttft": None, "e2e": None, "prompt": 0, "cached": 0, "completion": 0, "text": "", "headers": {}}
+    writer = None
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        writer.write(
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n{head}\r\n".encode() + body
+        )
+        await writer.drain()
+
+        async def read() -> None:
+            status = await reader.readline()
+            out["status"] = int(status.split()[1])
+            while True:
+                line = (await reader.readline()).decode().strip()
+                if not line:
+                    break
+                k, _, v = line.partition(":")
+                out["headers"][k.strip().lower()] = v.strip()
+            chunked = out["headers"].get("transfer-encoding", "").lower() == "chunked"
+            buf = b""
+            parts: list[str] = []
+            while True:
+                if chunked:
+                    size = int((await reader.readline()).strip() or b"0", 16)
+                    if size == 0:
+                        break
+                    data = await reader.readexactly(size)
+                    await reader.readline()
+                else:
+                    data = await reader.read(65536)
+                    if not data:
+                        break
+                buf += data
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    event = event.strip()
+                    if not event.startswith(b"data:"):
+                        continue
+                    payload = event[5:].strip()
+                    if payload == b"[DONE]":
+                        continue
+                    try:
+                        chunk = json.loads(payload)
+                    except ValueError:
+                        continue
+                    for c in chunk.get("choices") or ():
+                        piece = (c.get("delta") or {}).get("content")
+                        if piece:
+                            if out["ttft"] is None:
+                                out["ttft"] = time.monotonic() - t0
+                            parts.append(piece)
+                    usage = chunk.get("usage")
+                    if usage:
+                        out["prompt"] = usage.get("prompt_tokens", 0)
+                        out["completion"] = usage.get("completion_tokens", 0)
+                        out["cached"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+                    timings = chunk.get("timings")
+                    if timings and not out["cached"]:
+                        out["cached"] = timings.get("cache_n", 0)
+            out["text"] = "".join(parts)
+
+        await asyncio.wait_for(read(), timeout)
+        out["ok"] = out["status"] == 200
+    except (OSError, asyncio.TimeoutError, ValueError, IndexError, asyncio.IncompleteReadError) as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        if writer is not None:
+            writer.close()
+    out["e2e"] = time.monotonic() - t0
+    return out
+
+
+# --------------------------------------------------------------------------- a phase
+
+
+class Target:
+    def __init__(self, name: str, ports: list[int], headers: dict[str, str], replica_of) -> None:
+        self.name, self.ports, self.headers, self.replica_of = name, ports, headers, replica_of
+
+
+async def phase(target: Target, work: Workload, args) -> dict:
+    """The workload's arrivals, each sent when due (open loop), through the target's ports in turn."""
+    due = work.arrivals()
+    results: list[dict] = []
+    start = time.monotonic() + 0.1
+    deadline = args.drain_s + (due[-1] if due else 0)
+
+    async def one(i: int, at: float) -> None:
+        await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+        who, msgs = work.messages(i)
+        body = json.dumps({
+            "model": MODEL, "messages": msgs, "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True},
+        }).encode()  # fmt: skip
+        r = await ask(target.ports[i % len(target.ports)], body, target.headers, max(1.0, start + deadline - time.monotonic()))
+        r["late"] = time.monotonic() - start - at - r["e2e"]  # how late it was sent (should be ~0)
+        r["replica"] = target.replica_of(r["headers"])
+        r["route"] = r["headers"].get("llmgw-route", "")
+        r["end"] = time.monotonic() - start
+        if r["ok"]:
+            work.answered(who, msgs, r["text"])
+        results.append(r)
+
+    await asyncio.gather(*(one(i, at) for i, at in enumerate(due)))
+    return summary(target.name, results)
+
+
+def pct(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(len(values) * p))], 3)
+
+
+def summary(name: str, rs: list[dict]) -> dict:
+    ok = [r for r in rs if r["ok"]]
+    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
+    e2e = [r["e2e"] for r in ok]
+    span = max((r["end"] for r in ok), default=0.0) or 1.0
+    prompt = sum(r["prompt"] for r in ok)
+    spread: dict[str, int] = {}
+    routes: dict[str, int] = {}
+    for r in ok:
+        spread[r["replica"] or "?"] = spread.get(r["replica"] or "?", 0) + 1
+        if r["route"]:
+            routes[r["route"]] = routes.get(r["route"], 0) + 1
+    errors = [r.get("error") or f"HTTP {r['status']}" for r in rs if not r["ok"]]
+    return {
+        "name": name, "sent": len(rs), "answered": len(ok), "errors": len(errors), "error_examples": sorted(set(errors))[:3],
+        "ttft_p50": pct(ttft, 0.5), "ttft_p90": pct(ttft, 0.9), "ttft_p99": pct(ttft, 0.99),
+        "e2e_p50": pct(e2e, 0.5), "e2e_p90": pct(e2e, 0.9), "e2e_p99": pct(e2e, 0.99),
+        "rps": round(len(ok) / span, 3), "out_tps": round(sum(r["completion"] for r in ok) / span, 2),
+        "hit_ratio": round(sum(r["cached"] for r in ok) / prompt, 3) if prompt else 0.0,
+        "prompt_mean": round(prompt / len(ok)) if ok else 0, "spread": dict(sorted(spread.items())), "routes": routes,
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the fleet
+
+
+def llmgw(work: Path, *args: str, timeout: float = 600) -> str:
+    out = subprocess.run([sys.executable, "-m", "llmgw", *args], cwd=work, capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "PYTHONPATH": str(HERE.parent)})  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(f"llmgw {' '.join(args)}: exit {out.returncode}: {out.stderr.strip()[-2000:]}")
+    return out.stdout
+
+
+def catalog(args, routing: str) -> str:
+    return (
+        f"models:\n  - name: {MODEL}\n    min_replicas: {args.replicas}\n    routing: {routing}\n    profiles:\n"
+        f"      - {{name: cpu, engine: llama.cpp, gpus: 0, cpu_cores: 1, model: smollm2, "
+        f'args: ["--ctx-size", "{args.ctx_size}", "--parallel", "{args.slots}"]}}\n'
+    )
+
+
+def set_routing(work: Path, args, routing: str, ports: list[int], expect: tuple[str, ...]) -> None:
+    """Apply the catalog with `routing`, and wait until every gateway routes by it."""
+    (work / "catalog.yaml").write_text(catalog(args, routing))
+    llmgw(work, "ctl", "apply", "-f", "catalog.yaml", "--wait", "--timeout", "600")
+    for port in ports:
+        for _ in range(120):
+            body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode()
+            r = asyncio.run(ask(port, body, {}, 120))
+            if r["ok"] and r["headers"].get("llmgw-route") in expect:
+                break
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(f"the gateway on port {port} does not route by {routing}")
+
+
+async def engines(url: str, creds: str) -> list[tuple[str, str, str]]:
+    """(replica, endpoint, key) of each ready replica: the log folded, the keys read as a gateway reads them."""
+    from llmgw.bus.nats import NatsBus
+    from llmgw.core.fold import apply
+    from llmgw.core.state import State
+    from llmgw.gateway.routing import routable
+
+    bus = await NatsBus.connect(url, creds=creds)
+    state = State()
+    last = await bus.last_seq()
+    done = asyncio.get_running_loop().create_future()
+
+    def on(seq: int, subject: str, data: bytes) -> None:
+        apply(state, seq, subject, data)
+        if seq >= last and not done.done():
+            done.set_result(None)
+
+    follower = await bus.follow(1, on)
+    await done
+    await follower.stop()
+    out = [(t.replica, t.endpoint, await bus.engine_key(t.key_name)) for t in routable(state) if t.model == MODEL]
+    await bus.close()
+    return out
+
+
+def start_litellm(program: str, work: Path, fleet: list[tuple[str, str, str]]) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    lines = ["model_list:"]
+    for _, endpoint, key in fleet:
+        lines += [f"  - model_name: {MODEL}", "    litellm_params:", f"      model: openai/{MODEL}", f"      api_base: {endpoint}/v1",
+                  f"      api_key: {key}", "      stream_timeout: 1200", "      timeout: 1200"]  # fmt: skip
+    lines += ["router_settings:", "  routing_strategy: least-busy", "  num_retries: 0",
+              "litellm_settings:", "  drop_params: false", "  request_timeout: 1200", "general_settings:", "  master_key: sk-bench"]  # fmt: skip
+    (work / "litellm.yaml").write_text("\n".join(lines) + "\n")
+    proc = subprocess.Popen(
+        [program, "--config", str(work / "litellm.yaml"), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+        stdout=open(work / "litellm.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    wait_port(port, 180)
+    return proc, port
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(60)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--groups", type=int, default=16, help="groups, each with a system prompt of its own")
+    p.add_argument("--users", type=int, default=2, help="users per group, each in a multi-turn conversation")
+    p.add_argument("--system-tokens", type=int, default=1000)
+    p.add_argument("--question-tokens", type=int, default=100)
+    p.add_argument("--max-tokens", type=int, default=16, help="tokens of each answer")
+    p.add_argument("--rate", type=float, default=0.25, help="requests/s offered (Poisson)")
+    p.add_argument("--requests", type=int, default=80, help="requests per phase")
+    p.add_argument("--drain-s", type=float, default=600.0, help="after the last arrival, how long answers are waited for")
+    p.add_argument("--ctx-size", type=int, default=8192, help="each engine's context, shared by its slots")
+    p.add_argument(
+        "--slots", type=int, default=2,
+        help="each engine's slots (llama.cpp --parallel): a request that finds its prefix's slot busy takes another, cold",
+    )  # fmt: skip
+    p.add_argument("--seed", type=int, default=30)
+    p.add_argument("--phases", default="a,b,c,d,e,a0,c0", help="which to run, in order (a0, c0: the no-prefix workload)")
+    p.add_argument("--litellm", default=shutil.which("litellm") or "", help="LiteLLM's proxy program (litellm[proxy])")
+    p.add_argument("--json", help="also write the figures here")
+    args = p.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="llmgw-bench-prefix-"))
+    gw1, gw2, nats_port = free_port(), free_port(), free_port()
+    first = free_port()
+    (work / "agent.yaml").write_text(f"address: 127.0.0.1\ncpu_cores: {args.replicas}\n")
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+    up = subprocess.Popen(
+        [sys.executable, "-m", "llmgw", "up", "--state-dir", ".llmgw", "--no-demo", "--no-console", "--gateway-port", str(gw1),
+         "--nats-port", str(nats_port), "--agent-file", "agent.yaml", "--engine-ports", f"{first}-{first + 63}"],
+        cwd=work, stdout=open(work / "up.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True, env=env,
+    )  # fmt: skip
+    second = lite = None
+    out: dict = {"args": vars(args), "phases": {}}
+    try:
+        wait_port(gw1, 180)
+        url = f"nats://127.0.0.1:{nats_port}"
+        from llmgw.bus.auth import Keystore
+
+        creds = str(Keystore(work / ".llmgw" / "creds").init().ensure("gateway", "bench-gw2"))
+        second = subprocess.Popen(
+            [sys.executable, "-m", "llmgw", "gateway", "--nats", url, "--creds", creds, "--port", str(gw2)],
+            cwd=work, stdout=open(work / "gateway2.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True, env=env,
+        )  # fmt: skip
+        wait_port(gw2, 120)
+        started = time.monotonic()
+        set_routing(work, args, "prefix", [gw1, gw2], ("hashed", "warm", "overflow"))
+        print(f"{args.replicas} replicas ready in {time.monotonic() - started:.0f}s", file=sys.stderr)
+        fleet = asyncio.run(engines(url, creds))
+        by_base = {f"{endpoint}/v1": rid for rid, endpoint, _ in fleet}
+        ours = lambda h: h.get("llmgw-replica", "")  # noqa: E731
+        if "e" in args.phases.split(","):
+            if args.litellm:
+                lite, lite_port = start_litellm(args.litellm, work, fleet)
+            else:
+                print("no LiteLLM proxy (--litellm, or litellm on PATH): phase e skipped", file=sys.stderr)
+        plan = {
+            "a": ("(a) least-load", "least-load", ("least_load",), [gw1], True),
+            "b": ("(b) round-robin", "round-robin", ("round_robin",), [gw1], True),
+            "c": ("(c) prefix", "prefix", ("hashed", "warm", "overflow"), [gw1], True),
+            "d": ("(d) prefix, 2 gateways", "prefix", ("hashed", "warm", "overflow"), [gw1, gw2], True),
+            "e": ("(e) LiteLLM least-busy", None, (), [], True),
+            "a0": ("(a) least-load, no prefix", "least-load", ("least_load",), [gw1], False),
+            "c0": ("(c) prefix, no prefix", "prefix", ("hashed", "warm", "overflow"), [gw1], False),
+        }
+        for key in args.phases.split(","):
+            name, routing, expect, ports, shared = plan[key]
+            if key == "e":
+                if lite is None:
+                    continue
+                target = Target(name, [lite_port], {"Authorization": "Bearer sk-bench"},
+                                lambda h: by_base.get(h.get("x-litellm-model-api-base", "").rstrip("/"), h.get("x-litellm-model-api-base", "")))  # fmt: skip
+            else:
+                set_routing(work, args, routing, ports, expect)
+                target = Target(name, ports, {}, ours)
+            print(f"{name}: {args.requests} requests at {args.rate:g}/s ...", file=sys.stderr)
+            res = asyncio.run(phase(target, Workload(args, f"{key}{time.time_ns() % 100000}", shared), args))
+            out["phases"][key] = res
+            print(json.dumps(res), file=sys.stderr)
+        report(out, args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    finally:
+        stop(lite)
+        stop(second)
+        stop(up)
+        shutil.rmtree(work, ignore_errors=True) if not os.environ.get("LLMGW_BENCH_KEEP") else print(f"kept {work}", file=sys.stderr)
+    return 0
+
+
+def ratio(a, b) -> str:
+    return f"{a / b:.2f}" if a and b else "n/a"
+
+
+def report(out: dict, args) -> None:
+    ph = out["phases"]
+    load = os.getloadavg()[0]
+    print(f"{args.replicas} llama.cpp replicas of SmolLM2-135M (one thread, {args.slots} slots each) on {os.cpu_count()} cores shared with others "
+          f"(load average {load:.1f} at the end); {args.requests} requests a phase at {args.rate:g}/s (Poisson, open loop); "
+          f"{args.groups} groups x {args.users} users, system prompts ~{args.system_tokens} tokens, questions ~{args.question_tokens}, "
+          f"answers {args.max_tokens} tokens")  # fmt: skip
+    cols = ("ttft_p50", "ttft_p90", "ttft_p99", "e2e_p50", "e2e_p90", "e2e_p99", "rps", "out_tps", "hit_ratio", "prompt_mean", "errors")
+    print(f"{'':28}" + "".join(f"{c:>11}" for c in cols) + "   spread (requests per replica); routes")
+    for key, r in ph.items():
+        print(f"{r['name']:28}" + "".join(f"{'-' if r[c] is None else r[c]:>11}" for c in cols) + f"   {r['spread']}; {r['routes']}")
+    goals = []
+    a, c, d, e, a0, c0 = (ph.get(k) for k in ("a", "c", "d", "e", "a0", "c0"))
+    if a and c:
+        goals.append(("(c) p90 TTFT at least 10x lower than (a)'s", ratio(a["ttft_p90"], c["ttft_p90"]) + "x"))
+        goals.append(("(c) throughput at least 1.5x (a)'s", ratio(c["rps"], a["rps"]) + "x"))
+    if e and c:
+        goals.append(("(c) p90 TTFT at least 10x lower than (e)'s", ratio(e["ttft_p90"], c["ttft_p90"]) + "x"))
+    if a0 and c0:
+        goals.append(("no prefix: (c) throughput within 5% of (a)", ratio(c0["rps"], a0["rps"])))
+        goals.append(("no prefix: (c) p50 TTFT within 5% of (a)", ratio(c0["ttft_p50"], a0["ttft_p50"])))
+    if c and d:
+        goals.append(("(d) hit ratio within 10% of (c)'s", ratio(d["hit_ratio"], c["hit_ratio"])))
+    for what, got in goals:
+        print(f"goal: {what:52} {got}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
