@@ -269,6 +269,44 @@ async def test_an_engine_that_is_not_the_replicas_is_refused_with_the_reason_nev
     assert stranger.paths == ["/v1/models"]
 
 
+class LlamaLike(FakeEngine):
+    """Owned by llamacpp, so the gateway asks its /props on a new connection."""
+
+    def model_card(self) -> dict:
+        return {**super().model_card(), "owned_by": "llamacpp"}
+
+    async def answer(self, writer, method: str, path: str, req: dict) -> bool:
+        if method == "GET" and path == "/props":
+            self.paths.append(path)
+            self.send_json(writer, 200, {"chat_template_caps": {"supports_tools": True}})
+            return True
+        return await super().answer(writer, method, path, req)
+
+
+async def test_concurrent_requests_to_one_replica_each_have_their_own_connection(setup):
+    # Once routing sent two identical prompts at once to the replica they were
+    # warm on, the connection verified with /v1/models and /props went back to
+    # the pool while the first request used it, and again when that answer
+    # ended: pooled twice, the next two requests both took it, and one never
+    # had its answer.
+    m = spec("m")
+    await setup.log.model(m)
+    e = LlamaLike("e", identity="m@m-1.0/1", delay=0.3)
+    await e.start()
+    setup.engines.append(e)
+    e.model = "m"
+    await setup.log.replica(m, e.endpoint, identity="m@m-1.0/1")
+    await setup.gateway()
+    client = setup.client()
+    first = await client.chat.completions.create(model="m", messages=CHAT)  # the connection made, verified, pooled
+    assert first.choices[0].message.content == "hello from e" and e.paths == ["/v1/models", "/props", "/v1/chat/completions"]
+    got = await asyncio.wait_for(
+        asyncio.gather(*(client.chat.completions.create(model="m", messages=CHAT) for _ in range(3))), 10
+    )
+    assert [g.choices[0].message.content for g in got] == ["hello from e"] * 3
+    assert e.paths.count("/v1/chat/completions") == 4 and e.paths.count("/props") == 1
+
+
 async def test_a_request_whose_only_replica_fails_waits_for_its_replacement(setup):
     m = spec("m")
     await setup.log.model(m)

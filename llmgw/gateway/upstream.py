@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import time
 
@@ -40,6 +41,9 @@ IDLE_S = 4.0  # a pooled connection idle longer is closed rather than reused
 MAX_IDLE = 64  # idle connections kept per replica
 VERIFY_TIMEOUT_S = 5.0  # for an engine's answer to GET /v1/models on a new connection
 VERIFY_MAX_BODY = 1 << 20  # more than any list of models: a stranger streaming something else is cut
+
+
+_LLAMACPP = re.compile(rb'"owned_by"\s*:\s*"llamacpp"')  # in GET /v1/models, however spaced
 
 
 class NotTheEngine(Exception):
@@ -338,10 +342,15 @@ class Pool:
             raise NotTheEngine(f"{where} is not the engine started for this replica: {why}")
         if conn.closed:
             raise NotTheEngine(f"{where} closed the connection after GET /v1/models (an engine must keep connections alive)")
-        conn.verified = True
         if self.tools is None:
             # Other engines refuse tools they cannot serve themselves: taken as they say.
-            self.tools = await self._props(conn) if b'"owned_by":"llamacpp"' in body else True
+            self.tools = await self._props(conn) if _LLAMACPP.search(body) else True
+        # Verified only now: a verified connection goes back to the pool when an
+        # answer on it completes, and /props's answer would have put it there
+        # while connect() also hands it to a request. Two concurrent requests
+        # to one replica then shared it, and one never had its answer (seen
+        # once routing sent identical prompts to the replica they were warm on).
+        conn.verified = True
 
     async def _props(self, conn: Connection) -> bool:
         """llama.cpp's /props on a verified connection: whether its template
