@@ -40,6 +40,17 @@ ENGINE_KEYS_BUCKET = "LLMGW_ENGINE_KEYS"
 # bucket's age limit; a gateway may keep them shorter, GatewayConfig).
 RESPONSES_BUCKET = "LLMGW_RESPONSES"
 STORED_RESPONSES_TTL_S = 30 * 24 * 3600.0  # OpenAI keeps a stored response 30 days
+# The limits every gateway holds together (gateway/shared_limits.py): one
+# counter a key, written and read by gateways only (NATS permissions), each
+# changed by compare-and-set. A counter not written for QUOTAS_TTL_S is gone,
+# which is right for all of them: a rate's bucket is full again, a day's or
+# a month's window is over.
+QUOTAS_BUCKET = "LLMGW_QUOTAS"
+QUOTAS_TTL_S = 35 * 24 * 3600.0
+
+
+class Conflict(Exception):
+    """A compare-and-set lost: the value moved since it was read."""
 _KEY_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
@@ -48,8 +59,12 @@ def engine_key_name(node: str, shard: str, generation: int) -> str:
     `<node>.<shard>.<generation>`, the shard with every byte outside
     `A-Za-z0-9-_` written `=XX` (a KV key allows only `-/_=.a-zA-Z0-9`,
     shard ids may hold `:` and `.`), so exactly three tokens, one per part."""
-    encoded = "".join(c if c in _KEY_SAFE else "".join(f"={b:02X}" for b in c.encode()) for c in shard)
-    return f"{node}.{encoded}.{generation}"
+    return f"{node}.{kv_token(shard)}.{generation}"
+
+
+def kv_token(text: str) -> str:
+    """`text` as one token of a KV key: every byte outside `A-Za-z0-9-_` written `=XX`."""
+    return "".join(c if c in _KEY_SAFE else "".join(f"={b:02X}" for b in c.encode()) for c in text)
 
 
 OnMessage = Callable[[int, str, bytes], None]
@@ -146,6 +161,12 @@ class Bus(Protocol):
 
     async def get_stored(self, key: str) -> bytes | None:
         """The stored response under `key`; None when there is none (expired, never stored)."""
+
+    async def quota_get(self, key: str) -> tuple[bytes | None, int]:
+        """A counter of QUOTAS_BUCKET and its revision (None, 0 when there is none)."""
+
+    async def quota_swap(self, key: str, value: bytes, revision: int) -> int:
+        """Write a counter if still at `revision` (0: if there is none): its new revision, or Conflict."""
 
     async def close(self) -> None: ...
 

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import COMMAND_PREFIX, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, RESPONSES_BUCKET
+from . import COMMAND_PREFIX, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, QUOTAS_BUCKET, RESPONSES_BUCKET
 
 LOGS_PREFIX = "llmgw.agent-logs"  # llmgw/agent/logs.py
 SIM_PREFIX = "llmgw.sim"  # the simulated agents' test hooks (llmgw.sim.<node>.fail, .silence)
@@ -98,7 +98,8 @@ READER_API = (
 READER_FACTS = ("llmgw.gw.>", "llmgw.ctl.>")
 # ... and the stored responses' puts (gateway/stored.py; read by direct get,
 # in READER_API). Of READERS' users, only gateways may publish there (auth.py).
-READER_STORES = (f"$KV.{RESPONSES_BUCKET}.>",)
+# And the shared limits' compare-and-set puts (gateway/shared_limits.py).
+READER_STORES = (f"$KV.{RESPONSES_BUCKET}.>", f"$KV.{QUOTAS_BUCKET}.>")
 # ... and, as streams, what its consumers deliver: into its inbox (each
 # reader's user may subscribe only its own, bus/auth.py inbox_prefix).
 READER_INBOXES = tuple(f"_INBOX.{role}.>" for role in sorted(READER_ROLES))

@@ -65,7 +65,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, LEADER_BUCKET, RESPONSES_BUCKET, STREAM, signing
+from . import COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, LEADER_BUCKET, QUOTAS_BUCKET, RESPONSES_BUCKET, STREAM, signing
 from . import accounts
 from .accounts import LOGS_PREFIX, SIM_PREFIX
 
@@ -220,6 +220,12 @@ def _stored_responses() -> tuple[str, ...]:
     return (f"$KV.{RESPONSES_BUCKET}.>", f"$JS.API.DIRECT.GET.KV_{RESPONSES_BUCKET}.$KV.{RESPONSES_BUCKET}.>")
 
 
+def _shared_limits() -> tuple[str, ...]:
+    """The gateways' shared limits (gateway/shared_limits.py): a compare-and-set
+    put, and a get of one counter by its subject. No consumer on the bucket."""
+    return (f"$KV.{QUOTAS_BUCKET}.>", f"$JS.API.DIRECT.GET.KV_{QUOTAS_BUCKET}.$KV.{QUOTAS_BUCKET}.>")
+
+
 def permissions(role: str, name: str) -> Permissions:
     check_name(role, name)
     inbox = f"{inbox_prefix(role, name)}.>"
@@ -250,7 +256,7 @@ def permissions(role: str, name: str) -> Permissions:
         )
     if role == "gateway":
         return Permissions(
-            pub_allow=(f"llmgw.gw.{name}.>", *_log_reader(), *_engine_keys_reader(), *_stored_responses()),
+            pub_allow=(f"llmgw.gw.{name}.>", *_log_reader(), *_engine_keys_reader(), *_stored_responses(), *_shared_limits()),
             sub_allow=(inbox,),
         )
     if role == "operator":

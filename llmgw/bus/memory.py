@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Callable
 
-from . import CONTROL_SUBJECTS, Fenced, LeaseTaken, OnCommand, OnMessage
+from . import CONTROL_SUBJECTS, Conflict, Fenced, LeaseTaken, OnCommand, OnMessage
 
 _CONTROL_PREFIX = CONTROL_SUBJECTS[:-1]
 
@@ -80,6 +80,9 @@ class MemoryBus:
         self.engine_keys: dict[str, str] = {}  # ENGINE_KEYS_BUCKET
         self.engine_keys_down = False  # a test's unreachable bucket
         self.stored: dict[str, bytes] = {}  # RESPONSES_BUCKET
+        self.quotas: dict[str, tuple[bytes, int]] = {}  # QUOTAS_BUCKET: key -> (value, revision)
+        self.quotas_down = False  # a test's unreachable bucket
+        self._quota_revision = 0
 
     async def ensure_streams(self) -> None:
         pass
@@ -185,6 +188,20 @@ class MemoryBus:
 
     async def get_stored(self, key: str) -> bytes | None:
         return self.stored.get(key)
+
+    async def quota_get(self, key: str) -> tuple[bytes | None, int]:
+        if self.quotas_down:
+            raise ConnectionError("the quotas bucket cannot be reached")
+        return self.quotas.get(key, (None, 0))
+
+    async def quota_swap(self, key: str, value: bytes, revision: int) -> int:
+        if self.quotas_down:
+            raise ConnectionError("the quotas bucket cannot be reached")
+        if self.quotas.get(key, (None, 0))[1] != revision:
+            raise Conflict(key)
+        self._quota_revision += 1
+        self.quotas[key] = (value, self._quota_revision)
+        return self._quota_revision
 
     def _keys_reachable(self) -> None:
         if self.engine_keys_down:

@@ -52,11 +52,14 @@ from . import (
     ENGINE_KEYS_BUCKET,
     HEARTBEAT_BUCKET,
     LEADER_BUCKET,
+    QUOTAS_BUCKET,
+    QUOTAS_TTL_S,
     RESPONSES_BUCKET,
     STORED_RESPONSES_TTL_S,
     STREAM,
     SUBJECTS,
     BusUnavailable,
+    Conflict,
     Fenced,
     LeaseTaken,
     OnCommand,
@@ -296,6 +299,7 @@ class NatsBus:
         self._kv = None
         self._keys = None  # the engine keys bucket, once opened
         self._responses = None  # the stored responses bucket, once opened
+        self._quotas = None  # the shared limits' bucket, once opened
         self._instance = uuid.uuid4().hex[:12]
         self.reconnected_at = 0.0  # wall clock of the last reconnect
         self.on_reconnect: list = []  # async callables run after a reconnect
@@ -477,7 +481,13 @@ class NatsBus:
             KeyValueConfig(bucket=RESPONSES_BUCKET, history=1, ttl=STORED_RESPONSES_TTL_S, storage=StorageType.FILE,
                            replicas=self.replicas, direct=True)
         )  # fmt: skip
-        for bucket in (HEARTBEAT_BUCKET, ENGINE_KEYS_BUCKET, RESPONSES_BUCKET):
+        # The gateways' shared limits (gateway/shared_limits.py): on disk (a
+        # month's budget outlives a restart), read by key, direct.
+        await self._make_bucket(
+            KeyValueConfig(bucket=QUOTAS_BUCKET, history=1, ttl=QUOTAS_TTL_S, storage=StorageType.FILE,
+                           replicas=self.replicas, direct=True)
+        )  # fmt: skip
+        for bucket in (HEARTBEAT_BUCKET, ENGINE_KEYS_BUCKET, RESPONSES_BUCKET, QUOTAS_BUCKET):
             await buckets.harden(self.js, bucket)  # one made by an older llmgw
 
     def _heartbeat_config(self) -> KeyValueConfig:
@@ -896,6 +906,27 @@ class NatsBus:
         except KeyNotFoundError:
             return None
         return entry.value or None
+
+    # ----------------------------------------------------------------- shared limits
+
+    def _quotas_bucket(self):
+        if self._quotas is None:
+            self._quotas = self._bucket(QUOTAS_BUCKET, direct=True)
+        return self._quotas
+
+    async def quota_get(self, key: str) -> tuple[bytes | None, int]:
+        try:
+            entry = await self._quotas_bucket().get(key)
+        except KeyNotFoundError:
+            return None, 0
+        return entry.value, entry.revision or 0
+
+    async def quota_swap(self, key: str, value: bytes, revision: int) -> int:
+        kv = self._quotas_bucket()
+        try:
+            return await (kv.update(key, value, last=revision) if revision else kv.create(key, value))
+        except KeyWrongLastSequenceError:
+            raise Conflict(key) from None
 
     async def close(self) -> None:
         """Drain what is pending; with the server gone, just let go."""

@@ -207,6 +207,13 @@ class OwnerApplied(Event, tag="owner.applied"):
     name: b.OwnerPath
     guarantee: Resources = msgspec.field(default_factory=Resources)
     limit: Limit = msgspec.field(default_factory=Limit)
+    # What its keys may ask of the gateways together, counted up the tree (a
+    # team's requests count for its organisation too); 0: no limit
+    # (gateway/quota.py).
+    requests_per_minute: b.Counter = 0
+    tokens_per_minute: b.Counter = 0
+    tokens_per_day: b.Counter = 0
+    tokens_per_month: b.Counter = 0
 
 
 class OwnerRemoved(Event, tag="owner.removed"):
@@ -222,6 +229,8 @@ class ApiKeyApplied(Event, tag="apikey.applied"):
     key_sha256: b.KeySha256
     requests_per_minute: b.Counter = 0  # 0: no limit
     tokens_per_minute: b.Counter = 0
+    tokens_per_day: b.Counter = 0  # a budget per UTC day (gateway/quota.py)
+    tokens_per_month: b.Counter = 0  # a budget per UTC calendar month
 
 
 class ApiKeyRemoved(Event, tag="apikey.removed"):

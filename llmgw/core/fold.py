@@ -62,7 +62,9 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 #     on which a real engine's profile is not placed (fit.SIMULATED).
 # 18: ModelLoad.routes summed into Model.routed (issue 30: where the
 #     gateways sent a model's requests, and why).
-FOLD_VERSION = 18
+# 19: an owner's and a key's gateway limits (requests and tokens per minute,
+#     tokens per day and month: issue 32) kept in Owner and ApiKey.
+FOLD_VERSION = 19
 
 
 class Refused(ValueError):
@@ -268,7 +270,10 @@ def _owner_applied(state: State, e: ev.OwnerApplied, seq: int) -> None:
     parts = e.name.split("/")
     if not e.name or not all(NAME_RE.match(p) for p in parts):
         raise Refused(f"owner {e.name!r}: a path of names (letters, digits, _ and -) joined by /")
-    state.owners[e.name] = Owner(guarantee=e.guarantee, limit=e.limit)
+    state.owners[e.name] = Owner(
+        guarantee=e.guarantee, limit=e.limit, requests_per_minute=e.requests_per_minute,
+        tokens_per_minute=e.tokens_per_minute, tokens_per_day=e.tokens_per_day, tokens_per_month=e.tokens_per_month,
+    )  # fmt: skip
 
 
 def _owner_removed(state: State, e: ev.OwnerRemoved, seq: int) -> None:
@@ -293,6 +298,8 @@ def _api_key_applied(state: State, e: ev.ApiKeyApplied, seq: int) -> None:
         key_sha256=e.key_sha256,
         requests_per_minute=e.requests_per_minute,
         tokens_per_minute=e.tokens_per_minute,
+        tokens_per_day=e.tokens_per_day,
+        tokens_per_month=e.tokens_per_month,
     )
 
 

@@ -244,6 +244,10 @@ RUNTIME = (
 class Owner(msgspec.Struct, kw_only=True, gc=False):
     guarantee: Resources = msgspec.field(default_factory=Resources)
     limit: Limit = msgspec.field(default_factory=Limit)
+    requests_per_minute: int = 0  # of its keys together, at every gateway (0: no limit)
+    tokens_per_minute: int = 0
+    tokens_per_day: int = 0
+    tokens_per_month: int = 0
 
 
 class ApiKey(msgspec.Struct, kw_only=True, gc=False):
@@ -251,6 +255,8 @@ class ApiKey(msgspec.Struct, kw_only=True, gc=False):
     key_sha256: str
     requests_per_minute: int = 0
     tokens_per_minute: int = 0
+    tokens_per_day: int = 0
+    tokens_per_month: int = 0
 
 
 class Hold(msgspec.Struct, kw_only=True, gc=False):

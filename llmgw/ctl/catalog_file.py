@@ -89,6 +89,10 @@ class _Model(BaseModel):
         return v
 
 
+# The limits the gateways hold an owner's and a key's requests to (gateway/quota.py).
+GATEWAY_LIMITS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "tokens_per_month")
+
+
 class _ApiKey(BaseModel):
     """A key of the gateway. Give `key` (hashed here, never published) or its
     `key_sha256`; the log and the gateways only ever see the hash."""
@@ -100,6 +104,8 @@ class _ApiKey(BaseModel):
     key_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     requests_per_minute: int = Field(0, ge=0)
     tokens_per_minute: int = Field(0, ge=0)
+    tokens_per_day: int = Field(0, ge=0)
+    tokens_per_month: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _one_key(self) -> "_ApiKey":
@@ -129,6 +135,11 @@ class _Owner(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}(/[A-Za-z0-9_-]{1,64})*$")
     guarantee: _Amount = _Amount()
     limit: _Limit = _Limit()
+    # What its keys may ask of the gateways together (gateway/quota.py); 0: no limit.
+    requests_per_minute: int = Field(0, ge=0)
+    tokens_per_minute: int = Field(0, ge=0)
+    tokens_per_day: int = Field(0, ge=0)
+    tokens_per_month: int = Field(0, ge=0)
 
 
 class _Policy(BaseModel):
@@ -209,7 +220,7 @@ def items(state: State, catalog: Catalog) -> list[Item]:
                         None if same else PolicyApplied(at=0.0, policy=catalog.policy)))
     for o in catalog.owners:
         had_o = state.owners.get(o.name)
-        now_o = Owner(guarantee=o.guarantee, limit=o.limit)
+        now_o = Owner(guarantee=o.guarantee, limit=o.limit, **{f: getattr(o, f) for f in GATEWAY_LIMITS})
         out.append(Item("owner", o.name, had_o, now_o, None if had_o == now_o else o))
     for spec in catalog.models:
         current = state.models.get(spec.name)
@@ -217,8 +228,7 @@ def items(state: State, catalog: Catalog) -> list[Item]:
         out.append(Item("model", spec.name, had, spec, None if had == spec else ModelApplied(at=0.0, model=spec)))
     for k in catalog.api_keys:
         had_k = state.api_keys.get(k.name)
-        now_k = ApiKey(owner=k.owner, key_sha256=k.key_sha256, requests_per_minute=k.requests_per_minute,
-                       tokens_per_minute=k.tokens_per_minute)
+        now_k = ApiKey(owner=k.owner, key_sha256=k.key_sha256, **{f: getattr(k, f) for f in GATEWAY_LIMITS})
         out.append(Item("api key", k.name, had_k, now_k, None if had_k == now_k else k))
     return out
 
@@ -270,14 +280,14 @@ def load_catalog(path: str | Path) -> Catalog:
             name=k.name,
             owner=k.owner,
             key_sha256=k.key_sha256 or hashlib.sha256(k.key.encode()).hexdigest(),  # type: ignore[union-attr]
-            requests_per_minute=k.requests_per_minute,
-            tokens_per_minute=k.tokens_per_minute,
+            **{f: getattr(k, f) for f in GATEWAY_LIMITS},
         )
         for k in catalog.api_keys
     ]
     owners = [
         OwnerApplied(
-            at=0.0, name=o.name, guarantee=Resources(**o.guarantee.model_dump()), limit=Limit(**o.limit.model_dump())
+            at=0.0, name=o.name, guarantee=Resources(**o.guarantee.model_dump()), limit=Limit(**o.limit.model_dump()),
+            **{f: getattr(o, f) for f in GATEWAY_LIMITS},
         )
         for o in catalog.owners
     ]

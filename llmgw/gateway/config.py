@@ -150,6 +150,23 @@ class GatewayConfig:
         metavar="N",
     )  # fmt: skip
     prefix_sessions: int = _f(100_000, "sessions (a request's user or X-Session-Id) remembered, each on its replica (an LRU)")
+    # Limits every gateway holds together (quota.py, shared_limits.py: leases of counters in NATS KV).
+    quota_failure: str = _f(
+        "open", "when NATS does not answer about the shared limits: `open` lets requests in under this gateway's own "
+        "count of each limit (so N gateways may let in up to N times it meanwhile; the usage is counted when NATS is "
+        "back), `closed` answers 503 with Retry-After", metavar="open|closed",
+    )  # fmt: skip
+    quota_timeout: float = _f(0.5, "seconds NATS may take to answer about a shared limit before --quota-failure applies")
+    quota_retry: float = _f(2.0, "seconds after NATS failed to answer before it is asked again (--quota-failure meanwhile)")
+    quota_lease: float = _f(
+        0.02, "the share of a limit one gateway takes from NATS at once and serves from memory (a NATS round trip "
+        "every this-share of the limit, not every request)", metavar="RATIO",
+    )  # fmt: skip
+    quota_lease_idle: float = _f(2.0, "seconds a gateway keeps a leased share unused before giving it back to the others")
+    default_completion: int = _f(
+        256, "tokens reserved for the answer of a request without max_tokens (at most the key's smallest token limit; "
+        "an answer past it is charged as it ran)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -165,6 +182,13 @@ class GatewayConfig:
                 raise ValueError(f"{f} must be positive")
         if self.metrics_listen:
             address(self.metrics_listen)
+        if self.quota_failure not in ("open", "closed"):
+            raise ValueError(f"quota_failure is open or closed, not {self.quota_failure!r}")
+        if not 0 < self.quota_lease <= 1:
+            raise ValueError("quota_lease is a share of a limit: above 0, at most 1")
+        for f in ("quota_timeout", "quota_retry", "quota_lease_idle"):
+            if getattr(self, f) <= 0:
+                raise ValueError(f"{f} must be positive")
 
     @property
     def metrics_address(self) -> tuple[str, int] | None:

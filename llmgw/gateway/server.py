@@ -51,7 +51,9 @@ from .config import KIB, MIB, GatewayConfig
 from .connection import Client, Request, _enough_files
 from .exchange import BROKEN, DONE, GONE, RETRY, STALE, TIMEOUT, Exchange
 from .edge_limits import Connections, KeyFailures, nests_deeper
-from .limits import KeyLimits, retry_after
+from .limits import retry_after
+from .quota import Refused, estimate_prompt
+from .shared_limits import SharedLimits
 from .load import Loads
 from .metrics import Metrics
 from .prefix import prefix_of
@@ -98,7 +100,7 @@ class Gateway:
         self.table = Table()
         self.backends: dict[tuple[str, str, str, str], Backend] = {}
         self.by_model: dict[str, list[Backend]] = {}
-        self.limits: dict[str, KeyLimits] = {}
+        self.quotas = SharedLimits(bus, config)  # the limits every gateway holds together
         self.loads = Loads()
         self.metrics = Metrics()
         self.router = Router(
@@ -158,14 +160,8 @@ class Gateway:
         for b in gone:
             b.pool.close()
         self.router.forget(b.token for b in gone)  # stopped, draining, a new generation: at once
-        now = time.monotonic()
-        limits = {}
-        for _, (name, key) in table.keys.items():
-            lim = self.limits.get(name)
-            if lim is None or not lim.same(key.requests_per_minute, key.tokens_per_minute):
-                lim = KeyLimits(key.requests_per_minute, key.tokens_per_minute, now)
-            limits[name] = lim
-        self.table, self.backends, self.by_model, self.limits = table, backends, by_model, limits
+        self.quotas.update(self.state.api_keys, self.state.owners)
+        self.table, self.backends, self.by_model = table, backends, by_model
         waiters, self.waiters = self.waiters, []
         for w in waiters:
             if not w.done():
@@ -335,25 +331,14 @@ class Gateway:
         if route is None or (owner is not None and not may_use(owner, route.owner)):
             self.metrics.answered("", "", 404, 0.0)
             return client.reply(req, 404, self._no_model(model))
-        if owner is not None:
-            lim = self.limits.get(req.auth.decode())
-            if lim is not None:
-                wait, which = lim.admit(time.monotonic())
-                if wait > 0:
-                    self.metrics.answered(route.name, "", 429, 0.0)
-                    after = retry_after(wait)
-                    return client.reply(
-                        req, 429,
-                        api.error_body(429, f"Rate limit reached for {which} per minute of this API key: retry in {after}s.", "rate_limit_exceeded"),
-                        headers=b"Retry-After: %d\r\n" % after,
-                    )  # fmt: skip
+        limits = self.quotas.limits.get(req.auth.decode()) if owner is not None else None
         ready = intake.prepare(path, body, route.name, model, route.serves)
         if isinstance(ready, Refusal):
             self.metrics.answered(route.name, "", ready.status, 0.0)
             return client.reply(req, ready.status, api.error_body(ready.status, ready.message, ready.code, param=ready.param))
         ask = self.ask(route, req, ready.body)
         client.task = asyncio.get_running_loop().create_task(
-            self.proxy(client, req, path, route.name, stream, ready.body, owner is not None, ready.tools, ask)
+            self.proxy(client, req, path, route.name, stream, ready.body, owner is not None, ready.tools, ask, limits)
         )
 
     def ask(self, route, req: Request, body: bytes) -> Ask:
@@ -373,8 +358,13 @@ class Gateway:
 
     async def proxy(
         self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, keyed: bool,
-        tools: bool = False, ask: Ask | None = None,
+        tools: bool = False, ask: Ask | None = None, limits=None,
     ) -> None:
+        grant = None
+        if limits:  # the key's and its owners' limits, held with every gateway (shared_limits.py)
+            grant = await self.quotas.reserve(limits, body)
+            if isinstance(grant, Refused):
+                return self.refuse_quota(client, req, model, grant)
         ask = ask if ask is not None else Ask()
         now = time.time()
         meter = self.loads.meter(model, now)
@@ -480,8 +470,8 @@ class Gateway:
                     if stream:
                         self.metrics.first_token(model, replica, first)
                 used = api.stream_usage(ex.tail) if stream else (api.usage_of(b"".join(ex.parts)) if ex.parts else None)
-                if used is None and stream:
-                    used = (0, max(ex.events - 1, 0), 0)  # one event a token, less [DONE]
+                if used is None and stream:  # cut before its usage: its prompt (estimated) and one event a token, less [DONE]
+                    used = (grant.prompt if grant is not None else estimate_prompt(body), max(ex.events - 1, 0), 0)
                 if used is not None:
                     prompt, completion, cached = used
                     self.metrics.used(model, replica, prompt, completion, cached)
@@ -492,10 +482,8 @@ class Gateway:
                     meter.tokens_in += prompt
                     meter.tokens_out += completion
                     meter.tokens_cached += min(cached, prompt)
-                    if keyed:
-                        lim = self.limits.get(req.auth.decode())
-                        if lim is not None:
-                            lim.used(prompt + completion, time.monotonic())
+            if grant is not None:
+                self.quotas.settle(grant, prompt + completion)
             meter.finished(first)
             if replica and ask.choice is not None:
                 reason = ask.choice.reason
@@ -513,6 +501,18 @@ class Gateway:
                 if why:
                     span.set_attribute("llmgw.error", why)
                 span.end()
+
+    def refuse_quota(self, client: Client, req: Request, model: str, refused: Refused) -> None:
+        """Past a limit (429, naming it), or the limits not checkable and the policy closed (503)."""
+        self.metrics.answered(model, "", refused.status, 0.0)
+        self.metrics.edge(f"quota_{refused.limit.kind.value}" if refused.limit is not None else "quota_unavailable")
+        headers = b""
+        message = refused.message()
+        if not refused.too_large:  # one too large never passes: no Retry-After to come back after
+            after = retry_after(refused.wait_s)
+            headers = b"Retry-After: %d\r\n" % after
+            message += f" Retry in {after}s."
+        client.reply(req, refused.status, api.error_body(refused.status, message, refused.code), headers=headers)
 
     async def tool_less(self, b: Backend) -> bool:
         """Whether the replica's engine is known to take no tools (its template
@@ -722,6 +722,7 @@ class Gateway:
     async def run(self, stop: asyncio.Event) -> None:
         await self.start()
         reports = asyncio.get_running_loop().create_task(self.report_loop(stop))
+        quotas = asyncio.get_running_loop().create_task(self.quotas.run(stop))
         try:
             await stop.wait()
         finally:
@@ -733,6 +734,7 @@ class Gateway:
                 pass
             for r in self.loads.due(time.time() + 3600):  # the last word: zero
                 await self.publish_load(r)
+            await quotas  # its leases given back
 
     async def close(self, grace: float = 5.0) -> None:
         if self.server is not None:
