@@ -150,6 +150,14 @@ class GatewayConfig:
         metavar="N",
     )  # fmt: skip
     prefix_sessions: int = _f(100_000, "sessions (a request's user or X-Session-Id) remembered, each on its replica (an LRU)")
+    # Fair queuing when a model's replicas are saturated (fairqueue.py, waiting.py).
+    replica_slots: int = _f(
+        64, "requests outstanding per replica (per unit of its weight) past which it is saturated: more wait at the "
+        "gateway, in a queue per model fair between owners, rather than in the engine's arrival order (0: never)",
+    )  # fmt: skip
+    max_queue: int = _f(1024, "requests that may wait for a saturated model at this gateway (429 with Retry-After past it)")
+    max_queue_wait: float = _f(30.0, "seconds a request may wait for a saturated model (503 with Retry-After past it)")
+    queue_retry_after: int = _f(2, "seconds in the Retry-After of a request refused by a saturated model's queue")
     # Limits every gateway holds together (quota.py, shared_limits.py: leases of counters in NATS KV).
     quota_failure: str = _f(
         "open", "when NATS does not answer about the shared limits: `open` lets requests in under this gateway's own "
@@ -176,7 +184,7 @@ class GatewayConfig:
         for f in (
             "max_request_line", "max_header_bytes", "max_connections", "header_timeout", "body_timeout", "keepalive_timeout",
             "max_connections_per_client", "max_json_depth", "request_timeout", "key_failure_window",
-            "max_response_chain",
+            "max_response_chain", "max_queue", "max_queue_wait", "queue_retry_after",
         ):  # fmt: skip
             if getattr(self, f) <= 0:
                 raise ValueError(f"{f} must be positive")

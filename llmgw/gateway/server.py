@@ -54,6 +54,7 @@ from .edge_limits import Connections, KeyFailures, nests_deeper
 from .limits import retry_after
 from .quota import Refused, estimate_prompt
 from .shared_limits import SharedLimits
+from .waiting import Waiting
 from .load import Loads
 from .metrics import Metrics
 from .prefix import prefix_of
@@ -101,6 +102,7 @@ class Gateway:
         self.backends: dict[tuple[str, str, str, str], Backend] = {}
         self.by_model: dict[str, list[Backend]] = {}
         self.quotas = SharedLimits(bus, config)  # the limits every gateway holds together
+        self.waiting = Waiting(config, lambda model: self.by_model.get(model) or (), self.state)  # saturated models' queues
         self.loads = Loads()
         self.metrics = Metrics()
         self.router = Router(
@@ -338,7 +340,7 @@ class Gateway:
             return client.reply(req, ready.status, api.error_body(ready.status, ready.message, ready.code, param=ready.param))
         ask = self.ask(route, req, ready.body)
         client.task = asyncio.get_running_loop().create_task(
-            self.proxy(client, req, path, route.name, stream, ready.body, owner is not None, ready.tools, ask, limits)
+            self.proxy(client, req, path, route.name, stream, ready.body, owner is not None, ready.tools, ask, limits, owner)
         )
 
     def ask(self, route, req: Request, body: bytes) -> Ask:
@@ -358,7 +360,7 @@ class Gateway:
 
     async def proxy(
         self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, keyed: bool,
-        tools: bool = False, ask: Ask | None = None, limits=None,
+        tools: bool = False, ask: Ask | None = None, limits=None, owner: str | None = None,
     ) -> None:
         grant = None
         if limits:  # the key's and its owners' limits, held with every gateway (shared_limits.py)
@@ -378,7 +380,14 @@ class Gateway:
         answered = False  # the client has had its answer (or is gone)
         deadline = failed_at = 0.0  # of the wait, once begun; of the last failure
         try:
-            while True:
+            turned = await self.waiting.turn(model, owner, client, meter)  # a saturated model: its turn, fairly
+            if turned is not None:
+                status, why, answered = turned.status, turned.message, True
+                if status == 499:
+                    client.finished(False)
+                else:
+                    client.reply(req, status, api.error_body(status, why, turned.code), headers=b"Retry-After: %d\r\n" % turned.retry_after)
+            while not answered:
                 backends = self.by_model.get(model)
                 b = self.choose(model, backends, tried, ask) if backends else None
                 if b is None:
@@ -573,6 +582,7 @@ class Gateway:
             raise
         finally:
             b.outstanding -= 1
+            self.waiting.released(b.model)  # a slot freed: the next waiting for one goes
             meter.change(time.time(), in_flight=-1)
             if ex.timer is not None:
                 ex.timer.cancel()
