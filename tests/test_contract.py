@@ -102,6 +102,7 @@ def test_unknown_fields_from_a_newer_publisher_are_ignored(cls):
         ev.NodeMuted: ev.NodeMuted(at=1.0, node="n", rate=5000.0, limit=100.0, window_s=10.0, events=50000),
         ev.NodeUnmuted: ev.NodeUnmuted(at=1.0, node="n", reason="fixed"),
         ev.NodeAdmitted: ev.NodeAdmitted(at=1.0, node="n", gpus=8, gpu_models=["H100"], pool="secure"),
+        ev.UsageReported: ev.UsageReported(at=1.0, gateway="g", rows=[ev.UsageRow(model="m", key="k", requests=1)]),
     }[cls]
     data = msgspec.json.decode(ev.encode(sample))
     data["from_the_future"] = 42

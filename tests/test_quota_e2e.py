@@ -7,6 +7,7 @@ each with its role's credential; the official `openai` SDK as the client.
 - NATS killed: the gateway failing open lets requests in under its own
   count, the one failing closed answers 503 with Retry-After; NATS back:
   both hold the shared limit again, what was let in meanwhile counted.
+- Their usage, per key, owner and model, summed from the log by `ctl get usage`.
 - Budgets across a day boundary, over the real KV bucket: two gateways'
   shared limits with a clock of the test's (no one sleeps a day).
 """
@@ -79,7 +80,7 @@ def test_a_key_gets_its_limit_through_three_gateways_and_nats_killed_and_back(na
         policy = "closed" if i == 2 else "open"
         processes.start(
             f"gw{i}", "gateway", "--nats", url, "--port", str(port), "--name", f"gw{i}", "--wait-timeout", "30",
-            "--quota-failure", policy, "--quota-retry", "0.5", "--quota-timeout", "0.5",
+            "--quota-failure", policy, "--quota-retry", "0.5", "--quota-timeout", "0.5", "--usage-interval", "0.5",
         )  # fmt: skip
     catalog = tmp_path / "catalog.yaml"
     catalog.write_text(CATALOG)
@@ -105,6 +106,16 @@ def test_a_key_gets_its_limit_through_three_gateways_and_nats_killed_and_back(na
     assert R - 2 <= served <= R + 3, codes
     headers, message = refusal
     assert int(headers["retry-after"]) >= 1 and f"requests per minute of this API key ({R})" in message
+
+    # The usage on the log, summed over the three gateways' reports.
+    def usage():
+        out = run_llmgw("ctl", "--nats", url, "get", "usage", "--owner", "org", "--since", "1h", "-o", "json")
+        assert out.returncode == 0, out.stderr
+        rows = json.loads(out.stdout or "[]")
+        return rows if rows and rows[0]["requests"] == served and rows[0]["refused"] == 3 * R - served else None
+
+    (row,) = until(usage, "the usage of key k reported")
+    assert (row["key"], row["owner"], row["model"]) == ("k", "org", "m") and row["tokens_in"] > 0
 
     # NATS killed: gw0 fails open (its own count: fresh, so it lets requests in), gw2 closed (503).
     nats_server.stop()

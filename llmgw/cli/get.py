@@ -25,7 +25,7 @@ from ..ctl.locate import Where
 from ..ctl.output import Output, Watch, parse_output, render, sort_rows
 from ..ctl.readmodels import ReadModels
 
-LIVE = ("leader", "policy", "owners", "apikeys")  # read from the log, not the read models
+LIVE = ("leader", "policy", "owners", "apikeys", "usage")  # read from the log, not the read models
 GROWING = ("decisions", "preemptions")  # only ever grow: a watch prints those after the last shown
 HAS_ENTITIES = {"models": "model", "replicas": "replica", "nodes": "node"}  # every name the log mentioned
 
@@ -46,8 +46,8 @@ def add_parser(verb, kind_type, timeout_help: str) -> None:
     get = verb("get", "list models, nodes, replicas, decisions, quotas, owners, API keys ...; or show those named")
     get.add_argument(
         "kind", type=kind_type(views.KINDS), metavar="KIND",
-        help="models, nodes, replicas, decisions, quotas, preemptions, domains, owners, apikeys, leader or policy "
-        "(or singular, or mo, no, rs, dec, q, pre, dom, own, keys, lead, pol)",
+        help="models, nodes, replicas, decisions, quotas, preemptions, domains, owners, apikeys, leader, policy or usage "
+        "(or singular, or mo, no, rs, dec, q, pre, dom, own, keys, lead, pol, use)",
     )  # fmt: skip
     get.add_argument(
         "names", nargs="*", metavar="NAME",
@@ -72,7 +72,13 @@ def add_parser(verb, kind_type, timeout_help: str) -> None:
     )
     get.add_argument("--no-headers", action="store_true", help="tables, wide and custom columns: no header line")
     get.add_argument("-w", "--watch", action="store_true", help="then print each change as it is projected (Ctrl-C ends)")
-    get.add_argument("--model", help="only this model's replicas, decisions or preemptions")
+    get.add_argument("--model", help="only this model's replicas, decisions, preemptions or usage")
+    get.add_argument("--owner", default="", help="usage: only this owner's keys and those of the owners under it")
+    get.add_argument("--key", default="", help="usage: only this API key's (by its name)")
+    get.add_argument(
+        "--since", default="", metavar="TIME",
+        help="usage: only what was reported since then: 30m, 24h, 7d (ago), 2026-12-05, 2026-12-05T10:00 (UTC)",
+    )
     get.add_argument("--domain", metavar="KIND/NAME", help="nodes: only those in this facility domain (rack/r4-12)")
     get.add_argument("--limit", type=int, default=50, metavar="N", help="decisions, preemptions: the latest N (0: all)")
     get.add_argument("--timeout", type=float, default=CONFIG.catch_up_timeout_s, metavar="S", help=timeout_help)
@@ -161,6 +167,8 @@ async def _live_rows(args, where: Where) -> tuple[list[dict], str]:
         return await _leader_rows(where)
     from ..core.policy import DEFAULT, FIELDS
 
+    if args.kind == "usage":
+        return await _usage_rows(args, where), ""
     state, latest = await _live_catalog(where)
     if args.kind == "owners":
         return owners_rows(state), ""
@@ -168,6 +176,36 @@ async def _live_rows(args, where: Where) -> tuple[list[dict], str]:
         return apikeys_rows(state), ""
     seq = latest.get(("policy", ""), 0)
     return [{"field": f, "value": getattr(state.policy, f), "default": getattr(DEFAULT, f), "seq": seq} for f in FIELDS], ""
+
+
+async def _usage_rows(args, where: Where) -> list[dict]:
+    """The gateways' usage reports on the log, summed (ctl/usage.py), spend at the catalog's prices."""
+    import time
+
+    from ..core import events as ev
+    from ..ctl import deadline
+    from ..ctl import usage
+    from .ctl import BAD_INPUT, CtlError, _catalog, _connect
+
+    try:
+        since = usage.parse_since(args.since, time.time()) if args.since else 0.0
+    except ValueError as e:
+        raise CtlError(f"get usage: {e}", BAD_INPUT) from None
+    bus = await _connect(where)
+    try:
+        state, _ = await _catalog(bus)
+        found = await deadline.retrying("a read of the usage", lambda: bus.read_matching("llmgw.gw.*.usage.reported"))
+    finally:
+        await bus.close()
+    reports = []
+    for _, _, data in found:
+        try:
+            e = ev.decode(data)
+        except Exception:  # quarantined by the fold: not usage
+            continue
+        if isinstance(e, ev.UsageReported):
+            reports.append(e)
+    return usage.rows(reports, usage.prices_of(state), owner=args.owner, key=args.key, model=args.model or "", since=since)
 
 
 async def _leader_rows(where: Where) -> tuple[list[dict], str]:

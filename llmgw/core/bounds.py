@@ -83,6 +83,7 @@ MAX_LABELS = 256  # labels of one node (Kubernetes nodes carry a few dozen)
 MAX_DOMAINS = 65_536  # facility domains with a power cap (racks, PDUs of 16,000 nodes)
 MAX_PROFILES = 64
 MAX_ROUTE_ROWS = 256  # (replica, reason) rows of one gateway's load report: the rest wait for the next
+MAX_USAGE_ROWS = 1024  # (key, owner, model) rows of one gateway's usage report: the rest wait for the next
 MAX_ALIASES = 64
 MAX_ARGS = 256
 MAX_VICTIMS = 4096
@@ -165,6 +166,7 @@ Time = _float(0.0, MAX_TIME, "Unix seconds")
 Duration = _float(0.0, MAX_DURATION, "seconds")
 Ratio = _float(0.0, MAX_RATIO, "a weight or a load")
 EventRate = _float(0.0, 1e12, "events a second")
+Price = _float(0.0, 1e9, "money per 1,000 tokens")
 
 # --------------------------------------------------------------------------- strings
 

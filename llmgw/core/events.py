@@ -119,6 +119,10 @@ class ModelSpec(Struct):
     # it hashes), "least-load" (fewest outstanding per unit of weight) or
     # "round-robin". Routing only: no replica is restarted for it.
     routing: b.Routing = "prefix"
+    # What 1,000 of its tokens cost, prompt and answer (in the catalog's
+    # currency, whatever it is): spend in `ctl get usage`. 0: no price.
+    price_in_per_1k: b.Price = 0.0
+    price_out_per_1k: b.Price = 0.0
 
 
 class Resources(Struct):
@@ -415,6 +419,31 @@ class RouteCount(Struct):
     hits: b.Counter = 0
 
 
+class UsageRow(Struct):
+    """What one key (of one owner) asked of one model at one gateway since
+    its previous report: requests answered, their prompt and answer tokens,
+    and requests refused past a limit."""
+
+    model: b.ModelRef
+    key: b.KeyName = ""  # "" : a gateway without API keys
+    owner: b.OwnerName = ""
+    requests: b.Counter = 0
+    tokens_in: b.Counter = 0
+    tokens_out: b.Counter = 0
+    refused: b.Counter = 0
+
+
+class UsageReported(Event, tag="usage.reported"):
+    """One gateway's usage, coalesced per key, owner and model over an
+    interval (GatewayConfig.usage_interval, gateway/usage.py): the sum over
+    the log is the whole usage (`llmgw ctl get usage`). Not folded: the
+    control plane decides nothing on it."""
+
+    gateway: b.GatewayRef
+    since: b.Time = 0.0  # the interval's start (`at` its end)
+    rows: b.many(UsageRow, b.MAX_USAGE_ROWS) = []
+
+
 class ModelLoad(Event, tag="model.load"):
     """One gateway's load on one model, coalesced: published when it changes,
     at most every second or so, and once more when it falls to nothing.
@@ -655,6 +684,7 @@ AnyEvent = Union[
     NodeMuted,
     NodeUnmuted,
     NodeAdmitted,
+    UsageReported,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
@@ -686,6 +716,7 @@ ORIGIN: dict[type[Event], str] = {
     NodeMuted: "control",
     NodeUnmuted: "ctl",
     NodeAdmitted: "ctl",
+    UsageReported: "gw",
 }
 
 

@@ -536,6 +536,7 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.ApiKeyApplied: _api_key_applied,
     ev.ApiKeyRemoved: _api_key_removed,
     ev.ModelLoad: _model_load,
+    ev.UsageReported: lambda state, e, seq: None,  # usage is read from the log (ctl get usage), not folded
     ev.OwnerApplied: _owner_applied,
     ev.OwnerRemoved: _owner_removed,
     ev.NodePorts: node_ports,

@@ -71,6 +71,8 @@ class _Model(BaseModel):
     drain_grace_s: float = Field(30.0, ge=0)
     priority: Literal["critical", "standard", "opportunistic"] = "standard"
     routing: Literal["prefix", "least-load", "round-robin"] = "prefix"  # gateway/choose.py
+    price_in_per_1k: float = Field(0.0, ge=0)  # spend in `ctl get usage` (issue 32)
+    price_out_per_1k: float = Field(0.0, ge=0)
     profiles: list[_Profile] = Field(min_length=1)
 
     @field_validator("name")

@@ -125,6 +125,7 @@ KEYS = {
     "domains": ("name", "kind", "domain", "held", "drain"),
     "leader": ("name", "role", "id"),
     "policy": ("name", "field"),
+    "usage": ("name", "key", "owner", "model"),
 }
 FREE_LABELS = {"nodes"}  # kinds whose rows carry labels of any name
 

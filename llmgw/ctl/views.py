@@ -24,6 +24,7 @@ from .printable import printable, printable_data, printable_lines  # noqa: F401 
 
 KINDS = (
     "models", "nodes", "replicas", "decisions", "quotas", "preemptions", "domains", "owners", "apikeys", "leader", "policy",
+    "usage",
 )  # fmt: skip
 # Every name a kind goes by, as kubectl takes them: plural, singular, short.
 KIND_NAMES = {
@@ -38,6 +39,7 @@ KIND_NAMES = {
     "apikeys": ("apikey", "keys", "key", "api-key", "api-keys"),
     "leader": ("leaders", "lead"),
     "policy": ("policies", "pol"),
+    "usage": ("usages", "use"),
 }
 SINGULAR = {kind: names[0] for kind, names in KIND_NAMES.items()}
 ALIASES = {name: kind for kind, names in KIND_NAMES.items() for name in (kind, *names)}
@@ -173,6 +175,15 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
         ["NAME", "OWNER", "REQUESTS/MIN", "TOKENS/MIN"],
         lambda k: [k["name"], k["owner"], _per_minute(k["requests_per_minute"]), _per_minute(k["tokens_per_minute"])],
     ),
+    # `get usage`: the gateways' usage reports summed per key, owner and model (ctl/usage.py).
+    "usage": (
+        "id",
+        ["KEY", "OWNER", "MODEL", "REQUESTS", "TOKENS IN", "TOKENS OUT", "REFUSED", "SPEND"],
+        lambda u: [
+            u["key"] or "-", u["owner"] or "-", u["model"], str(u["requests"]), str(u["tokens_in"]), str(u["tokens_out"]),
+            str(u["refused"]), format(u["spend"], ".4f") if u["priced"] else "",
+        ],
+    ),
     # `get leader`: the lease holder and the standbys, live from the lease bucket.
     "leader": (
         "id",
@@ -211,6 +222,7 @@ WIDE: dict[str, tuple[list[str], Callable[[dict], list[str]]]] = {
     "policy": ([], lambda r: []),
     "owners": ([], lambda o: []),
     "apikeys": ([], lambda k: []),
+    "usage": (["SINCE"], lambda u: [_age(u["since"])]),
 }
 
 FLEX = {"MODELS", "API KEYS", "REASON", "WAITING", "LABELS", "VICTIMS (TIER)", "BEFORE", "VOIDED", "DECISION", "PROFILES", "WHY PLACED"}

@@ -171,6 +171,7 @@ class GatewayConfig:
         "every this-share of the limit, not every request)", metavar="RATIO",
     )  # fmt: skip
     quota_lease_idle: float = _f(2.0, "seconds a gateway keeps a leased share unused before giving it back to the others")
+    usage_interval: float = _f(60.0, "seconds of usage (per key, owner and model) coalesced into one report on the log")
     default_completion: int = _f(
         256, "tokens reserved for the answer of a request without max_tokens (at most the key's smallest token limit; "
         "an answer past it is charged as it ran)",
@@ -194,7 +195,7 @@ class GatewayConfig:
             raise ValueError(f"quota_failure is open or closed, not {self.quota_failure!r}")
         if not 0 < self.quota_lease <= 1:
             raise ValueError("quota_lease is a share of a limit: above 0, at most 1")
-        for f in ("quota_timeout", "quota_retry", "quota_lease_idle"):
+        for f in ("quota_timeout", "quota_retry", "quota_lease_idle", "usage_interval"):
             if getattr(self, f) <= 0:
                 raise ValueError(f"{f} must be positive")
 

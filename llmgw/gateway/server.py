@@ -54,6 +54,8 @@ from .edge_limits import Connections, KeyFailures, nests_deeper
 from .limits import retry_after
 from .quota import Refused, estimate_prompt
 from .shared_limits import SharedLimits
+from .usage import Usage
+from .usage import report as report_usage
 from .waiting import Waiting
 from .load import Loads
 from .metrics import Metrics
@@ -102,6 +104,7 @@ class Gateway:
         self.backends: dict[tuple[str, str, str, str], Backend] = {}
         self.by_model: dict[str, list[Backend]] = {}
         self.quotas = SharedLimits(bus, config)  # the limits every gateway holds together
+        self.usage = Usage(time.time())  # per key, owner and model (usage.py)
         self.waiting = Waiting(config, lambda model: self.by_model.get(model) or (), self.state)  # saturated models' queues
         self.loads = Loads()
         self.metrics = Metrics()
@@ -366,6 +369,7 @@ class Gateway:
         if limits:  # the key's and its owners' limits, held with every gateway (shared_limits.py)
             grant = await self.quotas.reserve(limits, body)
             if isinstance(grant, Refused):
+                self.usage.count(req.auth.decode(), owner or "", model, refused=1)
                 return self.refuse_quota(client, req, model, grant)
         ask = ask if ask is not None else Ask()
         now = time.time()
@@ -493,6 +497,7 @@ class Gateway:
                     meter.tokens_cached += min(cached, prompt)
             if grant is not None:
                 self.quotas.settle(grant, prompt + completion)
+            self.usage.count(req.auth.decode() if keyed else "", owner or "", model, 1, prompt, completion)
             meter.finished(first)
             if replica and ask.choice is not None:
                 reason = ask.choice.reason
@@ -693,7 +698,7 @@ class Gateway:
         return self.metrics.render(
             loads, backends, models=models, connections=len(self.clients) if whole else None,
             index_blocks=len(self.router.index) if whole else None,
-        )
+        ) + (self.usage.render() if whole else b"")  # per key: not in a key's view (other keys' names)
 
     # ----------------------------------------------------------------- the whole
 
@@ -733,6 +738,9 @@ class Gateway:
         await self.start()
         reports = asyncio.get_running_loop().create_task(self.report_loop(stop))
         quotas = asyncio.get_running_loop().create_task(self.quotas.run(stop))
+        usage = asyncio.get_running_loop().create_task(
+            report_usage(self.bus, self.name, self._instance, self.usage, self.config.usage_interval, stop)
+        )
         try:
             await stop.wait()
         finally:
@@ -745,6 +753,7 @@ class Gateway:
             for r in self.loads.due(time.time() + 3600):  # the last word: zero
                 await self.publish_load(r)
             await quotas  # its leases given back
+            await usage  # its last report
 
     async def close(self, grace: float = 5.0) -> None:
         if self.server is not None:
