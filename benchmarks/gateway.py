@@ -213,7 +213,7 @@ def serve(port: int, chunks: int, key: str) -> None:
 # --------------------------------------------------------------------------- the fleet: a log and a gateway
 
 
-async def write_log(url: str, endpoints: dict[str, str], creds: str | None = None) -> None:
+async def write_log(url: str, endpoints: dict[str, str], creds: str | None = None, limits: bool = False) -> None:
     from llmgw.bus import engine_key_name
     from llmgw.bus.nats import NatsBus
     from llmgw.core import events as ev
@@ -245,6 +245,15 @@ async def write_log(url: str, endpoints: dict[str, str], creds: str | None = Non
             await publish(ev.ShardStatus(at=now, node="bench", replica=rid, shard=f"{rid}.0", generation=seq, state=st,
                                          endpoint=endpoint if st == "ready" else "",
                                          identity=identity(model) if st == "ready" else ""))  # fmt: skip
+    if limits:  # the client's bearer is an API key with every limit (never reached), its owner's too
+        import hashlib
+
+        big = 10**12
+        await publish(ev.OwnerApplied(at=now, name="bench", requests_per_minute=big, tokens_per_minute=big, tokens_per_day=big))
+        await publish(ev.ApiKeyApplied(
+            at=now, name="bench", owner="bench", key_sha256=hashlib.sha256(KEY.encode()).hexdigest(),
+            requests_per_minute=big, tokens_per_minute=big, tokens_per_day=big, tokens_per_month=big,
+        ))  # fmt: skip
     await bus.close()
 
 
@@ -499,6 +508,11 @@ def main() -> int:
     p.add_argument("--chunks", type=int, default=200, help="events per streamed answer")
     p.add_argument("--upstream", choices=("auto", "nginx", "python"), default="auto")
     p.add_argument("--json", help="also write the figures here")
+    p.add_argument(
+        "--limits", action="store_true",
+        help="the client's bearer an API key with limits (requests, tokens per minute, per day, its owner's too: never "
+        "reached), so that every request goes through the shared limits (gateway/shared_limits.py)",
+    )
     p.add_argument("--auth", action="store_true", help="the server with auth on, the gateway with its credential (as llmgw up)")
     p.add_argument("--no-translated", dest="translated", action="store_false", help="skip /v1/responses and /v1/messages")
     p.add_argument("--prefixes", type=int, default=100_000, help="unique prompts sent through the gateway first: its prefix index holds them")
@@ -535,9 +549,11 @@ def main() -> int:
         procs.append(subprocess.Popen([sys.executable, __file__, "--serve", str(stream_port), "--chunks", str(args.chunks)], start_new_session=True, env={**os.environ, "LLMGW_BENCH_KEY": KEY}))
         wait_port(up_port)
         wait_port(stream_port)
-        asyncio.run(write_log(nats.url, {MODEL: f"http://127.0.0.1:{up_port}", STREAM_MODEL: f"http://127.0.0.1:{stream_port}"}, loader))
+        asyncio.run(write_log(nats.url, {MODEL: f"http://127.0.0.1:{up_port}", STREAM_MODEL: f"http://127.0.0.1:{stream_port}"}, loader, args.limits))
+        metrics_port = free_port() if args.limits else gw_port  # with API keys, /metrics of every model is there
+        metrics = ["--metrics-listen", f"127.0.0.1:{metrics_port}"] if args.limits else []
         gw = subprocess.Popen(
-            [sys.executable, "-m", "llmgw", "gateway", "--nats", nats.url, "--port", str(gw_port), "--name", "bench", *gateway_creds],
+            [sys.executable, "-m", "llmgw", "gateway", "--nats", nats.url, "--port", str(gw_port), "--name", "bench", *gateway_creds, *metrics],
             stdout=open(work / "gateway.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True, cwd=HERE.parent,
         )  # fmt: skip
         procs.append(gw)
@@ -547,7 +563,7 @@ def main() -> int:
         async def measure() -> None:
             if args.prefixes:
                 await fill(gw_port, args.prefixes)
-            results["index_blocks"] = index_blocks(gw_port)
+            results["index_blocks"] = index_blocks(metrics_port)
             # Warm both paths (connections, caches) before anything counts.
             for port in (up_port, gw_port):
                 await open_loop(port, args.rate, 1.0)

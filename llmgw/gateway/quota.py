@@ -33,7 +33,7 @@ import calendar
 import enum
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -70,18 +70,25 @@ KINDS = tuple(Kind)
 
 @dataclass(frozen=True, slots=True)
 class Limit:
-    """One limit of one key or owner: `scope` "key" or "owner"."""
+    """One limit of one key or owner: `scope` "key" or "owner". What every
+    request reads of it is worked out once (the hot path: benchmarks/gateway.py --limits)."""
 
     scope: str
     name: str
     kind: Kind
     amount: int
+    base: str = field(default="", compare=False)  # its key in the quotas bucket, less a budget's window
+    tokens: bool = field(default=False, compare=False)
+    rate: bool = field(default=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base", f"{self.scope}.{kv_token(self.name)}.{self.kind.value}")
+        object.__setattr__(self, "tokens", self.kind.tokens)
+        object.__setattr__(self, "rate", self.kind.rate)
 
     def counter(self, now: float) -> str:
         """Its key in the quotas bucket: a rate's one key, a budget's per window."""
-        base = f"{self.scope}.{kv_token(self.name)}.{self.kind.value}"
-        w = window(self.kind, now)[0]
-        return f"{base}.{w}" if w else base
+        return self.base if self.rate else f"{self.base}.{window(self.kind, now)[0]}"
 
     def describe(self) -> str:
         return f"{self.kind.words} of {'this API key' if self.scope == 'key' else 'owner ' + self.name} ({self.amount})"
@@ -99,10 +106,23 @@ def limits_of(key_name: str, key, owners: dict) -> tuple[Limit, ...]:
     return tuple(out)
 
 
+_windows: dict[tuple[Kind, int], tuple[str, float]] = {}  # by UTC day (Unix days are 86,400 s exactly)
+
+
 def window(kind: Kind, now: float) -> tuple[str, float]:
     """A budget's window at `now` and when it ends ("", 0 for a rate)."""
     if kind.rate:
         return "", 0.0
+    day = int(now // 86400)
+    got = _windows.get((kind, day))
+    if got is None:
+        if len(_windows) > 64:
+            _windows.clear()
+        got = _windows[(kind, day)] = _window(kind, day * 86400.0)
+    return got
+
+
+def _window(kind: Kind, now: float) -> tuple[str, float]:
     t = time.gmtime(now)
     if kind is Kind.TOKENS_PER_DAY:
         start = calendar.timegm((t.tm_year, t.tm_mon, t.tm_mday, 0, 0, 0))
@@ -213,7 +233,7 @@ def reservation(body: bytes, default_completion: int, limits: tuple[Limit, ...])
         asked = None
     if asked is not None and asked > 0:
         return prompt, prompt + asked, True
-    smallest = min((l.amount for l in limits if l.kind.tokens), default=0)
+    smallest = min((l.amount for l in limits if l.tokens), default=0)
     want = prompt + default_completion
     return prompt, (max(prompt, min(want, smallest)) if smallest else want), False
 
@@ -221,7 +241,7 @@ def reservation(body: bytes, default_completion: int, limits: tuple[Limit, ...])
 def too_large(limits: tuple[Limit, ...], tokens: int) -> Limit | None:
     """The token limit a request can never pass (its tokens past the amount), if any."""
     for l in limits:
-        if l.kind.tokens and tokens > l.amount:
+        if l.tokens and tokens > l.amount:
             return l
     return None
 

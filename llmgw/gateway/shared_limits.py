@@ -61,7 +61,7 @@ class _Down(Exception):
 class _Lease:
     """One counter as this gateway holds it."""
 
-    __slots__ = ("counter", "limit", "have", "used_at", "owed", "fallback", "flight")
+    __slots__ = ("counter", "limit", "have", "used_at", "owed", "fallback", "flight", "half")
 
     def __init__(self, counter: str, limit: Limit, now: float) -> None:
         self.counter = counter
@@ -71,6 +71,7 @@ class _Lease:
         self.owed = 0  # units used and not yet charged to the counter
         self.fallback: Bucket | None = None  # this gateway's own count, while NATS does not answer
         self.flight: asyncio.Future | None = None  # its one exchange with NATS under way (others wait for it)
+        self.half = 0.0  # half a chunk: in hand below it, a top-up is begun (reserve)
 
     def chunk(self, share: float) -> int:
         return max(1, math.ceil(self.limit.amount * share))
@@ -121,7 +122,7 @@ class SharedLimits:
         down = now < self.down_until
         for limit in limits:
             lease = self._lease(limit, now)
-            n = tokens if limit.kind.tokens else 1
+            n = tokens if limit.tokens else 1
             lease.used_at = now
             if down:
                 short.append((lease, n))
@@ -153,14 +154,14 @@ class SharedLimits:
             self.refused += 1
             return refused
         for lease, _, shared in parts:
-            if shared and lease.have < lease.chunk(self.config.quota_lease) / 2:
+            if shared and lease.have < lease.half:
                 self._prefetch(lease)
         return Grant(parts, tokens, prompt)
 
     def settle(self, grant: Grant, used: int) -> None:
         """A request ended having used `used` tokens (its prompt and answer)."""
         for lease, n, shared in grant.parts:
-            if not lease.limit.kind.tokens:
+            if not lease.limit.tokens:
                 continue
             if not shared:  # let in on the fallback: the counter is told what was used
                 lease.owed += used
@@ -200,10 +201,11 @@ class SharedLimits:
     def _lease(self, limit: Limit, now: float) -> _Lease:
         counter = limit.counter(now)
         lease = self.leases.get(counter)
-        if lease is None:
-            lease = self.leases[counter] = _Lease(counter, limit, now)
-        else:
-            lease.limit = limit  # its amount may have changed
+        if lease is None or lease.limit is not limit:  # new, or its amount changed
+            if lease is None:
+                lease = self.leases[counter] = _Lease(counter, limit, now)
+            lease.limit = limit
+            lease.half = lease.chunk(self.config.quota_lease) / 2
         return lease
 
     # ----------------------------------------------------------------- NATS
