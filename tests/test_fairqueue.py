@@ -52,12 +52,21 @@ def test_shares_follow_weights_and_critical_goes_first():
 
 def test_the_queue_is_bounded_in_size_and_in_wait():
     q = FairQueue(2, 5.0)
-    e1 = q.push(1, "a", 1.0, 0.0)
+    e1, _ = q.push(1, "a", 1.0, 0.0)
     q.push(2, "b", 1.0, 3.0)
-    assert q.push(3, "c", 1.0, 3.0) is None and len(q) == 2
+    assert q.push(3, "c", 1.0, 3.0) == (None, None) and len(q) == 2  # none has more than c would
     assert [e.item for e in q.expired(5.5)] == [1] and len(q) == 1 and e1.gone
     q.remove(e1)  # twice: nothing more
     assert len(q) == 1 and drain(q) == [2] and len(q) == 0
+
+
+def test_a_full_queue_pushes_out_the_last_of_the_longest_owner():
+    q = FairQueue(4, 30.0)
+    for i in range(4):
+        q.push(f"a{i}", "a", 1.0, 0.0)
+    entry, out = q.push("b0", "b", 1.0, 0.0)
+    assert entry is not None and out.item == "a3" and len(q) == 4
+    assert drain(q) == ["a0", "b0", "a1", "a2"]
 
 
 def test_an_owners_weight_is_its_guarantee_up_the_tree():
@@ -69,13 +78,13 @@ def test_an_owners_weight_is_its_guarantee_up_the_tree():
 @given(
     burst=st.integers(1, 60),
     others=st.lists(st.integers(0, 3), min_size=1, max_size=30),
-    bound=st.integers(1, 40),
+    bound=st.integers(8, 40),  # room for a round of the four owners, twice
 )
 def test_no_owner_within_its_share_is_starved_and_no_queue_passes_its_bound(burst, others, bound):
     """Unit service: one request a step. Owner `a` bursts; owners b, c, d each
     send at most one request every 4 steps (within their share: a quarter
-    each of four equal owners): each of theirs is served within 4 steps of
-    coming, whatever a's burst."""
+    each of four equal owners): each of theirs is queued (a full queue pushes
+    out a's) and served within 4 steps of coming, whatever a's burst."""
     q = FairQueue(bound, 1e9)
     for i in range(burst):
         q.push(("a", i, 0), "a", 1.0, 0.0)
@@ -84,8 +93,10 @@ def test_no_owner_within_its_share_is_starved_and_no_queue_passes_its_bound(burs
         if sent and step - last["bcd"[sent - 1]] >= 4:  # within its share: else it does not send
             owner = "bcd"[sent - 1]
             last[owner] = step
-            q.push((owner, step, step), owner, 1.0, float(step))  # None past the bound: refused, not starved
+            q.push((owner, step, step), owner, 1.0, float(step))  # past the bound: a's pushed out
         assert len(q) <= bound
+        if sent and last["bcd"[sent - 1]] == step:
+            assert any(not x.gone and x.item == (owner, step, step) for c in q.classes.values() for x in c.heap)
         e = q.pop()
         if e is not None and e.owner != "a":
             assert step - e.item[2] <= 4

@@ -167,7 +167,7 @@ class GatewayConfig:
     quota_timeout: float = _f(0.5, "seconds NATS may take to answer about a shared limit before --quota-failure applies")
     quota_retry: float = _f(2.0, "seconds after NATS failed to answer before it is asked again (--quota-failure meanwhile)")
     quota_lease: float = _f(
-        0.02, "the share of a limit one gateway takes from NATS at once and serves from memory (a NATS round trip "
+        0.01, "the share of a limit one gateway takes from NATS at once and serves from memory (a NATS round trip "
         "every this-share of the limit, not every request)", metavar="RATIO",
     )  # fmt: skip
     quota_lease_idle: float = _f(2.0, "seconds a gateway keeps a leased share unused before giving it back to the others")

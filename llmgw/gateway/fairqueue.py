@@ -13,8 +13,11 @@ owner is starved, and backlogged owners are served in proportion to their
 weights (their guarantees: `weight_of`). Deficit round robin would do as
 well; virtual time needs no quantum and serves one request at a time.
 
-Bounded in size (past it, a request is refused at once: `push` says so)
-and in wait (`expired` hands back those queued past it). A request that
+Bounded in size: when full, a newcomer pushes out the last queued of the
+owner with the most queued, where that owner has more than the newcomer's
+(longest queue drop: a burst that fills the queue must not lock out the
+neighbours its fair share leaves room for); else the newcomer is refused.
+And bounded in wait (`expired` hands back those queued past it). A request that
 leaves (its client gone) is `remove`d; the heap drops it lazily.
 """
 
@@ -74,10 +77,20 @@ class FairQueue:
     def __len__(self) -> int:
         return self.size
 
-    def push(self, item, owner: str, weight: float, now: float, rank: int = 1) -> Entry | None:
-        """Queue `item`; None when the queue is full (refuse it)."""
+    def push(self, item, owner: str, weight: float, now: float, rank: int = 1) -> tuple[Entry | None, Entry | None]:
+        """Queue `item`: (its entry, or None when the queue is full and it is
+        refused; the entry it pushed out to make room, if any: refuse that one)."""
+        out = None
         if self.size >= self.max_size:
-            return None
+            out = self._longest(owner)
+            if out is None:
+                return None, None
+            self.remove(out)
+            # Its last request pushed out: the owner's next is tagged as if it had never come,
+            # not behind it (else each push-out would cost the owner a turn it never had).
+            c = self.classes[out.rank]
+            if c.last_finish.get(out.owner) == out.finish:
+                c.last_finish[out.owner] = out.start
         c = self.classes.get(rank)
         if c is None:
             c = self.classes[rank] = _Class()
@@ -87,7 +100,27 @@ class FairQueue:
         c.waiting[owner] = c.waiting.get(owner, 0) + 1
         heapq.heappush(c.heap, e)
         self.size += 1
-        return e
+        return e, out
+
+    def _longest(self, owner: str) -> Entry | None:
+        """The last queued of the owner with the most queued, if it has more than `owner` (+1: the newcomer)."""
+        counts: dict[str, int] = {}
+        for c in self.classes.values():
+            for o, n in c.waiting.items():
+                counts[o] = counts.get(o, 0) + n
+        if not counts:
+            return None
+        heaviest = max(counts, key=counts.__getitem__)
+        if counts[heaviest] <= counts.get(owner, 0) + 1:
+            return None
+        last = None
+        for rank in sorted(self.classes, reverse=True):  # from the lowest class
+            for e in self.classes[rank].heap:
+                if not e.gone and e.owner == heaviest and (last is None or e.finish > last.finish):
+                    last = e
+            if last is not None:
+                return last
+        return None
 
     def pop(self) -> Entry | None:
         """The next to go: the first class with any, its least finish tag."""

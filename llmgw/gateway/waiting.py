@@ -8,7 +8,8 @@ already holds others (no overtaking them), waits here in the model's
 FairQueue, counted as queued (the load that scales the model), until a
 slot frees (`released`, one woken a slot), its client leaves, or
 `max_queue_wait` passes (503 with Retry-After); past `max_queue` waiting, it
-is refused at once (429 with Retry-After).
+is refused at once (429 with Retry-After), or pushes out the last of the
+owner with the most waiting (fairqueue.py), which is then refused so.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from .config import GatewayConfig
 from .fairqueue import CLASS_RANK, FairQueue, weight_of
 
+PUSHED_OUT = object()  # what a waiter pushed out of a full queue is woken with
 TICK_S = 0.5  # a waiting request looks at its client (gone?) and its replicas (more room?) this often
 
 
@@ -63,9 +65,12 @@ class Waiting:
         rank = CLASS_RANK.get(m.spec.priority, 1) if m is not None else 1
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        entry = q.push(fut, owner or "", weight_of(owner or "", self.state.owners), time.monotonic(), rank)
+        full = Turned(429, f"Too many requests are waiting for {model} ({cfg.max_queue}): retry later.", "queue_full", cfg.queue_retry_after)
+        entry, out = q.push(fut, owner or "", weight_of(owner or "", self.state.owners), time.monotonic(), rank)
+        if out is not None and not out.item.done():
+            out.item.set_result(PUSHED_OUT)  # its waiter answers 429
         if entry is None:
-            return Turned(429, f"Too many requests are waiting for {model} ({cfg.max_queue}): retry later.", "queue_full", cfg.queue_retry_after)
+            return full
         meter.change(time.time(), queued=1)
         try:
             deadline = entry.since + cfg.max_queue_wait
@@ -83,7 +88,7 @@ class Waiting:
                     return Turned(499, "the client left while queued", "", 0)
                 if not self.saturated(model):  # room came otherwise (a replica ready)
                     self.released(model)
-            return None
+            return full if fut.result() is PUSHED_OUT else None
         finally:
             meter.change(time.time(), queued=-1)
 
