@@ -48,23 +48,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
 ENGINE_KEY = os.environ.get("LLMGW_BENCH_KEY") or "bench-" + os.urandom(16).hex()
 TENANTS = {"a": "sk-tenant-a-0123456789abcdef", "b": "sk-tenant-b-0123456789abcdef", "o": "sk-tenant-o-0123456789abcdef",
            "c": "sk-tenant-c-0123456789abcdef", "r": "sk-limited-0123456789abcdef"}  # fmt: skip
 ASK = json.dumps({"model": "{model}", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
-
-
-def wait_port(port: int, timeout: float = 20.0) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on {port}")
 
 
 def identity(model: str) -> str:
@@ -288,6 +277,8 @@ def main() -> None:
     if args.serve:
         port, model, slots, service = args.serve
         return serve(int(port), model, int(slots), float(service))
+
+    from gateway import wait_port  # benchmarks/gateway.py
 
     from llmgw.bus.server import NatsServer, free_port
 

@@ -126,12 +126,29 @@ async def test_tokens_are_settled_and_an_answer_past_its_reservation_is_charged(
     body = json.dumps({"model": "m", "prompt": "x", "max_tokens": 30}).encode()
     g1 = await a.reserve(limits, body)
     assert isinstance(g1, Grant) and g1.tokens == 30
-    a.settle(g1, 10)  # 20 back into a's lease
+    a.settle(g1, 10, 0)  # 20 back into a's lease
     g2 = await a.reserve(limits, body)
-    a.settle(g2, 200)  # far past: a debt
+    a.settle(g2, 200, 0)  # far past: a debt
     await a.upkeep()
     refused = await b.reserve(limits, body)
     assert isinstance(refused, Refused) and refused.limit == limits[0] and refused.wait_s > 60
+
+
+async def test_a_spend_budget_counts_tokens_at_the_models_price():
+    bus, clock, (a, b) = gateways(2)
+    limits = (Limit("owner", "org", Kind.SPEND_PER_DAY, 1_000_000),)  # 1.00 a day
+    assert quota.limits_of("k", ApiKey(owner="org", key_sha256="ab" * 32), {"org": Owner(spend_per_day=1.0)}) == limits
+    body = json.dumps({"model": "m", "prompt": "x", "max_tokens": 1000}).encode()
+    price = (0.1, 0.3)  # per 1,000 tokens in and out: 1,000 out reserve 0.30
+    for g in (a, b, a):
+        got = await g.reserve(limits, body, price)
+        assert isinstance(got, Grant)
+        g.settle(got, 0, 1000)
+    refused = await b.reserve(limits, body, price)  # 0.90 spent: 0.30 more would pass 1.00
+    assert isinstance(refused, Refused) and "spend per day of owner org (1.00) budget" in refused.message()
+    assert isinstance(await b.reserve(limits, body, (0.0, 0.0)), Grant)  # a model with no price costs nothing
+    big = await a.reserve(limits, json.dumps({"model": "m", "prompt": "x", "max_tokens": 10_000}).encode(), price)
+    assert isinstance(big, Refused) and big.too_large and "requested 3.0000" in big.message()
 
 
 async def test_budgets_hold_until_the_next_utc_day():
@@ -142,7 +159,7 @@ async def test_budgets_hold_until_the_next_utc_day():
     for g in (a, b):
         got = await g.reserve(limits, body)
         assert isinstance(got, Grant)
-        g.settle(got, 400)
+        g.settle(got, 400, 0)
     refused = await a.reserve(limits, body)
     assert isinstance(refused, Refused) and refused.wait_s == pytest.approx(60) and "budget" in refused.message()
     clock.t += 61  # a new day

@@ -29,6 +29,7 @@ from llmgw.gateway.quota import Kind, Limit, Refused
 from llmgw.gateway.shared_limits import Grant, SharedLimits
 
 from .conftest import run_llmgw
+from .test_admission_e2e import until
 from .test_e2e_nats import wait_for
 from .test_gateway_e2e import wait_http
 
@@ -59,16 +60,6 @@ def ask(base: str) -> tuple[int, dict, str]:
         return raw.status_code, dict(raw.headers), ""
     except openai.APIStatusError as e:
         return e.status_code, dict(e.response.headers), e.message
-
-
-def until(check, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"not in time: {what}"
-        time.sleep(0.3)
 
 
 def test_a_key_gets_its_limit_through_three_gateways_and_nats_killed_and_back(nats_server, processes, tmp_path):
@@ -144,7 +135,7 @@ async def test_a_day_budget_holds_across_gateways_until_the_next_utc_day(nats_se
         for i in range(6):
             got = await gws[i % 2].reserve(limits, body)
             if isinstance(got, Grant):
-                gws[i % 2].settle(got, 300)
+                gws[i % 2].settle(got, 300, 0)
                 spent += 300
         assert spent == 900  # three of 300 fit in 1,000: the fourth would pass it
         refused = await gws[1].reserve(limits, body)

@@ -135,6 +135,8 @@ def owners_rows(state) -> list[dict]:
             "tokens_per_minute": owner.tokens_per_minute if owner else 0,
             "tokens_per_day": owner.tokens_per_day if owner else 0,
             "tokens_per_month": owner.tokens_per_month if owner else 0,
+            "spend_per_day": owner.spend_per_day if owner else 0.0,
+            "spend_per_month": owner.spend_per_month if owner else 0.0,
             "models": sorted(m for m, model in state.models.items() if model.spec.owner == name),
             "api_keys": sorted(k for k, key in state.api_keys.items() if key.owner == name),
         })  # fmt: skip
@@ -145,7 +147,8 @@ def apikeys_rows(state) -> list[dict]:
     """Names, owners and limits: built field by field, so a key's hash is in no row, whatever ApiKey gains."""
     return [
         {"name": name, "owner": k.owner, "requests_per_minute": k.requests_per_minute,
-         "tokens_per_minute": k.tokens_per_minute, "tokens_per_day": k.tokens_per_day, "tokens_per_month": k.tokens_per_month}
+         "tokens_per_minute": k.tokens_per_minute, "tokens_per_day": k.tokens_per_day, "tokens_per_month": k.tokens_per_month,
+         "spend_per_day": k.spend_per_day, "spend_per_month": k.spend_per_month}
         for name, k in sorted(state.api_keys.items())
     ]  # fmt: skip
 

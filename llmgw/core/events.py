@@ -218,6 +218,8 @@ class OwnerApplied(Event, tag="owner.applied"):
     tokens_per_minute: b.Counter = 0
     tokens_per_day: b.Counter = 0
     tokens_per_month: b.Counter = 0
+    spend_per_day: b.Price = 0.0  # in the catalog's currency, at its models' prices
+    spend_per_month: b.Price = 0.0
 
 
 class OwnerRemoved(Event, tag="owner.removed"):
@@ -235,6 +237,8 @@ class ApiKeyApplied(Event, tag="apikey.applied"):
     tokens_per_minute: b.Counter = 0
     tokens_per_day: b.Counter = 0  # a budget per UTC day (gateway/quota.py)
     tokens_per_month: b.Counter = 0  # a budget per UTC calendar month
+    spend_per_day: b.Price = 0.0  # budgets in the catalog's currency, at its models' prices
+    spend_per_month: b.Price = 0.0
 
 
 class ApiKeyRemoved(Event, tag="apikey.removed"):

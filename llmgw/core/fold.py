@@ -63,7 +63,7 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 18: ModelLoad.routes summed into Model.routed (issue 30: where the
 #     gateways sent a model's requests, and why).
 # 19: an owner's and a key's gateway limits (requests and tokens per minute,
-#     tokens per day and month: issue 32) kept in Owner and ApiKey.
+#     tokens and spend per day and month: issue 32) kept in Owner and ApiKey.
 FOLD_VERSION = 19
 
 
@@ -273,6 +273,7 @@ def _owner_applied(state: State, e: ev.OwnerApplied, seq: int) -> None:
     state.owners[e.name] = Owner(
         guarantee=e.guarantee, limit=e.limit, requests_per_minute=e.requests_per_minute,
         tokens_per_minute=e.tokens_per_minute, tokens_per_day=e.tokens_per_day, tokens_per_month=e.tokens_per_month,
+        spend_per_day=e.spend_per_day, spend_per_month=e.spend_per_month,
     )  # fmt: skip
 
 
@@ -300,6 +301,8 @@ def _api_key_applied(state: State, e: ev.ApiKeyApplied, seq: int) -> None:
         tokens_per_minute=e.tokens_per_minute,
         tokens_per_day=e.tokens_per_day,
         tokens_per_month=e.tokens_per_month,
+        spend_per_day=e.spend_per_day,
+        spend_per_month=e.spend_per_month,
     )
 
 

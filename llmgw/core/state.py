@@ -248,6 +248,8 @@ class Owner(msgspec.Struct, kw_only=True, gc=False):
     tokens_per_minute: int = 0
     tokens_per_day: int = 0
     tokens_per_month: int = 0
+    spend_per_day: float = 0.0
+    spend_per_month: float = 0.0
 
 
 class ApiKey(msgspec.Struct, kw_only=True, gc=False):
@@ -257,6 +259,8 @@ class ApiKey(msgspec.Struct, kw_only=True, gc=False):
     tokens_per_minute: int = 0
     tokens_per_day: int = 0
     tokens_per_month: int = 0
+    spend_per_day: float = 0.0
+    spend_per_month: float = 0.0
 
 
 class Hold(msgspec.Struct, kw_only=True, gc=False):

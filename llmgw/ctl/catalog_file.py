@@ -92,7 +92,9 @@ class _Model(BaseModel):
 
 
 # The limits the gateways hold an owner's and a key's requests to (gateway/quota.py).
-GATEWAY_LIMITS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "tokens_per_month")
+GATEWAY_LIMITS = (
+    "requests_per_minute", "tokens_per_minute", "tokens_per_day", "tokens_per_month", "spend_per_day", "spend_per_month",
+)  # fmt: skip
 
 
 class _ApiKey(BaseModel):
@@ -108,6 +110,8 @@ class _ApiKey(BaseModel):
     tokens_per_minute: int = Field(0, ge=0)
     tokens_per_day: int = Field(0, ge=0)
     tokens_per_month: int = Field(0, ge=0)
+    spend_per_day: float = Field(0.0, ge=0)  # in the catalog's currency, at its models' prices
+    spend_per_month: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
     def _one_key(self) -> "_ApiKey":
@@ -142,6 +146,8 @@ class _Owner(BaseModel):
     tokens_per_minute: int = Field(0, ge=0)
     tokens_per_day: int = Field(0, ge=0)
     tokens_per_month: int = Field(0, ge=0)
+    spend_per_day: float = Field(0.0, ge=0)  # in the catalog's currency, at its models' prices
+    spend_per_month: float = Field(0.0, ge=0)
 
 
 class _Policy(BaseModel):

@@ -8,6 +8,9 @@ team's requests count for its organisation too), each 0 for no limit:
     tokens_per_minute     (so a burst of a whole minute's allowance, then the rate)
     tokens_per_day        a budget per UTC day
     tokens_per_month      a budget per UTC calendar month
+    spend_per_day         budgets in the catalog's currency: tokens at the model's
+    spend_per_month       price (price_in_per_1k, price_out_per_1k; a model with
+                          no price costs nothing), counted in millionths
 
 A rate is kept as GCRA's one number, the time its bucket is full again
 (`tat`): taking n moves it n intervals on, and is refused where that would
@@ -40,6 +43,7 @@ import msgspec
 from ..bus import kv_token
 
 MINUTE = 60.0
+MICRO = 1_000_000  # a spend is counted in millionths of the catalog's currency
 BYTES_PER_TOKEN = 4  # a prompt's estimate: its body's bytes over this (settled later)
 ENVELOPE_BYTES = 64  # ... less these, the JSON around a prompt (model, role, keys): not prompt tokens
 MAX_DEBT_MINUTES = 1.0  # a rate's debt (an answer past its reservation) is at most a minute's worth
@@ -51,14 +55,24 @@ class Kind(enum.Enum):
     TOKENS_PER_MINUTE = "tokens_per_minute"
     TOKENS_PER_DAY = "tokens_per_day"
     TOKENS_PER_MONTH = "tokens_per_month"
+    SPEND_PER_DAY = "spend_per_day"  # counted in millionths of the catalog's currency
+    SPEND_PER_MONTH = "spend_per_month"
 
     @property
     def tokens(self) -> bool:
-        return self is not Kind.REQUESTS_PER_MINUTE
+        return self in (Kind.TOKENS_PER_MINUTE, Kind.TOKENS_PER_DAY, Kind.TOKENS_PER_MONTH)
+
+    @property
+    def spend(self) -> bool:
+        return self in (Kind.SPEND_PER_DAY, Kind.SPEND_PER_MONTH)
 
     @property
     def rate(self) -> bool:
         return self in (Kind.REQUESTS_PER_MINUTE, Kind.TOKENS_PER_MINUTE)
+
+    @property
+    def daily(self) -> bool:
+        return self in (Kind.TOKENS_PER_DAY, Kind.SPEND_PER_DAY)
 
     @property
     def words(self) -> str:
@@ -79,11 +93,13 @@ class Limit:
     amount: int
     base: str = field(default="", compare=False)  # its key in the quotas bucket, less a budget's window
     tokens: bool = field(default=False, compare=False)
+    spend: bool = field(default=False, compare=False)
     rate: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "base", f"{self.scope}.{kv_token(self.name)}.{self.kind.value}")
         object.__setattr__(self, "tokens", self.kind.tokens)
+        object.__setattr__(self, "spend", self.kind.spend)
         object.__setattr__(self, "rate", self.kind.rate)
 
     def counter(self, now: float) -> str:
@@ -91,19 +107,36 @@ class Limit:
         return self.base if self.rate else f"{self.base}.{window(self.kind, now)[0]}"
 
     def describe(self) -> str:
-        return f"{self.kind.words} of {'this API key' if self.scope == 'key' else 'owner ' + self.name} ({self.amount})"
+        amount = f"{self.amount / MICRO:.2f}" if self.spend else str(self.amount)
+        return f"{self.kind.words} of {'this API key' if self.scope == 'key' else 'owner ' + self.name} ({amount})"
+
+
+def _amounts(of) -> list[tuple[Kind, int]]:
+    """A key's or owner's limits: (kind, amount), a spend in millionths."""
+    out = []
+    for k in KINDS:
+        v = getattr(of, k.value, 0) or 0
+        amount = round(v * MICRO) if k.spend else int(v)
+        if amount > 0:
+            out.append((k, amount))
+    return out
 
 
 def limits_of(key_name: str, key, owners: dict) -> tuple[Limit, ...]:
     """Every limit a request of the key meets: the key's, then its owner's and each one's above it."""
-    out = [Limit("key", key_name, k, getattr(key, k.value, 0)) for k in KINDS if getattr(key, k.value, 0) > 0]
+    out = [Limit("key", key_name, k, a) for k, a in _amounts(key)]
     path = key.owner
     while path:
         owner = owners.get(path)
         if owner is not None:
-            out.extend(Limit("owner", path, k, getattr(owner, k.value, 0)) for k in KINDS if getattr(owner, k.value, 0) > 0)
+            out.extend(Limit("owner", path, k, a) for k, a in _amounts(owner))
         path = path.rpartition("/")[0]
     return tuple(out)
+
+
+def cost(prompt: int, completion: int, price: tuple[float, float]) -> int:
+    """What tokens cost at a model's price (per 1,000 in and out), in millionths, rounded up."""
+    return math.ceil(prompt * price[0] * 1000 + completion * price[1] * 1000) if price[0] or price[1] else 0
 
 
 _windows: dict[tuple[Kind, int], tuple[str, float]] = {}  # by UTC day (Unix days are 86,400 s exactly)
@@ -124,7 +157,7 @@ def window(kind: Kind, now: float) -> tuple[str, float]:
 
 def _window(kind: Kind, now: float) -> tuple[str, float]:
     t = time.gmtime(now)
-    if kind is Kind.TOKENS_PER_DAY:
+    if kind.daily:
         start = calendar.timegm((t.tm_year, t.tm_mon, t.tm_mday, 0, 0, 0))
         return f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}", start + 86400.0
     year, month = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
@@ -238,10 +271,10 @@ def reservation(body: bytes, default_completion: int, limits: tuple[Limit, ...])
     return prompt, (max(prompt, min(want, smallest)) if smallest else want), False
 
 
-def too_large(limits: tuple[Limit, ...], tokens: int) -> Limit | None:
-    """The token limit a request can never pass (its tokens past the amount), if any."""
+def too_large(limits: tuple[Limit, ...], tokens: int, spend: int = 0) -> Limit | None:
+    """The limit a request can never pass (its tokens, or their cost, past the amount), if any."""
     for l in limits:
-        if l.tokens and tokens > l.amount:
+        if (l.tokens and tokens > l.amount) or (l.spend and spend > l.amount):
             return l
     return None
 
@@ -269,6 +302,7 @@ class Refused:
         if self.limit is None:
             return "The gateways' shared limits cannot be checked now (NATS does not answer) and this gateway fails closed."
         if self.too_large:
-            return f"Request too large for {self.limit.describe()}: requested {self.requested} tokens."
+            what = f"{self.requested / MICRO:.4f}" if self.limit.spend else f"{self.requested} tokens"
+            return f"Request too large for {self.limit.describe()}: requested {what}."
         budget = "" if self.limit.kind.rate else " budget"
         return f"Rate limit reached for {self.limit.describe()}{budget}."

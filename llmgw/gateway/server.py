@@ -367,7 +367,9 @@ class Gateway:
     ) -> None:
         grant = None
         if limits:  # the key's and its owners' limits, held with every gateway (shared_limits.py)
-            grant = await self.quotas.reserve(limits, body)
+            m = self.state.models.get(model)
+            price = (m.spec.price_in_per_1k, m.spec.price_out_per_1k) if m is not None else (0.0, 0.0)
+            grant = await self.quotas.reserve(limits, body, price)
             if isinstance(grant, Refused):
                 self.usage.count(req.auth.decode(), owner or "", model, refused=1)
                 return self.refuse_quota(client, req, model, grant)
@@ -496,7 +498,7 @@ class Gateway:
                     meter.tokens_out += completion
                     meter.tokens_cached += min(cached, prompt)
             if grant is not None:
-                self.quotas.settle(grant, prompt + completion)
+                self.quotas.settle(grant, prompt, completion)
             self.usage.count(req.auth.decode() if keyed else "", owner or "", model, 1, prompt, completion)
             meter.finished(first)
             if replica and ask.choice is not None:

@@ -80,12 +80,13 @@ class _Lease:
 class Grant:
     """What a request was let in with: the units taken of each lease."""
 
-    __slots__ = ("parts", "tokens", "prompt")
+    __slots__ = ("parts", "tokens", "prompt", "price")
 
-    def __init__(self, parts: list[tuple[_Lease, int, bool]], tokens: int, prompt: int) -> None:
+    def __init__(self, parts: list[tuple[_Lease, int, bool]], tokens: int, prompt: int, price: tuple[float, float]) -> None:
         self.parts = parts  # (lease, units, taken from the shared counter: else from the fallback)
         self.tokens = tokens
         self.prompt = prompt
+        self.price = price  # the model's, per 1,000 tokens in and out (spend limits)
 
 
 class SharedLimits:
@@ -109,20 +110,24 @@ class SharedLimits:
 
     # ----------------------------------------------------------------- a request
 
-    async def reserve(self, limits: tuple[Limit, ...], body: bytes) -> Grant | Refused:
-        """Take one request and its reservation of tokens from every limit, or none of them."""
+    async def reserve(self, limits: tuple[Limit, ...], body: bytes, price: tuple[float, float] = (0.0, 0.0)) -> Grant | Refused:
+        """Take one request and its reservation of tokens (and their cost at
+        the model's `price`) from every limit, or none of them."""
         prompt, tokens, _ = quota.reservation(body, self.config.default_completion, limits)
-        big = quota.too_large(limits, tokens)
+        spend = quota.cost(prompt, tokens - prompt, price)
+        big = quota.too_large(limits, tokens, spend)
         if big is not None:
             self.refused += 1
-            return Refused(big, 0.0, too_large=True, requested=tokens)
+            return Refused(big, 0.0, too_large=True, requested=spend if big.spend else tokens)
         now = self.clock()
         parts: list[tuple[_Lease, int, bool]] = []
         short: list[tuple[_Lease, int]] = []
         down = now < self.down_until
         for limit in limits:
+            n = tokens if limit.tokens else spend if limit.spend else 1
+            if not n:  # a spend limit, and a model with no price
+                continue
             lease = self._lease(limit, now)
-            n = tokens if limit.tokens else 1
             lease.used_at = now
             if down:
                 short.append((lease, n))
@@ -156,13 +161,15 @@ class SharedLimits:
         for lease, _, shared in parts:
             if shared and lease.have < lease.half:
                 self._prefetch(lease)
-        return Grant(parts, tokens, prompt)
+        return Grant(parts, tokens, prompt, price)
 
-    def settle(self, grant: Grant, used: int) -> None:
-        """A request ended having used `used` tokens (its prompt and answer)."""
+    def settle(self, grant: Grant, prompt: int, completion: int) -> None:
+        """A request ended having used these tokens (its prompt, its answer)."""
+        tokens, spend = prompt + completion, quota.cost(prompt, completion, grant.price)
         for lease, n, shared in grant.parts:
-            if not lease.limit.tokens:
+            if lease.limit.rate and not lease.limit.tokens:  # a request: taken whole at the start
                 continue
+            used = spend if lease.limit.spend else tokens
             if not shared:  # let in on the fallback: the counter is told what was used
                 lease.owed += used
                 if lease.fallback is not None and n > used:
@@ -193,8 +200,8 @@ class SharedLimits:
                 w = lease.fallback.take(n, now)
                 if w > 0:
                     return Refused(limit, w)
-            if not limit.kind.tokens:
-                lease.owed += n  # a request: counted now (tokens are, at the end)
+            if limit.kind is Kind.REQUESTS_PER_MINUTE:
+                lease.owed += n  # a request: counted now (tokens and spend are, at the end)
             parts.append((lease, n, False))
         return None
 
