@@ -147,7 +147,7 @@ def test_each_plot_draws_the_fleets_real_data(page, fleet):
     page.wait_for_selector('figure[data-plot="owners"] canvas')
     charts = drawn(page)
     recs = records(fleet)
-    assert set(charts) == {"replicas", "requests", "queued", "ttft", "prefix", "tokens", "owners"}
+    assert set(charts) == {"replicas", "requests", "queued", "ttft", "prefix", "tokens", "owners", "usage"}
     x = charts["replicas"]["data"][0]
     assert len(x) == 121 and all(c["data"][0] == x for c in charts.values())
     assert x[0] == pytest.approx(ev.decode(recs[0][2]).at, abs=1e-3)
@@ -200,6 +200,12 @@ def test_each_plot_draws_the_fleets_real_data(page, fleet):
     hits = [h for h in series["prefix_hit"] if h is not None]
     assert hits and max(hits) > 0 and all(0 <= h <= 1 for h in hits)
     assert [p for p in series["p50"] if p is not None] and all(0 < p < 60 for p in series["p50"] if p is not None)
+    # Tokens per owner: the gateways' usage reports of the model (every --usage-interval), all of them.
+    usage = dict(zip(charts["usage"]["labels"], charts["usage"]["data"][1:]))
+    reported = sum(r.tokens_in + r.tokens_out for _, _, d in recs if b'"usage.reported"' in d
+                   for r in ev.decode(d).rows if r.model == "chat")
+    drawn_tokens = sum(v * (x[i] - x[i - 1]) for vals in usage.values() for i, v in enumerate(vals) if i)
+    assert drawn_tokens == pytest.approx(reported, abs=0.5)
     shot(page, fleet, "plots")
 
     # Another model: its own series, the same owners.

@@ -10,7 +10,8 @@ import math
 from llmgw.console import series
 from llmgw.core import events as ev
 from llmgw.core.scaling import decided
-from llmgw.core.state import LIVE_SHARD_STATES
+from llmgw.core.fold import apply
+from llmgw.core.state import LIVE_SHARD_STATES, State
 from llmgw.replay.tool import fold_until
 
 from .scenario import Fleet, model
@@ -228,3 +229,23 @@ def test_a_time_of_the_log_is_its_last_event_at_or_before_it():
         last = max(j for j, u in enumerate(times) if u <= t)
         assert series.seq_at(rec, t) == (f.log[last][0] if last < len(times) - 1 else bad[0]), i
     assert series.seq_at(rec, times[0] - 1) == 0  # before the log (the unreadable first event has no time)
+
+
+def test_the_plots_show_a_models_tokens_per_owner_from_the_usage_reports():
+    rec = series.Recorder()
+    state = State()
+    log = [
+        ev.UsageReported(at=100.0, gateway="g1", since=40.0, rows=[
+            ev.UsageRow(model="a", key="k1", owner="org/a", requests=2, tokens_in=30, tokens_out=10),
+            ev.UsageRow(model="a", key="k2", owner="", requests=1, tokens_in=5, tokens_out=5),
+            ev.UsageRow(model="b", key="k1", owner="org/a", requests=1, tokens_in=1000),
+        ]),
+        ev.UsageReported(at=160.0, gateway="g2", since=100.0, rows=[ev.UsageRow(model="a", owner="org/a", tokens_in=60)]),
+    ]  # fmt: skip
+    for seq, e in enumerate(log, 1):
+        subject, data = ev.subject_for(e), ev.encode(e)
+        apply(state, seq, subject, data)
+        rec.observe(state, seq, subject, data)
+    p = series.plots(rec, "a", 100.0, 160.0, 2)
+    assert p["usage"] == {series.NO_OWNER: [None, round(10 / 30, 4), 0.0], "org/a": [None, round(40 / 30, 4), 2.0]}
+    assert series.plots(rec, "c", 100.0, 160.0, 2)["usage"] == {}

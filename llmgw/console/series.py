@@ -8,7 +8,7 @@ over the whole log at 120 points would fold the log 120 times. The
 console's `_on_message`), and keeps only what changed: step series (ready
 and desired replicas, GPUs held per owner, requests queued and in flight),
 the gateways' load reports as they came (requests, tokens, cached prompt
-tokens, time to first byte), marks per model (placed, ready, drained,
+tokens, time to first byte) and usage reports (tokens per owner), marks per model (placed, ready, drained,
 preempted, failed, each with its reason) and what each GPU held, from when
 to when. Any window of the log is then cut from these (`plots`, `timeline`,
 `gpus`), pure functions of the recorder.
@@ -94,6 +94,16 @@ class _Loads:
         self.reports: list[tuple[int, int, int, int, float, float]] = []
 
 
+class _Usage:
+    """One model's usage reports (UsageReported rows, every gateway's), by time: (owner, tokens in and out) each."""
+
+    __slots__ = ("times", "rows")
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.rows: list[tuple[str, int]] = []
+
+
 class Recorder:
     """What the plots and timelines need, kept as the log is folded: call
     `observe` after `apply` of each event, with the state it left."""
@@ -109,6 +119,7 @@ class Recorder:
         self.in_flight: dict[str, Steps] = {}
         self.owner_gpus: dict[str, Steps] = {}
         self.loads: dict[str, _Loads] = {}
+        self.usage: dict[str, _Usage] = {}  # model -> its usage per owner (issue 32)
         self.marks: dict[str, list[Mark]] = {}
         self.segments: dict[str, dict[int, list[Segment]]] = {}  # node -> GPU -> what it held, in order
         # What each replica counted for when last looked at: (model, owner, state, GPUs held, nodes).
@@ -140,6 +151,14 @@ class Recorder:
         cls = type(e)
         if cls is ev.ModelLoad:
             self._load(state, e, t)
+        elif cls is ev.UsageReported:
+            for r in e.rows:
+                if r.tokens_in or r.tokens_out:
+                    u = self.usage.get(r.model)
+                    if u is None:
+                        u = self.usage[r.model] = _Usage()
+                    u.times.append(t)
+                    u.rows.append((r.owner or NO_OWNER, r.tokens_in + r.tokens_out))
         elif cls is ev.ShardStatus:
             self._replica(state, e.replica, t, seq)
             self._node(state, e.node, t)
@@ -386,6 +405,26 @@ def plots(rec: Recorder, model: str, start: float, end: float, points: int) -> d
         rates["ttft_p90"].append(_r(sum(w * p for w, _, p in timed) / weight) if weight else None)
         rates["prefix_hit"].append(_r(cached / tin) if tin else None)
     out["series"] = {**series, **rates}
+    out["usage"] = _usage(rec.usage.get(model), xs)
+    return out
+
+
+def _usage(u: _Usage | None, xs: list[float]) -> dict[str, list]:
+    """Tokens/s per owner over the buckets ending at xs[1:] (None at xs[0], as the rates)."""
+    if u is None:
+        return {}
+    owners = sorted({o for o, _ in u.rows})
+    out = {o: [None] for o in owners}
+    for i in range(1, len(xs)):
+        a, b = bisect.bisect_right(u.times, xs[i - 1]), bisect.bisect_right(u.times, xs[i])
+        if i == 1:
+            a = bisect.bisect_left(u.times, xs[0])
+        width = xs[i] - xs[i - 1] or 1.0
+        got = dict.fromkeys(owners, 0)
+        for o, n in u.rows[a:b]:
+            got[o] += n
+        for o in owners:
+            out[o].append(_r(got[o] / width))
     return out
 
 

@@ -1,6 +1,6 @@
 // The Plots view (#plots/MODEL): a model over a window of the log, drawn with uPlot (uPlot.iife.min.js,
 // MIT, see uPlot.LICENSE): ready and desired replicas, requests/s, requests queued and in flight, time to
-// first token p50/p90, the prefix-hit ratio, tokens/s, and every owner's GPUs. The data is the server's
+// first token p50/p90, the prefix-hit ratio, tokens/s, every owner's GPUs, and the model's tokens/s per owner. The data is the server's
 // (/api/plots: recorded from the fold as it follows the log, llmgw/console/series.py), never Prometheus.
 // The slider's point is a line across every chart; a click on a chart moves the slider there; a drag
 // narrows the window (for the timeline too); "Whole log" widens it again.
@@ -30,6 +30,7 @@ const plotsView = (() => {
   function html(data) {
     const figs = CHARTS.map((c) => `<figure class="plot" data-plot="${c.id}"><figcaption>${esc(c.title)}</figcaption><div class="chart"></div></figure>`);
     figs.push(`<figure class="plot" data-plot="owners"><figcaption>GPUs held per owner (the whole fleet)</figcaption><div class="chart"></div></figure>`);
+    figs.push(`<figure class="plot" data-plot="usage"><figcaption>Tokens/s per owner (the gateways' usage reports)</figcaption><div class="chart"></div></figure>`);
     const whole = span.from === null && span.to === null;
     return `<h2>Plots${data.model ? ": " + esc(data.model) : ""}</h2>` +
       `<div class="filters"><label>model <select id="p-model">${options(data.models, data.model, data.models.length ? "choose a model" : "no model yet")}</select></label>` +
@@ -89,20 +90,21 @@ const plotsView = (() => {
   function columns(data, c) {
     return [data.x, ...c.series.map(([key]) => data.series[key])];
   }
-  function ownerChart(data) {
-    const owners = Object.keys(data.owners);
-    return {id: "owners", series: owners.map((o) => [o, o, colour(o)]), owners};
+  function ownerChart(data, id = "owners") {
+    const owners = Object.keys(data[id] || {});
+    return {id, series: owners.map((o) => [o, o, colour(o)]), owners};
   }
   function draw(data) {
     if (!data.model) return;
     $("#p-window").textContent = `${when(data.from)} to ${when(data.to)}`;
-    const defs = [...CHARTS, ownerChart(data)];
+    const defs = [...CHARTS, ownerChart(data), ownerChart(data, "usage")];
     for (const c of defs) {
       const box = document.querySelector(`figure[data-plot="${c.id}"] .chart`);
       if (!box) continue;
-      const cols = c.id === "owners" ? [data.x, ...c.owners.map((o) => data.owners[o])] : columns(data, c);
+      const perOwner = c.id === "owners" || c.id === "usage";
+      const cols = perOwner ? [data.x, ...c.owners.map((o) => data[c.id][o])] : columns(data, c);
       let u = charts[c.id];
-      const same = u && box.contains(u.root) && (c.id !== "owners" || u.series.length === cols.length);
+      const same = u && box.contains(u.root) && (!perOwner || u.series.length === cols.length);
       if (!same) {
         if (u) u.destroy();
         box.textContent = "";
