@@ -90,6 +90,8 @@ class Waiting:
                     self.released(model)
             return full if fut.result() is PUSHED_OUT else None
         finally:
+            if not fut.done():  # cancelled (past request_timeout): out of the queue, or a freed slot would wake no one
+                q.remove(entry)
             meter.change(time.time(), queued=-1)
 
     def released(self, model: str) -> None:
