@@ -325,7 +325,7 @@ def test_a_phone_sized_screen_shows_the_plots_and_timelines_without_breaking(bro
             if view.startswith("plots"):
                 pg.wait_for_selector('figure[data-plot="owners"] canvas')
                 charts = drawn(pg)
-                assert len(charts) == 7 and all(0 < c["width"] <= 390 for c in charts.values())
+                assert len(charts) == 8 and all(0 < c["width"] <= 390 for c in charts.values())
                 assert charts["replicas"]["data"][1][-1] == 2
             if view.startswith("node"):
                 pg.wait_for_selector("#gputimeline .tl-lane")
