@@ -153,7 +153,8 @@ def test_owners_and_api_keys_are_listed_and_no_hash_is_ever_shown(fleet):
         text = ok(fleet.ctl("get", "apikeys", "-o", output))
         assert digest not in text and digest[:16] not in text and KEY not in text, output
     keys = json.loads(ok(fleet.ctl("get", "apikey", "team-key", "-o", "json")))
-    assert keys == {"name": "team-key", "owner": "org/team", "requests_per_minute": 60, "tokens_per_minute": 10000}
+    assert keys == {"name": "team-key", "owner": "org/team", "requests_per_minute": 60, "tokens_per_minute": 10000,
+                    "tokens_per_day": 0, "tokens_per_month": 0, "spend_per_day": 0.0, "spend_per_month": 0.0}
     assert ok(fleet.ctl("get", "keys", "--no-headers")).split() == ["team-key", "org/team", "60", "10000"]
     out = fleet.ctl("get", "owners", "--watch")
     assert out.returncode == Exit.BAD_INPUT and "read live from the log" in out.stderr
