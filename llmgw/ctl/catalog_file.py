@@ -97,7 +97,19 @@ GATEWAY_LIMITS = (
 )  # fmt: skip
 
 
-class _ApiKey(BaseModel):
+class _GatewayLimits(BaseModel):
+    """What a key, or an owner's keys together, may ask of the gateways (gateway/quota.py); 0: no limit."""
+
+    model_config = ConfigDict(extra="forbid")
+    requests_per_minute: int = Field(0, ge=0)
+    tokens_per_minute: int = Field(0, ge=0)
+    tokens_per_day: int = Field(0, ge=0)
+    tokens_per_month: int = Field(0, ge=0)
+    spend_per_day: float = Field(0.0, ge=0)  # in the catalog's currency, at its models' prices
+    spend_per_month: float = Field(0.0, ge=0)
+
+
+class _ApiKey(_GatewayLimits):
     """A key of the gateway. Give `key` (hashed here, never published) or its
     `key_sha256`; the log and the gateways only ever see the hash."""
 
@@ -106,12 +118,6 @@ class _ApiKey(BaseModel):
     owner: str
     key: str | None = Field(None, min_length=16)
     key_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
-    requests_per_minute: int = Field(0, ge=0)
-    tokens_per_minute: int = Field(0, ge=0)
-    tokens_per_day: int = Field(0, ge=0)
-    tokens_per_month: int = Field(0, ge=0)
-    spend_per_day: float = Field(0.0, ge=0)  # in the catalog's currency, at its models' prices
-    spend_per_month: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
     def _one_key(self) -> "_ApiKey":
@@ -134,20 +140,13 @@ class _Limit(BaseModel):
     memory_gb: float | None = Field(None, ge=0)
 
 
-class _Owner(BaseModel):
+class _Owner(_GatewayLimits):
     """An owner: "org", or a team of it, "org/team"."""
 
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}(/[A-Za-z0-9_-]{1,64})*$")
     guarantee: _Amount = _Amount()
     limit: _Limit = _Limit()
-    # What its keys may ask of the gateways together (gateway/quota.py); 0: no limit.
-    requests_per_minute: int = Field(0, ge=0)
-    tokens_per_minute: int = Field(0, ge=0)
-    tokens_per_day: int = Field(0, ge=0)
-    tokens_per_month: int = Field(0, ge=0)
-    spend_per_day: float = Field(0.0, ge=0)  # in the catalog's currency, at its models' prices
-    spend_per_month: float = Field(0.0, ge=0)
 
 
 class _Policy(BaseModel):
