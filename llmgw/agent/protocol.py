@@ -342,3 +342,21 @@ class CommandProtocol:
             log.warning("ignoring a start of %s meant for node %s, not %s", cmd.shard, named, self.node)
             return "another node"
         return "stopped before" if self.stopped_since(cmd) else "start"
+
+
+class Recorded:
+    """Actions that only record what they were asked, in order (verb and
+    command, or the registration's why): the protocol's unit tests run on
+    it and InMemory, with no bus, engine nor clock."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def start_shard(self, cmd: cmds.StartShard) -> None:
+        self.calls.append(("start", cmd))
+
+    def stop_shard(self, cmd: cmds.StopShard) -> None:
+        self.calls.append(("stop", cmd))
+
+    def register(self, why: str) -> None:
+        self.calls.append(("register", why))
