@@ -68,7 +68,7 @@ async def story(bus) -> tuple[list[tuple], list[list[tuple]]]:
     return statuses, registrations
 
 
-def make_agent(kind: str, bus, verifier, tmp_path: Path, reaper: list):
+def make_agent(kind: str, bus, verifier, tmp_path: Path):
     if kind == "simulated":
         return SimulatedAgent(bus, NODE, 1, loading_after=0.01, ready_after=0.05, heartbeat=0.2, command_key=verifier)
     ports = agentfile.PortRange.parse(engine_ports())
@@ -87,7 +87,7 @@ async def test_the_real_and_the_simulated_agent_tell_the_same_story(kind, nats_s
     verifier = signing.Verifier.load(str(keys.folder / signing.PUBLIC_FILE))
     bus = await NatsBus.connect(nats_server.url, forever=True)
     watcher = await NatsBus.connect(nats_server.url, forever=True)
-    agent = make_agent(kind, bus, verifier, tmp_path, reaper)
+    agent = make_agent(kind, bus, verifier, tmp_path)
     halt = asyncio.Event()
     running = asyncio.create_task(agent.run(halt))
     port = free_port()
