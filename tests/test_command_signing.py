@@ -162,7 +162,7 @@ async def test_a_forged_far_term_never_reaches_the_real_agents_state_file(tmp_pa
     saved = json.loads((tmp_path / "agent" / "agent.json").read_text())
     assert saved["term"] == 2 and agent.gate.refused == {"unsigned": 1, "far term": 1}
     agent._on_command(signer.seal("n1", cmds.encode(_stop(term=3, shard="m-2.0"))))
-    assert ("m-2.0", 1, "stop") in agent._acted and json.loads((tmp_path / "agent" / "agent.json").read_text())["term"] == 3
+    assert agent.protocol.memory.acted(("m-2.0", 1, "stop")) and json.loads((tmp_path / "agent" / "agent.json").read_text())["term"] == 3
     await asyncio.gather(*agent._tasks)
 
 
@@ -225,8 +225,8 @@ def test_every_node_of_a_simulated_fleet_checks_the_key(tmp_path):
     fleet = Fleet([MemoryBus()], [NodeShape(name=f"s{i}", gpus=1) for i in range(3)], command_key=verifier)
     for name, agent in fleet.agents.items():
         assert agent.gate.key is verifier
-        assert agent.gate.admit(cmds.encode(_stop()), agent) is None  # unsigned
-        assert agent.gate.admit(signer.seal(name, cmds.encode(_stop())), agent) == _stop()
+        assert agent.gate.admit(cmds.encode(_stop()), agent.protocol.memory) is None  # unsigned
+        assert agent.gate.admit(signer.seal(name, cmds.encode(_stop())), agent.protocol.memory) == _stop()
 
 
 # --------------------------------------------------------------------------- over real processes
