@@ -283,6 +283,11 @@ def words(action) -> str:
     return getattr(action, "reason", "")
 
 
+def victim_words(v: ev.Victim) -> str:
+    """Why a victim was the one, in words: its tier's (the data it carries)."""
+    return TIERS.get(v.tier, v.why)
+
+
 def kind_of(action) -> str:
     """An action's cause's kind ("" when recorded before causes, or none)."""
     c = getattr(action, "cause", None)
