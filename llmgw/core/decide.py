@@ -29,7 +29,7 @@ from . import drains
 from . import events as ev
 from . import preempt
 from .admission import overdue, start_overdue
-from .bounds import clip
+from .bounds import MAX_TIME, clip
 from .passes import MAX_PASS_BYTES, ModelPass, Outcome, Pass, drain_s, place_one, why_no_fit
 from .quota import need, over_limit_cause
 from .replicaindex import replicas_of
@@ -271,7 +271,7 @@ def _why_young_victims(p: Pass, m: ModelPass) -> ev.Cause | None:
         return None
     lifetime = p.state.policy.min_lifetime_s
     when = max(c.rep.ready_at for _, c in later) + lifetime
-    return cause(K.YOUNG_VICTIMS, replicas=[c.rep.id for _, c in later], seconds=lifetime, at=when)
+    return cause(K.YOUNG_VICTIMS, replicas=[c.rep.id for _, c in later], seconds=lifetime, at=min(when, MAX_TIME))
 
 
 def _why_place(model: Model, have: int, n: int) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 
+from .bounds import MAX_COUNTER
 from .catalog import max_replicas
 from .events import ModelSpec, Scale
 from .policy import DEFAULT, Policy
@@ -95,8 +96,11 @@ def why_desired(model: Model, now: float) -> Scale:
     least, most = bounds(spec)
     if spec.target_load <= 0:
         return Scale(why=ScaleWhy.ASKED.value) if spec.on_demand else Scale(why=ScaleWhy.MIN.value, least=spec.min_replicas)
+    # The counts within the contract's bound (a sum over gateways may pass
+    # it, a count past 2**53 is not exact anyway): said as its most.
     return Scale(
-        why=ScaleWhy.LOAD.value, load=load, per=spec.target_load, wants=wants(spec, load), recent=_recent(model, now),
+        why=ScaleWhy.LOAD.value, load=min(load, MAX_COUNTER), per=spec.target_load,
+        wants=min(wants(spec, load), MAX_COUNTER), recent=min(_recent(model, now), MAX_COUNTER),
         delay_s=spec.scale_down_delay_s, least=least, most=most,
     )
 
