@@ -5,10 +5,13 @@ rules gave before, and nothing but the renderer reads the words back."""
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from llmgw.core import events as ev
 from llmgw.core.bounds import TEXT_LEN, clip
@@ -18,6 +21,7 @@ from llmgw.core.policy import Policy
 from llmgw.core.reasons import TIERS, CauseKind, ScaleWhy, kind_of, render, scale_words, words
 from llmgw.core.times import utc
 
+from .fleet_strategies import World
 from .scenario import Fleet, model
 
 K = CauseKind
@@ -224,14 +228,20 @@ def test_load_scaling_carries_its_numbers():
     assert scale.reason == "load 5 (in flight and queued) at 2 per replica asks for 3"
 
 
-def test_preemption_its_victims_and_the_wait_say_why_as_data():
+def preempting() -> tuple[Fleet, list[ev.Action]]:
+    """A critical model on a node full of an opportunistic one's replicas,
+    old enough to give way: the pass that preempts one."""
     f = Fleet()
     f.register("a", gpus=2)
     f.apply(model("batch", min_replicas=2, priority="opportunistic"))
     up(f)
     f.tick(Policy().min_lifetime_s + 1)
     f.apply(model("prod", priority="critical"))
-    actions = f.decide()
+    return f, f.decide()
+
+
+def test_preemption_its_victims_and_the_wait_say_why_as_data():
+    f, actions = preempting()
     assert causes(actions) == [("preempt", "preempt"), ("stop", "preempted"), ("wait", "preempting")]
     pre, stop, wait = actions
     assert pre.cause == c(K.PREEMPT, model="prod", priority="critical", count=0, of=1, victims=1)
@@ -352,17 +362,35 @@ def test_over_limit_says_the_owner_the_resource_and_the_amounts():
     assert wait.reason == "over limit: owner team holds 1 GPUs; 1 more would pass its limit of 1"
 
 
+@settings(max_examples=int(os.environ.get("LLMGW_PROPERTY_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_every_decision_of_a_random_fleet_says_why_as_data_and_its_words_are_the_cause_s(data):
+    """Whatever the fleet went through (fleet_strategies.World: failures,
+    strays, restarts, preemption, quotas, the facility), every stop,
+    restart, refusal, scaling, parking, preemption and stray stop a fresh
+    pass decides carries a cause of a known kind, and its reason is that
+    cause in words; a wait carries one unless it is the placement's (no
+    room, no node) or a parked model's, said again from the state."""
+    world = World(data, facility=data.draw(st.booleans(), "facility"))
+    known = {k.value for k in CauseKind}
+    for step in world.run(30):
+        if not step.fresh or type(step.event) is not ev.Decided:
+            continue
+        for a in step.event.actions:
+            if type(a) is ev.PlaceReplica:
+                continue
+            if type(a) is ev.ModelWaiting and (a.kind in ("no_room", "no_node", "parked") or not a.reason):
+                continue
+            assert a.cause is not None and a.cause.kind in known, a
+            assert a.reason == clip(render(a.cause)) == words(a)
+
+
 # --------------------------------------------------------------------------- the log
 
 
 def test_a_log_with_causes_verifies_and_one_without_them_does_too():
-    f = Fleet()
-    f.register("a", gpus=2)
-    f.apply(model("batch", min_replicas=2, priority="opportunistic"))
-    up(f)
-    f.tick(Policy().min_lifetime_s + 1)
-    f.apply(model("prod", priority="critical"))
-    f.decide()
+    f, _ = preempting()
     f.remove("batch")
     f.decide()
     assert any(b'"cause"' in data for _, _, data in f.log)
