@@ -135,7 +135,8 @@ def _decide_model(p: Pass, model: Model, live: list[Replica], late: bool = False
         m.spread[node] = m.spread.get(node, 0) + 1
     n = m.n
     if n != decided(model):
-        p.add(ev.ScaleModel(model=name, desired=n, **because(cause(K.DESIRED, model=name, scale=why_desired(model, p.now)))))
+        why = cause(K.DESIRED, model=name, scale=why_desired(model, p.now))
+        p.add(ev.ScaleModel(model=name, desired=n, **because(why)))
 
     if len(m.serving) > n:
         # Scale down: those not yet serving first (nothing to drain), then the newest.
