@@ -346,7 +346,7 @@ def _stop_stray(state: State, a: ev.StopStray, e: ev.Decided, seq: int) -> str:
     if stray.stopping:
         return f"stray {a.shard} is stopping already"
     stray.stopping = True
-    stray.reason = a.reason
+    stray.reason, stray.cause = a.reason, a.cause
     return ""
 
 
@@ -377,7 +377,12 @@ def describe_action(a: ev.Action) -> str:
 
 # Fields of actions added after logs were recorded with them: an action
 # recorded before one has its default, and is compared without it.
-_ADDED_LATER: dict[type, tuple[str, ...]] = {ev.ModelWaiting: ("kind",)}
+_ADDED_LATER: dict[type, tuple[str, ...]] = {
+    ev.ModelWaiting: ("kind", "cause"),
+    # Causes (reasons.py, issue 33): the reason's words are compared all the same.
+    **{t: ("cause",) for t in (ev.StopReplica, ev.StopStray, ev.ScaleModel, ev.RestartReplica, ev.RefuseRestart,
+                               ev.ParkModel, ev.Preempt)},
+}
 
 
 def as_recorded(again: list[ev.Action], recorded: list[ev.Action]) -> list[ev.Action]:

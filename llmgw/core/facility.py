@@ -379,11 +379,6 @@ def draining(state: State, rep) -> str:
     return ""
 
 
-def drain_reason(state: State, domain: str) -> str:
-    h = state.holds[domain]
-    return f"{domain} is held for draining: {h.reason or 'no reason given'}"
-
-
 def render(rule: str, need: str, have: str) -> str:
     """A facility reason in words, naming its domain: `rack/r4-12 is held:
     maintenance`, `pdu/pdu-a would draw 12.6 kW of 12 kW`."""

@@ -62,7 +62,9 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 #     on which a real engine's profile is not placed (fit.SIMULATED).
 # 18: ModelLoad.routes summed into Model.routed (issue 30: where the
 #     gateways sent a model's requests, and why).
-FOLD_VERSION = 18
+# 19: a stray keeps why it is one as data (Stray.cause, reasons.py), which
+#     its StopStray carries (issue 33: reasons as data).
+FOLD_VERSION = 19
 
 
 class Refused(ValueError):
