@@ -32,7 +32,7 @@ def _nats_url(args) -> str:
 
 
 def _fail(message: str, status: int) -> None:
-    """One line on stderr, and the exit status of the table (llmgw/cli/exits.py)."""
+    """One line on stderr, and the exit status of the table (llmgw/ctl/exits.py)."""
     print(message, file=sys.stderr, flush=True)
     sys.exit(status)
 
@@ -104,7 +104,7 @@ def _run_until_signalled(main_coro_factory) -> None:
     except (auth.CredentialRefused, auth.CredentialError) as e:
         _fail(f"llmgw: {e}", 3)  # (a ConnectionError too: said first, with what to do)
     except (ConnectionError, LookupError, TimeoutError) as e:
-        _fail(f"llmgw: {e}", 3)  # NATS or its streams unreachable (llmgw/cli/exits.py)
+        _fail(f"llmgw: {e}", 3)  # NATS or its streams unreachable (llmgw/ctl/exits.py)
     except Exception as e:  # one line for people; the traceback with -v
         logging.getLogger("llmgw").debug("fatal", exc_info=True)
         if auth.refused():  # what the connection closing made fail
@@ -227,7 +227,7 @@ def cmd_console(args) -> None:
     from ..bus.server import port_is_taken
     from ..console import server
     from ..console.config import ConsoleConfig
-    from .exits import Exit
+    from ..ctl.exits import Exit
 
     where = locate(args.nats, args.db, None)  # (the tools' credential is not the console's: below)
     creds = _console_creds(args)
@@ -371,7 +371,7 @@ def cmd_ctl(args) -> None:
 def cmd_projections_rebuild(args) -> None:
     from ..bus.auth import CredentialError, CredentialRefused
     from ..projections.__main__ import rebuild_once
-    from .exits import Exit
+    from ..ctl.exits import Exit
 
     where = locate(args.nats, args.db, args.creds)
     if where.db is None:
@@ -390,7 +390,7 @@ def cmd_projections_rebuild(args) -> None:
 
 def cmd_replay(args) -> None:
     from ..replay import logfile, tool
-    from .exits import Exit
+    from ..ctl.exits import Exit
 
     if args.file:
         try:
@@ -455,7 +455,7 @@ def cmd_events(args) -> None:
     for t in stale:
         print(f"out of date: events/schema/{t}.json (run llmgw events schema --write)")
     if problems or stale:
-        from .exits import Exit
+        from ..ctl.exits import Exit
 
         sys.exit(Exit.NOT_AS_WANTED)
     print(f"{len(current)} event schemas match the code")
@@ -625,7 +625,7 @@ ABOUT = {
 
 def _explained(p: argparse.ArgumentParser, about: tuple[str, list[str]] | None) -> None:
     """A command's --help: its description, examples and the exit statuses."""
-    from .exits import table_text
+    from ..ctl.exits import table_text
 
     p.formatter_class = Help
     if about is not None:
@@ -654,7 +654,7 @@ def parser() -> argparse.ArgumentParser:
     from ..control.config import LEASE_TTL_S, METRICS_LISTEN, NODE_GRACE_S
     from ..control.rates import NODE_BURST, NODE_RATE, NODE_RATE_WINDOW_S
     from ..gateway import config as gateway_config
-    from .exits import table_text
+    from ..ctl.exits import table_text
 
     p = argparse.ArgumentParser(
         prog="llmgw", formatter_class=Help,
@@ -825,9 +825,9 @@ def parser() -> argparse.ArgumentParser:
     console.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
     console.set_defaults(func=cmd_console)
 
-    from . import ctl
+    from . import ctl_parsers
 
-    ctl.add_parser(sub)
+    ctl_parsers.add_parser(sub)
     from . import creds
 
     creds.add_parser(sub)
@@ -886,7 +886,7 @@ def parser() -> argparse.ArgumentParser:
     )
     schema.set_defaults(func=cmd_events)
 
-    abouts = {**ABOUT, **ctl.ABOUT}
+    abouts = {**ABOUT, **ctl_parsers.ABOUT}
     for path, command in _every_command(p):
         _explained(command, abouts.get(path))
         command.set_defaults(_parser=command)  # the deepest command's wins: its usage for a bad flag
@@ -894,7 +894,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .exits import Exit
+    from ..ctl.exits import Exit
 
     p = parser()
     args, extra = p.parse_known_args(argv)
