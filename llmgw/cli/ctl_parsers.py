@@ -1,5 +1,5 @@
 """`llmgw ctl`'s command line: each verb's parser and flags, and each
-verb's description and examples (ABOUT, shown by --help: llmgw/cli/main.py).
+verb's description and examples (ABOUT, shown by --help: llmgw/cli/help_text.py).
 The verbs themselves are ctl.py (and get.py, facility.py, node_ctl.py)."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _examples(*lines: str) -> list[str]:
     return [f"llmgw ctl {line}" for line in lines]
 
 
-# Per command: its description and examples (see llmgw/cli/main.py, which shows them in --help).
+# Per command: its description and examples (see llmgw/cli/help_text.py, which shows them in --help).
 ABOUT = {
     "ctl": (
         "Operate the fleet: publish a catalog, read what runs, restart, retry, read an engine's log.\n"
@@ -196,7 +196,7 @@ def add_parser(sub) -> None:
     facility_cli.add_parsers(verb, lambda p: _where_flags(p, argparse.SUPPRESS), _wait_flags, dry_run_flags)
     node_ctl.add_parsers(verb, lambda p: _where_flags(p, argparse.SUPPRESS), _wait_flags)
 
-    from .main import cmd_ctl
+    from .commands import cmd_ctl
 
     ctl.set_defaults(func=cmd_ctl)
 

@@ -215,7 +215,7 @@ def up(
         print(f"llmgw up: the metrics port {metrics_port} is taken: give another with --metrics-port", file=sys.stderr)
         return 2
     metrics_port = metrics_port or free_port()
-    from .main import default_node_name
+    from .running import default_node_name
 
     node = node_name or default_node_name()
     gateway_name = f"{default_node_name()}-{gateway_port}"[:64]
