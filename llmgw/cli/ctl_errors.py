@@ -46,7 +46,7 @@ def _said(e: Exception) -> str:
     timeout", from a call the bus did not wrap) says what it means: a CI run
     printed only that when the stream leader was killed mid-apply."""
     from ..bus import BusUnavailable
-    from ..bus.nats import describe_trouble, is_trouble
+    from ..bus.nats_trouble import describe_trouble, is_trouble
 
     if is_trouble(e) and not isinstance(e, BusUnavailable):
         return f"NATS did not answer ({describe_trouble(e)}): the bus is electing a stream leader, or is unreachable"
