@@ -19,7 +19,7 @@ import uuid
 
 import nats
 
-from . import BusUnavailable, auth
+from . import BusUnavailable, auth, credentials
 from .nats_commands import Commands
 from .nats_consumers import _Kept
 from .nats_kv import Buckets
@@ -31,7 +31,7 @@ log = logging.getLogger("llmgw.bus")
 
 
 class NatsBus(Streams, Log, Commands, Buckets):
-    def __init__(self, nc: nats.NATS, replicas: int = 1, identity: "auth.Identity | None" = None) -> None:
+    def __init__(self, nc: nats.NATS, replicas: int = 1, identity: "credentials.Identity | None" = None) -> None:
         self.nc = nc
         self.identity = identity  # who the server knows us as (None: no auth, or a credential llmgw did not issue)
         self.creds = None  # the .creds file connected with
@@ -98,7 +98,7 @@ class NatsBus(Streams, Log, Commands, Buckets):
 
     @classmethod
     async def _connect_once(cls, url: str, *, name: str, forever: bool, replicas: int, creds: str | None) -> "NatsBus":
-        who = auth.identity(creds, foreign_ok=True) if creds else None
+        who = credentials.identity(creds, foreign_ok=True) if creds else None
         opts: dict = dict(servers=url.split(","), name=name)
         if creds:
             opts.update(user_credentials=str(creds))

@@ -178,7 +178,7 @@ class Buckets:
     # ----------------------------------------------------------------- engine keys
 
     # Without asking the server about the bucket: an agent may only put its
-    # own keys and a gateway only read them (bus/auth.py), by subject.
+    # own keys and a gateway only read them (bus/roles.py), by subject.
 
     def _engine_keys(self):
         if self._keys is None:

@@ -23,7 +23,7 @@ import logging
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NotFoundError
 
-from . import CONTROL_SUBJECTS, STREAM, BusUnavailable, Fenced, OnMessage, auth, catchup, msgids
+from . import CONTROL_SUBJECTS, STREAM, BusUnavailable, Fenced, OnMessage, catchup, msgids, roles
 from .nats_consumers import _from, _Kept
 from .nats_trouble import describe_trouble, is_trouble
 
@@ -81,7 +81,7 @@ class Log:
     def _may_publish(self, subject: str) -> None:
         # The server refuses it anyway (a permissions violation, seen here as
         # a timeout); this says why, at once.
-        if self.identity is not None and not auth.may_publish(self.identity.permissions, subject):
+        if self.identity is not None and not roles.may_publish(self.identity.permissions, subject):
             raise PermissionError(f"the credential of {self.identity.describe()} may not publish on {subject}")
 
     async def _is_ours(self, seq: int, subject: str, data: bytes) -> bool:
@@ -90,7 +90,7 @@ class Log:
         landed. A credential that may not read the log (an agent's, a fleet
         simulator's) takes the ack at its word: its ids are random per
         message (bus/msgids.py), so no one can claim them first."""
-        if self.identity is not None and not auth.may_publish(self.identity.permissions, f"$JS.API.STREAM.MSG.GET.{STREAM}"):
+        if self.identity is not None and not roles.may_publish(self.identity.permissions, f"$JS.API.STREAM.MSG.GET.{STREAM}"):
             return True
         try:
             msg = await self._retrying("whether a publish landed", lambda: self.js.get_msg(STREAM, seq))

@@ -153,7 +153,8 @@ def _console_creds(args) -> str | None:
     actions it offers; issue 35, finding 9). --creds when given, and it must be
     a console's (not $LLMGW_CREDS: that is the tools' credential); else the
     local `llmgw up`'s, issued on first use; else none (a NATS without auth)."""
-    from ..bus.auth import DEFAULTS, CredentialError, Keystore, speaker
+    from ..bus.auth import DEFAULTS, CredentialError
+    from ..bus.keystore import Keystore, speaker
     from ..ctl.locate import find_state_dir
     from .up import CONSOLE_NAME
 

@@ -32,7 +32,8 @@ def _creds(args):
 
 def _component(args, role: str, name: str | None) -> str | None:
     """A component's credential (args.creds) and the name it speaks as; exit 3 if they disagree."""
-    from ..bus.auth import CredentialError, component_creds
+    from ..bus.auth import CredentialError
+    from ..bus.keystore import component_creds
     from ..ctl.locate import find_state_dir
 
     try:

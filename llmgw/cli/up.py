@@ -45,7 +45,8 @@ import time
 from pathlib import Path
 
 from ..bus import signing
-from ..bus.auth import DEFAULTS as AUTH, CredentialError, Keystore
+from ..bus.auth import DEFAULTS as AUTH, CredentialError
+from ..bus.keystore import Keystore
 from ..bus.server import NatsServer, PortTaken, free_port, listening, port_is_taken
 from ..ctl.locate import DB_FILE, remove_up_file, write_up_file
 
