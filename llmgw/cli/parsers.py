@@ -49,6 +49,11 @@ def _seconds(text: str) -> float:
 
 
 NATS_HELP = "NATS URL(s), comma-separated (default: $LLMGW_NATS, else the local llmgw up's, else %s)" % DEFAULT_NATS
+CREDS_HELP = "NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)"
+
+
+def _verbose(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
 
 
 def add_up(sub) -> None:
@@ -123,12 +128,12 @@ def add_control(sub) -> None:
     control.add_argument(
         "--stream-replicas", type=int, default=1, choices=(1, 3, 5), help="JetStream replicas of the streams it creates (3 in a cluster)"
     )
-    control.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")
+    control.add_argument("--creds", metavar="FILE", help=CREDS_HELP)
     control.add_argument(
         "--signing-key", metavar="FILE",
         help="the seed it signs agents' commands with (default: the local llmgw up's creds/keys/commands.nk; none: unsigned)",
     )  # fmt: skip
-    control.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
+    _verbose(control)
     control.set_defaults(func=cmd_control)
 
 
@@ -181,13 +186,13 @@ def add_agent(sub) -> None:
 
     add_fleet_arguments(agent)
     agent.add_argument("--nats", metavar="URL", help=NATS_HELP)
-    agent.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")
+    agent.add_argument("--creds", metavar="FILE", help=CREDS_HELP)
     agent.add_argument(
         "--command-key", metavar="KEY|FILE",
         help="the control plane's public command key (N...), or a file holding it (creds/commands.pub): only commands "
         "signed with it are obeyed (default: the agent file's command_key, $LLMGW_COMMAND_KEY, else the local llmgw up's)",
     )  # fmt: skip
-    agent.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
+    _verbose(agent)
     agent.set_defaults(func=cmd_agent)
 
 
@@ -196,10 +201,10 @@ def add_gateway(sub) -> None:
 
     gateway = sub.add_parser("gateway", help="serve the OpenAI API and route to ready replicas (stateless: run as many as needed)")
     gateway.add_argument("--nats", metavar="URL", help=NATS_HELP)
-    gateway.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")
+    gateway.add_argument("--creds", metavar="FILE", help=CREDS_HELP)
     gateway.add_argument("--name", help="the gateway's name in the load it reports (default: HOST-PORT)")
     gateway_config.add_arguments(gateway)  # --listen, --port, the limits and timeouts (llmgw/gateway/config.py)
-    gateway.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
+    _verbose(gateway)
     gateway.set_defaults(func=cmd_gateway)
 
 
@@ -222,7 +227,7 @@ def add_console(sub) -> None:
         help="the console's NATS credential (`llmgw creds issue console NAME`): it may publish only the actions the "
         "console offers (default: the local llmgw up's, creds/console-local.creds)",
     )  # fmt: skip
-    console.add_argument("-v", "--verbose", action="store_true", help="log at debug level, with tracebacks")
+    _verbose(console)
     console.set_defaults(func=cmd_console)
 
 
@@ -234,7 +239,7 @@ def add_projections(sub) -> None:
     )
     rebuild.add_argument("--nats", metavar="URL", help=NATS_HELP)
     rebuild.add_argument("--db", metavar="PATH", help="the SQLite file (default: $LLMGW_DB, else the local llmgw up's)")
-    rebuild.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")
+    rebuild.add_argument("--creds", metavar="FILE", help=CREDS_HELP)
     rebuild.add_argument("-v", "--verbose", action="store_true", help="log at info level")
     rebuild.set_defaults(func=cmd_projections_rebuild)
 
@@ -245,7 +250,7 @@ def add_replay(sub) -> None:
         "file", nargs="?", metavar="FILE", help="a log file written by --export (default: the live log, from NATS)"
     )
     replay.add_argument("--nats", metavar="URL", help=NATS_HELP)
-    replay.add_argument("--creds", metavar="FILE", help="NATS credential, a .creds file (default: $LLMGW_CREDS, else the local llmgw up's)")
+    replay.add_argument("--creds", metavar="FILE", help=CREDS_HELP)
     replay.add_argument("--at", metavar="SEQ|TIME", help="stop at this sequence number or time (ISO 8601 or Unix seconds)")
     who = replay.add_mutually_exclusive_group()
     who.add_argument("--model", help="the history of one model")
