@@ -8,6 +8,11 @@ once the change took effect in the fleet (placed and ready; gone; replaced),
 showing progress, or fails (exit 5) saying why not.
 
 Exit status: one table for every command, llmgw/ctl/exits.py.
+
+Here: the verbs, and a command run within its deadline. Their parsers and
+--help are ctl_parsers.py; reaching the log and the read models, ctl_bus.py;
+--wait, ctl_effect.py; errors and messages, ctl_errors.py; `get`, get.py;
+the facility's and nodes' verbs, facility.py and node_ctl.py.
 """
 
 from __future__ import annotations
