@@ -12,7 +12,7 @@ import pytest
 
 from llmgw.agent import protocol as p
 from llmgw.agent.statefile import StateFile, StateMemory
-from llmgw.bus import auth, signing
+from llmgw.bus import keystore, signing
 from llmgw.bus.memory import MemoryBus
 from llmgw.core import commands as cmds
 from llmgw.core import events as ev
@@ -84,7 +84,7 @@ def test_term_fencing_a_deposed_leader_and_a_new_log_and_the_term_kept_once_move
 
 
 def test_only_commands_signed_for_this_node_with_the_key_are_admitted(tmp_path):
-    keys = auth.Keystore(tmp_path / "creds").init()
+    keys = keystore.Keystore(tmp_path / "creds").init()
     signer = signing.Signer.from_file(keys.keys_dir / signing.SEED_FILE)
     proto, did = agent(key=signing.Verifier.load(str(keys.folder / signing.PUBLIC_FILE)))
     assert proto.on_command(cmds.encode(stop())) == "refused"

@@ -22,7 +22,7 @@ from llmgw.agent.agentfile import AgentFile
 from llmgw.agent.inventory import Inventory
 from llmgw.agent.node import NodeAgent
 from llmgw.agent.simulated import SimulatedAgent
-from llmgw.bus import auth, read_log, signing
+from llmgw.bus import keystore, read_log, signing
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import free_port
 from llmgw.core import commands as cmds
@@ -82,7 +82,7 @@ def make_agent(kind: str, bus, verifier, tmp_path: Path):
 
 @pytest.mark.parametrize("kind", ["real", "simulated"])
 async def test_the_real_and_the_simulated_agent_tell_the_same_story(kind, nats_server, tmp_path, reaper):
-    keys = auth.Keystore(tmp_path / "commands").init()
+    keys = keystore.Keystore(tmp_path / "commands").init()
     signer = signing.Signer.from_file(keys.keys_dir / signing.SEED_FILE)
     verifier = signing.Verifier.load(str(keys.folder / signing.PUBLIC_FILE))
     bus = await NatsBus.connect(nats_server.url, forever=True)
