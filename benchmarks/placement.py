@@ -386,10 +386,6 @@ def facility_run(nodes: int, replicas: int, repeat: int) -> dict:
     for r in fac.state.replicas.values():
         per_model[r.model] = per_model.get(r.model, 0) + 1
     short = sum(1 for s in specs if per_model.get(s.name, 0) < s.min_replicas)
-    replayed = State()
-    for seq, subject, data in fac.records:
-        apply(replayed, seq, subject, data)
-    checked, differences = verify(fac.records)
     # (A fleet whose caps leave models waiting places more once the draw is
     # measured below the declared one: the steady pass is measured only
     # where every replica was placed.)
@@ -402,6 +398,10 @@ def facility_run(nodes: int, replicas: int, repeat: int) -> dict:
             actions = decide(fac.state, T0 + 9000.0 + i)
             steady.append((now() - t) * 1000)
             assert actions == [], f"a steady pass decided {len(actions)} action(s): {actions[:3]}"
+    replayed = State()
+    for seq, subject, data in fac.records:
+        apply(replayed, seq, subject, data)
+    checked, differences = verify(fac.records)
     checks = [
         ("every model placed or waiting", short == waiting),
         ("nothing voided", fac.state.voided_count == 0),
