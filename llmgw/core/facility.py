@@ -136,6 +136,13 @@ def shard_watts(p: ev.ProfileSpec, node: Node, gpus: Iterable[int]) -> float:
     return w
 
 
+def over_cap(draw: float, w: float, cap: float) -> bool:
+    """THE power-cap rule: whether `w` watts more take a domain that draws
+    `draw` past its `cap` (a micro-watt of float error aside). Every site
+    that asks it (the fold, placement, explain) asks this."""
+    return draw + w > cap + 1e-6
+
+
 def node_draw(node: Node) -> float:
     """What a node counts for its domains: measured, plus its shards not measured yet."""
     if not node.unmeasured:
