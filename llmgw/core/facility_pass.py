@@ -26,6 +26,10 @@ from .facility import (
     MAX_REJECTIONS,
     POWER,
     counted,
+    domain_of_kind,
+    first_held,
+    held_reason,
+    over_cap,
     render,
     shard_watts,
     watts,
@@ -183,7 +187,7 @@ class PassFacility:
         if out is None:
             holds = self.state.holds
             out = self._held[name] = tuple(
-                self._reason(rule=HELD, need=d, have=holds[d].reason or "no reason given")
+                self._reason(rule=HELD, need=d, have=held_reason(holds, d))
                 for d in self.loc.get(name, ())
                 if d in holds
             )
@@ -194,8 +198,8 @@ class PassFacility:
             if w > 0:
                 draw = self._draw if self._draw is not None else self.draw
                 for d, cap in caps:
-                    after = draw[d] + w
-                    if after > cap + 1e-6:
+                    if over_cap(draw[d], w, cap):
+                        after = draw[d] + w
                         # The same words for every node of the domain until its draw changes.
                         r = self._said.get((d, after))
                         if r is None:
@@ -234,7 +238,7 @@ class PassFacility:
                 return False
             draw = self._draw if self._draw is not None else self.draw
             for d, cap in caps:
-                if draw[d] + w > cap + 1e-6:
+                if over_cap(draw[d], w, cap):
                     return self._noted(d, node, p, gpus)
         return False
 
@@ -247,12 +251,7 @@ class PassFacility:
         name = node.name
         ds = self.loc.get(name, ())
         holds, budgets = self.state.holds, self.state.budgets
-        held = ""
-        if holds:
-            for d in ds:
-                if d in holds:
-                    held = d
-                    break
+        held = first_held(holds, ds) if holds else ""
         gpus = node.gpus
         # (In C: a loop over the GPUs in Python was a hundredth of a cold
         # start with the facility, benchmarks/instructions.py --what cold.)
@@ -358,7 +357,7 @@ class PassFacility:
                 if d in draw:
                     extra[d] = extra.get(d, 0.0) + w
         budgets = self.state.budgets
-        return all(draw[d] + w <= budgets[d] + 1e-6 for d, w in extra.items())
+        return not any(over_cap(draw[d], w, budgets[d]) for d, w in extra.items())
 
     def take(self, node: Node, p: ev.ProfileSpec, gpus: list[int], fabric: str) -> None:
         """A shard placed in this pass on a node of this fabric (""
@@ -437,10 +436,7 @@ class PassFacility:
                 levels.took(name, spread.get(name, 0), 1)
 
     def domain_of(self, kind: str, name: str) -> str:
-        for d in self.loc.get(name, ()):
-            if d.startswith(kind) and d[len(kind)] == "/":
-                return d
-        return ""
+        return domain_of_kind(self.loc, kind, name)
 
     def within(self, kind: str, names: Iterable[str]) -> list[str]:
         """The domains of a kind these nodes are in, in name order."""
@@ -525,7 +521,7 @@ class Together:
         budgets = fac.state.budgets
         for d in loc.get(v.name, ()):
             e = extra.get(d)
-            if e is not None and draw[d] + (e + w) > budgets[d] + 1e-6:
+            if e is not None and over_cap(draw[d], e + w, budgets[d]):
                 if not fac.refuses(v.node, p, gpus):  # (refused alone, it is refused for the pass: noted so)
                     self.refused = True
                 return True

@@ -45,7 +45,8 @@ from heapq import heapify, heappop, heappush, heapreplace
 from itertools import islice
 
 from .events import ProfileSpec
-from .facility_spread import LEVEL_BASE, NO_LEVEL, Levels
+from .facility import over_cap
+from .facility_spread import NO_LEVEL, Levels, level as cell_level
 from .fit import _mixed_reasons, cpu_short, memory_short
 
 _RANK_BITS = 24  # a node's rank in name order: fewer than 16 million nodes
@@ -174,7 +175,7 @@ class CellSearch:
                 old = cur[c]
                 if i < n:
                     e = cur[c] = (
-                        ((rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]) << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT
+                        (cell_level(rc[rack_of[c]], pc[pdu_of[c]]) << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT
                         | c << _POS_BITS | i
                     )
                     if old is not None and heap[0] is old:
@@ -193,7 +194,7 @@ class CellSearch:
                 if cur[c] is not e:
                     heappop(heap)  # stale: the cell's nodes changed since
                     continue
-                level = rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]
+                level = cell_level(rc[rack_of[c]], pc[pdu_of[c]])
                 if e >> _TOP != level:  # its level grew since (see _Heaps)
                     e = cur[c] = level << _TOP | e & _BELOW
                     heapreplace(heap, e)
@@ -258,7 +259,7 @@ class CellSearch:
         if levels.counted():
             rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of  # (a cell's level: see Levels)
             cur = [
-                None if e is None else (rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]) << _TOP | e
+                None if e is None else cell_level(rc[rack_of[c]], pc[pdu_of[c]]) << _TOP | e
                 for c, e in enumerate(firsts)
             ]
         else:  # every cell at level 0, as `_firsts` made them
@@ -358,7 +359,7 @@ class CellSearch:
             elif got[1] and (w := p.power_w or got[3] * p.gpus):
                 draw = fac._draw if fac._draw is not None else fac.draw
                 for d, cap in got[1]:
-                    if draw[d] + w > cap + 1e-6:
+                    if over_cap(draw[d], w, cap):
                         fac.refuses(node, p, v.free[: p.gpus])  # (which notes it)
                         return False
         # placement's `_room_reasons` but the facility's (just asked), without the words.

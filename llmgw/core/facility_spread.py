@@ -27,6 +27,15 @@ LEVEL_BASE = 1 << 16
 NO_LEVEL = 1 << 62  # past every level
 
 
+def level(rack: int, pdu: int) -> int:
+    """The spread order's first key, a node's *level*: how many of the
+    model's replicas its rack runs, then its PDU (a missing label: the
+    node's own count), as one number. Placement takes the fitting node of
+    the lowest level, then the fewest free GPUs that are enough, then the
+    name (facility_search.py; tests/test_facility_search.py states it plainly)."""
+    return rack * LEVEL_BASE + pdu
+
+
 _LAST: tuple[dict, "Cells"] | None = None  # (the locations, their cells): see cells_for
 
 
@@ -180,8 +189,8 @@ class Levels:
                 self._csp[c] = {mine, name}
             else:
                 mine.add(name)  # type: ignore[union-attr]
-            if rc[r] * LEVEL_BASE + pc[p] < self.low:  # (its level only grows from here)
-                self.low = rc[r] * LEVEL_BASE + pc[p]
+            if level(rc[r], pc[p]) < self.low:  # (its level only grows from here)
+                self.low = level(rc[r], pc[p])
         rc[r] += more
         pc[p] += more
 
@@ -193,34 +202,33 @@ class Levels:
         """A node in no cell runs `now` of the model's replicas, not `old`: its level moved."""
         loose = self._loose
         if old:
-            left = loose[old * LEVEL_BASE + old] - 1
+            left = loose[level(old, old)] - 1
             if left:
-                loose[old * LEVEL_BASE + old] = left
+                loose[level(old, old)] = left
             else:
-                del loose[old * LEVEL_BASE + old]
+                del loose[level(old, old)]
         if now:
-            loose[now * LEVEL_BASE + now] = loose.get(now * LEVEL_BASE + now, 0) + 1
-            if now * LEVEL_BASE + now < self.low:
-                self.low = now * LEVEL_BASE + now
+            loose[level(now, now)] = loose.get(level(now, now), 0) + 1
+            self.low = min(self.low, level(now, now))
 
     def mine(self) -> list[int]:
         """The levels some of the model's nodes are at (in a cell, or in none), lowest first; `low` is the first."""
         rc, pc, rack_of, pdu_of = self.rc, self.pc, self.rack_of, self.pdu_of  # (each cell's level, inline)
-        out = sorted({rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]] for c in self._csp} | self._loose.keys())
+        out = sorted({level(rc[rack_of[c]], pc[pdu_of[c]]) for c in self._csp} | self._loose.keys())
         self.low = out[0] if out else NO_LEVEL
         return out
 
-    def spread_at(self, level: int) -> set[str]:
+    def spread_at(self, at: int) -> set[str]:
         """The model's nodes at a level (in a cell at it, or in none and at it by themselves)."""
         out: set[str] = set()
         rc, pc, rack_of, pdu_of = self.rc, self.pc, self.rack_of, self.pdu_of  # (each cell's level, inline)
         for c, names in self._csp.items():
-            if rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]] == level:
+            if level(rc[rack_of[c]], pc[pdu_of[c]]) == at:
                 if names.__class__ is str:
                     out.add(names)  # type: ignore[arg-type]
                 else:
                     out |= names  # type: ignore[operator]
-        if level in self._loose:
+        if at in self._loose:
             of = self._cells.of
-            out.update(name for name, n in self.spread.items() if name not in of and n * LEVEL_BASE + n == level)
+            out.update(name for name, n in self.spread.items() if name not in of and level(n, n) == at)
         return out
