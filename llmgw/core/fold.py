@@ -62,7 +62,10 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 #     on which a real engine's profile is not placed (fit.SIMULATED).
 # 18: ModelLoad.routes summed into Model.routed (issue 30: where the
 #     gateways sent a model's requests, and why).
-FOLD_VERSION = 18
+# 19: the fold checks a placement's memory and cores with placement's own
+#     checks (fit.memory_short, fit.cpu_short): a CPU-only profile on a
+#     node that reports no cores is voided, as placement refuses it (issue 33).
+FOLD_VERSION = 19
 
 
 class Refused(ValueError):
