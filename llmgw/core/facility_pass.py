@@ -125,9 +125,7 @@ class PassFacility:
         # (counted for those only: asked at every placement, it is one lookup)
         self.fabric_changes: dict[str, int] = {}
         self.epoch = 0  # one more when a stop made room: every refusal of the pass may be stale
-        self._held: dict[str, tuple] = {}  # node -> its held-domain Reasons (built lazily)
         self._levels: dict[int, Levels] = {}  # id(spread) -> its levels, told of each placement (Levels.took)
-        self._said: dict[tuple[str, float], object] = {}  # (domain, draw after) -> its power Reason
         self._blocked: dict[tuple[float, int], set[str]] = {}  # see `blocked`
         self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
         self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
@@ -183,14 +181,10 @@ class PassFacility:
         held, caps = got[0], got[1]
         if not held and not caps:  # (explain asks this of every node of the fleet)
             return ()
-        out = self._held.get(name)
-        if out is None:
-            holds = self.state.holds
-            out = self._held[name] = tuple(
-                self._reason(rule=HELD, need=d, have=held_reason(holds, d))
-                for d in self.loc.get(name, ())
-                if d in holds
-            )
+        holds = self.state.holds
+        out = tuple(
+            self._reason(rule=HELD, need=d, have=held_reason(holds, d)) for d in self.loc.get(name, ()) if d in holds
+        )
         if caps:
             w = self._watts(p, node, gpus)
             if self.credit:
@@ -199,13 +193,8 @@ class PassFacility:
                 draw = self._draw if self._draw is not None else self.draw
                 for d, cap in caps:
                     if over_cap(draw[d], w, cap):
-                        after = draw[d] + w
-                        # The same words for every node of the domain until its draw changes.
-                        r = self._said.get((d, after))
-                        if r is None:
-                            have = f"would draw {watts(after)} of {watts(cap)}"
-                            r = self._said[(d, after)] = self._reason(rule=POWER, need=d, have=have)
-                        out = out + (r,)
+                        have = f"would draw {watts(draw[d] + w)} of {watts(cap)}"
+                        out = out + (self._reason(rule=POWER, need=d, have=have),)
         if out and len(self.seen) < MAX_REJECTIONS:
             seen = self.seen
             for r in out:

@@ -198,11 +198,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         self._state = state
         self._index: NodeIndex | None = None  # synced at first need
         self._views: dict[str, _View] = {}
-        # Answers that depend only on a profile and a kind of node, for this
-        # pass: keyed by id() of the profile, which the state holds throughout.
-        self._fixed: dict[tuple, tuple[Reason, ...]] = {}
-        self._names: list[str] | None = None
-        self._admits: dict[int, tuple] = {}  # id(profile) -> (index version, its groups, it): `_admitting` without its key
         self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
         self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
         # (fabric's groups, profile, round's limit) -> the spread it was too
@@ -276,14 +271,9 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         return self._fixed_reasons(v, p) + self._room_reasons(v, p)
 
     def _fixed_reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
-        """The rules on labels and GPUs: alike for nodes alike, so asked once per kind and free count."""
-        if v.kind is None:
-            return label_reasons(p, v.pool, v.fabric, v.simulated) + _mixed_reasons(p, v.node.gpus, v.free)
-        key = (id(p), v.pool, v.fabric, v.simulated, v.kind, len(v.free))
-        out = self._fixed.get(key)
-        if out is None:
-            out = self._fixed[key] = label_reasons(p, v.pool, v.fabric, v.simulated) + _kind_reasons(p, v.kind, len(v.free))
-        return out
+        """The rules on labels and GPUs."""
+        gpus = _mixed_reasons(p, v.node.gpus, v.free) if v.kind is None else _kind_reasons(p, v.kind, len(v.free))
+        return label_reasons(p, v.pool, v.fabric, v.simulated) + gpus
 
     def _room_reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
         """The rules on what the node's other shards hold: memory, cores, ports."""
@@ -377,13 +367,9 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
     def _admitting(self, idx: NodeIndex, p: ProfileSpec) -> list[Group]:
         """The groups whose labels and GPUs suit the profile, were their GPUs
         all free. Kept with the index until it gains a group."""
-        mine = self._admits.get(id(p))  # (held with it: its id is no other's meanwhile)
-        if mine is not None and mine[0] == idx.version and mine[2] is p:
-            return mine[1]
         key = fabrics.admit_key(p)
         cached = idx.admitted.get(key)
         if cached is not None and cached[0] == idx.version:
-            self._admits[id(p)] = (*cached, p)
             return cached[1]
         out = []
         for grp in (idx.groups if p.nodes == 1 else idx.fabric_groups).values():
@@ -395,7 +381,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         if p.nodes > 1:
             out.sort(key=lambda g: g.fabric)  # stable: each fabric's groups in the order they were made
         idx.admitted[key] = (idx.version, out)
-        self._admits[id(p)] = (idx.version, out, p)
         return out
 
     def _best(self, p: ProfileSpec, groups: list[Group], spread: dict[str, int], limit: int, taken) -> _View | None:
@@ -614,9 +599,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
 
     def names(self) -> list[str]:
         """Every node's name, ready or not, in order."""
-        if self._names is None:
-            self._names = sorted(self._state.nodes)
-        return self._names
+        return sorted(self._state.nodes)
 
     def keep_within_reason(self, p: ProfileSpec, fitting: list[str]) -> Reason | None:
         """Why no domain of the profile's keep_within kind has enough of these nodes, or None."""
