@@ -120,10 +120,6 @@ class PassFacility:
         self._draw: dict[str, float] | None = None  # capped domain -> draw counted in this pass
         self._cells: Cells | None = None
         self.touched: list[int] = []  # the cells changed, in order (facility_search reads on)
-        # fabric -> shards taken or given back on its nodes in this pass since
-        # facility_search's memo of a fabric refused together first watched it
-        # (counted for those only: asked at every placement, it is one lookup)
-        self.fabric_changes: dict[str, int] = {}
         self.epoch = 0  # one more when a stop made room: every refusal of the pass may be stale
         self._levels: dict[int, Levels] = {}  # id(spread) -> its levels, told of each placement (Levels.took)
         self._blocked: dict[tuple[float, int], set[str]] = {}  # see `blocked`
@@ -354,8 +350,6 @@ class PassFacility:
         order changes: facility_search's `_located_moved`.)"""
         name = node.name
         if self.capped:
-            if fabric in self.fabric_changes:
-                self.fabric_changes[fabric] += 1
             got = self._limits.get(name)
             if got is None or got[2] is not node.gpus:
                 got = self._limits_of(node)
@@ -378,8 +372,6 @@ class PassFacility:
         self._touch(node.name)
         if not self.capped:
             return
-        if fabric in self.fabric_changes:
-            self.fabric_changes[fabric] += 1
         if handover:
             if give:
                 self.credit[node.name] = self.credit.get(node.name, 0.0) + counted(node, sh)

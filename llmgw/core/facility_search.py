@@ -118,10 +118,6 @@ class CellSearch:
         self._fab_refused: set[tuple[int, int]] = set()
         self._fab_epoch = 0
         self._model_fabrics: tuple | None = None
-        # (fabric's groups, profile, round's limit) -> (spread, what the fabric
-        # was when its nodes were refused together: `_pair_state`)
-        self._pairs_refused: dict[tuple, tuple] = {}
-        self._capped_of: dict[int, tuple[str, ...]] = {}  # id(fabric's groups) -> its nodes' capped domains
         self._picked: Levels | None = None  # the levels the last single-node search went by (placement's `place`)
 
     def _located_moved(self, name: str, before: int, after: int) -> None:
@@ -425,9 +421,6 @@ class CellSearch:
         them one by one was most of a multi-node placement
         (benchmarks/placement.py --facility)."""
         short = (id(groups), id(p), limit)
-        known = self._pairs_refused.get(short)
-        if known is not None and known[0] is spread and known[1] == self._pair_state(p, groups):
-            return True  # refused together before, and nothing it depends on changed since
         blocked = self._fac.blocked(p)
         mine = spread.keys() if first and spread else None
         n, need = 0, p.nodes
@@ -449,40 +442,16 @@ class CellSearch:
         the pass, as refusals do, until room is made (`_located_moved`,
         PassFacility.epoch); and in every round, when its round admitted
         every node (the last, or one that passed over none of its nodes).
-
-        Or too few for the caps together with the first chosen
-        (facility_pass.Together), which other nodes chosen first may not
-        be: then it stays refused while nothing it was chosen by changes
-        (`_pair_state`). Tried again at each replica, a fabric whose best
-        node had no partner under the caps was most of a multi-node
-        placement's cost with binding caps (benchmarks/placement.py --facility)."""
-        if p.keep_within:
+        (Too few for the caps together with the first chosen,
+        facility_pass.Together, it is tried again at the next replica:
+        other nodes chosen first may do.)"""
+        if p.keep_within or together:
             return
         key = (id(groups), id(p), limit)
-        if together:
-            self._fac.fabric_changes.setdefault(groups[0].fabric, 0)  # (watched from now on)
-            self._pairs_refused[key] = (spread, self._pair_state(p, groups))
-        elif chosen < p.nodes:
+        if chosen < p.nodes:
             self._short[key] = spread
             if last or groups[0].fabric not in self._fabrics_of(spread):
                 self._fab_refused.add((id(groups), id(p)))
-
-    def _pair_state(self, p: ProfileSpec, groups: list) -> tuple:
-        """What a multi-node search of a fabric is a function of, besides its
-        spread (whose counts on the fabric's nodes change only by a shard
-        taken there): the shards taken or given back on its nodes, the
-        nodes known refused for the profile's draw (only ever more, in an
-        epoch) and the draws of its nodes' capped domains."""
-        fac = self._fac
-        capped = self._capped_of.get(id(groups))
-        if capped is None:
-            loc, budgets = fac.loc, fac.state.budgets
-            names = [name for grp in groups for bucket in grp.buckets for name in bucket]
-            capped = self._capped_of[id(groups)] = tuple(sorted({d for n in names for d in loc.get(n, ()) if d in budgets}))
-        draw = fac._draw if fac._draw is not None else fac.draw
-        return (
-            fac.epoch, fac.fabric_changes[groups[0].fabric], len(fac.blocked(p)), [draw[d] for d in capped]
-        )
 
     def _fabrics_of(self, spread: dict[str, int]) -> set[str]:
         """The fabrics of the nodes the model runs on, kept while its spread
