@@ -207,11 +207,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         self._floors: list | None = None  # see `floors`
         self._hist: dict[str, list[int]] | None = None  # see `domain_free`
         self._dlimit: dict[str, float | None] = {}  # see `domain_limit`
-        # Where the last first-round search of a model left off (see _best):
-        # (profile, spread, changes then, the free-GPU count it found a node at).
-        self._changes = 0  # nodes taken or given back in this pass so far
-        self._found_k = 0
-        self._resume: tuple | None = None
         self._search_init()  # facility: facility_search
 
     # ------------------------------------------------------------------ the index
@@ -336,11 +331,9 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
             if fac.seen:
                 fac.seen = {}  # (only the facility says rejections: see `rejections`)
             self._picked = None
-        self._found_k = 0
         chosen = self._find(p, spread)
         if chosen is None:
             return None
-        found_k = self._found_k
         shards = []
         for rank, v in enumerate(chosen):
             gpus = self._gpus_for(v, p)
@@ -359,9 +352,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
                 self._fac.expect(spread, [v.name for v in chosen])
             for v in chosen:
                 spread[v.name] = spread.get(v.name, 0) + 1
-        # (Where the model's next search may begin: see _best. The node just
-        # taken is in its spread from now on, counted above.)
-        self._resume = (p, spread, self._changes, found_k) if p.nodes == 1 and found_k else None
         return shards
 
     def _admitting(self, idx: NodeIndex, p: ProfileSpec) -> list[Group]:
@@ -396,17 +386,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         skip_all = bool(spread) and limit == 1  # (spread counts are >= 1)
         count = bool(spread) and limit > 1
         blocked = fac.blocked(p) if fac.active else None  # facility: nodes known refused in this pass
-        start = p.gpus
-        resume = self._resume
-        if resume is not None and limit == 1 and not taken and not fac.active:
-            # The model's last placement, in this round, found nothing below
-            # `k` free GPUs, and nothing has changed since but the node it
-            # took (now its own, so skipped here): nothing below it still.
-            # A cold start's searches were mostly that walk over empty or
-            # passed-over buckets (benchmarks/placement.py --nodes 16000).
-            if resume[0] is p and resume[1] is spread and resume[2] == self._changes:
-                start = resume[3]
-        for k in range(start, self._index.top + 1):  # type: ignore[union-attr]
+        for k in range(p.gpus, self._index.top + 1):  # type: ignore[union-attr]
             best: _View | None = None
             for grp, buckets in zip(groups, lists):
                 bucket = buckets[k]
@@ -430,7 +410,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
                     best = v
                     break
             if best is not None:
-                self._found_k = k
                 return best
         return None
 
@@ -447,7 +426,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
 
     def _take(self, v: _View, gpus: list[int], p: ProfileSpec) -> int:
         """Take GPUs, memory, cores and a port on a node; returns the port."""
-        self._changes += 1
         free = v.free
         before = len(free)
         if gpus:
@@ -483,7 +461,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         self._shift(shards, give=False, handover=handover)
 
     def _shift(self, shards: list[Shard], give: bool, handover: bool = False) -> None:
-        self._changes += 1
         if give:
             self._short.clear()  # (memory or cores freed may be what a fabric lacked)
         self._build()
