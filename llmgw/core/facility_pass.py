@@ -52,16 +52,14 @@ class Kept:
       and the node has that list of GPUs (only a registration makes a new one);
     - `ranked`: every node's name in order and its rank in it
       (facility_search's keys), while no node registers for the first
-      time (a node is never forgotten, so the count says it);
-    - `orders`: facility_search's cells' orders, with the node index, the
-      cells and the ranks they were made for (`_cell_orders`).
+      time (a node is never forgotten, so the count says it).
 
     Each was made again at every pass, for every node a pass looked at:
     most of the facility's cost of a cold start was these, as a cold
     start is passes of ~1,900 placements each (benchmarks/placement.py --facility).
     Checked whole, in C, once a pass (`kept`)."""
 
-    __slots__ = ("located", "holds", "budgets", "cells", "limits", "caps_of", "ranked", "orders", "__weakref__")
+    __slots__ = ("located", "holds", "budgets", "cells", "limits", "caps_of", "ranked", "__weakref__")
 
     def __init__(self) -> None:
         self.located: dict[str, tuple[str, ...]] | None = None
@@ -71,7 +69,6 @@ class Kept:
         self.limits: dict[str, tuple] = {}
         self.caps_of: dict[tuple[str, ...], tuple] = {}  # a node's domains -> its capped ones, with caps (`limits`)
         self.ranked: tuple[int, list[str], dict[str, int]] = (-1, [], {})
-        self.orders: tuple | None = None
 
     def ranks(self, state: State) -> tuple[list[str], dict[str, int]]:
         """Every node's name in order, and name -> its rank (see `ranked`)."""

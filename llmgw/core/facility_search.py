@@ -127,8 +127,6 @@ class CellSearch:
         if after > before:
             self._fab_refused.clear()  # room made
         orders = self._orders
-        if orders is None and self._fac._facts.orders is not None:
-            orders = self._cell_orders()  # (kept from pass to pass: moved with the node index's entries)
         if orders is not None:
             c = self._cell_of.get(name)
             if c is not None:
@@ -298,38 +296,19 @@ class CellSearch:
     def _cell_orders(self) -> list[list[int]]:
         """Each cell's ready nodes by free GPUs, then name (as keys: see the
         module), as the node index files them (an entry's free count is its
-        view's: Inventory._move keeps both), kept as placements take
-        (`_located_moved`), and from one pass to the next (Kept.orders):
-        at a pass's start, only the cells of the nodes the index filed
-        again otherwise than the last pass left them are made again (its
-        `refiled`). Made whole at every pass, they were a twentieth of a
-        cold start with the facility (benchmarks/placement.py --facility)."""
-        orders = self._orders
-        if orders is None:
-            idx = self._build()
-            entries, facts = idx.entries, self._fac._facts
+        view's: Inventory._move keeps both), made at the pass's first search
+        by cell and kept as its placements take (`_located_moved`)."""
+        if self._orders is None:
+            entries = self._build().entries
             cells = self._fac.cells()
             self._cell_of = cells.of
-            named, rank = self._named, self._rank = self._fac.ranks()  # rank -> name, name -> rank
-            kept = facts.orders
-            if kept is not None and kept[0] is idx and kept[1] is cells and kept[2] is named and idx.refiled is not None:
-                orders = kept[3]
-                if idx.refiled:
-                    of = cells.of
-                    for c in {of[name] for name in idx.refiled if name in of}:
-                        orders[c] = sorted(
-                            [entries[name].free << _RANK_BITS | rank[name] for name in cells.nodes[c] if name in entries]
-                        )
-                    idx.refiled.clear()
-            else:
-                orders = [
-                    sorted([entries[name].free << _RANK_BITS | rank[name] for name in nodes if name in entries])
-                    for nodes in cells.nodes
-                ]
-                idx.refiled = []
-                facts.orders = (idx, cells, named, orders)
-            self._orders = orders
-        return orders
+            self._named, self._rank = self._fac.ranks()  # rank -> name, name -> rank
+            rank = self._rank
+            self._orders = [
+                sorted([entries[name].free << _RANK_BITS | rank[name] for name in nodes if name in entries])
+                for nodes in cells.nodes
+            ]
+        return self._orders
 
     def _fits(self, p: ProfileSpec, admitted: set, v) -> bool:
         """Whether one shard of the profile fits the node, of the admitted groups."""
