@@ -261,7 +261,7 @@ def test_a_pass_leaves_no_cycles_for_the_collector(seed):
 def test_the_cells_orders_kept_from_pass_to_pass_follow_a_pass_that_never_searched_them():
     """A pass that takes from located nodes without a search by cell (a
     multi-node replica's, a stop's) still moves them in the orders kept
-    for the next pass (facility_pass.Kept.orders): the node index it moves
+    for the next pass (facility_search's `_cell_orders`): the node index it moves
     them in is not filed again where the decision lands."""
     from .test_facility_properties import kept_cell_orders_are_fresh
 

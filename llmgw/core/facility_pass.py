@@ -5,8 +5,7 @@ keeps the facts): the holds, each capped domain's draw as the pass's own
 placements add to it, and the refusals a replica's search met, kept on the
 placement (PlaceReplica.rejections) so that `ctl describe replica` shows
 them; and each model's `Levels` (facility_spread.py), by which
-facility_search.py places. `Kept` is what passes read that changes only
-with the fold's facts, kept from one pass to the next.
+facility_search.py places.
 
 Apart from facility.py so that each stays one concern: the facts and the
 fold there, one pass's arithmetic here.
@@ -14,7 +13,6 @@ fold there, one pass's arithmetic here.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable
 from operator import attrgetter
 
@@ -34,70 +32,10 @@ from .facility import (
     shard_watts,
     watts,
 )
-from .facility_spread import Cells, Levels, cells_for
+from .facility_spread import Cells, Levels
 from .state import Node, Shard, State
 
 _POWER_W = attrgetter("power_w")
-
-
-class Kept:
-    """What passes read of the facility that changes only with the fold's
-    facts, kept beside one state from pass to pass (not in it: a snapshot
-    and `==` see nothing of it), as nodeindex keeps its index:
-
-    - `cells`: the located nodes by cell, while no node's domains change;
-    - `limits`: node -> (its first held domain, its capped domains with their
-      caps, its list of GPUs, the power limit they all share: None when
-      they differ), while no node's domains, no hold and no cap change,
-      and the node has that list of GPUs (only a registration makes a new one);
-    - `ranked`: every node's name in order and its rank in it
-      (facility_search's keys), while no node registers for the first
-      time (a node is never forgotten, so the count says it).
-
-    Each was made again at every pass, for every node a pass looked at:
-    most of the facility's cost of a cold start was these, as a cold
-    start is passes of ~1,900 placements each (benchmarks/placement.py --facility).
-    Checked whole, in C, once a pass (`kept`)."""
-
-    __slots__ = ("located", "holds", "budgets", "cells", "limits", "caps_of", "ranked", "__weakref__")
-
-    def __init__(self) -> None:
-        self.located: dict[str, tuple[str, ...]] | None = None
-        self.holds: dict = {}
-        self.budgets: dict[str, float] = {}
-        self.cells: Cells | None = None
-        self.limits: dict[str, tuple] = {}
-        self.caps_of: dict[tuple[str, ...], tuple] = {}  # a node's domains -> its capped ones, with caps (`limits`)
-        self.ranked: tuple[int, list[str], dict[str, int]] = (-1, [], {})
-
-    def ranks(self, state: State) -> tuple[list[str], dict[str, int]]:
-        """Every node's name in order, and name -> its rank (see `ranked`)."""
-        count, names, rank = self.ranked
-        if count != len(state.nodes):
-            names = sorted(state.nodes)
-            rank = {name: r for r, name in enumerate(names)}
-            self.ranked = (len(names), names, rank)
-        return names, rank
-
-
-# id(state) -> what is kept for it; an entry goes when its state does (a finalizer), as nodeindex's do.
-_KEPT: dict[int, Kept] = {}
-
-
-def kept(state: State) -> Kept:
-    """The state's kept facts, as its facility is now."""
-    k = _KEPT.get(id(state))
-    if k is None:
-        k = _KEPT[id(state)] = Kept()
-        weakref.finalize(state, _KEPT.pop, id(state), None)
-    if k.located != state.located:
-        k.located = dict(state.located)
-        k.cells = None
-        k.limits, k.caps_of = {}, {}
-    if k.holds != state.holds or k.budgets != state.budgets:
-        k.holds, k.budgets = dict(state.holds), dict(state.budgets)
-        k.limits, k.caps_of = {}, {}
-    return k
 
 
 class PassFacility:
@@ -106,8 +44,7 @@ class PassFacility:
     placements and stops counted as they are decided. Read from the
     fold's derived indexes (state.located, state.domain_nodes,
     state.domain_draw): a fleet with no location, hold or cap costs nothing
-    here, and one with them a comparison of its locations, holds and caps
-    once a pass (`kept`)."""
+    here."""
 
     def __init__(self, state: State) -> None:
         self.state = state
@@ -122,9 +59,9 @@ class PassFacility:
         self._blocked: dict[tuple[float, int], set[str]] = {}  # see `blocked`
         self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
         self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
-        facts = kept(state) if self.active else Kept()
-        self._limits = facts.limits  # node -> see `_limits_of`
-        self._facts = facts
+        self._limits: dict[str, tuple] = {}  # node -> see `_limits_of`
+        self._caps_of: dict[tuple[str, ...], tuple] = {}  # a node's domains -> its capped ones, with caps
+        self._ranked: tuple[list[str], dict[str, int]] | None = None  # see `ranks`
         # The facility's refusals the placement under way met, domain -> in
         # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
         self.seen: dict[str, str] = {}
@@ -143,16 +80,16 @@ class PassFacility:
         return self._draw
 
     def ranks(self) -> tuple[list[str], dict[str, int]]:
-        """Every node's name in order and its rank (Kept.ranks)."""
-        return self._facts.ranks(self.state)
+        """Every node's name in order, and name -> its rank (facility_search's keys): once a pass."""
+        if self._ranked is None:
+            names = sorted(self.state.nodes)
+            self._ranked = (names, {name: r for r, name in enumerate(names)})
+        return self._ranked
 
     def cells(self) -> Cells:
         """The located nodes by cell (for Levels): once a pass."""
         if self._cells is None:
-            facts = self._facts
-            if facts.cells is None:
-                facts.cells = cells_for(facts.located)  # (kept's copy: the state's changes in place)
-            self._cells = facts.cells
+            self._cells = Cells(self.state.located)
         return self._cells
 
     def _touch(self, name: str) -> None:
@@ -228,8 +165,7 @@ class PassFacility:
         """A node's first held domain ("": none), its capped domains with
         their caps, in its domains' order, its list of GPUs and the power
         limit they all share (None: they differ): holds, caps and GPUs do
-        not change in a pass (and are kept from pass to pass: `Kept`), and
-        `refuses` asks per candidate."""
+        not change in a pass, and `refuses` asks per candidate."""
         name = node.name
         ds = self.loc.get(name, ())
         holds, budgets = self.state.holds, self.state.budgets
@@ -239,9 +175,9 @@ class PassFacility:
         # start with the facility, benchmarks/instructions.py --what cold.)
         limits = list(map(_POWER_W, gpus))
         uniform: float | None = (limits[0] if limits.count(limits[0]) == len(limits) else None) if limits else 0.0
-        caps = self._facts.caps_of.get(ds)  # (the nodes of a rack and PDU say the same domains)
+        caps = self._caps_of.get(ds)  # (the nodes of a rack and PDU say the same domains)
         if caps is None:
-            caps = self._facts.caps_of[ds] = tuple([(d, budgets[d]) for d in ds if d in budgets])
+            caps = self._caps_of[ds] = tuple([(d, budgets[d]) for d in ds if d in budgets])
         got = self._limits[name] = (held, caps, gpus, uniform)
         return got
 

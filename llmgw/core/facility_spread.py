@@ -36,9 +36,6 @@ def level(rack: int, pdu: int) -> int:
     return rack * LEVEL_BASE + pdu
 
 
-_LAST: tuple[dict, "Cells"] | None = None  # (the locations, their cells): see cells_for
-
-
 class Cells:
     """The located nodes of one pass by *cell*: the nodes in the same set of
     domains (rack, PDU and any other). The nodes of a cell share their
@@ -108,21 +105,6 @@ class Cells:
                 self.pdu_of.append(pdus[pdu])
         self.racks = len(racks) + own  # how many numbers a count per rack needs
         self.pdus = len(pdus) + own
-
-
-def cells_for(located: dict[str, tuple[str, ...]]) -> Cells:
-    """The cells of these locations: the last ones made, when their
-    locations were the same (a Cells is never changed once made, and its
-    numbers decide nothing). A copy of a state (replay's verify, what-if,
-    a benchmark's runs) has the same locations as its original; made
-    again, they cost a cold start on 2,000 nodes a fiftieth of its time
-    (benchmarks/placement.py --facility)."""
-    global _LAST
-    if _LAST is not None and _LAST[0] == located:
-        return _LAST[1]
-    cells = Cells(located)
-    _LAST = (located, cells)
-    return cells
 
 
 class Levels:
