@@ -42,12 +42,10 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from heapq import heapify, heappop, heappush, heapreplace
-from itertools import islice
 
 from .events import ProfileSpec
-from .facility import over_cap
 from .facility_spread import NO_LEVEL, Levels, level as cell_level
-from .fit import _mixed_reasons, cpu_short, memory_short
+from .fit import _mixed_reasons
 
 _RANK_BITS = 24  # a node's rank in name order: fewer than 16 million nodes
 _RANK = (1 << _RANK_BITS) - 1
@@ -113,11 +111,9 @@ class CellSearch:
         self._named: list[str] = []  # rank -> node, once the orders are made (placement's `names`)
         self._rank: dict[str, int] = {}  # node -> rank
         self._cell_of: dict[str, int] = {}  # node -> its cell, once the orders are made
-        self._first_cursors: dict[int, list] = {}  # GPUs -> [touched then, every cell's first cursor] (`_firsts`)
         # (fabric's groups, profile) with too few nodes that fit, every node admitted (`_fabric_failed`)
         self._fab_refused: set[tuple[int, int]] = set()
         self._fab_epoch = 0
-        self._model_fabrics: tuple | None = None
         self._picked: Levels | None = None  # the levels the last single-node search went by (placement's `place`)
 
     def _located_moved(self, name: str, before: int, after: int) -> None:
@@ -249,15 +245,14 @@ class CellSearch:
         return None
 
     def _start(self, p: ProfileSpec, levels: Levels, groups: list) -> _Heaps:
-        firsts = self._firsts(p.gpus)
-        if levels.counted():
-            rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of  # (a cell's level: see Levels)
-            cur = [
-                None if e is None else cell_level(rc[rack_of[c]], pc[pdu_of[c]]) << _TOP | e
-                for c, e in enumerate(firsts)
-            ]
-        else:  # every cell at level 0, as `_firsts` made them
-            cur = list(firsts)
+        """The model's heap of cursors: each cell's first node with the GPUs free, at the cell's level."""
+        rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of
+        first = p.gpus << _RANK_BITS
+        cur: list[int | None] = []
+        for c, order in enumerate(self._cell_orders()):
+            i = bisect_left(order, first)
+            at = cell_level(rc[rack_of[c]], pc[pdu_of[c]])
+            cur.append((at << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT | c << _POS_BITS | i if i < len(order) else None)
         heap = [e for e in cur if e is not None]
         heapify(heap)
         admitted = self._admitted.get(id(groups))
@@ -266,32 +261,6 @@ class CellSearch:
         fac = self._fac
         parts = (heap, cur, fac.dead(p), fac.blocked(p), admitted, levels.rc, levels.pc, levels.rack_of, levels.pdu_of)
         return _Heaps(groups, fac.epoch, len(fac.touched), cur, heap, parts)
-
-    def _firsts(self, gpus: int) -> list[int | None]:
-        """Every cell's first cursor for a profile of this many GPUs (its
-        first node with the GPUs free), at level 0 (a model with none of its
-        replicas counted yet): kept for the pass as placements change the cells
-        (PassFacility.touched), as a model's first search of a pass made
-        them cell by cell, and a cold start is ~100 models a pass
-        (benchmarks/placement.py --facility)."""
-        touched = self._fac.touched
-        got = self._first_cursors.get(gpus)
-        if got is None:
-            orders = self._cell_orders()
-            first = gpus << _RANK_BITS
-            out: list[int | None] = []
-            for c, order in enumerate(orders):
-                i = bisect_left(order, first)
-                out.append(order[i] << _CUR_SHIFT | c << _POS_BITS | i if i < len(order) else None)
-            got = self._first_cursors[gpus] = [len(touched), out]
-        elif got[0] < len(touched):
-            out, orders, first = got[1], self._orders, gpus << _RANK_BITS
-            for c in set(touched[got[0] :]):
-                order = orders[c]  # type: ignore[index]
-                i = bisect_left(order, first)
-                out[c] = order[i] << _CUR_SHIFT | c << _POS_BITS | i if i < len(order) else None
-            got[0] = len(touched)
-        return got[1]
 
     def _cell_orders(self) -> list[list[int]]:
         """Each cell's ready nodes by free GPUs, then name (as keys: see the
@@ -322,23 +291,9 @@ class CellSearch:
         node = v.node
         if grp.kind is None and _mixed_reasons(p, node.gpus, v.free):
             return False
-        fac = self._fac
-        if fac.active:
-            # PassFacility.refuses, its usual answer inline (a node neither
-            # held nor handed a draw, its GPUs of one power limit, within its
-            # caps): asked of every candidate. Anything else, it is asked.
-            got = fac._limits.get(v.name)
-            if got is None or got[0] or got[2] is not node.gpus or got[3] is None or grp.kind is None or fac.credit:
-                if fac.refuses(node, p, v.free[: p.gpus] if grp.kind is not None else self._gpus_for(v, p)):
-                    return False
-            elif got[1] and (w := p.power_w or got[3] * p.gpus):
-                draw = fac._draw if fac._draw is not None else fac.draw
-                for d, cap in got[1]:
-                    if over_cap(draw[d], w, cap):
-                        fac.refuses(node, p, v.free[: p.gpus])  # (which notes it)
-                        return False
-        # placement's `_room_reasons` but the facility's (just asked), without the words.
-        return not (memory_short(p, node, v.mem_used) or cpu_short(p, node, v.cpu_used) or not v.free_port())
+        if self._fac.active and self._fac.refuses(node, p, self._gpus_for(v, p)):
+            return False
+        return self._room_ok(v, p)
 
     def _first_fit(self, p: ProfileSpec, admitted: set, names):
         """The fitting node among these (the model's own at one level) with the fewest free GPUs that are enough, ties in name
@@ -433,18 +388,6 @@ class CellSearch:
                 self._fab_refused.add((id(groups), id(p)))
 
     def _fabrics_of(self, spread: dict[str, int]) -> set[str]:
-        """The fabrics of the nodes the model runs on, kept while its spread
-        has the same nodes, and added to as it gains some (a spread only
-        grows in a pass, and a dict keeps its keys in the order they came:
-        made again at each of a model's placements, it read all of its
-        nodes each time)."""
-        got = self._model_fabrics
+        """The fabrics of the nodes the model runs on."""
         nodes = self._state.nodes
-        if got is not None and got[0] is spread and got[1] <= len(spread):
-            if got[1] < len(spread):
-                got[2].update(self.view(name).fabric for name in islice(spread, got[1], None) if name in nodes)
-                got = self._model_fabrics = (spread, len(spread), got[2])
-            return got[2]
-        fabrics = {self.view(name).fabric for name in spread if name in nodes}
-        got = self._model_fabrics = (spread, len(spread), fabrics)
-        return got[2]
+        return {self.view(name).fabric for name in spread if name in nodes}

@@ -142,11 +142,7 @@ class Levels:
         self.pc = [0] * cells.pdus
         self.rack_of, self.pdu_of = cells.rack_of, cells.pdu_of
         self._loose: dict[int, int] = {}  # level -> the model's nodes in no cell at it
-        # cell -> the model's nodes in it: one name, or a set of two or more
-        # (a set made for each cell a model's first replica there lands in
-        # was ~10,000 a cold start, each for the cycle collector to go over:
-        # a model's replicas are spread one to a cell, mostly).
-        self._csp: dict[int, str | set[str]] = {}
+        self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
         self.low = NO_LEVEL  # no level of the model's own nodes is below it (`mine`)
         # facility_search's heaps of cursors for the model, by id of profile (kept with its levels)
         self.heaps: dict[int, object] = {}
@@ -164,13 +160,7 @@ class Levels:
         r, p = self.rack_of[c], self.pdu_of[c]
         rc, pc = self.rc, self.pc
         if not old:  # the cell's own nodes of the model (`spread_at`)
-            mine = self._csp.get(c)
-            if mine is None:
-                self._csp[c] = name
-            elif mine.__class__ is str:
-                self._csp[c] = {mine, name}
-            else:
-                mine.add(name)  # type: ignore[union-attr]
+            self._csp.setdefault(c, set()).add(name)
             if level(rc[r], pc[p]) < self.low:  # (its level only grows from here)
                 self.low = level(rc[r], pc[p])
         rc[r] += more
@@ -206,10 +196,7 @@ class Levels:
         rc, pc, rack_of, pdu_of = self.rc, self.pc, self.rack_of, self.pdu_of  # (each cell's level, inline)
         for c, names in self._csp.items():
             if level(rc[rack_of[c]], pc[pdu_of[c]]) == at:
-                if names.__class__ is str:
-                    out.add(names)  # type: ignore[arg-type]
-                else:
-                    out |= names  # type: ignore[operator]
+                out |= names
         if at in self._loose:
             of = self._cells.of
             out.update(name for name, n in self.spread.items() if name not in of and level(n, n) == at)
