@@ -17,12 +17,11 @@ from collections.abc import Iterable
 from operator import attrgetter
 
 from . import events as ev
+from . import fit
 from .facility import (
-    HELD,
     KEEP_WITHIN,
     LABELS,
     MAX_REJECTIONS,
-    POWER,
     counted,
     domain_of_kind,
     first_held,
@@ -30,7 +29,6 @@ from .facility import (
     over_cap,
     render,
     shard_watts,
-    watts,
 )
 from .facility_spread import Cells, Levels
 from .state import Node, Shard, State
@@ -68,9 +66,6 @@ class PassFacility:
         # node -> the draw a replica stopped for its replacement in place
         # hands over there, while that replacement is placed (`shift`).
         self.credit: dict[str, float] = {}
-        from .placement import Reason  # placement imports this module
-
-        self._reason = Reason
 
     @property
     def draw(self) -> dict[str, float]:
@@ -113,7 +108,7 @@ class PassFacility:
             return ()
         holds = self.state.holds
         out = tuple(
-            self._reason(rule=HELD, need=d, have=held_reason(holds, d)) for d in self.loc.get(name, ()) if d in holds
+            fit.held_reason(d, held_reason(holds, d)) for d in self.loc.get(name, ()) if d in holds
         )
         if caps:
             w = self._watts(p, node, gpus)
@@ -123,8 +118,7 @@ class PassFacility:
                 draw = self._draw if self._draw is not None else self.draw
                 for d, cap in caps:
                     if over_cap(draw[d], w, cap):
-                        have = f"would draw {watts(draw[d] + w)} of {watts(cap)}"
-                        out = out + (self._reason(rule=POWER, need=d, have=have),)
+                        out = out + (fit.power_reason(d, draw[d] + w, cap),)
         if out and len(self.seen) < MAX_REJECTIONS:
             seen = self.seen
             for r in out:
@@ -368,10 +362,10 @@ class PassFacility:
             return None
         need = f"{p.nodes} nodes that fit in one {p.keep_within}"
         if not per:
-            return self._reason(rule=KEEP_WITHIN, need=need, have=f"no node that fits has a {LABELS[p.keep_within]} label")
+            return fit.Reason(rule=KEEP_WITHIN, need=need, have=f"no node that fits has a {LABELS[p.keep_within]} label")
         most = max(per.values())
         where = min(d for d, c in per.items() if c == most)
-        return self._reason(rule=KEEP_WITHIN, need=need, have=f"{most} in {where}")
+        return fit.Reason(rule=KEEP_WITHIN, need=need, have=f"{most} in {where}")
 
 
 class Outside:

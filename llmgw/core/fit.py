@@ -291,6 +291,34 @@ def memory_short(p: ProfileSpec, node: Node, used: float) -> bool:
     return bool(p.memory_gb and node.memory_gb and add_gb(used, p.memory_gb) > node.memory_gb)
 
 
+def ready_reason(node: Node) -> Reason:
+    """A node that is not ready (or is cordoned: admission.py), in words."""
+    return Reason(rule=READY, need="a ready node", have=node.cordon or node.state + (f": {node.reason}" if node.reason else ""))
+
+
+def memory_reason(p: ProfileSpec, node: Node, used: float) -> Reason:
+    return Reason(rule=MEMORY, need=f"{p.memory_gb:g} GB", have=f"{add_gb(node.memory_gb, -used):g} GB free of {node.memory_gb:g}")
+
+
+def cpu_reason(p: ProfileSpec, node: Node, used: int) -> Reason:
+    have = f"{node.cpu_cores - used} free of {node.cpu_cores}" if node.cpu_cores else "none reported"
+    return Reason(rule=CPU, need=f"{p.cpu_cores} cores", have=have)
+
+
+def ports_reason(node: Node, first: int, last: int) -> Reason:
+    have = f"none ({len(node.taken)} held by other programs)" if node.taken else "none"
+    return Reason(rule=PORTS, need=f"a free one in {first}-{last}", have=have)
+
+
+def held_reason(domain: str, why: str) -> Reason:
+    return Reason(rule=facility.HELD, need=domain, have=why)
+
+
+def power_reason(domain: str, after: float, cap: float) -> Reason:
+    """A capped domain a shard would take past its cap, in words."""
+    return Reason(rule=facility.POWER, need=domain, have=f"would draw {facility.watts(after)} of {facility.watts(cap)}")
+
+
 def cpu_short(p: ProfileSpec, node: Node, used: int) -> bool:
     """Too few free cores. A node that reports none has no limit said, except
     for a CPU-only profile (no GPU, cores asked): it runs on cores, so it

@@ -77,7 +77,7 @@ from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
 from .fit import (  # noqa: F401
     READY, SIMULATED, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS, RULES, Reason, NodeFit, ProfileFit,
     Explanation, render, render_explanation, needs, summarize, gpu_model_matches, label_reasons, gpu_reasons,
-    _kind_reasons, _mixed_reasons, memory_short, cpu_short,
+    _kind_reasons, _mixed_reasons, memory_short, cpu_short, ready_reason, memory_reason, cpu_reason, ports_reason,
 )
 
 # The engine ports of a node whose agent names no range (NodeRegistered's
@@ -259,10 +259,8 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
 
     def reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
         """Every rule this node breaks for one shard of the profile; () when it fits."""
-        node = v.node
         if not v.ready:
-            have = node.cordon or node.state + (f": {node.reason}" if node.reason else "")
-            return (Reason(rule=READY, need="a ready node", have=have),)
+            return (ready_reason(v.node),)
         return self._fixed_reasons(v, p) + self._room_reasons(v, p)
 
     def _fixed_reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
@@ -275,15 +273,11 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         node = v.node
         out: tuple[Reason, ...] = ()
         if memory_short(p, node, v.mem_used):
-            have = f"{add_gb(node.memory_gb, -v.mem_used):g} GB free of {node.memory_gb:g}"
-            out += (Reason(rule=MEMORY, need=f"{p.memory_gb:g} GB", have=have),)
+            out += (memory_reason(p, node, v.mem_used),)
         if cpu_short(p, node, v.cpu_used):
-            have = f"{node.cpu_cores - v.cpu_used} free of {node.cpu_cores}" if node.cpu_cores else "none reported"
-            out += (Reason(rule=CPU, need=f"{p.cpu_cores} cores", have=have),)
+            out += (cpu_reason(p, node, v.cpu_used),)
         if not v.free_port():
-            first, last = port_range(node)
-            have = f"none ({len(node.taken)} held by other programs)" if node.taken else "none"
-            out += (Reason(rule=PORTS, need=f"a free one in {first}-{last}", have=have),)
+            out += (ports_reason(node, *port_range(node)),)
         if self._fac.active:  # facility: held domains, power caps
             out += self._fac.reasons(node, p, self._gpus_for(v, p))
         return out

@@ -28,13 +28,13 @@ tests/test_refusals.py holds the two countings to the same text.
 from __future__ import annotations
 
 from .events import ProfileSpec
-from .facility import HELD, POWER, over_cap, watts
+from .facility import HELD, POWER, over_cap
 from .fit import (
     CPU, FABRIC, MEMORY, PORTS, READY, RULES, Reason, Refusals, RuleCount, _kind_reasons, _mixed_reasons,
-    cpu_short, label_reasons, memory_short, needs,
+    cpu_reason, cpu_short, held_reason, label_reasons, memory_reason, memory_short, needs, ports_reason,
+    power_reason, ready_reason,
 )
 from .placement import Inventory, port_range
-from .state import add_gb
 
 
 class _Tally:
@@ -67,8 +67,7 @@ def count_refusals(inv: Inventory, p: ProfileSpec) -> Refusals:
     if len(entries) != len(state.nodes):  # not ready, or cordoned (admission.py): outside the index
         for name, node in state.nodes.items():
             if name not in entries:
-                have = node.cordon or node.state + (f": {node.reason}" if node.reason else "")
-                t.add(READY, 1, (name, 0), Reason(rule=READY, need="a ready node", have=have))
+                t.add(READY, 1, (name, 0), ready_reason(node))
     _labels_and_gpus(inv, p, t)
     bad = _room(inv, p, t)
     refused = _facility(inv, p, t)
@@ -125,21 +124,17 @@ def _room(inv: Inventory, p: ProfileSpec, t: _Tally) -> set[str]:
         if mem:
             used = v.mem_used if v is not None else node.memory_used
             if memory_short(p, node, used):
-                have = f"{add_gb(node.memory_gb, -used):g} GB free of {node.memory_gb:g}"
-                t.add(MEMORY, 1, (name, 0), Reason(rule=MEMORY, need=f"{p.memory_gb:g} GB", have=have))
+                t.add(MEMORY, 1, (name, 0), memory_reason(p, node, used))
                 bad.add(name)
         if cpu:
             used = v.cpu_used if v is not None else node.cpu_used
             if cpu_short(p, node, used):
-                have = f"{node.cpu_cores - used} free of {node.cpu_cores}" if node.cpu_cores else "none reported"
-                t.add(CPU, 1, (name, 0), Reason(rule=CPU, need=f"{p.cpu_cores} cores", have=have))
+                t.add(CPU, 1, (name, 0), cpu_reason(p, node, used))
                 bad.add(name)
         if ports:
             v = v or inv.view(name)
             if not v.free_port():
-                first, last = port_range(node)
-                have = f"none ({len(node.taken)} held by other programs)" if node.taken else "none"
-                t.add(PORTS, 1, (name, 0), Reason(rule=PORTS, need=f"a free one in {first}-{last}", have=have))
+                t.add(PORTS, 1, (name, 0), ports_reason(node, *port_range(node)))
                 bad.add(name)
     return bad
 
@@ -156,10 +151,10 @@ def _facility(inv: Inventory, p: ProfileSpec, t: _Tally) -> tuple[set[str], set[
         return nodes_refused, domains_refused
     loc = state.located
     for d, hold in state.holds.items():
-        have = hold.reason or "no reason given"
+        r = held_reason(d, hold.reason or "no reason given")
         for name in state.domain_nodes.get(d, ()):
             if name in entries:
-                t.add(HELD, 1, (name, loc[name].index(d)), Reason(rule=HELD, need=d, have=have))
+                t.add(HELD, 1, (name, loc[name].index(d)), r)
                 nodes_refused.add(name)
     if not state.budgets:
         return nodes_refused, domains_refused
@@ -179,8 +174,7 @@ def _facility(inv: Inventory, p: ProfileSpec, t: _Tally) -> tuple[set[str], set[
                 v = inv.view(name)
                 w = fac._watts(p, v.node, inv._gpus_for(v, p)) - credit.get(name, 0.0)
                 if w > 0 and over_cap(x, w, cap):
-                    have = f"would draw {watts(x + w)} of {watts(cap)}"
-                    t.add(POWER, 1, (name, loc[name].index(d)), Reason(rule=POWER, need=d, have=have))
+                    t.add(POWER, 1, (name, loc[name].index(d)), power_reason(d, x + w, cap))
                     nodes_refused.add(name)
             continue
         counts = hist[d]
@@ -198,9 +192,7 @@ def _facility(inv: Inventory, p: ProfileSpec, t: _Tally) -> tuple[set[str], set[
         if w_of(p.gpus) > 0 and over_cap(x, w_of(p.gpus), cap):  # (a node with the GPUs free is refused)
             domains_refused.add(d)
         first = next(name for name in names if name in entries and entries[name].free >= k0)
-        w = w_of(entries[first].free)
-        have = f"would draw {watts(x + w)} of {watts(cap)}"
-        t.add(POWER, n, (first, loc[first].index(d)), Reason(rule=POWER, need=d, have=have))
+        t.add(POWER, n, (first, loc[first].index(d)), power_reason(d, x + w_of(entries[first].free), cap))
     return nodes_refused, domains_refused
 
 
