@@ -156,7 +156,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
         shards.append(
             Shard(
                 id=sid,
-                node=node.name,  # (the state's own object for the name: see fold.share_names)
+                node=node.name,
                 rank=s.rank,
                 gpus=gpus_taken,
                 port=port,

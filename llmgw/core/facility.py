@@ -81,20 +81,9 @@ def location(node: Node) -> dict[str, str]:
     return out
 
 
-# Every domain's one string object (`one_domain`): a process's domains are few.
-_DOMAINS: dict[str, str] = {}
-
-
-def one_domain(domain: str) -> str:
-    """The one string object of this domain, shared by every node and table
-    that names it (fold.share_names says why): the interpreter's intern,
-    which the core cannot import (tests/test_architecture.py)."""
-    return _DOMAINS.setdefault(domain, domain)
-
-
 def domains_of(node: Node) -> tuple[str, ...]:
-    """The domains a node is in, KIND/NAME, broadest first, each one object (`one_domain`)."""
-    return tuple([one_domain(f"{k}/{n}") for k, n in location(node).items()])
+    """The domains a node is in, KIND/NAME, broadest first."""
+    return tuple([f"{k}/{n}" for k, n in location(node).items()])
 
 
 def split_domain(domain: str) -> tuple[str, str]:
@@ -475,7 +464,7 @@ def domain_held(state: State, e: ev.DomainHeld, seq: int) -> None:
         raise _refused(problem)
     old = state.holds.get(e.domain)
     # Held again (a reason or drain changed): since the first hold.
-    state.holds[one_domain(e.domain)] = Hold(reason=e.reason, since=old.since if old else e.at, drain=e.drain)
+    state.holds[e.domain] = Hold(reason=e.reason, since=old.since if old else e.at, drain=e.drain)
 
 
 def domain_released(state: State, e: ev.DomainReleased, seq: int) -> None:
@@ -489,7 +478,7 @@ def facility_applied(state: State, e: ev.FacilityApplied, seq: int) -> None:
             raise _refused(f"facility budget: {problem}")
         if not w > 0:
             raise _refused(f"facility budget of {d}: {w!r} must be a number of watts above 0")
-    state.budgets = {one_domain(d): w for d, w in sorted(e.budgets.items())}
+    state.budgets = {d: w for d, w in sorted(e.budgets.items())}
 
 
 def node_power(state: State, e: ev.NodePower, seq: int) -> None:
