@@ -14,7 +14,6 @@ fold there, one pass's arithmetic here.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from operator import attrgetter
 
 from . import events as ev
 from . import fit
@@ -33,7 +32,6 @@ from .facility import (
 from .facility_spread import Cells, Levels
 from .state import Node, Shard, State
 
-_POWER_W = attrgetter("power_w")
 
 
 class PassFacility:
@@ -58,7 +56,6 @@ class PassFacility:
         self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
         self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
         self._limits: dict[str, tuple] = {}  # node -> see `_limits_of`
-        self._caps_of: dict[tuple[str, ...], tuple] = {}  # a node's domains -> its capped ones, with caps
         self._ranked: tuple[list[str], dict[str, int]] | None = None  # see `ranks`
         # The facility's refusals the placement under way met, domain -> in
         # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
@@ -100,10 +97,7 @@ class PassFacility:
         """The held domains a node is in, and the capped ones one more shard
         of the profile would take past their cap."""
         name = node.name
-        got = self._limits.get(name)
-        if got is None or got[2] is not node.gpus:
-            got = self._limits_of(node)
-        held, caps = got[0], got[1]
+        held, caps, _ = self._limits_of(node)
         if not held and not caps:  # (explain asks this of every node of the fleet)
             return ()
         holds = self.state.holds
@@ -135,10 +129,7 @@ class PassFacility:
         asks this of every candidate it passes over (on a fleet whose caps
         bind, most of them), and words for each cost more than the search."""
         name = node.name
-        got = self._limits.get(name)
-        if got is None or got[2] is not node.gpus:
-            got = self._limits_of(node)
-        held, caps, _, uniform = got
+        held, caps, uniform = self._limits_of(node)
         if held:
             return self._noted(held, node, p, gpus)
         if caps:
@@ -155,32 +146,24 @@ class PassFacility:
                     return self._noted(d, node, p, gpus)
         return False
 
-    def _limits_of(self, node: Node) -> tuple[str, tuple[tuple[str, float], ...], list, float | None]:
+    def _limits_of(self, node: Node) -> tuple[str, tuple[tuple[str, float], ...], float | None]:
         """A node's first held domain ("": none), its capped domains with
-        their caps, in its domains' order, its list of GPUs and the power
-        limit they all share (None: they differ): holds, caps and GPUs do
-        not change in a pass, and `refuses` asks per candidate."""
-        name = node.name
-        ds = self.loc.get(name, ())
-        holds, budgets = self.state.holds, self.state.budgets
-        held = first_held(holds, ds) if holds else ""
-        gpus = node.gpus
-        # (In C: a loop over the GPUs in Python was a hundredth of a cold
-        # start with the facility, benchmarks/instructions.py --what cold.)
-        limits = list(map(_POWER_W, gpus))
-        uniform: float | None = (limits[0] if limits.count(limits[0]) == len(limits) else None) if limits else 0.0
-        caps = self._caps_of.get(ds)  # (the nodes of a rack and PDU say the same domains)
-        if caps is None:
-            caps = self._caps_of[ds] = tuple([(d, budgets[d]) for d in ds if d in budgets])
-        got = self._limits[name] = (held, caps, gpus, uniform)
+        their caps, in its domains' order, and the power limit its GPUs all
+        share (None: they differ): none changes in a pass, and `refuses`
+        asks per candidate."""
+        got = self._limits.get(node.name)
+        if got is None:
+            ds = self.loc.get(node.name, ())
+            holds, budgets = self.state.holds, self.state.budgets
+            limits = {g.power_w for g in node.gpus}
+            uniform = (next(iter(limits)) if len(limits) == 1 else None) if node.gpus else 0.0
+            caps = tuple([(d, budgets[d]) for d in ds if d in budgets])
+            got = self._limits[node.name] = (first_held(holds, ds) if holds else "", caps, uniform)
         return got
 
     def _uniform_w(self, node: Node) -> float | None:
         """The power limit all of a node's GPUs share (None: they differ)."""
-        got = self._limits.get(node.name)
-        if got is None or got[2] is not node.gpus:
-            got = self._limits_of(node)
-        return got[3]
+        return self._limits_of(node)[2]
 
     def _noted(self, domain: str, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> bool:
         """A refusal, noted in words for the placement under way (once per
@@ -209,11 +192,10 @@ class PassFacility:
             if self.credit:  # (what a node hands over is its own: see `credit`)
                 blocked.difference_update(self.credit)
         else:
-            nodes, limits, credit = self.state.nodes, self._limits, self.credit
+            nodes, credit = self.state.nodes, self.credit
             for name in names:
                 node = nodes[name]
-                got = limits.get(name)
-                w = got[3] if got is not None and got[2] is node.gpus else self._uniform_w(node)
+                w = self._uniform_w(node)
                 if w is not None and w >= mine and name not in credit:  # type: ignore[operator]
                     blocked.add(name)
         if self._cells is not None:
@@ -277,10 +259,7 @@ class PassFacility:
         order changes: facility_search's `_located_moved`.)"""
         name = node.name
         if self.capped:
-            got = self._limits.get(name)
-            if got is None or got[2] is not node.gpus:
-                got = self._limits_of(node)
-            caps, uniform = got[1], got[3]
+            _, caps, uniform = self._limits_of(node)
             w = p.power_w or (shard_watts(p, node, gpus) if uniform is None else uniform * len(gpus))  # (`_watts`)
             if w and caps:
                 draw = self._draw if self._draw is not None else self.draw
