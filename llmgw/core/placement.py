@@ -57,8 +57,9 @@ for it.
 
 `explain` (explain.py) says, for every node and every profile of a model,
 why it was refused or that it fits; the waiting reason of a model
-(`why_no_fit`) is a summary of exactly that, and placement itself asks the
-same questions, so the three cannot disagree.
+(`why_no_fit`) counts exactly that, by the index's classes (refusals.py,
+held to the node-by-node count by tests/test_refusals.py), and placement
+itself asks the same questions (fit.py), so the three cannot disagree.
 """
 
 from __future__ import annotations
