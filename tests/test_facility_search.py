@@ -56,17 +56,8 @@ def _world(rng: random.Random) -> tuple[State, list[ev.ModelSpec]]:
         ]
         _publish(state, ev.NodeRegistered(at=T0, node=f"n{i:03d}", gpus=gpus, memory_gb=512.0, cpu_cores=64,
                                           labels=labels, agent=f"a/{i}"))
-    budgets = {}
-    for r in range(racks):
-        if rng.random() < 0.7:
-            budgets[f"rack/r{r}"] = rng.choice([2_000.0, 5_000.0, 9_000.0])
-        for p in range(pdus_per_rack):
-            if rng.random() < 0.5:
-                budgets[f"pdu/p{r}-{p}"] = rng.choice([1_500.0, 3_000.0, 6_000.0])
-    if budgets:
-        _publish(state, ev.FacilityApplied(at=T0 + 1, budgets=budgets))
-    if rng.random() < 0.4:
-        _publish(state, ev.DomainHeld(at=T0 + 2, domain=f"rack/r{rng.randrange(racks)}", reason="maintenance"))
+    caps_and_a_hold(state, rng, racks, pdus_per_rack, ([2_000.0, 5_000.0, 9_000.0], [1_500.0, 3_000.0, 6_000.0]),
+                    0.4, "rack/r{}")
     specs = []
     for m in range(rng.randint(1, 4)):
         gpus = rng.choice([1, 1, 2, 4])
@@ -77,6 +68,22 @@ def _world(rng: random.Random) -> tuple[State, list[ev.ModelSpec]]:
         ]
         specs.append(ev.ModelSpec(name=f"m{m}", profiles=profiles, min_replicas=rng.randint(3, 30)))
     return state, specs
+
+
+def caps_and_a_hold(state: State, rng: random.Random, racks: int, pdus_per_rack: int, watts: tuple[list, list],
+                    hold_chance: float, held: str) -> None:
+    """Caps on some racks (`rack/rN`) and PDUs (`pdu/pN-M`), of these watts, and maybe a hold on `held` of a rack's number."""
+    budgets = {}
+    for r in range(racks):
+        if rng.random() < 0.7:
+            budgets[f"rack/r{r}"] = rng.choice(watts[0])
+        for p in range(pdus_per_rack):
+            if rng.random() < 0.5:
+                budgets[f"pdu/p{r}-{p}"] = rng.choice(watts[1])
+    if budgets:
+        _publish(state, ev.FacilityApplied(at=T0 + 1, budgets=budgets))
+    if rng.random() < hold_chance:
+        _publish(state, ev.DomainHeld(at=T0 + 2, domain=held.format(rng.randrange(racks)), reason="maintenance"))
 
 
 def _level(state: State, spread: dict[str, int], name: str) -> tuple[int, int, int]:

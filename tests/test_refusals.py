@@ -26,6 +26,8 @@ from llmgw.core.placement import Inventory
 from llmgw.core.refusals import count_refusals
 from llmgw.core.state import State
 
+from .test_facility_search import caps_and_a_hold
+
 T0 = 1_760_000_000.0
 
 
@@ -63,17 +65,7 @@ def _world(rng: random.Random) -> State:
             simulated=rng.random() < 0.1, port_first=20000 if ports else 0, port_last=20001 if ports else 0))
         if rng.random() < 0.08:
             _publish(state, ev.NodeLost(at=T0 + 0.5, node=f"n{i:03d}", reason="gone"))
-    budgets = {}
-    for r in range(racks):
-        if rng.random() < 0.7:
-            budgets[f"rack/r{r}"] = rng.choice([1_000.0, 3_000.0, 9_000.0])
-        for p in range(2):
-            if rng.random() < 0.5:
-                budgets[f"pdu/p{r}-{p}"] = rng.choice([700.0, 1_500.0, 3_000.0])
-    if budgets:
-        _publish(state, ev.FacilityApplied(at=T0 + 1, budgets=budgets))
-    if rng.random() < 0.3:
-        _publish(state, ev.DomainHeld(at=T0 + 2, domain=f"pdu/p{rng.randrange(racks)}-0", reason="maintenance"))
+    caps_and_a_hold(state, rng, racks, 2, ([1_000.0, 3_000.0, 9_000.0], [700.0, 1_500.0, 3_000.0]), 0.3, "pdu/p{}-0")
     return state
 
 
