@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmgw.bus import auth
+from llmgw.bus.keystore import Keystore
 
 
-def keystore(folder: Path) -> auth.Keystore:
-    return auth.Keystore(folder).init()
+def keystore(folder: Path) -> Keystore:
+    return Keystore(folder).init()
 
 
-def loader_creds(keys: auth.Keystore) -> str:
+def loader_creds(keys: Keystore) -> str:
     return str(keys.issue_unrestricted(keys.folder / "benchmark-loader.creds"))

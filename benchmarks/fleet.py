@@ -49,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from llmgw.agent.fleet import ask  # noqa: E402
-from llmgw.bus import HEARTBEAT_BUCKET, auth  # noqa: E402
+from llmgw.bus import HEARTBEAT_BUCKET, keystore  # noqa: E402
 from llmgw.bus.nats import NatsBus  # noqa: E402
 from llmgw.bus.server import free_port  # noqa: E402
 from llmgw.control.config import NODE_GRACE_S  # noqa: E402
@@ -271,7 +271,7 @@ async def bench(args, root: Path) -> None:
     up = Up(root)
     up.start()
     say(f"llmgw up at {up.url} (state {up.state}); control plane metrics http://127.0.0.1:{up.metrics_port}/metrics")
-    fleet_creds = str(auth.Keystore(up.state / "creds").issue("fleet", "bench"))
+    fleet_creds = str(keystore.Keystore(up.state / "creds").issue("fleet", "bench"))
     capacity = await beat_capacity(up.url, fleet_creds)
     say(
         f"yardstick: the heartbeat bucket stores {capacity:.0f} beats/s here (acked, 64 in flight): "

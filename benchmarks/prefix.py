@@ -390,7 +390,7 @@ def main() -> int:
     try:
         wait_port(gw1, 180)
         url = f"nats://127.0.0.1:{nats_port}"
-        from llmgw.bus.auth import Keystore
+        from llmgw.bus.keystore import Keystore
 
         creds = str(Keystore(work / ".llmgw" / "creds").init().ensure("gateway", "bench-gw2"))
         second = subprocess.Popen(

@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from llmgw.agent.protocol import Gate  # noqa: E402
 from llmgw.agent.statefile import AgentState  # noqa: E402
-from llmgw.bus import auth, signing  # noqa: E402
+from llmgw.bus import keystore, signing  # noqa: E402
 from llmgw.core import commands as cmds  # noqa: E402
 from llmgw.core import events as ev  # noqa: E402
 
@@ -69,7 +69,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5, help="runs; the best is reported")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        keys = auth.Keystore(Path(tmp) / "creds").init()
+        keys = keystore.Keystore(Path(tmp) / "creds").init()
         signer = signing.Signer.from_file(keys.keys_dir / signing.SEED_FILE)
         verifier = signing.Verifier.load(str(keys.folder / signing.PUBLIC_FILE))
     node = "gpu-0713"

@@ -39,7 +39,7 @@ def nats_server(tmp_path, monkeypatch):
     gets an unrestricted one (`Keystore.issue_unrestricted`)."""
     import nats as nats_py
 
-    from llmgw.bus.auth import Keystore
+    from llmgw.bus.keystore import Keystore
     from llmgw.bus.nats import NatsBus
 
     fleet = tmp_path / "fleet"
@@ -70,7 +70,7 @@ def nats_server(tmp_path, monkeypatch):
 def auth_nats(tmp_path):
     """A nats-server that refuses anonymous connections, with its own key
     store (operator, account): `auth_nats.creds(role, name)` issues a credential."""
-    from llmgw.bus.auth import Keystore
+    from llmgw.bus.keystore import Keystore
 
     keys = Keystore(tmp_path / "creds").init()
     server = NatsServer(tmp_path / "nats", free_port(), auth=keys).start()

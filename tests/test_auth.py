@@ -17,7 +17,7 @@ import nats
 import pytest
 
 from llmgw.bus import COMMAND_PREFIX, HEARTBEAT_BUCKET, STREAM, read_log
-from llmgw.bus import auth
+from llmgw.bus import ENGINE_KEYS_BUCKET, auth, credentials, keystore, roles
 from llmgw.bus.nats import NatsBus
 from llmgw.core import events as ev
 
@@ -38,7 +38,7 @@ class Speaker:
             errors.append(str(e))
 
         creds = server.creds(role, name)
-        who = auth.identity(creds)
+        who = credentials.identity(creds)
         nc = await nats.connect(
             server.url, user_credentials=creds, inbox_prefix=who.inbox_prefix, error_cb=error_cb, allow_reconnect=False
         )
@@ -80,7 +80,7 @@ async def test_an_anonymous_connection_is_refused(auth_nats):
 
 
 async def test_a_credential_of_another_fleet_is_refused(auth_nats, tmp_path):
-    other = auth.Keystore(tmp_path / "other").init()
+    other = keystore.Keystore(tmp_path / "other").init()
     with pytest.raises(auth.CredentialRefused, match="agent a"):
         await NatsBus.connect(auth_nats.url, creds=str(other.issue("agent", "a")))
 
@@ -202,16 +202,16 @@ async def test_engine_keys_only_of_its_own_node_and_read_by_gateways(auth_nats):
     b = await Speaker.connect(auth_nats, "agent", "b")
     gw = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("gateway", "g1"))
     try:
-        akv = a._bucket(auth.ENGINE_KEYS_BUCKET)
+        akv = a._bucket(ENGINE_KEYS_BUCKET)
         await akv.put("a.shard-1", b"secret-a")
         # Read back through a direct get by subject, its own keys only.
-        own = f"$JS.API.DIRECT.GET.KV_{auth.ENGINE_KEYS_BUCKET}.$KV.{auth.ENGINE_KEYS_BUCKET}.a.shard-1"
+        own = f"$JS.API.DIRECT.GET.KV_{ENGINE_KEYS_BUCKET}.$KV.{ENGINE_KEYS_BUCKET}.a.shard-1"
         assert (await a.nc.request(own, b"", timeout=5)).data == b"secret-a"
-        gkv = await gw.js.key_value(auth.ENGINE_KEYS_BUCKET)
+        gkv = await gw.js.key_value(ENGINE_KEYS_BUCKET)
         assert (await gkv.get("a.shard-1")).value == b"secret-a"
-        await b.nc.publish(f"$KV.{auth.ENGINE_KEYS_BUCKET}.a.shard-1", b"forged")
-        assert await b.refused("publish", f"$KV.{auth.ENGINE_KEYS_BUCKET}.a.shard-1")
-        theirs = f"$JS.API.DIRECT.GET.KV_{auth.ENGINE_KEYS_BUCKET}.$KV.{auth.ENGINE_KEYS_BUCKET}.a.shard-1"
+        await b.nc.publish(f"$KV.{ENGINE_KEYS_BUCKET}.a.shard-1", b"forged")
+        assert await b.refused("publish", f"$KV.{ENGINE_KEYS_BUCKET}.a.shard-1")
+        theirs = f"$JS.API.DIRECT.GET.KV_{ENGINE_KEYS_BUCKET}.$KV.{ENGINE_KEYS_BUCKET}.a.shard-1"
         await b.nc.publish(theirs, b"")
         assert await b.refused("publish", theirs)
         assert (await gkv.get("a.shard-1")).value == b"secret-a"
@@ -230,7 +230,7 @@ async def test_the_fast_reader_signs_in(auth_nats, monkeypatch):
         for i in range(n):
             await control.js.publish("llmgw.control.x", b"{}", stream=STREAM)
         got: list[int] = []
-        who = auth.identity(auth_nats.creds("projector"))
+        who = credentials.identity(auth_nats.creds("projector"))
         last = await catchup.read_range(
             auth_nats.url, STREAM, 1, n, lambda seq, s, d: got.append(seq), creds=who.path, inbox=who.inbox_prefix
         )
@@ -279,16 +279,16 @@ def test_credential_files_are_private_and_nats_format(auth_nats):
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
     for f in auth_nats.auth.keys_dir.iterdir():
         assert oct(os.stat(f).st_mode & 0o777) == "0o600"
-    jwt, seed = auth.read_creds(path)
-    assert seed.startswith("SU") and auth.jwt_claims(jwt)["nats"]["pub"]["allow"][0] == "llmgw.agent.a.>"
+    jwt, seed = credentials.read_creds(path)
+    assert seed.startswith("SU") and credentials.jwt_claims(jwt)["nats"]["pub"]["allow"][0] == "llmgw.agent.a.>"
     with pytest.raises(auth.CredentialError, match="not a NATS .creds"):
         bad = auth_nats.store_dir / "bad.creds"
         bad.write_text("hello")
-        auth.identity(bad)
+        credentials.identity(bad)
 
 
 def test_a_component_with_a_refused_credential_says_so_and_exits_3(auth_nats, tmp_path):
-    other = auth.Keystore(tmp_path / "other").init()
+    other = keystore.Keystore(tmp_path / "other").init()
     creds = other.issue("agent", "a")
     env = {**os.environ, "LLMGW_CREDS": ""}
     out = subprocess.run(
@@ -310,18 +310,18 @@ def test_a_component_with_a_refused_credential_says_so_and_exits_3(auth_nats, tm
 
 
 def test_permissions_match_the_servers_rule():
-    perms = auth.permissions("agent", "a")
-    assert auth.may_publish(perms, "llmgw.agent.a.shard.status")
-    assert not auth.may_publish(perms, "llmgw.agent.ab.shard.status")
-    assert not auth.may_publish(perms, "llmgw.agent.a")
-    assert auth.may_publish(perms, f"$KV.{HEARTBEAT_BUCKET}.a") and not auth.may_publish(perms, f"$KV.{HEARTBEAT_BUCKET}.b")
-    control = auth.permissions("control", "control")
-    assert auth.may_publish(control, "$JS.API.STREAM.CREATE.LLMGW")
-    assert not auth.may_publish(control, "$JS.API.STREAM.DELETE.LLMGW")
+    perms = roles.permissions("agent", "a")
+    assert roles.may_publish(perms, "llmgw.agent.a.shard.status")
+    assert not roles.may_publish(perms, "llmgw.agent.ab.shard.status")
+    assert not roles.may_publish(perms, "llmgw.agent.a")
+    assert roles.may_publish(perms, f"$KV.{HEARTBEAT_BUCKET}.a") and not roles.may_publish(perms, f"$KV.{HEARTBEAT_BUCKET}.b")
+    control = roles.permissions("control", "control")
+    assert roles.may_publish(control, "$JS.API.STREAM.CREATE.LLMGW")
+    assert not roles.may_publish(control, "$JS.API.STREAM.DELETE.LLMGW")
     with pytest.raises(auth.CredentialError):
-        auth.permissions("agent", "a.b")
+        roles.permissions("agent", "a.b")
     with pytest.raises(auth.CredentialError):
-        auth.permissions("root", "x")
+        roles.permissions("root", "x")
 
 
 def _fold(server) -> "object":

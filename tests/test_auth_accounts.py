@@ -17,7 +17,7 @@ import json
 import nats
 import pytest
 
-from llmgw.bus import COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, LEADER_BUCKET, STREAM, accounts, auth
+from llmgw.bus import COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, LEADER_BUCKET, STREAM, accounts, credentials, keystore, roles
 from llmgw.bus.nats import NatsBus
 
 from .test_auth import Speaker, _control
@@ -31,7 +31,7 @@ async def _listen(server, role: str, name: str, *subjects: str) -> tuple[object,
     """Subscriptions on `subjects` holding `role name`'s credential; what they receive."""
     got: list = []
     creds = server.creds(role, name) if role else str(server.auth.issue_unrestricted(server.store_dir / "harness.creds"))
-    who = auth.identity(creds, foreign_ok=True)
+    who = credentials.identity(creds, foreign_ok=True)
     nc = await nats.connect(server.url, user_credentials=creds, **({"inbox_prefix": who.inbox_prefix} if who else {}))
 
     async def cb(msg) -> None:
@@ -71,10 +71,10 @@ async def test_a_reader_cannot_make_the_server_deliver_into_a_command_subject(au
             (f"$JS.API.DIRECT.GET.KV_{LEADER_BUCKET}", {"seq": 1}),
             (f"$JS.API.STREAM.MSG.GET.{COMMAND_STREAM}", {"seq": 1}),
         ]
-        perms = auth.permissions(role, READERS[role] or ("local" if role == "operator" else role))
+        perms = roles.permissions(role, READERS[role] or ("local" if role == "operator" else role))
         tried = 0
         for subject, body in attacks:
-            if auth.may_publish(perms, subject):
+            if roles.may_publish(perms, subject):
                 await reader.nc.publish(subject, json.dumps(body).encode(), reply=target)
                 tried += 1
         await reader.nc.flush()
@@ -123,10 +123,10 @@ async def test_only_the_control_planes_commands_credential_publishes_commands(au
             await speaker.close()
     creds = auth_nats.creds("control")
     commands = accounts.commands_creds_path(creds)
-    claims = auth.jwt_claims(auth.read_creds(commands)[0])
+    claims = credentials.jwt_claims(credentials.read_creds(commands)[0])
     assert claims["nats"]["pub"]["allow"] == [f"{COMMAND_PREFIX}.>"]
-    assert claims["iss"] == auth.jwt_claims(auth.read_creds(auth_nats.creds("agent", "a"))[0])["iss"]  # both of NODES
-    assert claims["iss"] != auth.jwt_claims(auth.read_creds(creds)[0])["iss"]
+    assert claims["iss"] == credentials.jwt_claims(credentials.read_creds(auth_nats.creds("agent", "a"))[0])["iss"]  # both of NODES
+    assert claims["iss"] != credentials.jwt_claims(credentials.read_creds(creds)[0])["iss"]
 
 
 async def test_nodes_still_reach_the_log_heartbeats_and_their_engine_keys(auth_nats):
@@ -146,7 +146,7 @@ async def test_nodes_still_reach_the_log_heartbeats_and_their_engine_keys(auth_n
 
 
 def test_control_credentials_are_issued_listed_and_revoked_together(tmp_path):
-    keys = auth.Keystore(tmp_path / "creds").init()
+    keys = keystore.Keystore(tmp_path / "creds").init()
     path = keys.issue("control")
     commands = accounts.commands_creds_path(path)
     assert commands.exists() and commands.name == "control-commands.creds"
@@ -157,7 +157,7 @@ def test_control_credentials_are_issued_listed_and_revoked_together(tmp_path):
     assert not path.exists() and not commands.exists()
     revoked: dict[str, set] = {}
     for token in keys.server_conf().split('"')[1::2]:
-        claims = auth.jwt_claims(token)
+        claims = credentials.jwt_claims(token)
         revoked[claims["name"]] = set(claims["nats"].get("revocations", {}))
     llmgw, nodes = keys.issued()
     assert llmgw.revoked and nodes.revoked
@@ -167,11 +167,11 @@ def test_control_credentials_are_issued_listed_and_revoked_together(tmp_path):
 def test_a_node_credential_from_before_the_split_is_issued_again(tmp_path):
     """A key store of an older llmgw signed agents with the llmgw account key:
     `ensure` (what `llmgw up` and a local agent use) issues it again in NODES."""
-    keys = auth.Keystore(tmp_path / "creds").init()
-    old = keys._user("agent", "a", auth.permissions("agent", "a"), accounts.LLMGW, keys.file_for("agent", "a"))
+    keys = keystore.Keystore(tmp_path / "creds").init()
+    old = keys._user("agent", "a", roles.permissions("agent", "a"), accounts.LLMGW, keys.file_for("agent", "a"))
     keys._save([old])
     path = keys.ensure("agent", "a")
-    claims = auth.jwt_claims(auth.read_creds(path)[0])
+    claims = credentials.jwt_claims(credentials.read_creds(path)[0])
     assert claims["sub"] != old.public_key
     assert [r.account for r in keys.issued()] == [accounts.LLMGW, accounts.NODES]
 
@@ -196,10 +196,10 @@ async def test_a_reader_cannot_make_the_server_write_into_the_log_or_the_buckets
         await node.put_engine_key("a.s.1", '{"chosen":"by node a"}')
         await control.publish("llmgw.control.x", b'{"chosen":"by the control plane"}', msg_id="c1", expect_control_seq=0)
         before = await _stored(control)
-        perms = auth.permissions(role, READERS[role] or ("local" if role == "operator" else role))
+        perms = roles.permissions(role, READERS[role] or ("local" if role == "operator" else role))
         tried = 0
         for api in (f"$JS.API.STREAM.MSG.GET.{STREAM}", f"$JS.API.DIRECT.GET.KV_{ENGINE_KEYS_BUCKET}", f"$JS.API.STREAM.INFO.{STREAM}"):
-            if auth.may_publish(perms, api):
+            if roles.may_publish(perms, api):
                 for target in targets:
                     await reader.nc.publish(api, b'{"seq":1}', reply=target)
                     tried += 1

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from llmgw.bus import STREAM, read_log
-from llmgw.bus import auth
+from llmgw.bus import auth, keystore
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import free_port, nats_server_binary
 
@@ -39,7 +39,7 @@ def _conf(n: int, tmp_path, client: dict, route: dict) -> str:
 def cluster(tmp_path):
     subprocess.run([str(REPO / "deploy" / "nats" / "make-certs.sh"), str(tmp_path / "tls"), "nats-1", "nats-2", "nats-3"],
                    check=True, capture_output=True)  # fmt: skip
-    keys = auth.Keystore(tmp_path / "creds").init()
+    keys = keystore.Keystore(tmp_path / "creds").init()
     client = {n: free_port() for n in (1, 2, 3)}
     route = {n: free_port() for n in (1, 2, 3)}
     procs = []

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from nats.js.api import ConsumerConfig, KeyValueConfig, StorageType
 
-from llmgw.bus import ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, LEADER_BUCKET, STREAM, auth, buckets, read_log
+from llmgw.bus import ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, LEADER_BUCKET, STREAM, auth, buckets, credentials, keystore, read_log
 from llmgw.bus.msgids import MsgIds
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import NatsServer, free_port
@@ -132,8 +132,8 @@ async def test_a_node_may_not_publish_900_kB(auth_nats):
     import nats
 
     creds = auth_nats.creds("agent", "a")
-    who = auth.identity(creds)
-    assert auth.jwt_claims(auth.read_creds(creds)[0])["nats"]["payload"] == auth.DEFAULTS.agent_max_payload
+    who = credentials.identity(creds)
+    assert credentials.jwt_claims(credentials.read_creds(creds)[0])["nats"]["payload"] == auth.DEFAULTS.agent_max_payload
     nc = await nats.connect(auth_nats.url, user_credentials=creds, inbox_prefix=who.inbox_prefix, error_cb=error_cb, allow_reconnect=False)
     try:
         await nc.publish("llmgw.agent.a.shard.status", b"x" * 900_000)
@@ -172,7 +172,7 @@ async def test_a_reader_may_create_only_ephemeral_consumers(auth_nats, role):
 
 
 async def test_the_accounts_consumers_are_bounded(tmp_path):
-    keys = auth.Keystore(tmp_path / "creds", auth.AuthConfig(max_consumers=2)).init()
+    keys = keystore.Keystore(tmp_path / "creds", auth.AuthConfig(max_consumers=2)).init()
     server = NatsServer(tmp_path / "nats", free_port(), auth=keys).start()
     try:
         control = await _control(server)

@@ -16,7 +16,8 @@ import pytest
 from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from llmgw.bus import BusUnavailable
-from llmgw.bus.nats import NatsBus, is_trouble, stream_missing
+from llmgw.bus.nats import NatsBus
+from llmgw.bus.nats_trouble import is_trouble, stream_missing
 from llmgw.bus.server import NatsServer, free_port
 
 from . import chaos_fleet as cf
@@ -96,7 +97,7 @@ async def test_a_heartbeat_bucket_on_disk_is_made_again_in_memory(tmp_path):
     at 2,000 nodes); the control plane's next start keeps them in memory."""
     from nats.js.api import KeyValueConfig, StorageType
 
-    from llmgw.bus.nats import HEARTBEAT_BUCKET
+    from llmgw.bus import HEARTBEAT_BUCKET
 
     with NatsServer(tmp_path / "nats", free_port()) as server:
         bus = await NatsBus.connect(server.url)

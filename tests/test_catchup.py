@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from llmgw.bus import catchup
-from llmgw.bus.nats import CATCHUP_MIN, NatsBus
+from llmgw.bus.nats import NatsBus
+from llmgw.bus.nats_log import CATCHUP_MIN
 from llmgw.core import events as ev
 
 pytestmark = pytest.mark.nats

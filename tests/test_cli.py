@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.cli import main as cli_main
-from llmgw.cli.exits import Exit
+from llmgw.ctl.exits import Exit
 
 from .conftest import run_llmgw
 from .test_ctl_e2e import Up

@@ -32,7 +32,7 @@ from llmgw.agent.node import NodeAgent
 from llmgw.agent.protocol import MAX_TERM_JUMP, REFUSAL_LOG_BURST, Gate, term_refusal
 from llmgw.agent.simulated import SimulatedAgent
 from llmgw.agent.statefile import AgentState
-from llmgw.bus import COMMAND_PREFIX, STREAM, auth, signing
+from llmgw.bus import COMMAND_PREFIX, STREAM, credentials, keystore, roles, signing
 from llmgw.bus.memory import MemoryBus
 from llmgw.control.plane import ControlPlane
 from llmgw.core import commands as cmds
@@ -45,7 +45,7 @@ FAKE = Path(__file__).resolve().parent / "fake_engine.py"
 
 
 def _keys(tmp_path: Path, name: str = "creds") -> tuple[signing.Signer, signing.Verifier]:
-    keys = auth.Keystore(tmp_path / name).init()
+    keys = keystore.Keystore(tmp_path / name).init()
     signer = signing.Signer.from_file(keys.keys_dir / signing.SEED_FILE)
     return signer, signing.Verifier.load(str(keys.folder / signing.PUBLIC_FILE))
 
@@ -58,13 +58,13 @@ def _stop(term: int = 1, log: str = "L", shard: str = "m-1.0") -> cmds.StopShard
 
 
 def test_the_key_store_makes_a_private_signing_key_and_publishes_its_public_key(tmp_path):
-    keys = auth.Keystore(tmp_path / "creds").init()
+    keys = keystore.Keystore(tmp_path / "creds").init()
     seed = keys.keys_dir / signing.SEED_FILE
     assert stat.S_IMODE(seed.stat().st_mode) == 0o600
     pub = (keys.folder / signing.PUBLIC_FILE).read_text().strip()
     assert pub.startswith("N") and pub == signing.Signer.from_file(seed).public_key
     before = seed.read_bytes()
-    auth.Keystore(tmp_path / "creds").init()  # again: the same key (agents keep theirs)
+    keystore.Keystore(tmp_path / "creds").init()  # again: the same key (agents keep theirs)
     assert seed.read_bytes() == before and (keys.folder / signing.PUBLIC_FILE).read_text().strip() == pub
     out = run_llmgw("creds", "command-key", "--dir", str(keys.folder))
     assert out.returncode == 0 and out.stdout.strip() == pub, out.stderr
@@ -97,7 +97,7 @@ def test_a_signed_command_opens_only_for_its_node_with_its_key_and_unaltered(tmp
     # A key given as itself or as its file; a wrong one says so.
     assert signing.Verifier.load(verifier.public_key).public_key == verifier.public_key
     with pytest.raises(signing.CommandKeyError, match="not a command key"):
-        signing.Verifier(auth.Keystore(tmp_path / "creds").account_public_key())
+        signing.Verifier(keystore.Keystore(tmp_path / "creds").account_public_key())
     with pytest.raises(signing.CommandKeyError):
         signing.Verifier.load(str(tmp_path / "missing.pub"))
 
@@ -162,7 +162,7 @@ async def test_a_forged_far_term_never_reaches_the_real_agents_state_file(tmp_pa
     saved = json.loads((tmp_path / "agent" / "agent.json").read_text())
     assert saved["term"] == 2 and agent.gate.refused == {"unsigned": 1, "far term": 1}
     agent._on_command(signer.seal("n1", cmds.encode(_stop(term=3, shard="m-2.0"))))
-    assert ("m-2.0", 1, "stop") in agent._acted and json.loads((tmp_path / "agent" / "agent.json").read_text())["term"] == 3
+    assert agent.protocol.memory.acted(("m-2.0", 1, "stop")) and json.loads((tmp_path / "agent" / "agent.json").read_text())["term"] == 3
     await asyncio.gather(*agent._tasks)
 
 
@@ -198,7 +198,7 @@ async def test_the_control_plane_signs_only_in_a_term_the_log_elected_it_and_age
 def test_the_key_is_given_by_flag_agent_file_or_the_local_key_store_and_a_bad_one_stops_the_start(tmp_path, monkeypatch):
     from llmgw.agent import agentfile
 
-    keys = auth.Keystore(tmp_path / "state" / "creds").init()
+    keys = keystore.Keystore(tmp_path / "state" / "creds").init()
     pub = (keys.folder / signing.PUBLIC_FILE).read_text().strip()
     (tmp_path / "commands.pub").write_text(pub + "\n")
     (tmp_path / "agent.yaml").write_text("command_key: ./commands.pub\nmax_term_jump: 50\n")
@@ -225,8 +225,8 @@ def test_every_node_of_a_simulated_fleet_checks_the_key(tmp_path):
     fleet = Fleet([MemoryBus()], [NodeShape(name=f"s{i}", gpus=1) for i in range(3)], command_key=verifier)
     for name, agent in fleet.agents.items():
         assert agent.gate.key is verifier
-        assert agent.gate.admit(cmds.encode(_stop()), agent) is None  # unsigned
-        assert agent.gate.admit(signer.seal(name, cmds.encode(_stop())), agent) == _stop()
+        assert agent.gate.admit(cmds.encode(_stop()), agent.protocol.memory) is None  # unsigned
+        assert agent.gate.admit(signer.seal(name, cmds.encode(_stop())), agent.protocol.memory) == _stop()
 
 
 # --------------------------------------------------------------------------- over real processes
@@ -247,7 +247,7 @@ def _fold(server):
 
 async def _connect(server, role: str, name: str | None = None):
     creds = server.creds(role, name)
-    who = auth.identity(creds)
+    who = credentials.identity(creds)
     errors: list[str] = []
 
     async def on_error(e) -> None:
@@ -447,7 +447,7 @@ async def _forge_directly(server, genuine, log_id: str) -> dict[str, dict[str, i
     from llmgw.bus import accounts
 
     creds = accounts.commands_creds_path(server.creds("control"))
-    nc = await nats.connect(server.url, user_credentials=str(creds), inbox_prefix=auth.inbox_prefix("control", "control"),
+    nc = await nats.connect(server.url, user_credentials=str(creds), inbox_prefix=roles.inbox_prefix("control", "control"),
                             allow_reconnect=False)  # fmt: skip
     counts: dict[str, dict[str, int]] = {}
     signer = signing.Signer.from_file(server.auth.keys_dir / signing.SEED_FILE)

@@ -12,7 +12,8 @@ import re
 import pytest
 import yaml
 
-from llmgw.cli.ctl import BEHIND, UNREACHABLE, CtlError, wait_projected
+from llmgw.cli.ctl_bus import wait_projected
+from llmgw.cli.ctl_errors import BEHIND, UNREACHABLE, CtlError
 from llmgw.ctl import views
 from llmgw.ctl.locate import locate, write_up_file
 from llmgw.ctl.readmodels import NoReadModels, ReadModels

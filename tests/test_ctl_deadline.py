@@ -78,7 +78,7 @@ async def make_streams(server: NatsServer) -> None:
 
 
 def test_apply_against_a_nats_that_was_never_there_is_one_line_exit_3(tmp_path):
-    from llmgw.bus.auth import Keystore
+    from llmgw.bus.keystore import Keystore
 
     creds = str(Keystore(tmp_path / "creds").init().ensure("operator"))
     started = time.monotonic()
@@ -145,7 +145,7 @@ def busy_nats(tmp_path):
     """A nats-server with auth whose JetStream API takes few requests at once
     (request_queue_limit): under a flood it drops them, so a client's API
     calls go unanswered, as a real one's did under the flood of finding 6."""
-    from llmgw.bus.auth import Keystore
+    from llmgw.bus.keystore import Keystore
 
     keys = Keystore(tmp_path / "creds").init()
     port = free_port()

@@ -193,7 +193,7 @@ def test_replay_gives_the_live_state_and_verify_decides_the_same(data):
 
 def kept_cell_orders_are_fresh(state: State) -> bool:
     """The cells' orders kept from pass to pass (facility_search's
-    `_cell_orders`, facility_pass.Kept.orders), brought up to date as a
+    `_cell_orders`), brought up to date as a
     pass's first search does, are those a copy's pass makes whole."""
     inv = Inventory(state)
     if not inv._fac.active or not inv._fac.cells().nodes:

@@ -56,17 +56,8 @@ def _world(rng: random.Random) -> tuple[State, list[ev.ModelSpec]]:
         ]
         _publish(state, ev.NodeRegistered(at=T0, node=f"n{i:03d}", gpus=gpus, memory_gb=512.0, cpu_cores=64,
                                           labels=labels, agent=f"a/{i}"))
-    budgets = {}
-    for r in range(racks):
-        if rng.random() < 0.7:
-            budgets[f"rack/r{r}"] = rng.choice([2_000.0, 5_000.0, 9_000.0])
-        for p in range(pdus_per_rack):
-            if rng.random() < 0.5:
-                budgets[f"pdu/p{r}-{p}"] = rng.choice([1_500.0, 3_000.0, 6_000.0])
-    if budgets:
-        _publish(state, ev.FacilityApplied(at=T0 + 1, budgets=budgets))
-    if rng.random() < 0.4:
-        _publish(state, ev.DomainHeld(at=T0 + 2, domain=f"rack/r{rng.randrange(racks)}", reason="maintenance"))
+    caps_and_a_hold(state, rng, racks, pdus_per_rack, ([2_000.0, 5_000.0, 9_000.0], [1_500.0, 3_000.0, 6_000.0]),
+                    0.4, "rack/r{}")
     specs = []
     for m in range(rng.randint(1, 4)):
         gpus = rng.choice([1, 1, 2, 4])
@@ -77,6 +68,22 @@ def _world(rng: random.Random) -> tuple[State, list[ev.ModelSpec]]:
         ]
         specs.append(ev.ModelSpec(name=f"m{m}", profiles=profiles, min_replicas=rng.randint(3, 30)))
     return state, specs
+
+
+def caps_and_a_hold(state: State, rng: random.Random, racks: int, pdus_per_rack: int, watts: tuple[list, list],
+                    hold_chance: float, held: str) -> None:
+    """Caps on some racks (`rack/rN`) and PDUs (`pdu/pN-M`), of these watts, and maybe a hold on `held` of a rack's number."""
+    budgets = {}
+    for r in range(racks):
+        if rng.random() < 0.7:
+            budgets[f"rack/r{r}"] = rng.choice(watts[0])
+        for p in range(pdus_per_rack):
+            if rng.random() < 0.5:
+                budgets[f"pdu/p{r}-{p}"] = rng.choice(watts[1])
+    if budgets:
+        _publish(state, ev.FacilityApplied(at=T0 + 1, budgets=budgets))
+    if rng.random() < hold_chance:
+        _publish(state, ev.DomainHeld(at=T0 + 2, domain=held.format(rng.randrange(racks)), reason="maintenance"))
 
 
 def _level(state: State, spread: dict[str, int], name: str) -> tuple[int, int, int]:
@@ -193,8 +200,7 @@ def test_a_stop_under_a_cap_lets_the_cells_it_refused_be_looked_at_again():
 def _fabric_world(rng: random.Random) -> State:
     """Fabrics of consecutive nodes in racks and PDUs of consecutive nodes
     (as a hall is cabled), caps that bind, models of two-node replicas and
-    of one-node ones: what the memo of fabrics refused together
-    (facility_search.CellSearch._pair_state) is asked on."""
+    of one-node ones."""
     state = State()
     per_fabric, per_rack, per_pdu = rng.choice([4, 6, 8]), rng.choice([6, 8]), rng.choice([2, 3, 4])
     for i in range(rng.randint(24, 64)):
@@ -227,34 +233,13 @@ def _cold_start(state: State) -> list:
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_fabrics_refused_together_are_passed_over_only_while_nothing_they_depend_on_changed(seed, monkeypatch):
-    """Every pass of a cold start decides the same with the memo of fabrics
-    whose nodes were refused together and without it (its state never the same)."""
-    from llmgw.core import facility_search
-
-    with_memo = _cold_start(_fabric_world(random.Random(seed)))
-    monkeypatch.setattr(facility_search.CellSearch, "_pair_state", lambda self, p, groups: object())
-    assert _cold_start(_fabric_world(random.Random(seed))) == with_memo
-
-
-def test_fabrics_refused_together_are_met_by_the_seeds_above(monkeypatch):
-    """Between them, the seeds above have fabrics refused together, and passed over so."""
-    from llmgw.core import facility_search
-
-    hits = 0
-    real = facility_search.CellSearch._fabric_refused
-
-    def counting(self, p, groups, limit, first, spread):
-        nonlocal hits
-        known = self._pairs_refused.get((id(groups), id(p), limit))
-        out = real(self, p, groups, limit, first, spread)
-        hits += bool(out and known is not None and known[0] is spread and known[1] == self._pair_state(p, groups))
-        return out
-
-    monkeypatch.setattr(facility_search.CellSearch, "_fabric_refused", counting)
-    for seed in range(40):
-        _cold_start(_fabric_world(random.Random(seed)))
-    assert hits
+def test_two_node_replicas_under_binding_caps_are_never_voided(seed):
+    """Fabrics across racks and PDUs whose caps bind: every placement the
+    search makes (the shards of one replica checked against the caps
+    together, facility_pass.Together) holds when folded."""
+    state = _fabric_world(random.Random(seed))
+    assert _cold_start(state)
+    assert state.voided_count == 0
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -283,7 +268,7 @@ def test_a_pass_leaves_no_cycles_for_the_collector(seed):
 def test_the_cells_orders_kept_from_pass_to_pass_follow_a_pass_that_never_searched_them():
     """A pass that takes from located nodes without a search by cell (a
     multi-node replica's, a stop's) still moves them in the orders kept
-    for the next pass (facility_pass.Kept.orders): the node index it moves
+    for the next pass (facility_search's `_cell_orders`): the node index it moves
     them in is not filed again where the decision lands."""
     from .test_facility_properties import kept_cell_orders_are_fresh
 

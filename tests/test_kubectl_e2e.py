@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.bus.nats import NatsBus
-from llmgw.cli.exits import Exit
+from llmgw.ctl.exits import Exit
 from llmgw.core import events as ev
 
 from .scenario import publish

@@ -86,20 +86,20 @@ async def test_an_agent_never_acts_on_a_command_of_an_older_term_even_after_a_re
     agent = NodeAgent(MemoryBus(), "n1", state_dir=tmp_path / "agent", inventory=inventory)
     agent.adopt()
     agent._on_command(cmds.encode(cmds.StopShard(shard="m-1.0", generation=3, reason="x", term=2)))
-    assert ("m-1.0", 3, "stop") in agent._acted and agent.state.term == 2
+    assert agent.protocol.memory.acted(("m-1.0", 3, "stop")) and agent.state.term == 2
     agent._on_command(cmds.encode(cmds.StopShard(shard="m-2.0", generation=4, reason="deposed", term=1)))
-    assert ("m-2.0", 4, "stop") not in agent._acted
+    assert not agent.protocol.memory.acted(("m-2.0", 4, "stop"))
     # The term is in the state file: a restarted agent refuses the old leader too.
     again = NodeAgent(MemoryBus(), "n1", state_dir=tmp_path / "agent", inventory=inventory)
     again.adopt()
     assert again.state.term == 2
     again._on_command(cmds.encode(cmds.StopShard(shard="m-2.0", generation=4, reason="deposed", term=1)))
-    assert ("m-2.0", 4, "stop") not in again._acted
+    assert not again.protocol.memory.acted(("m-2.0", 4, "stop"))
     again._on_command(cmds.encode(cmds.StopShard(shard="m-2.0", generation=4, reason="new leader", term=3)))
-    assert ("m-2.0", 4, "stop") in again._acted and again.state.term == 3
+    assert again.protocol.memory.acted(("m-2.0", 4, "stop")) and again.state.term == 3
     # NATS made anew is another log: its terms count from 1 again, and are obeyed.
     again._on_command(cmds.encode(cmds.StopShard(shard="m-3.0", generation=1, reason="new log", term=1, log="LLMGW@2")))
-    assert ("m-3.0", 1, "stop") in again._acted and (again.state.term, again.state.log) == (1, "LLMGW@2")
+    assert again.protocol.memory.acted(("m-3.0", 1, "stop")) and (again.state.term, again.state.log) == (1, "LLMGW@2")
     for a in (agent, again):
         await asyncio.gather(*a._tasks)
 
@@ -129,7 +129,7 @@ async def test_one_of_two_control_planes_leads_and_the_standby_takes_over_when_i
         leaders = {ev.decode(d).leader for _, s, d in records if s == "llmgw.control.control.decided"}
         assert leaders == {first.leader, other.leader}
         sent = [cmds.decode(c) for c in bus._commands["n1"]]
-        assert {c.term for c in sent} == {1, 2} and agent.term == 2 and agent.stale_commands == 0
+        assert {c.term for c in sent} == {1, 2} and agent.protocol.memory.term == 2 and agent.stale_commands == 0
     finally:
         for s in (*stops, agent_stop):
             s.set()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.bus import STREAM, auth, read_log
+from llmgw.bus import STREAM, auth, credentials, keystore, read_log
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import free_port
 from llmgw.core import events as ev
@@ -94,7 +94,7 @@ def test_a_nodes_escape_codes_are_shown_escaped_and_the_state_dir_is_its_owners(
         # Files of secrets in it: the read models (API-key hashes) are the owner's alone too.
         assert _mode(up.db) == 0o600
         # And its console has a credential of its own (tested below), issued by up, with which it acts.
-        who = auth.identity(state / "creds" / "console-local.creds")
+        who = credentials.identity(state / "creds" / "console-local.creds")
         assert (who.role, who.name) == ("console", "local")
         assert f"console: http://127.0.0.1:{console_port}/" in up.text()
         token = (state / "console.token").read_text().strip()
@@ -112,7 +112,7 @@ def test_a_nodes_escape_codes_are_shown_escaped_and_the_state_dir_is_its_owners(
 
 
 def test_the_consoles_credential_is_issued_by_creds_issue(tmp_path):
-    keys = auth.Keystore(tmp_path / "creds").init()
+    keys = keystore.Keystore(tmp_path / "creds").init()
     out = subprocess.run(
         [sys.executable, "-m", "llmgw", "creds", "issue", "console", "web-1", "--dir", str(keys.folder)],
         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
@@ -156,7 +156,7 @@ async def test_the_consoles_credential_publishes_its_actions_and_nothing_else(au
         for subject in ("llmgw.agent-logs.gpu-1", "llmgw.control.decided", "llmgw.cmd.gpu-1"):
             await raw.nc.publish(subject, b"{}")
             assert await raw.refused("publish", subject), (subject, raw.errors)
-        # And the bus says so before trying (auth.may_publish: the server's rule).
+        # And the bus says so before trying (roles.may_publish: the server's rule).
         with pytest.raises(PermissionError, match="console web-1 .* may not publish on llmgw.ctl.model.applied"):
             await console.publish("llmgw.ctl.model.applied", ev.encode(forged[0]), msg_id="console-test-2")
         subjects = [s for _, s, _ in await read_log(control)]

@@ -50,7 +50,7 @@ def test_verify_exits_zero_on_an_honest_log_and_five_on_a_forged_one(tmp_path):
     path = tmp_path / "forged.jsonl"
     logfile.write(path, forged)
     out = run_llmgw("replay", str(path), "--verify")
-    assert out.returncode == 5 and "1 differ" in out.stdout  # 5: a check found differences (llmgw/cli/exits.py)
+    assert out.returncode == 5 and "1 differ" in out.stdout  # 5: a check found differences (llmgw/ctl/exits.py)
 
 
 def test_a_missing_or_broken_file_is_a_clear_error(tmp_path):

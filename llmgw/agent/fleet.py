@@ -171,11 +171,11 @@ async def ask(url: str, creds: str | None, node: str, hook: str, body: bytes, ti
     `creds` (the operator's may); its answer."""
     import nats
 
-    from ..bus import auth
+    from ..bus import credentials
 
     opts: dict = {}
     if creds:
-        opts.update(user_credentials=str(creds), inbox_prefix=auth.identity(creds).inbox_prefix)
+        opts.update(user_credentials=str(creds), inbox_prefix=credentials.identity(creds).inbox_prefix)
     nc = await nats.connect(url, **opts)
     try:
         return (await nc.request(f"llmgw.sim.{node}.{hook}", body, timeout=timeout)).data

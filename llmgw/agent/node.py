@@ -2,27 +2,25 @@
 
 It speaks the protocol the simulated agent does (`simulated.py`), for real:
 
+The command protocol (registration, term fencing, signatures, at most
+once, generations) is protocol.py's, shared with the simulated agent; this
+module does what it decides, for real.
+
 - Registration. When it starts, and after every reconnect or when asked
   (`Reregister`), it publishes `NodeRegistered` with its inventory and every
   shard it runs, complete: the control plane adopts what is listed and fails
   what it believed ran here and is not. The list is built when the event is
-  published, not when it was asked for.
+  published, not when it was asked for, after every event said before.
 - Adoption. Before registering, it reads its state file (`statefile.py`) and
   keeps each engine whose runner is still alive with the recorded command
   line; it never starts a second copy of one. An engine that ended while the
   agent was away is reported failed with its exit code or signal and its last
   log lines (the runner recorded them), or stopped if it was being stopped.
 - Commands come only on its node's subject, and it acts only on those the
-  control plane signed for this node, in a term it may act in (protocol.py:
-  a forged command once stopped, started and fenced off this agent). A
-  command of an older leader's term than the highest seen (kept in the
-  state file) is ignored: a deposed leader is fenced; so is one too far
-  ahead of it (the agent file's `max_term_jump`). Each (shard, generation,
-  kind) is acted on once, remembered in the state file before acting,
-  however often it is redelivered or re-sent (a crash between remembering
-  and acting leaves the shard unreported at the next registration, which
-  fails it: the safe side). A start names the node at its rank; one that
-  does not name this node is ignored.
+  control plane signed for this node, in a term it may act in, each
+  (shard, generation, kind) once (protocol.py). The highest term and the
+  commands acted on are kept in the state file (statefile.StateMemory),
+  written before acting: across a restart too.
 - Shard states: `starting` once the engine process is started, `loading` once
   it answers HTTP but is not healthy yet, `ready` once its health check
   answers 200 (llama.cpp, vLLM, SGLang: `/health`; a command: `/v1/models`),
@@ -77,8 +75,8 @@ from . import supervisor as sv
 from .agentfile import AgentFile
 from .engines import EngineError, build
 from .inventory import Inventory, discover
-from .protocol import Gate, acted_key
-from .statefile import AgentState, ShardRecord, StateFile
+from .protocol import CommandProtocol, replaced_reason, start_plan, stop_plan, wait_after
+from .statefile import AgentState, ShardRecord, StateFile, StateMemory
 from .weights import resolve
 
 log = logging.getLogger("llmgw.agent")
@@ -95,12 +93,6 @@ class _Key(msgspec.Struct, frozen=True):
 
 class StateDirTaken(RuntimeError):
     pass
-
-
-# The longest a shard started in place of others waits for them to exit
-# (their drain grace and stop timeout); then it starts, and a port still
-# taken fails it with that reason.
-AFTER_WAIT_S = 300.0
 
 
 class NodeAgent:
@@ -125,11 +117,16 @@ class NodeAgent:
         self.bus = bus
         self.name = name
         self.agent_file = agent_file or AgentFile()
-        # Whose commands it obeys: those the control plane signed with this key (None: any, unsigned).
-        self.gate = Gate(name, command_key, max_term_jump=self.agent_file.max_term_jump)
         self.inventory = inventory or discover(self.agent_file)
         self.state_dir = Path(state_dir).resolve()
         self.statefile = StateFile(self.state_dir)
+        self.state = AgentState(node=name)
+        # Whose commands it obeys (those the control plane signed with this key; None: any, unsigned),
+        # and what it remembers of them (its state file, once adopt() has read it).
+        self.protocol = CommandProtocol(
+            name, command_key, StateMemory(self.statefile, self.state), self, max_term_jump=self.agent_file.max_term_jump
+        )
+        self.gate = self.protocol.gate
         self.heartbeat = heartbeat
         self.check_interval = check_interval
         self.ready_interval = ready_interval
@@ -139,13 +136,10 @@ class NodeAgent:
         self.python = python
         self.clock = clock
         self.instance = uuid.uuid4().hex[:8]
-        self.state = AgentState(node=name)
         self.procs: dict[str, sv.Proc] = {}
         self.adopted: list[str] = []
-        self.duplicates = 0  # commands ignored as already acted on
         self.times: dict[str, dict[str, float]] = {}  # shard -> moment (monotonic) of each step, for benchmarks
         self.registered = asyncio.Event()
-        self._acted: set[tuple[str, int, str]] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._watchers: dict[str, asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -163,15 +157,9 @@ class NodeAgent:
         follower = logs_sub = None
         try:
             await self.bus.ensure_streams()
-            # Commands first, then the registration: a command sent in answer
-            # to the registration must find us listening.
-            follower = await self.bus.follow_commands(self.name, self._on_command)
-            hooks = getattr(self.bus, "on_reconnect", None)
-            if hooks is not None:
-                hooks.append(self._reregister)
             logs_sub = await self._serve_logs()
             self.gate.say_how()
-            self._outbox.put_nowait(_REGISTER)
+            follower = await self.protocol.listen(self.bus)  # commands, then the registration
             for shard in self.adopted:
                 self._watch(shard)
                 if self.state.shards[shard].stopping:
@@ -239,7 +227,7 @@ class NodeAgent:
             )
         saved.node = self.name
         self.state = saved
-        self._acted = {tuple(k) for k in saved.acted}  # type: ignore[misc]
+        self.protocol.memory = StateMemory(self.statefile, saved)
         for shard, rec in list(saved.shards.items()):
             proc = sv.Proc(pid=rec.pid, argv=rec.argv, log=Path(rec.log), status=Path(rec.status))
             if rec.pid and sv.is_ours(rec.pid, rec.argv):
@@ -270,41 +258,25 @@ class NodeAgent:
 
     # ----------------------------------------------------------------- commands
 
-    def _on_command(self, data: bytes) -> None:
-        was = (self.state.term, self.state.log)
-        cmd = self.gate.admit(data, self.state)  # signed for us, in a term we may act in (protocol.py)
-        if cmd is None:
-            return  # refused: nothing changed, the term kept least of all
-        if (cmd.term, cmd.log) != was:
-            self._save()  # a later term, or another log
-        if isinstance(cmd, cmds.Reregister):
-            log.info("asked to register again: %s", cmd.reason)
-            self._outbox.put_nowait(_REGISTER)
-            return
-        key = acted_key(cmd)
-        kind = key[2]
-        if key in self._acted:
-            self.duplicates += 1
-            log.debug("%s of %s generation %d: acted on already", kind, cmd.shard, cmd.generation)
-            return
-        if isinstance(cmd, cmds.StartShard):
-            named = cmd.nodes[cmd.rank] if 0 <= cmd.rank < len(cmd.nodes) else None
-            if named != self.name:
-                log.warning("ignoring a start of %s meant for node %s, not %s", cmd.shard, named, self.name)
-                return
-        # Remembered before acting: at most once, and a crash in between
-        # leaves the shard unreported, which the control plane takes as failed.
-        self._acted.add(key)
-        self.state.acted.append(key)
-        self._save()
-        if isinstance(cmd, cmds.StartShard):
-            self.times[cmd.shard] = {"command": time.monotonic()}
-            self._spawn_task(self._start(cmd))
-        else:
-            self._spawn_task(self._stop(cmd))
+    @property
+    def duplicates(self) -> int:
+        """Commands ignored as acted on already."""
+        return self.protocol.duplicates
 
-    async def _reregister(self) -> None:
-        self._outbox.put_nowait(_REGISTER)
+    def _on_command(self, data: bytes) -> None:
+        self.protocol.on_command(data)
+
+    # What the protocol asks of it (protocol.Actions), each admitted once.
+
+    def start_shard(self, cmd: cmds.StartShard) -> None:
+        self.times[cmd.shard] = {"command": time.monotonic()}
+        self._spawn_task(self._start(cmd))
+
+    def stop_shard(self, cmd: cmds.StopShard) -> None:
+        self._spawn_task(self._stop(cmd))
+
+    def register(self, why: str) -> None:
+        self._outbox.put_nowait(_REGISTER)  # built when published, after all said before
 
     def _spawn_task(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -316,23 +288,18 @@ class NodeAgent:
         return self._locks.setdefault(shard, asyncio.Lock())
 
     async def _start(self, cmd: cmds.StartShard) -> None:
-        # In place of other shards (a restart in place): their GPUs and port
-        # are this one's once they have exited, which their drain may take.
-        deadline = time.monotonic() + AFTER_WAIT_S
-        while any(s in self.state.shards for s in cmd.after) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await wait_after(cmd, self.state.shards.__contains__)  # in place of others: until they have exited
         async with self._lock(cmd.shard):
-            if (cmd.shard, cmd.generation, "stop") in self._acted:
+            if self.protocol.stopped_since(cmd):
                 return  # stopped before it started
             current = self.state.shards.get(cmd.shard)
-            if current is not None:
-                if current.generation >= cmd.generation:
-                    log.info(
-                        "%s generation %d runs already: not starting generation %d",
-                        cmd.shard, current.generation, cmd.generation,
-                    )  # fmt: skip
-                    return
-                current.stopping, current.stop_reason = True, f"generation {cmd.generation} replaces it"
+            plan = start_plan(current.generation if current else None, cmd)
+            if plan == "runs already":
+                log.info("%s generation %d runs already: not starting generation %d",
+                         cmd.shard, current.generation, cmd.generation)  # type: ignore[union-attr]  # fmt: skip
+                return
+            if plan == "replace":
+                current.stopping, current.stop_reason = True, replaced_reason(cmd)  # type: ignore[union-attr]
                 self._save()
                 await self._terminate(cmd.shard)
                 watcher = self._watchers.get(cmd.shard)
@@ -440,7 +407,8 @@ class NodeAgent:
     async def _stop(self, cmd: cmds.StopShard) -> None:
         async with self._lock(cmd.shard):
             rec = self.state.shards.get(cmd.shard)
-            if rec is None or rec.generation != cmd.generation or cmd.shard not in self.procs:
+            running = rec.generation if rec is not None and cmd.shard in self.procs else None
+            if stop_plan(running, cmd) == "not here":
                 # Nothing of that incarnation runs here: it is stopped.
                 replica = cmd.shard.rpartition(".")[0]
                 self._outbox.put_nowait(

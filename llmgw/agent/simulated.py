@@ -1,11 +1,12 @@
 """A simulated node agent: the fleet simulator for tests and benchmarks.
 
-It speaks the real protocol (registers its node with the shards it runs,
-heartbeats, obeys start and stop commands once each by shard id and
-generation, only those the control plane signed when it is given the key,
-through the real agent's gate (protocol.py), reports shard states) but runs no model: a shard is "loading"
-after `loading_after` seconds and "ready" `ready_after` seconds later, or
-"failed" when its model is in `fail_models` or a test asks (`fail`).
+It speaks the real agent's protocol, through the same module (protocol.py:
+registration, signatures, term fencing, each command once, generations,
+restarts in place), heartbeats and reports shard states, but runs no model:
+a shard is "loading" after `loading_after` seconds and "ready" `ready_after`
+seconds later, or "failed" when its model is in `fail_models` or a test asks
+(`fail`). What it has acted on is kept in memory (protocol.InMemory): a
+simulated node that restarts has no engines left to find again.
 
 A ready shard of rank 0 serves a real HTTP engine (`sim_engine.SimEngine`)
 on the port it reports as its endpoint; its answers name the
@@ -46,7 +47,7 @@ from ..core import events as ev
 from . import power
 from .agentfile import PortRange
 from .engines import identity
-from .protocol import MAX_TERM_JUMP, Gate, acted_key
+from .protocol import MAX_TERM_JUMP, CommandProtocol, InMemory, replaced_reason, start_plan, stop_plan, wait_after
 from .sim_engine import SimEngine
 
 log = logging.getLogger("llmgw.agent")
@@ -105,14 +106,12 @@ class SimulatedAgent:
         self.clock = clock
         self.instance = uuid.uuid4().hex[:8]
         self.running: dict[str, ev.RunningShard] = {}
-        self._acted: set[tuple[str, int, str]] = set()
-        self._tasks: dict[str, asyncio.Task] = {}
+        self._tasks: dict[tuple[str, int], asyncio.Task] = {}  # by (shard, generation): its start, until done
+        self._registering: set[asyncio.Task] = set()
         self.engines: dict[str, SimEngine] = {}  # by shard: those serving
         self.generations: dict[str, int] = {}  # by shard: the generation of the engine serving
         self._msg_ids = MsgIds(f"{self.name}-{self.instance}")  # unpredictable: see bus/msgids.py
         self.registered = asyncio.Event()
-        self.term = 0  # the highest leader's term of a command seen (in memory: a simulated node has no state)
-        self.log = ""  # the log the term counts in
         # False: a ready shard serves no HTTP engine and reports no endpoint
         # (a fleet of thousands in one process, where nothing asks them).
         self.serve = serve
@@ -120,8 +119,9 @@ class SimulatedAgent:
         self.register_on_reconnect = register_on_reconnect
         self.beats = beats  # False: its fleet sends its heartbeats (llmgw/agent/fleet.py)
         self.silent = False  # as a machine that died: no heartbeat, no command heard (`silence`)
-        # Whose commands it obeys, as a real agent (protocol.py); a fleet says so once for all.
-        self.gate = Gate(name, command_key, max_term_jump=max_term_jump)
+        # Whose commands it obeys, and once each, as a real agent (protocol.py); a fleet says so once for all.
+        self.protocol = CommandProtocol(name, command_key, InMemory(), self, max_term_jump=max_term_jump)
+        self.gate = self.protocol.gate
         # The engine ports it registers and listens on (None: none said; see the module's doc),
         # and those of them another program held when a start met them.
         self.engine_ports = engine_ports
@@ -135,18 +135,11 @@ class SimulatedAgent:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
         await self.bus.ensure_streams()
-        # Commands first, then the registration: a command sent in answer to
-        # the registration must find us listening.
-        follower = await self.bus.follow_commands(self.name, self._on_command)
         if self.register_on_reconnect:  # alone (a fleet says it once for all its nodes)
             self.gate.say_how()
-        # A registration follows every fresh connection: commands sent while
-        # we were away may be lost, and the control plane re-sends on it.
-        hooks = getattr(self.bus, "on_reconnect", None)
-        if hooks is not None and self.register_on_reconnect:
-            hooks.append(self._register)
-        await self._register()
-        self.registered.set()
+        # Commands, then the registration; again on a reconnect unless its fleet does that.
+        follower = await self.protocol.listen(self.bus, on_reconnect=self.register_on_reconnect)
+        await self.registered.wait()
         # (said once per node alone; a fleet's thousands say it once for all)
         log.log(logging.INFO if self.register_on_reconnect else logging.DEBUG, "node %s registered with %d GPUs", self.name, len(self.gpus))
         try:
@@ -164,7 +157,7 @@ class SimulatedAgent:
                     pass
         finally:
             await follower.stop()
-            for t in self._tasks.values():
+            for t in [*self._tasks.values(), *self._registering]:
                 t.cancel()
             for engine in self.engines.values():
                 await engine.stop()
@@ -196,6 +189,7 @@ class SimulatedAgent:
             await self._emit(ev.NodePower(at=self.clock(), node=self.name, watts=watts, gpus=gpus))
 
     async def _register(self) -> None:
+        """Publish its registration (what runs now), and say it registered."""
         self.power.reset()
         await self._emit(
             ev.NodeRegistered(
@@ -213,37 +207,57 @@ class SimulatedAgent:
                 ports_taken=sorted(self.taken),
             )
         )
+        self.registered.set()
 
     def _on_command(self, data: bytes) -> None:
-        if self.silent:
-            return
-        cmd = self.gate.admit(data, self)  # signed for us, in a term we may act in (protocol.py)
-        if cmd is None:
-            return
-        if isinstance(cmd, cmds.Reregister):
-            log.info("asked to register again: %s", cmd.reason)
-            asyncio.create_task(self._register())
-            return
-        key = acted_key(cmd)
-        if key in self._acted:
-            return  # redelivered or re-sent: acted on once
-        self._acted.add(key)
-        if isinstance(cmd, cmds.StartShard):
-            if (cmd.shard, cmd.generation, "stop") in self._acted:
-                return
-            self._tasks[cmd.shard] = asyncio.create_task(self._start(cmd))
-        else:
-            task = self._tasks.pop(cmd.shard, None)
-            if task is not None:
+        if not self.silent:  # (a machine lost hears nothing)
+            self.protocol.on_command(data)
+
+    @property
+    def duplicates(self) -> int:
+        """Commands ignored as acted on already."""
+        return self.protocol.duplicates
+
+    # What the protocol asks of it (protocol.Actions), each admitted once.
+
+    def start_shard(self, cmd: cmds.StartShard) -> None:
+        key = (cmd.shard, cmd.generation)
+        task = self._tasks[key] = asyncio.create_task(self._start(cmd))
+        task.add_done_callback(lambda t: self._tasks.pop(key, None) if self._tasks.get(key) is t else None)
+
+    def stop_shard(self, cmd: cmds.StopShard) -> None:
+        task = self._tasks.pop((cmd.shard, cmd.generation), None)  # its start, if under way: no further
+        if task is not None:
+            task.cancel()
+        asyncio.create_task(self._stop(cmd))
+
+    def register(self, why: str) -> None:
+        task = asyncio.create_task(self._register())
+        self._registering.add(task)
+        task.add_done_callback(self._registering.discard)
+
+    def _cancel_starts(self, shard: str, below: int) -> None:
+        """Stop the starts of `shard` under way of a generation below `below`."""
+        for (s, g), task in list(self._tasks.items()):
+            if s == shard and g < below:
+                del self._tasks[(s, g)]
                 task.cancel()
-            asyncio.create_task(self._stop(cmd))
 
     async def _start(self, cmd: cmds.StartShard) -> None:
         if self.never_start:
             return
-        # In place of another shard: its GPUs and port are ours once it has exited.
-        while any(s in self.running for s in cmd.after):
-            await asyncio.sleep(0.02)
+        await wait_after(cmd, self.running.__contains__, poll=0.02)  # in place of others: until they have exited
+        if self.protocol.stopped_since(cmd):
+            return  # stopped before it started
+        current = self.running.get(cmd.shard)
+        plan = start_plan(current.generation if current else None, cmd)
+        if plan == "runs already":
+            return
+        if current is not None:  # replaced: the older generation stops first, and says so
+            self._cancel_starts(cmd.shard, cmd.generation)
+            del self.running[cmd.shard]
+            await self._close(cmd.shard)
+            await self._status(current.replica, cmd.shard, current.generation, "stopped", reason=replaced_reason(cmd))
         shard = ev.RunningShard(
             shard=cmd.shard,
             replica=cmd.replica,
@@ -300,22 +314,25 @@ class SimulatedAgent:
                 log.warning("deleting the key of %s failed: %s", name, e)
 
     async def _stop(self, cmd: cmds.StopShard) -> None:
-        if cmd.grace_s and cmd.shard in self.running:
+        shard = self.running.get(cmd.shard)
+        if stop_plan(shard.generation if shard else None, cmd) == "not here":
+            # Nothing of that generation runs here (what does is not touched): it is stopped.
+            await self._status(cmd.shard.rpartition(".")[0], cmd.shard, cmd.generation, "stopped", reason=cmd.reason)
+            return
+        if cmd.grace_s:
             # Draining: a simulated engine finishes what it has at once, nearly.
             await asyncio.sleep(min(cmd.grace_s, 0.05))
-        shard = self.running.pop(cmd.shard, None)
-        await self._close(cmd.shard)
-        replica = shard.replica if shard else cmd.shard.rpartition(".")[0]
-        await self._status(replica, cmd.shard, cmd.generation, "stopped", reason=cmd.reason)
+        if self.running.get(cmd.shard) is shard:
+            del self.running[cmd.shard]
+            await self._close(cmd.shard)
+        await self._status(shard.replica, cmd.shard, cmd.generation, "stopped", reason=cmd.reason)  # type: ignore[union-attr]
 
     async def fail(self, shard_id: str, reason: str = "failed on request") -> bool:
         """Make a running shard fail, as a crashed engine would."""
         shard = self.running.pop(shard_id, None)
         if shard is None:
             return False
-        task = self._tasks.pop(shard_id, None)
-        if task is not None:
-            task.cancel()
+        self._cancel_starts(shard_id, shard.generation + 1)
         await self._close(shard_id)
         await self._status(shard.replica, shard.shard, shard.generation, "failed", reason=reason)
         return True

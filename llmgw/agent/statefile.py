@@ -25,10 +25,11 @@ from pathlib import Path
 
 import msgspec
 
+from .protocol import KEEP_ACTED, Acted
+
 log = logging.getLogger("llmgw.agent")
 
 FILE = "agent.json"
-KEEP_ACTED = 4096  # commands remembered; far more than are ever outstanding at once
 
 
 class ShardRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -103,3 +104,42 @@ class StateFile:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+class StateMemory:
+    """The command protocol's memory (protocol.Memory) in the state file:
+    each remember() writes the file whole before the command is acted on,
+    so a command is acted on once across the agent's restarts too, and a
+    deposed leader stays fenced after one."""
+
+    def __init__(self, file: StateFile, state: AgentState) -> None:
+        self.file = file
+        self.state = state
+        self._acted = set(state.acted)
+
+    @property
+    def term(self) -> int:
+        return self.state.term
+
+    @term.setter
+    def term(self, value: int) -> None:
+        self.state.term = value
+
+    @property
+    def log(self) -> str:
+        return self.state.log
+
+    @log.setter
+    def log(self, value: str) -> None:
+        self.state.log = value
+
+    def acted(self, key: Acted) -> bool:
+        return key in self._acted
+
+    def remember(self, key: Acted | None = None) -> None:
+        if key is not None:
+            self._acted.add(key)
+            self.state.acted.append(key)
+        self.file.save(self.state)  # (keeps the last KEEP_ACTED)
+        if len(self._acted) > len(self.state.acted):
+            self._acted = set(self.state.acted)

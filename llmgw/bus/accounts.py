@@ -97,11 +97,11 @@ READER_API = (
 )
 READER_FACTS = ("llmgw.gw.>", "llmgw.ctl.>")
 # ... and the stored responses' puts (gateway/stored.py; read by direct get,
-# in READER_API). Of READERS' users, only gateways may publish there (auth.py).
+# in READER_API). Of READERS' users, only gateways may publish there (roles.py).
 # And the shared limits' compare-and-set puts (gateway/shared_limits.py).
 READER_STORES = (f"$KV.{RESPONSES_BUCKET}.>", f"$KV.{QUOTAS_BUCKET}.>")
 # ... and, as streams, what its consumers deliver: into its inbox (each
-# reader's user may subscribe only its own, bus/auth.py inbox_prefix).
+# reader's user may subscribe only its own, bus/roles.py inbox_prefix).
 READER_INBOXES = tuple(f"_INBOX.{role}.>" for role in sorted(READER_ROLES))
 
 
@@ -182,7 +182,7 @@ async def connect_commands(creds, who, opts: dict):
 
     import nats
 
-    from . import auth
+    from . import auth, credentials
 
     path = commands_creds_path(creds) if creds else None
     if path is None or not path.exists():
@@ -192,7 +192,7 @@ async def connect_commands(creds, who, opts: dict):
                 "issue the control plane's credentials again (`llmgw creds issue control`)"
             )
         return None
-    mine = auth.identity(path, foreign_ok=True)
+    mine = credentials.identity(path, foreign_ok=True)
     opts = {**opts, "user_credentials": str(path)}
     opts.pop("inbox_prefix", None)
     if mine is not None:

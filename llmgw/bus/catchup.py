@@ -61,10 +61,10 @@ async def read_range(
         if info.get("auth_required"):
             if creds is None or not info.get("nonce"):
                 raise Unsupported("the server asks for a credential this reader was not given")
-            from . import auth
+            from . import credentials
 
-            jwt, seed = auth.read_creds(creds)
-            connect.update(jwt=jwt, sig=auth.sign_nonce(seed, info["nonce"]))
+            jwt, seed = credentials.read_creds(creds)
+            connect.update(jwt=jwt, sig=credentials.sign_nonce(seed, info["nonce"]))
         # Under the connection's own inbox prefix: all its credential may subscribe to.
         inbox = f"{inbox}.catchup{os.urandom(8).hex()}"
         config = {

@@ -60,7 +60,7 @@ def listening(port: int, host: str = "127.0.0.1") -> bool:
 class NatsServer:
     """One nats-server process on a loopback port, data under `store_dir`.
 
-    With `auth` (an `llmgw.bus.auth.Keystore`), the server refuses anonymous
+    With `auth` (an `llmgw.bus.keystore.Keystore`), the server refuses anonymous
     connections and enforces each user's permissions: its configuration
     includes the key store's `server-auth.conf`, which a revocation rewrites
     and `reload` (SIGHUP) makes it read. Without `auth`, anyone on the

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..bus import accounts, auth, msgids, signing
+from ..bus import accounts, auth, credentials, keystore, msgids, signing
 
 OK, NOT_FOUND, BAD_INPUT, UNREACHABLE = 0, 1, 2, 3
 
@@ -64,13 +64,13 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
-def _store(args) -> auth.Keystore:
+def _store(args) -> keystore.Keystore:
     from ..ctl.locate import DEFAULT_STATE_DIR, find_state_dir
 
     if args.dir:
-        return auth.Keystore(Path(args.dir))
+        return keystore.Keystore(Path(args.dir))
     state = Path(args.state_dir) if args.state_dir else (find_state_dir() or Path(DEFAULT_STATE_DIR))
-    return auth.Keystore(state / auth.DEFAULTS.creds_dir)
+    return keystore.Keystore(state / auth.DEFAULTS.creds_dir)
 
 
 def main(args) -> None:
@@ -94,11 +94,11 @@ def run(args) -> int:
         return OK
     if args.verb == "issue":
         path = keys.issue(args.role, args.name, out=Path(args.out) if args.out else None)
-        who = auth.identity(path)
+        who = credentials.identity(path)
         print(f"{path}\t{who.role} {who.name}\t{who.public_key}")
         commands = accounts.commands_creds_path(path)
         if args.role == "control" and commands.exists():  # its commands, in NODES: keep the two together
-            print(f"{commands}\t{who.role} {who.name} (commands)\t{auth.identity(commands).public_key}")
+            print(f"{commands}\t{who.role} {who.name} (commands)\t{credentials.identity(commands).public_key}")
         return OK
     if args.verb == "list":
         rows = keys.issued()
@@ -115,7 +115,7 @@ def run(args) -> int:
     raise AssertionError(args.verb)
 
 
-def _say_command_key(keys: auth.Keystore) -> None:
+def _say_command_key(keys: keystore.Keystore) -> None:
     pub = keys.folder / signing.PUBLIC_FILE
     print(
         f"command key: {pub.read_text().strip()} ({pub.resolve()}: give it to every agent, --command-key or the agent "
@@ -128,13 +128,13 @@ def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-def _revoke(args, keys: auth.Keystore) -> int:
+def _revoke(args, keys: keystore.Keystore) -> int:
     from ..ctl.locate import locate
 
     hit = keys.revoke(args.role, args.name)
     print(f"revoked {len(hit)} credential(s) of {args.role} {args.name}: {', '.join(r.public_key for r in hit)}")
     pid_file = keys.folder.parent / "nats" / "nats-server.pid"
-    if auth.reload_server(pid_file):
+    if keystore.reload_server(pid_file):
         print("the local NATS reloaded its configuration: it refuses them now")
     else:
         print(

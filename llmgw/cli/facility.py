@@ -81,7 +81,8 @@ def add_parsers(verb, where_flags, wait_flags, dry_run_flags) -> None:
 async def _dry_run_facility(args, where_, action: str) -> int:
     """`facility hold|release --dry-run`: what the hold (or release) would
     make the control plane do, nothing published (cli/ctl.py's _dry_run)."""
-    from .ctl import NOT_FOUND, CtlError, _dry_run
+    from .ctl import _dry_run
+    from .ctl_errors import NOT_FOUND, CtlError
 
     def as_if(state):
         if action == "release":
@@ -130,7 +131,7 @@ def in_domain(node: dict, domain: str) -> bool:
 def drained_effect(models: ReadModels, domain: str):
     """What `hold --drain --wait` waits for: every replica with a shard in
     the domain gone, or refused (staying, with its reason)."""
-    from .ctl import Effect
+    from .ctl_effect import Effect
 
     nodes = {n["name"] for n in models.nodes() if in_domain(n, domain)}
     left = [r for r in models.replicas() if set(r["nodes"]) & nodes and r["state"] != "stopping"]
@@ -142,7 +143,9 @@ def drained_effect(models: ReadModels, domain: str):
 
 
 async def cmd_label(args, where) -> int:
-    from .ctl import BAD_INPUT, NOT_FOUND, OK, CtlError, _fresh, _publish, _took_effect, did_you_mean
+    from .ctl_bus import _fresh, _publish
+    from .ctl_effect import _took_effect
+    from .ctl_errors import BAD_INPUT, NOT_FOUND, OK, CtlError, did_you_mean
 
     try:
         set_, remove = parse_labels(args.labels)
@@ -161,7 +164,9 @@ async def cmd_label(args, where) -> int:
 
 
 async def cmd_facility(args, where) -> int:
-    from .ctl import BAD_INPUT, NOT_FOUND, OK, CtlError, _fresh, _publish, _took_effect
+    from .ctl_bus import _fresh, _publish
+    from .ctl_effect import _took_effect
+    from .ctl_errors import BAD_INPUT, NOT_FOUND, OK, CtlError
 
     action = getattr(args, "facility_verb", None)
     if action is None:

@@ -109,7 +109,7 @@ def _listing(models: ReadModels, args, after: tuple[int, int] | None = None, *, 
 
 def _of_event(models: ReadModels, args, name: str) -> list[dict]:
     """A decision's or preemption's rows by SEQ (every one of that event) or SEQ.IDX."""
-    from .ctl import BAD_INPUT, CtlError
+    from .ctl_errors import BAD_INPUT, CtlError
 
     seq, _, idx = name.partition(".")
     if not seq.isdigit() or (idx and not idx.isdigit()):
@@ -159,7 +159,7 @@ def classes(state) -> dict[str, dict]:
 
 
 async def _live_catalog(where: Where):
-    from .ctl import _catalog, _connect
+    from .ctl_bus import _catalog, _connect
 
     bus = await _connect(where)
     try:
@@ -193,7 +193,8 @@ async def _usage_rows(args, where: Where) -> list[dict]:
     from ..core import events as ev
     from ..ctl import deadline
     from ..ctl import usage
-    from .ctl import BAD_INPUT, CtlError, _catalog, _connect
+    from .ctl_bus import _catalog, _connect
+    from .ctl_errors import BAD_INPUT, CtlError
 
     try:
         since = usage.parse_since(args.since, time.time()) if args.since else 0.0
@@ -223,7 +224,7 @@ async def _leader_rows(where: Where) -> tuple[list[dict], str]:
 
     from ..bus import LEASE_KEY
     from ..ctl import deadline
-    from .ctl import _connect
+    from .ctl_bus import _connect
 
     bus = await _connect(where)
     try:
@@ -272,7 +273,7 @@ class Pick:
 
 def _missing(args, rows: list[dict], known: list[str]) -> str:
     """Why the names not found are not (with those they may have meant); "" when all are there."""
-    from .ctl import did_you_mean
+    from .ctl_errors import did_you_mean
 
     if args.kind in GROWING:
         return ""  # said per name as they are read
@@ -285,7 +286,8 @@ def _missing(args, rows: list[dict], known: list[str]) -> str:
 
 
 async def cmd_get(args, where: Where) -> int:
-    from .ctl import BAD_INPUT, NOT_FOUND, OK, CtlError, _fresh, say
+    from .ctl_bus import _fresh
+    from .ctl_errors import BAD_INPUT, NOT_FOUND, OK, CtlError, say
 
     args.selector = args.selector or ()
     try:
@@ -360,7 +362,8 @@ async def _about_models(args, where: Where, models: ReadModels | None) -> dict[s
 
 async def _watch(args, models: ReadModels, pick: Pick, rows: list[dict], width: int | None) -> int:
     """The listing, then each change as the read models move (Ctrl-C ends)."""
-    from .ctl import _lift_deadline, say
+    from .ctl_bus import _lift_deadline
+    from .ctl_errors import say
 
     watch = Watch(args.kind, args.output, headers=not args.no_headers, width=width)
     text = watch.first(rows)

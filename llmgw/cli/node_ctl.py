@@ -71,7 +71,9 @@ async def cmd_node(args, where) -> int:
 
 async def _admit(args, where) -> int:
     from ..ctl.config import CONFIG
-    from .ctl import NOT_FOUND, OK, CtlError, _fresh, _publish, _took_effect, did_you_mean
+    from .ctl_bus import _fresh, _publish
+    from .ctl_effect import _took_effect
+    from .ctl_errors import NOT_FOUND, OK, CtlError, did_you_mean
 
     models = (await _fresh(where, CONFIG.catch_up_timeout_s)).models
     row = models.node(args.node)
@@ -89,7 +91,8 @@ async def _admit(args, where) -> int:
 
 
 async def _unmute(args, where) -> int:
-    from .ctl import BAD_INPUT, OK, CtlError, _publish
+    from .ctl_bus import _publish
+    from .ctl_errors import BAD_INPUT, OK, CtlError
 
     if not NAME_RE.match(args.node):
         raise CtlError(f"node unmute: {args.node!r} is not a node name (letters, digits, _ and -, at most 64)", BAD_INPUT)

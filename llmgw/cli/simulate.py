@@ -11,13 +11,21 @@ any node on llmgw.agent.*, nothing else), issued on first use in a local
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 
 from ..agent import fleet as fleet_mod
-from .main import _component, _fail, _label_arg, _nats_url, _run_until_signalled, _setup_logging
+from .running import _component, _fail, _nats_url, _run_until_signalled, _setup_logging
 
 FLEET_CREDENTIAL = "sim"  # the name of the fleet credential a local llmgw up issues
+
+
+def _label_arg(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key or not value:
+        raise argparse.ArgumentTypeError(f"{text!r}: a label is KEY=VALUE (llmgw.io/rack=r4-12)")
+    return key, value
 
 
 def add_arguments(agent) -> None:
@@ -71,7 +79,7 @@ def _shapes(args) -> list[fleet_mod.NodeShape]:
 def cmd_simulated(args) -> None:
     from ..agent.protocol import MAX_TERM_JUMP
     from ..bus.nats import NatsBus
-    from .main import _verifier
+    from .running import _verifier
 
     many = args.fleet is not None or args.fleet_file
     key_in_file, max_term_jump = "", MAX_TERM_JUMP

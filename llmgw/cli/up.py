@@ -45,7 +45,8 @@ import time
 from pathlib import Path
 
 from ..bus import signing
-from ..bus.auth import DEFAULTS as AUTH, CredentialError, Keystore
+from ..bus.auth import DEFAULTS as AUTH, CredentialError
+from ..bus.keystore import Keystore
 from ..bus.server import NatsServer, PortTaken, free_port, listening, port_is_taken
 from ..ctl.locate import DB_FILE, remove_up_file, write_up_file
 
@@ -215,7 +216,7 @@ def up(
         print(f"llmgw up: the metrics port {metrics_port} is taken: give another with --metrics-port", file=sys.stderr)
         return 2
     metrics_port = metrics_port or free_port()
-    from .main import default_node_name
+    from .running import default_node_name
 
     node = node_name or default_node_name()
     gateway_name = f"{default_node_name()}-{gateway_port}"[:64]

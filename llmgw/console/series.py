@@ -32,6 +32,7 @@ from ..core import events as ev
 from ..core.decisions import describe_action
 from ..core.fold import apply
 from ..core.history import Record
+from ..core.reasons import victim_words, words
 from ..core.scaling import decided
 from ..core.state import LIVE_SHARD_STATES, State
 
@@ -193,7 +194,7 @@ class Recorder:
             why = undone.get(describe_action(a), "") if undone else ""
             if k is ev.PlaceReplica:
                 nodes = [s.node for s in sorted(a.shards, key=lambda s: s.rank)]
-                self._mark(Mark(t=t, seq=seq, kind="placed", replica=a.replica, nodes=nodes, reason=a.reason, voided=why),
+                self._mark(Mark(t=t, seq=seq, kind="placed", replica=a.replica, nodes=nodes, reason=words(a), voided=why),
                            a.model)
                 self._replica(state, a.replica, t, seq)
                 for n in nodes:
@@ -203,7 +204,7 @@ class Recorder:
                 rep = state.replicas.get(a.replica)
                 model = rep.model if rep is not None else a.replica.rpartition("-")[0]
                 nodes = list(self._reps.get(a.replica, ("", "", "", 0, ()))[4])
-                self._mark(Mark(t=t, seq=seq, kind="drained", replica=a.replica, nodes=nodes, reason=a.reason, voided=why),
+                self._mark(Mark(t=t, seq=seq, kind="drained", replica=a.replica, nodes=nodes, reason=words(a), voided=why),
                            model)
                 self._replica(state, a.replica, t, seq)
                 for n in nodes:
@@ -213,7 +214,7 @@ class Recorder:
                 for v in a.victims:
                     nodes = list(self._reps.get(v.replica, ("", "", "", 0, ()))[4])
                     self._mark(Mark(t=t, seq=seq, kind="preempted", replica=v.replica, nodes=nodes,
-                                    reason=f"for {a.model}: {v.why}; {a.reason}", voided=why), v.model)
+                                    reason=f"for {a.model}: {victim_words(v)}; {words(a)}", voided=why), v.model)
                 models.add(a.model)
             elif k is ev.ScaleModel or k is ev.ModelWaiting or k is ev.ParkModel:
                 models.add(a.model)

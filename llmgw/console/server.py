@@ -309,7 +309,7 @@ class Console:
             page["running"] = fleetmap.running_on(state, name)
             return {**head, "node": page}
         if what.startswith("explain/"):
-            from ..cli.ctl import explanation
+            from ..ctl.explanation import explanation
 
             name = urllib.parse.unquote(what.removeprefix("explain/"))
             if name not in state.models:
@@ -417,7 +417,7 @@ class Console:
     async def act(self, verb: str, args: dict) -> dict:
         """Publish one operator event, as `llmgw ctl` does; its sequence comes
         back, and the page then shows the decisions that followed it."""
-        from ..cli.ctl import publish_event, restart_problem
+        from ..ctl.changes import publish_event, restart_problem
 
         state = self.state
         now = time.time()

@@ -9,6 +9,8 @@ series.
 
     llmgw_control_pass_seconds                  histogram: decide() of one pass
     llmgw_control_decisions_total{kind}         actions published (place, stop, wait, scale, preempt ...)
+    llmgw_control_stops_total{kind}             replicas and strays stopped, by why (core/reasons.py's kinds)
+    llmgw_control_restarts_total{kind}          restarts begun or refused, by why (reasons.py's kinds)
     llmgw_control_voided_decisions_total        actions voided at fold time (the log's count)
     llmgw_control_quarantined_events_total      malformed events kept aside (the log's count)
     llmgw_control_fenced_total                  decisions refused by the server's fence
@@ -42,7 +44,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ..core import events as ev
 from ..core.history import action_about
+from ..core.reasons import CauseKind, kind_of
 from ..core.waits import DECIDED, model_kind
 
 if TYPE_CHECKING:
@@ -59,6 +63,12 @@ REPLICA_STATES = ("placing", "starting", "loading", "ready", "stopping", "failed
 # Why a model waits: the kinds decide says with each reason (core/waits.py), and "other".
 WAITING_KINDS = tuple(k.value for k in DECIDED) + ("other",)
 MAX_REQUEST_HEAD = 8 * 1024
+# Why a replica stopped or restarted: a cause's kind (reasons.py), read as a
+# field, never from the words; "other" for one recorded without a cause or
+# of a kind this code does not know (the labels stay a known, bounded set).
+CAUSE_KINDS = frozenset(k.value for k in CauseKind)
+_STOPS = (ev.StopReplica, ev.StopStray)
+_RESTARTS = (ev.RestartReplica, ev.RefuseRestart)
 
 
 class ControlMetrics:
@@ -74,12 +84,24 @@ class ControlMetrics:
         self.decisions = Counter(
             "llmgw_control_decisions", "Actions this control plane published, by kind.", ["kind"], registry=self.registry
         )
+        self.stops = Counter(
+            "llmgw_control_stops", "Replicas and strays this control plane stopped, by why (a cause's kind).", ["kind"],
+            registry=self.registry,
+        )
+        self.restarts = Counter(
+            "llmgw_control_restarts", "Restarts this control plane began or refused, by why (a cause's kind).", ["kind"],
+            registry=self.registry,
+        )
         self.log_last = 0  # the log's last sequence, as last probed (plane._probe_loop)
         self.registry.register(_StateCollector(plane, self))
 
     def landed(self, actions) -> None:
         for a in actions:
             self.decisions.labels(action_about(a)[0]).inc()
+            counter = self.stops if isinstance(a, _STOPS) else self.restarts if isinstance(a, _RESTARTS) else None
+            if counter is not None:
+                kind = kind_of(a)
+                counter.labels(kind if kind in CAUSE_KINDS else "other").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -48,6 +48,7 @@ from ..core.fold import apply
 from ..core.history import action_about
 from ..core.liveness import lost_nodes, mass_silence
 from ..core import replicaindex
+from ..core import reasons
 from ..core.nodeindex import track
 from ..core.state import State
 from ..telemetry import tracer
@@ -506,16 +507,17 @@ class ControlPlane:
         """A span per decision that landed, under its pass: what, about whom, and why."""
         for a in actions:
             kind, model, replica, node = action_about(a)
-            words = describe_action(a)
-            log.info("%s: %s", _log_words(a) or words, a.reason)
+            said, why = describe_action(a), reasons.words(a)
+            log.info("%s: %s", _log_words(a) or said, why)
             _tracer.start_span(
                 f"decision {kind}",
                 attributes={
-                    "llmgw.decision": words,
+                    "llmgw.decision": said,
                     "llmgw.model": model,
                     "llmgw.replica": replica,
                     "llmgw.node": node,
-                    "llmgw.reason": a.reason,
+                    "llmgw.reason": why,
+                    "llmgw.cause": reasons.kind_of(a),
                 },
             ).end()
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 from . import events as ev
 from .catalog import profile_named
 from .nodeindex import POOL_LABEL, touch
+from .reasons import K, cause
 from .state import Admitted, Node, Replica, State
 
 # The labels whose value is the operator's to set (rule 1), by whole name,
@@ -152,12 +153,12 @@ def unadmitted(node: Node) -> dict[str, str]:
 # --------------------------------------------------------------------------- rule 2: only what the log placed there
 
 
-def claim_problem(state: State, node: Node, rid: str, group: list[ev.RunningShard]) -> str:
+def claim_problem(state: State, node: Node, rid: str, group: list[ev.RunningShard]) -> ev.Cause | None:
     """Why shards a registering node reports, of replica `rid`, that the log
-    did not place on it, may not be taken as its ("" when adoption may
+    did not place on it, may not be taken as its (None when adoption may
     rebuild or merge them, as adoption.py says)."""
     if node.cordon:
-        return f"node {node.name} {node.cordon}: it adopts nothing meanwhile"
+        return cause(K.CORDONED, node=node.name, text=node.cordon)
     existing = state.replicas.get(rid)
     if existing is not None:
         if not existing.want_shards:
@@ -166,24 +167,22 @@ def claim_problem(state: State, node: Node, rid: str, group: list[ev.RunningShar
             here = {sh.id for sh in existing.shards if sh.node == node.name}
             elsewhere = sorted({sh.node for sh in existing.shards if sh.node != node.name})
             if elsewhere and any(r.shard not in here for r in group):
-                return (f"replica {rid} was placed on {', '.join(elsewhere)}: "
-                        f"node {node.name} may claim only shards placed on it")
+                return cause(K.PLACED_ELSEWHERE, replica=rid, nodes=elsewhere, node=node.name)
         else:
             # Being rebuilt from what several agents report: a rank another
             # node has reported already is not this node's to fill.
             ranks = {sh.rank: sh.node for sh in existing.shards if sh.node != node.name}
             taken = [r for r in group if r.rank in ranks]
             if taken:
-                return (f"rank {taken[0].rank} of {rid} was reported by {ranks[taken[0].rank]} already: "
-                        f"node {node.name} may not claim it too")
+                return cause(K.RANK_TAKEN, replica=rid, count=taken[0].rank, nodes=[ranks[taken[0].rank]],
+                             node=node.name)
     first = group[0]
     model = state.models.get(first.model)
     profile = profile_named(model.spec, first.profile) if model is not None else None
     if profile is not None and profile.pool and node.labels.get(POOL_LABEL, "") != profile.pool:
-        have = node.labels.get(POOL_LABEL, "")
-        return (f"{first.model}'s profile {profile.name} runs only in pool {profile.pool}, and node {node.name} "
-                f"is in {('pool ' + have) if have else 'no pool'} (as an operator set it)")
-    return ""
+        return cause(K.WRONG_POOL, model=first.model, profile=profile.name, pool=profile.pool, node=node.name,
+                     node_pool=node.labels.get(POOL_LABEL, ""))
+    return None
 
 
 # --------------------------------------------------------------------------- rule 3: a start deadline
@@ -210,21 +209,20 @@ def overdue(state: State, now: float) -> set[str]:
             continue  # stopping on a node that never says so: kept, but nothing to do
         if now - at <= timeout:
             break
-        if start_overdue(state, rep, now):
+        if start_overdue(state, rep, now) is not None:
             out.add(rep.model)
     return out
 
 
-def start_overdue(state: State, rep: Replica, now: float) -> str:
-    """Why a replica is stopped for not being ready in time, or ""."""
+def start_overdue(state: State, rep: Replica, now: float) -> ev.Cause | None:
+    """Why a replica is stopped for not being ready in time, or None."""
     timeout = state.policy.start_timeout_s
     if rep.ready_at or rep.want_shards or rep.state in ("ready", "stopping", "failed"):
-        return ""
+        return None
     if now - rep.placed_at <= timeout or rep.id not in state.unstarted:
-        return ""
-    where = ", ".join(sorted({sh.node for sh in rep.shards if sh.state != "ready"}))
-    return (f"not ready within {timeout:g}s (start_timeout_s) of its placement: "
-            f"{rep.state} on {where or 'its nodes'}")
+        return None
+    where = sorted({sh.node for sh in rep.shards if sh.state != "ready"})
+    return cause(K.START_TIMEOUT, seconds=timeout, state=rep.state, nodes=where)
 
 
 def count_start_failure(state: State, rep: Replica, why: str, at: float) -> None:

@@ -17,6 +17,7 @@ from .admission import claim_problem
 from .catalog import profile_named
 from .facility import shard_watts
 from .quota import count_shard
+from .reasons import K, cause, render
 from .replicaindex import added
 from .replicas import derive_live_state, derive_replica_state, forget, hold, replica_number, tally
 from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, Stray, add_gb
@@ -72,9 +73,10 @@ def take_reports(state: State, node: Node, e: ev.NodeRegistered) -> None:
         # Not a replica placed elsewhere, nor one of a pool the node is not
         # in (admission.py): those it may not claim are strays, stopped.
         refused = claim_problem(state, node, rid, group)
-        for r in group if refused else _adopt(state, node, rid, group, e.at):
+        for r in group if refused is not None else _adopt(state, node, rid, group, e.at):
             why = refused or _stray_reason(state, r, node.name)
-            node.strays[r.shard] = Stray(generation=r.generation, gpus=list(r.gpus), port=r.port, reason=why)
+            node.strays[r.shard] = Stray(generation=r.generation, gpus=list(r.gpus), port=r.port, reason=render(why),
+                                         cause=why)
             for g in r.gpus:
                 node.used.setdefault(g, r.shard)
             if r.port:
@@ -191,20 +193,17 @@ def _at_most(asked: float, free: float, total: float) -> float:
     return min(asked, max(free, 0)) if total else asked
 
 
-def _stray_reason(state: State, r: ev.RunningShard, node: str) -> str:
+def _stray_reason(state: State, r: ev.RunningShard, node: str) -> ev.Cause:
     m = state.models.get(r.model)
     if m is None:
-        return f"no model {r.model} in the catalog claims it"
+        return cause(K.NO_MODEL, model=r.model)
     if r.profile not in m.fingerprints:
-        return f"model {r.model} has no profile {r.profile} any more"
+        return cause(K.NO_PROFILE, model=r.model, profile=r.profile)
     rep = state.replicas.get(r.replica)
     if rep is not None:
         if any(sh.id == r.shard and sh.node == node for sh in rep.shards):
-            return (
-                f"shard {r.shard} of {r.replica} was given up here (failed or lost) and its replica went on without it"
-            )
+            return cause(K.GIVEN_UP, shard=r.shard, replica=r.replica)
         # Not "given up here": a second copy of a replica that runs elsewhere
         # (one placed under the same id that had come up when this was reported).
-        where = ", ".join(sorted({sh.node for sh in rep.shards})) or "another node"
-        return f"replica {r.replica} runs on {where} already: this copy of it is not the one the control plane placed"
-    return f"replica {r.replica} is not one the control plane knows"
+        return cause(K.SECOND_COPY, replica=r.replica, nodes=sorted({sh.node for sh in rep.shards}))
+    return cause(K.UNKNOWN_REPLICA, replica=r.replica)

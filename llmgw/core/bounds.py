@@ -211,6 +211,7 @@ Priority = _str(32, NO_CONTROL_PATTERN, "a model's priority class")
 Routing = _str(32, WORD_PATTERN, "a model's routing policy")
 Word = _str(64, ID_PATTERN, "a short word")
 WaitKind = _str(32, WORD_PATTERN, "why a model waits (core/waits.py): no_room, over_limit, parked, ...")
+CauseKind = _str(48, WORD_PATTERN, "why the control plane did something (core/reasons.py): replaced, preempted, ...")
 # A name said again, in the events most of a log is (a shard's status, a
 # gateway's load, a decision's shards): bounded in length only. Its
 # characters were checked where it was made (a registration, the catalog)
@@ -251,6 +252,8 @@ LabelKeys = many(LabelKey, MAX_LABELS)
 Args = many(ArgText, MAX_ARGS)
 Aliases = many(AliasName, MAX_ALIASES)
 ReplicaIds = many(ReplicaId, MAX_REPLICAS)
+ReplicaRefs = many(ReplicaRef, MAX_REPLICAS)
+NodeRefs = many(NodeRef, MAX_SHARDS_PER_REPLICA)
 Rejections = many(Text, MAX_REJECTIONS)
 Budgets = mapping(Domain, DomainWatts, MAX_DOMAINS)
 GpuDraws = mapping(GpuIndex, GpuWatts, MAX_GPUS_PER_NODE)
@@ -284,6 +287,9 @@ def fit_action(action) -> object:
         action.rejections = [clip(r) for r in rejections[:MAX_REJECTIONS]]
     if getattr(action, "inventory", "") and len(action.inventory) > LONG_TEXT_LEN:
         action.inventory = clip(action.inventory, LONG_TEXT_LEN)
+    cause = getattr(action, "cause", None)
+    if cause is not None and len(cause.text) > TEXT_LEN:  # words quoted (a failure), not the rules' own
+        cause.text = clip(cause.text)
     for victim in getattr(action, "victims", ()):
         if len(victim.why) > TEXT_LEN:
             victim.why = clip(victim.why)

@@ -29,24 +29,19 @@ from . import drains
 from . import events as ev
 from . import preempt
 from .admission import overdue, start_overdue
-from .bounds import clip
+from .bounds import MAX_TIME, clip
 from .passes import MAX_PASS_BYTES, ModelPass, Outcome, Pass, drain_s, place_one, why_no_fit
-from .quota import need, over_limit
+from .quota import need, over_limit_cause
 from .replicaindex import replicas_of
 from .replicas import replica_number
 from .restarts import begin_restarts, restart_state, retire
 from .policy import DEFAULT
+from .reasons import K, because, cause, render
 from .scaling import backoff_until, decided, desired, why_desired
 from .state import Model, Replica, State
-from .times import utc
 from .waits import Wait, WaitKind
 
-__all__ = ["decide", "restart_state", "Outcome", "MAX_PASS_BYTES", "ADOPT_WAIT_S", "YOUNG_VICTIMS"]
-
-# In the waiting reason of a model whose victims are within their minimum
-# lifetime (its kind, waits.WaitKind.ROOM_LATER, is what a simulation,
-# core/whatif.py, wakes at their end for).
-YOUNG_VICTIMS = "would make room but became ready less than"
+__all__ = ["decide", "restart_state", "Outcome", "MAX_PASS_BYTES", "ADOPT_WAIT_S"]
 
 
 def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Action]:
@@ -57,7 +52,8 @@ def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Ac
     for name in with_strays:
         for shard, stray in state.nodes[name].strays.items():
             if not stray.stopping:
-                p.add(ev.StopStray(node=name, shard=shard, generation=stray.generation, reason=stray.reason))
+                p.add(ev.StopStray(node=name, shard=shard, generation=stray.generation, reason=stray.reason,
+                                   cause=stray.cause))
 
     look = _models_to_look_at(state, now)
     if not look:
@@ -71,12 +67,12 @@ def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Ac
         if rep.state == "stopping":
             continue
         why = _why_stop(state, rep, now)
-        if why:
-            p.add(ev.StopReplica(replica=rep.id, reason=why))
+        if why is not None:
+            p.add(ev.StopReplica(replica=rep.id, **because(why)))
             continue
         why = start_overdue(state, rep, now)
-        if why:
-            p.add(ev.StopReplica(replica=rep.id, reason=why, failed_to_start=True))
+        if why is not None:
+            p.add(ev.StopReplica(replica=rep.id, **because(why), failed_to_start=True))
             timed_out.add(rep.model)
         else:
             by_model.setdefault(rep.model, []).append(rep)
@@ -139,14 +135,15 @@ def _decide_model(p: Pass, model: Model, live: list[Replica], late: bool = False
         m.spread[node] = m.spread.get(node, 0) + 1
     n = m.n
     if n != decided(model):
-        p.add(ev.ScaleModel(model=name, desired=n, reason=why_desired(model, p.now)))
+        why = cause(K.DESIRED, model=name, scale=why_desired(model, p.now))
+        p.add(ev.ScaleModel(model=name, desired=n, **because(why)))
 
     if len(m.serving) > n:
         # Scale down: those not yet serving first (nothing to drain), then the newest.
         extra = sorted(m.serving, key=lambda r: (r.state == "ready", -r.placed_at, -replica_number(r.id)))
-        why = f"{name} scales down to {n}: {why_desired(model, p.now)}"
+        why = because(cause(K.SCALE_DOWN, model=name, count=n, scale=why_desired(model, p.now)))
         for rep in extra[: len(m.serving) - n]:
-            p.add(ev.StopReplica(replica=rep.id, reason=why, drain_s=drain_s(m.spec, rep)))
+            p.add(ev.StopReplica(replica=rep.id, **why, drain_s=drain_s(m.spec, rep)))
             m.serving.remove(rep)
 
     numbered = p.numbers.get(name)  # changes when this pass places one of its replicas
@@ -172,7 +169,7 @@ def _decide_model(p: Pass, model: Model, live: list[Replica], late: bool = False
     waiting = clip(wait.reason)  # as it is recorded (bounds.fit_action), so it is said once
     kind = wait.kind.value if waiting else ""
     if (waiting != model.waiting or kind != model.waiting_kind) and (waiting or p.numbers.get(name) == numbered):
-        p.add(ev.ModelWaiting(model=name, reason=waiting, kind=kind))
+        p.add(ev.ModelWaiting(model=name, reason=waiting, kind=kind, cause=wait.cause if waiting else None))
 
 
 NOT_WAITING = Wait(WaitKind.NONE)
@@ -186,7 +183,7 @@ def _place_missing(p: Pass, m: ModelPass, late: bool = False) -> tuple[Outcome, 
     model, spec = m.model, m.spec
     blocked = _blocked(p, model)
     if not blocked.reason and late:
-        blocked = Wait(WaitKind.BACKING_OFF, f"a replica of {m.name} was not ready by its start deadline")
+        blocked = _wait(WaitKind.BACKING_OFF, cause(K.LATE, model=m.name))
     if blocked.reason:
         return Outcome.NOT_TRIED, blocked
     number = p.next_number(m.name)
@@ -195,8 +192,8 @@ def _place_missing(p: Pass, m: ModelPass, late: bool = False) -> tuple[Outcome, 
         placed = place_one(p, m, f"{m.name}-{number}", _why_place(model, m.have, m.n) + restarting)
         if placed is None:
             limit = _over_limit(p, spec)
-            if limit:
-                return Outcome.OVER_LIMIT, Wait(WaitKind.OVER_LIMIT, limit)
+            if limit is not None:
+                return Outcome.OVER_LIMIT, _wait(WaitKind.OVER_LIMIT, limit)
             if m.have + len(m.retiring) < m.n:
                 # Short even counting the replicas being restarted (they
                 # serve until replaced): only then does it take room from
@@ -204,13 +201,13 @@ def _place_missing(p: Pass, m: ModelPass, late: bool = False) -> tuple[Outcome, 
                 # (_retire); preempting for it stopped a victim and then
                 # restarted in place anyway.
                 waiting = _preempt_for(p, m)
-                if waiting:
-                    return Outcome.PREEMPTING, Wait(WaitKind.PREEMPTING, waiting)
+                if waiting is not None:
+                    return Outcome.PREEMPTING, _wait(WaitKind.PREEMPTING, waiting)
                 # Explained only when it neither preempts nor waits for its
                 # victims: explaining reads every node (~10 ms on 2,000), and
                 # a pass with hundreds of preemptors paid that for each.
                 later = _why_young_victims(p, m)
-                return Outcome.NO_ROOM, Wait(WaitKind.ROOM_LATER, later) if later else _no_fit(p, spec)
+                return Outcome.NO_ROOM, _wait(WaitKind.ROOM_LATER, later) if later is not None else _no_fit(p, spec)
             return Outcome.NO_ROOM, _no_fit(p, spec)
         if not p.add(placed):
             return None
@@ -220,22 +217,27 @@ def _place_missing(p: Pass, m: ModelPass, late: bool = False) -> tuple[Outcome, 
     return Outcome.PLACED, NOT_WAITING
 
 
+def _wait(kind: WaitKind, c: ev.Cause) -> Wait:
+    """A wait of this kind for this cause, with its words."""
+    return Wait(kind, render(c), c)
+
+
 def _no_fit(p: Pass, spec: ev.ModelSpec) -> Wait:
     """Why no profile fits: no room, or no node to fit on (one may register)."""
     kind = WaitKind.NO_ROOM if p.inv.has_ready() else WaitKind.NO_NODE
     return Wait(kind, why_no_fit(p, spec.profiles))
 
 
-def _over_limit(p: Pass, spec: ev.ModelSpec) -> str:
-    """Why no profile of the model may be placed for its owner's limits ("" when one may)."""
+def _over_limit(p: Pass, spec: ev.ModelSpec) -> ev.Cause | None:
+    """Why no profile of the model may be placed for its owner's limits (None when one may)."""
     state = p.state
     if not state.owners or not spec.owner:
-        return ""
-    why = ""
+        return None
+    why = None
     for prof in spec.profiles:
-        why = over_limit(state, spec.owner, need(prof), p.usage)
-        if not why:
-            return ""
+        why = over_limit_cause(state, spec.owner, need(prof), p.usage)
+        if why is None:
+            return None
     return why
 
 
@@ -245,36 +247,32 @@ def _victim_index(p: Pass) -> preempt.VictimIndex:
     return p.victims
 
 
-def _preempt_for(p: Pass, m: ModelPass) -> str:
+def _preempt_for(p: Pass, m: ModelPass) -> ev.Cause | None:
     """Make room for a model that fits nowhere by stopping replicas that may
-    give way (preempt.py); returns what it waits for ("" when nothing)."""
+    give way (preempt.py); returns what it waits for (None when nothing)."""
     pending = preempt.waiting_for_victims(p.state, m.model)
     if pending:
-        return f"waiting for {', '.join(pending)}, preempted for it, to stop"
+        return cause(K.WAITING_FOR, replicas=pending)
     index = _victim_index(p)
     chosen = preempt.choose(index, p.inv, m.model, m.spread, have=m.have, pending=p.usage)
     if not chosen:
-        return ""
+        return None
     if not p.add_together(preempt.decision(index, p.inv, m.model, chosen, p.now, m.have, m.n)):
-        return ""  # no room left in this pass's message: the next pass decides again
-    return f"preempting {', '.join(c.rep.id for _, c in chosen)} to make room"
+        return None  # no room left in this pass's message: the next pass decides again
+    return cause(K.PREEMPTING, replicas=[c.rep.id for _, c in chosen])
 
 
-def _why_young_victims(p: Pass, m: ModelPass) -> str:
+def _why_young_victims(p: Pass, m: ModelPass) -> ev.Cause | None:
     """Why a model that could preempt does not yet: the replicas that would
     make room for it are within their minimum lifetime. Said with the moment
     they become victims, where "no room" alone left a critical model
     waiting two minutes with nothing to say why."""
     later = preempt.choose(_victim_index(p), p.inv, m.model, m.spread, have=m.have, pending=p.usage, young=True)
     if not later:
-        return ""
-    ids = ", ".join(c.rep.id for _, c in later)
+        return None
     lifetime = p.state.policy.min_lifetime_s
     when = max(c.rep.ready_at for _, c in later) + lifetime
-    return (
-        f"no room; {ids} {YOUNG_VICTIMS} {lifetime:g}s ago "
-        f"(a replica is not preempted before it has served that long): they may give way from {utc(when)}"
-    )
+    return cause(K.YOUNG_VICTIMS, replicas=[c.rep.id for _, c in later], seconds=lifetime, at=min(when, MAX_TIME))
 
 
 def _why_place(model: Model, have: int, n: int) -> str:
@@ -288,43 +286,36 @@ def _blocked(p: Pass, model: Model) -> Wait:
     replicas that failed to start), or NOT_WAITING. Parks it when it has
     failed often enough."""
     if model.parked:
+        # Its words as the fold kept them (ParkModel's): the cause is in the log.
         return Wait(WaitKind.PARKED, model.parked)
     hold = preempt.held(p.state, model, p.now)
-    if hold:
-        return Wait(WaitKind.HELD, hold)
+    if hold is not None:
+        return _wait(WaitKind.HELD, hold)
     k = model.start_failures
     if k >= p.state.policy.park_after:
-        why = (
-            f"parked: {k} replicas in a row failed to start (the last: {model.last_failure}); "
-            f"`llmgw ctl retry {model.spec.name}` tries again"
-        )
-        p.add(ev.ParkModel(model=model.spec.name, reason=why))
-        return Wait(WaitKind.PARKED, why)
+        why = cause(K.PARKED, model=model.spec.name, count=k, text=model.last_failure)
+        p.add(ev.ParkModel(model=model.spec.name, **because(why)))
+        return _wait(WaitKind.PARKED, why)
     until = backoff_until(model, p.state.policy)
     if p.now < until:
-        return Wait(WaitKind.BACKING_OFF, (
-            f"backing off: {k} replica(s) in a row failed to start (the last: {model.last_failure}); "
-            f"the next try {until - model.failed_at:g}s after that failure"
-        ))  # fmt: skip
+        return _wait(WaitKind.BACKING_OFF, cause(
+            K.BACKING_OFF, count=k, text=model.last_failure, seconds=until - model.failed_at))
     return NOT_WAITING
 
 
 # --------------------------------------------------------------------------- stopping
 
 
-def _why_stop(state: State, rep: Replica, now: float) -> str:
-    """Why a replica should stop now, or "" when it should keep running. A
+def _why_stop(state: State, rep: Replica, now: float) -> ev.Cause | None:
+    """Why a replica should stop now, or None when it should keep running. A
     replica whose profile changed is not stopped: it is restarted
     (`_begin_restarts`), replaced before it goes."""
     model = state.models.get(rep.model)
     if model is None:
-        return f"model {rep.model} was removed from the catalog"
+        return cause(K.MODEL_REMOVED, model=rep.model)
     if rep.state == "failed":
-        return f"replaced: {rep.reason}"
+        return cause(K.REPLACED, text=rep.reason)
     wait = state.policy.adopt_wait_s
     if rep.want_shards and now - rep.placed_at > wait:
-        return (
-            f"adopted with {len(rep.shards)} of its {rep.want_shards} shards; "
-            f"the others were not reported within {wait:g}s"
-        )
-    return ""
+        return cause(K.ADOPTED_PARTLY, count=len(rep.shards), of=rep.want_shards, seconds=wait)
+    return None

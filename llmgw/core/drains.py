@@ -15,8 +15,10 @@ fit), not every pass: a refusal each pass would be a decision each pass.
 
 from __future__ import annotations
 
-from .facility import drain_reason, draining
+from . import events as ev
+from .facility import draining
 from .passes import ModelPass, Pass
+from .reasons import K, cause
 from .state import Replica, State
 
 
@@ -31,7 +33,7 @@ def models_draining(state: State) -> set[str]:
     }
 
 
-def to_move(p: Pass, m: ModelPass, queued: set[str]) -> list[tuple[Replica, str]]:
+def to_move(p: Pass, m: ModelPass, queued: set[str]) -> list[tuple[Replica, ev.Cause]]:
     """The model's serving replicas to restart out of a drained domain, with
     the reason; those refused before only when a replica would fit now."""
     state = p.state
@@ -50,16 +52,13 @@ def to_move(p: Pass, m: ModelPass, queued: set[str]) -> list[tuple[Replica, str]
                 room = any(p.inv.fits(prof, m.spread) for prof in m.spec.profiles)
             if not room:
                 continue
-        out.append((rep, drain_reason(state, domain)))
+        out.append((rep, cause(K.DRAIN, domain=domain, text=state.holds[domain].reason)))
     return out
 
 
-def refusal(state: State, rep: Replica) -> str:
-    """Why a replica in a drained domain stays ("" when it is in none)."""
+def refusal(state: State, rep: Replica) -> ev.Cause | None:
+    """Why a replica in a drained domain stays (None when it is in none)."""
     domain = draining(state, rep)
     if not domain:
-        return ""
-    return (
-        f"{drain_reason(state, domain)}; its replacement fits nowhere else, so it stays and serves "
-        f"until there is room (llmgw ctl explain-placement {rep.model})"
-    )
+        return None
+    return cause(K.REFUSE_DRAIN, model=rep.model, domain=domain, text=state.holds[domain].reason)

@@ -482,6 +482,64 @@ class ModelLoad(Event, tag="model.load"):
 # --------------------------------------------------------------------------- control plane (llmgw.control.>)
 
 
+class Scale(Struct):
+    """Why a model should run the replicas it should (scaling.why_desired), as
+    data: `why` one of reasons.ScaleWhy, with the numbers it was decided on."""
+
+    why: b.CauseKind
+    load: b.Counter = 0  # requests in flight and queued, over the gateways heard lately
+    per: b.Ratio = 0.0  # the model's target_load
+    wants: b.Counter = 0  # replicas that load asks for
+    recent: b.Counter = 0  # the most asked for within the scale-down delay
+    delay_s: b.Duration = 0.0  # the scale-down delay
+    least: b.ReplicaCount = 0
+    most: b.ReplicaCount = 0
+    idle_s: b.Time = 0.0  # since the last request (a difference of two times)
+    idle_after_s: b.Duration = 0.0  # the model's idle_s
+
+
+class Cause(Struct):
+    """Why the control plane did something, as data (issue 33): a kind (one of
+    core/reasons.py's `CauseKind`, one per distinct reason a rule gives) and
+    its parameters; `reasons.render` says it in words.
+
+    Explicit optional fields rather than a map of names to values: each is
+    typed and bounded where the contract is declared (bounds.py), a reader
+    gets a number as a number, the schema says what a cause may hold, and a
+    default is not encoded, so a cause costs only the fields its kind uses.
+    A kind names the fields it reads (reasons.py's table). `text` is only
+    ever words that are not the rules' own: a shard's failure as its agent
+    said it, the reason an operator gave a hold. One level of nesting only
+    (`scale`), so a cause is bounded in depth too."""
+
+    kind: b.CauseKind
+    model: b.ModelRef = ""
+    replica: b.ReplicaRef = ""
+    shard: b.ShardRef = ""
+    replicas: b.ReplicaRefs = []
+    node: b.NodeRef = ""
+    nodes: b.NodeRefs = []
+    profile: b.ProfileRef = ""
+    owner: b.OwnerName = ""
+    priority: b.Priority = ""
+    domain: b.Domain = ""
+    pool: b.LabelValue = ""
+    node_pool: b.LabelValue = ""  # the pool the node is in ("": none)
+    state: b.Word = ""  # a replica's state
+    resource: b.Word = ""  # gpus, cpu_cores, memory_gb
+    count: b.Counter = 0
+    of: b.Counter = 0
+    victims: b.ReplicaCount = 0
+    tier: b.SmallCount = 0
+    held: b.FleetMemoryGb = 0.0  # what an owner holds, of `resource`
+    more: b.FleetMemoryGb = 0.0  # what would be taken on top
+    limit: b.FleetMemoryGb = 0.0  # the owner's limit
+    seconds: b.Duration = 0.0
+    at: b.Time = 0.0
+    text: b.Text = ""
+    scale: Union[Scale, None] = None
+
+
 class ShardPlacement(Struct):
     shard: b.ShardRef
     node: b.NodeRef
@@ -514,6 +572,9 @@ class StopReplica(Struct, tag_field="action", tag="stop"):
     # Stopped for not being ready by its start deadline (core/admission.py):
     # the fold counts it as a start failure of its model (backoff, parking).
     failed_to_start: bool = False
+    # Why, as data (reasons.py; None in one recorded before causes): `reason`
+    # is its words, rendered when decided, for the state and older readers.
+    cause: Union[Cause, None] = None
 
 
 class ScaleModel(Struct, tag_field="action", tag="scale"):
@@ -522,6 +583,7 @@ class ScaleModel(Struct, tag_field="action", tag="scale"):
     model: b.ModelRef
     desired: b.ReplicaCount
     reason: b.Text
+    cause: Union[Cause, None] = None  # why, as data (see StopReplica.cause)
 
 
 class RestartReplica(Struct, tag_field="action", tag="restart"):
@@ -531,6 +593,7 @@ class RestartReplica(Struct, tag_field="action", tag="restart"):
     replica: b.ReplicaRef
     reason: b.Text
     in_place: bool = False
+    cause: Union[Cause, None] = None  # why, as data (see StopReplica.cause)
 
 
 class RefuseRestart(Struct, tag_field="action", tag="refuse-restart"):
@@ -538,6 +601,7 @@ class RefuseRestart(Struct, tag_field="action", tag="refuse-restart"):
 
     replica: b.ReplicaRef
     reason: b.Text
+    cause: Union[Cause, None] = None  # why, as data (see StopReplica.cause)
 
 
 class Victim(Struct):
@@ -547,7 +611,7 @@ class Victim(Struct):
     model: b.ModelRef
     priority: b.Priority
     tier: b.SmallCount
-    why: b.Text  # the tier, in words
+    why: b.Text  # the tier, in words (reasons.TIERS): the tier is the data
     idle_s: b.Duration = 0.0  # 0: unknown
     gpus: b.FleetAmount = 0
 
@@ -564,6 +628,7 @@ class Preempt(Struct, tag_field="action", tag="preempt"):
     # The models that gave room may not take it back before then (or before
     # `model` has what it asked for).
     hold_until: b.Time = 0.0
+    cause: Union[Cause, None] = None  # why, as data (see StopReplica.cause)
 
 
 class ParkModel(Struct, tag_field="action", tag="park"):
@@ -572,6 +637,7 @@ class ParkModel(Struct, tag_field="action", tag="park"):
 
     model: b.ModelRef
     reason: b.Text
+    cause: Union[Cause, None] = None  # why, as data (see StopReplica.cause)
 
 
 class ModelWaiting(Struct, tag_field="action", tag="wait"):
@@ -583,6 +649,7 @@ class ModelWaiting(Struct, tag_field="action", tag="wait"):
     model: b.ModelRef
     reason: b.Text
     kind: b.WaitKind = ""
+    cause: Union[Cause, None] = None  # why, as data (see StopReplica.cause)
 
 
 class StopStray(Struct, tag_field="action", tag="stop-stray"):
@@ -592,6 +659,7 @@ class StopStray(Struct, tag_field="action", tag="stop-stray"):
     shard: b.ShardRef
     generation: b.Seq
     reason: b.Text
+    cause: Union[Cause, None] = None  # why, as data (see StopReplica.cause)
 
 
 Action = Union[

@@ -11,8 +11,9 @@ waiting reason decide gives a model.
 from __future__ import annotations
 
 from .events import ProfileSpec
-from .fit import FABRIC, Explanation, NodeFit, ProfileFit, Reason, needs, summarize
+from .fit import FABRIC, Explanation, NodeFit, ProfileFit, Reason, needs, render_refusals
 from .placement import Inventory, replicas_per_node
+from .refusals import count_refusals
 from .state import State
 
 
@@ -45,7 +46,8 @@ def profile_fit(inv: Inventory, p: ProfileSpec, spread: dict[str, int] | None = 
 
 def why_no_fit(inv: Inventory, profiles: list[ProfileSpec]) -> str:
     """The reason a model waits, when none of its profiles fits: for each
-    profile, how many nodes refuse it for each rule (a summary of `explain`)."""
+    profile, how many nodes refuse it for each rule (`explain`'s counts,
+    counted by class: refusals.py)."""
     if not inv.has_ready():
         # Those cordoned (admission.py) are ready but passed over: say why (a
         # scan of the nodes, only when none is placeable, which is rare).
@@ -53,7 +55,7 @@ def why_no_fit(inv: Inventory, profiles: list[ProfileSpec]) -> str:
         if cordoned:
             return f"no node is ready: {len(cordoned)} cordoned (first: {cordoned[0][0]} {cordoned[0][1]})"
         return "no node is ready"
-    return "no room: " + "; ".join(summarize(profile_fit(inv, p)) for p in profiles)
+    return "no room: " + "; ".join(render_refusals(count_refusals(inv, p)) for p in profiles)
 
 
 def explain(state: State, model: str) -> Explanation:

@@ -81,20 +81,9 @@ def location(node: Node) -> dict[str, str]:
     return out
 
 
-# Every domain's one string object (`one_domain`): a process's domains are few.
-_DOMAINS: dict[str, str] = {}
-
-
-def one_domain(domain: str) -> str:
-    """The one string object of this domain, shared by every node and table
-    that names it (fold.share_names says why): the interpreter's intern,
-    which the core cannot import (tests/test_architecture.py)."""
-    return _DOMAINS.setdefault(domain, domain)
-
-
 def domains_of(node: Node) -> tuple[str, ...]:
-    """The domains a node is in, KIND/NAME, broadest first, each one object (`one_domain`)."""
-    return tuple([one_domain(f"{k}/{n}") for k, n in location(node).items()])
+    """The domains a node is in, KIND/NAME, broadest first."""
+    return tuple([f"{k}/{n}" for k, n in location(node).items()])
 
 
 def split_domain(domain: str) -> tuple[str, str]:
@@ -134,6 +123,43 @@ def shard_watts(p: ev.ProfileSpec, node: Node, gpus: Iterable[int]) -> float:
         if g is not None:
             w += g.power_w
     return w
+
+
+# --------------------------------------------------------------------------- the rules, one function each
+#
+# Every site that asks one of these (the fold's check of a decision,
+# placement's search, the counted refusals, explain) calls the function:
+# the spread order is facility_spread.level (a cell's level) with
+# facility_search's order after it.
+
+
+def over_cap(draw: float, w: float, cap: float) -> bool:
+    """The power cap: whether `w` watts more take a domain that draws
+    `draw` past its `cap` (a micro-watt of float error aside)."""
+    return draw + w > cap + 1e-6
+
+
+def first_held(holds: dict, domains: Iterable[str]) -> str:
+    """The hold: the first of these domains that is held ("" none). Nothing
+    new is placed on a node in a held domain."""
+    for d in domains:
+        if d in holds:
+            return d
+    return ""
+
+
+def held_reason(holds: dict, domain: str) -> str:
+    """Why a held domain is held, as an operator said it."""
+    return holds[domain].reason or "no reason given"
+
+
+def domain_of_kind(located: dict[str, tuple[str, ...]], kind: str, name: str) -> str:
+    """keep_within: the domain of a kind a node is in ("" none); a
+    multi-node replica kept within a kind has every shard in one."""
+    for d in located.get(name, ()):
+        if d.startswith(kind) and d[len(kind)] == "/":
+            return d
+    return ""
 
 
 def node_draw(node: Node) -> float:
@@ -262,19 +288,20 @@ def power_problem(state: State, adds: list[tuple[Node, float]], credit: dict[str
         return ""
     extra: dict[str, float] = {}
     for node, w in adds:
-        for d in state.located.get(node.name, ()):
-            hold = state.holds.get(d)
-            if hold is not None:
-                return f"{d} is held: {hold.reason or 'no reason given'}"
+        ds = state.located.get(node.name, ())
+        held = first_held(state.holds, ds)
+        if held:
+            return render(HELD, held, held_reason(state.holds, held))
+        for d in ds:
             if d in state.budgets:
                 extra[d] = extra.get(d, 0.0) + w - credit.get(node.name, 0.0)
     if not extra:
         return ""
     draws = state.domain_draw
     for d in sorted(extra):
-        cap, after = state.budgets[d], draws.get(d, 0.0) + extra[d]
-        if extra[d] > 0 and after > cap + 1e-6:
-            return f"{d} would draw {watts(after)} of {watts(cap)}"
+        cap = state.budgets[d]
+        if extra[d] > 0 and over_cap(draws.get(d, 0.0), extra[d], cap):
+            return f"{d} would draw {watts(draws.get(d, 0.0) + extra[d])} of {watts(cap)}"
     return ""
 
 
@@ -293,16 +320,15 @@ def place_one_shard(state: State, node: Node, sid: str, w: float) -> str:
         return ""
     holds, budgets, draws = state.holds, state.budgets, state.domain_draw
     if holds:
-        for d in ds:
-            hold = holds.get(d)
-            if hold is not None:
-                return f"{d} is held: {hold.reason or 'no reason given'}"
+        held = first_held(holds, ds)
+        if held:
+            return render(HELD, held, held_reason(holds, held))
     if w > 0 and budgets:
         # Nothing made unless a domain is past its cap; the first past it
         # by name is the one said, as power_problem would.
         over = ""
         for d in ds:
-            if d in budgets and draws.get(d, 0.0) + w > budgets[d] + 1e-6 and (not over or d < over):
+            if d in budgets and over_cap(draws.get(d, 0.0), w, budgets[d]) and (not over or d < over):
                 over = d
         if over:
             return f"{over} would draw {watts(draws.get(over, 0.0) + w)} of {watts(budgets[over])}"
@@ -379,11 +405,6 @@ def draining(state: State, rep) -> str:
     return ""
 
 
-def drain_reason(state: State, domain: str) -> str:
-    h = state.holds[domain]
-    return f"{domain} is held for draining: {h.reason or 'no reason given'}"
-
-
 def render(rule: str, need: str, have: str) -> str:
     """A facility reason in words, naming its domain: `rack/r4-12 is held:
     maintenance`, `pdu/pdu-a would draw 12.6 kW of 12 kW`."""
@@ -438,7 +459,7 @@ def domain_held(state: State, e: ev.DomainHeld, seq: int) -> None:
         raise _refused(problem)
     old = state.holds.get(e.domain)
     # Held again (a reason or drain changed): since the first hold.
-    state.holds[one_domain(e.domain)] = Hold(reason=e.reason, since=old.since if old else e.at, drain=e.drain)
+    state.holds[e.domain] = Hold(reason=e.reason, since=old.since if old else e.at, drain=e.drain)
 
 
 def domain_released(state: State, e: ev.DomainReleased, seq: int) -> None:
@@ -452,7 +473,7 @@ def facility_applied(state: State, e: ev.FacilityApplied, seq: int) -> None:
             raise _refused(f"facility budget: {problem}")
         if not w > 0:
             raise _refused(f"facility budget of {d}: {w!r} must be a number of watts above 0")
-    state.budgets = {one_domain(d): w for d, w in sorted(e.budgets.items())}
+    state.budgets = {d: w for d, w in sorted(e.budgets.items())}
 
 
 def node_power(state: State, e: ev.NodePower, seq: int) -> None:

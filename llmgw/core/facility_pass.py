@@ -5,8 +5,7 @@ keeps the facts): the holds, each capped domain's draw as the pass's own
 placements add to it, and the refusals a replica's search met, kept on the
 placement (PlaceReplica.rejections) so that `ctl describe replica` shows
 them; and each model's `Levels` (facility_spread.py), by which
-facility_search.py places. `Kept` is what passes read that changes only
-with the fold's facts, kept from one pass to the next.
+facility_search.py places.
 
 Apart from facility.py so that each stays one concern: the facts and the
 fold there, one pass's arithmetic here.
@@ -14,89 +13,25 @@ fold there, one pass's arithmetic here.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable
-from operator import attrgetter
 
 from . import events as ev
+from . import fit
 from .facility import (
-    HELD,
     KEEP_WITHIN,
     LABELS,
     MAX_REJECTIONS,
-    POWER,
     counted,
+    domain_of_kind,
+    first_held,
+    held_reason,
+    over_cap,
     render,
     shard_watts,
-    watts,
 )
-from .facility_spread import Cells, Levels, cells_for
+from .facility_spread import Cells, Levels
 from .state import Node, Shard, State
 
-_POWER_W = attrgetter("power_w")
-
-
-class Kept:
-    """What passes read of the facility that changes only with the fold's
-    facts, kept beside one state from pass to pass (not in it: a snapshot
-    and `==` see nothing of it), as nodeindex keeps its index:
-
-    - `cells`: the located nodes by cell, while no node's domains change;
-    - `limits`: node -> (its first held domain, its capped domains with their
-      caps, its list of GPUs, the power limit they all share: None when
-      they differ), while no node's domains, no hold and no cap change,
-      and the node has that list of GPUs (only a registration makes a new one);
-    - `ranked`: every node's name in order and its rank in it
-      (facility_search's keys), while no node registers for the first
-      time (a node is never forgotten, so the count says it);
-    - `orders`: facility_search's cells' orders, with the node index, the
-      cells and the ranks they were made for (`_cell_orders`).
-
-    Each was made again at every pass, for every node a pass looked at:
-    most of the facility's cost of a cold start was these, as a cold
-    start is passes of ~1,900 placements each (benchmarks/placement.py --facility).
-    Checked whole, in C, once a pass (`kept`)."""
-
-    __slots__ = ("located", "holds", "budgets", "cells", "limits", "caps_of", "ranked", "orders", "__weakref__")
-
-    def __init__(self) -> None:
-        self.located: dict[str, tuple[str, ...]] | None = None
-        self.holds: dict = {}
-        self.budgets: dict[str, float] = {}
-        self.cells: Cells | None = None
-        self.limits: dict[str, tuple] = {}
-        self.caps_of: dict[tuple[str, ...], tuple] = {}  # a node's domains -> its capped ones, with caps (`limits`)
-        self.ranked: tuple[int, list[str], dict[str, int]] = (-1, [], {})
-        self.orders: tuple | None = None
-
-    def ranks(self, state: State) -> tuple[list[str], dict[str, int]]:
-        """Every node's name in order, and name -> its rank (see `ranked`)."""
-        count, names, rank = self.ranked
-        if count != len(state.nodes):
-            names = sorted(state.nodes)
-            rank = {name: r for r, name in enumerate(names)}
-            self.ranked = (len(names), names, rank)
-        return names, rank
-
-
-# id(state) -> what is kept for it; an entry goes when its state does (a finalizer), as nodeindex's do.
-_KEPT: dict[int, Kept] = {}
-
-
-def kept(state: State) -> Kept:
-    """The state's kept facts, as its facility is now."""
-    k = _KEPT.get(id(state))
-    if k is None:
-        k = _KEPT[id(state)] = Kept()
-        weakref.finalize(state, _KEPT.pop, id(state), None)
-    if k.located != state.located:
-        k.located = dict(state.located)
-        k.cells = None
-        k.limits, k.caps_of = {}, {}
-    if k.holds != state.holds or k.budgets != state.budgets:
-        k.holds, k.budgets = dict(state.holds), dict(state.budgets)
-        k.limits, k.caps_of = {}, {}
-    return k
 
 
 class PassFacility:
@@ -105,8 +40,7 @@ class PassFacility:
     placements and stops counted as they are decided. Read from the
     fold's derived indexes (state.located, state.domain_nodes,
     state.domain_draw): a fleet with no location, hold or cap costs nothing
-    here, and one with them a comparison of its locations, holds and caps
-    once a pass (`kept`)."""
+    here."""
 
     def __init__(self, state: State) -> None:
         self.state = state
@@ -116,29 +50,19 @@ class PassFacility:
         self._draw: dict[str, float] | None = None  # capped domain -> draw counted in this pass
         self._cells: Cells | None = None
         self.touched: list[int] = []  # the cells changed, in order (facility_search reads on)
-        # fabric -> shards taken or given back on its nodes in this pass since
-        # facility_search's memo of a fabric refused together first watched it
-        # (counted for those only: asked at every placement, it is one lookup)
-        self.fabric_changes: dict[str, int] = {}
         self.epoch = 0  # one more when a stop made room: every refusal of the pass may be stale
-        self._held: dict[str, tuple] = {}  # node -> its held-domain Reasons (built lazily)
         self._levels: dict[int, Levels] = {}  # id(spread) -> its levels, told of each placement (Levels.took)
-        self._said: dict[tuple[str, float], object] = {}  # (domain, draw after) -> its power Reason
         self._blocked: dict[tuple[float, int], set[str]] = {}  # see `blocked`
         self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
         self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
-        facts = kept(state) if self.active else Kept()
-        self._limits = facts.limits  # node -> see `_limits_of`
-        self._facts = facts
+        self._limits: dict[str, tuple] = {}  # node -> see `_limits_of`
+        self._ranked: tuple[list[str], dict[str, int]] | None = None  # see `ranks`
         # The facility's refusals the placement under way met, domain -> in
         # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
         self.seen: dict[str, str] = {}
         # node -> the draw a replica stopped for its replacement in place
         # hands over there, while that replacement is placed (`shift`).
         self.credit: dict[str, float] = {}
-        from .placement import Reason  # placement imports this module
-
-        self._reason = Reason
 
     @property
     def draw(self) -> dict[str, float]:
@@ -148,16 +72,16 @@ class PassFacility:
         return self._draw
 
     def ranks(self) -> tuple[list[str], dict[str, int]]:
-        """Every node's name in order and its rank (Kept.ranks)."""
-        return self._facts.ranks(self.state)
+        """Every node's name in order, and name -> its rank (facility_search's keys): once a pass."""
+        if self._ranked is None:
+            names = sorted(self.state.nodes)
+            self._ranked = (names, {name: r for r, name in enumerate(names)})
+        return self._ranked
 
     def cells(self) -> Cells:
         """The located nodes by cell (for Levels): once a pass."""
         if self._cells is None:
-            facts = self._facts
-            if facts.cells is None:
-                facts.cells = cells_for(facts.located)  # (kept's copy: the state's changes in place)
-            self._cells = facts.cells
+            self._cells = Cells(self.state.located)
         return self._cells
 
     def _touch(self, name: str) -> None:
@@ -173,20 +97,13 @@ class PassFacility:
         """The held domains a node is in, and the capped ones one more shard
         of the profile would take past their cap."""
         name = node.name
-        got = self._limits.get(name)
-        if got is None or got[2] is not node.gpus:
-            got = self._limits_of(node)
-        held, caps = got[0], got[1]
+        held, caps, _ = self._limits_of(node)
         if not held and not caps:  # (explain asks this of every node of the fleet)
             return ()
-        out = self._held.get(name)
-        if out is None:
-            holds = self.state.holds
-            out = self._held[name] = tuple(
-                self._reason(rule=HELD, need=d, have=holds[d].reason or "no reason given")
-                for d in self.loc.get(name, ())
-                if d in holds
-            )
+        holds = self.state.holds
+        out = tuple(
+            fit.held_reason(d, held_reason(holds, d)) for d in self.loc.get(name, ()) if d in holds
+        )
         if caps:
             w = self._watts(p, node, gpus)
             if self.credit:
@@ -194,14 +111,8 @@ class PassFacility:
             if w > 0:
                 draw = self._draw if self._draw is not None else self.draw
                 for d, cap in caps:
-                    after = draw[d] + w
-                    if after > cap + 1e-6:
-                        # The same words for every node of the domain until its draw changes.
-                        r = self._said.get((d, after))
-                        if r is None:
-                            have = f"would draw {watts(after)} of {watts(cap)}"
-                            r = self._said[(d, after)] = self._reason(rule=POWER, need=d, have=have)
-                        out = out + (r,)
+                    if over_cap(draw[d], w, cap):
+                        out = out + (fit.power_reason(d, draw[d] + w, cap),)
         if out and len(self.seen) < MAX_REJECTIONS:
             seen = self.seen
             for r in out:
@@ -218,10 +129,7 @@ class PassFacility:
         asks this of every candidate it passes over (on a fleet whose caps
         bind, most of them), and words for each cost more than the search."""
         name = node.name
-        got = self._limits.get(name)
-        if got is None or got[2] is not node.gpus:
-            got = self._limits_of(node)
-        held, caps, _, uniform = got
+        held, caps, uniform = self._limits_of(node)
         if held:
             return self._noted(held, node, p, gpus)
         if caps:
@@ -234,42 +142,28 @@ class PassFacility:
                 return False
             draw = self._draw if self._draw is not None else self.draw
             for d, cap in caps:
-                if draw[d] + w > cap + 1e-6:
+                if over_cap(draw[d], w, cap):
                     return self._noted(d, node, p, gpus)
         return False
 
-    def _limits_of(self, node: Node) -> tuple[str, tuple[tuple[str, float], ...], list, float | None]:
+    def _limits_of(self, node: Node) -> tuple[str, tuple[tuple[str, float], ...], float | None]:
         """A node's first held domain ("": none), its capped domains with
-        their caps, in its domains' order, its list of GPUs and the power
-        limit they all share (None: they differ): holds, caps and GPUs do
-        not change in a pass (and are kept from pass to pass: `Kept`), and
-        `refuses` asks per candidate."""
-        name = node.name
-        ds = self.loc.get(name, ())
-        holds, budgets = self.state.holds, self.state.budgets
-        held = ""
-        if holds:
-            for d in ds:
-                if d in holds:
-                    held = d
-                    break
-        gpus = node.gpus
-        # (In C: a loop over the GPUs in Python was a hundredth of a cold
-        # start with the facility, benchmarks/instructions.py --what cold.)
-        limits = list(map(_POWER_W, gpus))
-        uniform: float | None = (limits[0] if limits.count(limits[0]) == len(limits) else None) if limits else 0.0
-        caps = self._facts.caps_of.get(ds)  # (the nodes of a rack and PDU say the same domains)
-        if caps is None:
-            caps = self._facts.caps_of[ds] = tuple([(d, budgets[d]) for d in ds if d in budgets])
-        got = self._limits[name] = (held, caps, gpus, uniform)
+        their caps, in its domains' order, and the power limit its GPUs all
+        share (None: they differ): none changes in a pass, and `refuses`
+        asks per candidate."""
+        got = self._limits.get(node.name)
+        if got is None:
+            ds = self.loc.get(node.name, ())
+            holds, budgets = self.state.holds, self.state.budgets
+            limits = {g.power_w for g in node.gpus}
+            uniform = (next(iter(limits)) if len(limits) == 1 else None) if node.gpus else 0.0
+            caps = tuple([(d, budgets[d]) for d in ds if d in budgets])
+            got = self._limits[node.name] = (first_held(holds, ds) if holds else "", caps, uniform)
         return got
 
     def _uniform_w(self, node: Node) -> float | None:
         """The power limit all of a node's GPUs share (None: they differ)."""
-        got = self._limits.get(node.name)
-        if got is None or got[2] is not node.gpus:
-            got = self._limits_of(node)
-        return got[3]
+        return self._limits_of(node)[2]
 
     def _noted(self, domain: str, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> bool:
         """A refusal, noted in words for the placement under way (once per
@@ -298,11 +192,10 @@ class PassFacility:
             if self.credit:  # (what a node hands over is its own: see `credit`)
                 blocked.difference_update(self.credit)
         else:
-            nodes, limits, credit = self.state.nodes, self._limits, self.credit
+            nodes, credit = self.state.nodes, self.credit
             for name in names:
                 node = nodes[name]
-                got = limits.get(name)
-                w = got[3] if got is not None and got[2] is node.gpus else self._uniform_w(node)
+                w = self._uniform_w(node)
                 if w is not None and w >= mine and name not in credit:  # type: ignore[operator]
                     blocked.add(name)
         if self._cells is not None:
@@ -358,7 +251,7 @@ class PassFacility:
                 if d in draw:
                     extra[d] = extra.get(d, 0.0) + w
         budgets = self.state.budgets
-        return all(draw[d] + w <= budgets[d] + 1e-6 for d, w in extra.items())
+        return not any(over_cap(draw[d], w, budgets[d]) for d, w in extra.items())
 
     def take(self, node: Node, p: ev.ProfileSpec, gpus: list[int], fabric: str) -> None:
         """A shard placed in this pass on a node of this fabric (""
@@ -366,12 +259,7 @@ class PassFacility:
         order changes: facility_search's `_located_moved`.)"""
         name = node.name
         if self.capped:
-            if fabric in self.fabric_changes:
-                self.fabric_changes[fabric] += 1
-            got = self._limits.get(name)
-            if got is None or got[2] is not node.gpus:
-                got = self._limits_of(node)
-            caps, uniform = got[1], got[3]
+            _, caps, uniform = self._limits_of(node)
             w = p.power_w or (shard_watts(p, node, gpus) if uniform is None else uniform * len(gpus))  # (`_watts`)
             if w and caps:
                 draw = self._draw if self._draw is not None else self.draw
@@ -390,8 +278,6 @@ class PassFacility:
         self._touch(node.name)
         if not self.capped:
             return
-        if fabric in self.fabric_changes:
-            self.fabric_changes[fabric] += 1
         if handover:
             if give:
                 self.credit[node.name] = self.credit.get(node.name, 0.0) + counted(node, sh)
@@ -437,10 +323,7 @@ class PassFacility:
                 levels.took(name, spread.get(name, 0), 1)
 
     def domain_of(self, kind: str, name: str) -> str:
-        for d in self.loc.get(name, ()):
-            if d.startswith(kind) and d[len(kind)] == "/":
-                return d
-        return ""
+        return domain_of_kind(self.loc, kind, name)
 
     def within(self, kind: str, names: Iterable[str]) -> list[str]:
         """The domains of a kind these nodes are in, in name order."""
@@ -458,10 +341,10 @@ class PassFacility:
             return None
         need = f"{p.nodes} nodes that fit in one {p.keep_within}"
         if not per:
-            return self._reason(rule=KEEP_WITHIN, need=need, have=f"no node that fits has a {LABELS[p.keep_within]} label")
+            return fit.Reason(rule=KEEP_WITHIN, need=need, have=f"no node that fits has a {LABELS[p.keep_within]} label")
         most = max(per.values())
         where = min(d for d, c in per.items() if c == most)
-        return self._reason(rule=KEEP_WITHIN, need=need, have=f"{most} in {where}")
+        return fit.Reason(rule=KEEP_WITHIN, need=need, have=f"{most} in {where}")
 
 
 class Outside:
@@ -525,7 +408,7 @@ class Together:
         budgets = fac.state.budgets
         for d in loc.get(v.name, ()):
             e = extra.get(d)
-            if e is not None and draw[d] + (e + w) > budgets[d] + 1e-6:
+            if e is not None and over_cap(draw[d], e + w, budgets[d]):
                 if not fac.refuses(v.node, p, gpus):  # (refused alone, it is refused for the pass: noted so)
                     self.refused = True
                 return True

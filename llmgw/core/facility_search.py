@@ -42,11 +42,10 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from heapq import heapify, heappop, heappush, heapreplace
-from itertools import islice
 
 from .events import ProfileSpec
-from .facility_spread import LEVEL_BASE, NO_LEVEL, Levels
-from .fit import _mixed_reasons, cpu_short, memory_short
+from .facility_spread import NO_LEVEL, Levels, level as cell_level
+from .fit import _mixed_reasons
 
 _RANK_BITS = 24  # a node's rank in name order: fewer than 16 million nodes
 _RANK = (1 << _RANK_BITS) - 1
@@ -112,15 +111,9 @@ class CellSearch:
         self._named: list[str] = []  # rank -> node, once the orders are made (placement's `names`)
         self._rank: dict[str, int] = {}  # node -> rank
         self._cell_of: dict[str, int] = {}  # node -> its cell, once the orders are made
-        self._first_cursors: dict[int, list] = {}  # GPUs -> [touched then, every cell's first cursor] (`_firsts`)
         # (fabric's groups, profile) with too few nodes that fit, every node admitted (`_fabric_failed`)
         self._fab_refused: set[tuple[int, int]] = set()
         self._fab_epoch = 0
-        self._model_fabrics: tuple | None = None
-        # (fabric's groups, profile, round's limit) -> (spread, what the fabric
-        # was when its nodes were refused together: `_pair_state`)
-        self._pairs_refused: dict[tuple, tuple] = {}
-        self._capped_of: dict[int, tuple[str, ...]] = {}  # id(fabric's groups) -> its nodes' capped domains
         self._picked: Levels | None = None  # the levels the last single-node search went by (placement's `place`)
 
     def _located_moved(self, name: str, before: int, after: int) -> None:
@@ -130,8 +123,6 @@ class CellSearch:
         if after > before:
             self._fab_refused.clear()  # room made
         orders = self._orders
-        if orders is None and self._fac._facts.orders is not None:
-            orders = self._cell_orders()  # (kept from pass to pass: moved with the node index's entries)
         if orders is not None:
             c = self._cell_of.get(name)
             if c is not None:
@@ -174,7 +165,7 @@ class CellSearch:
                 old = cur[c]
                 if i < n:
                     e = cur[c] = (
-                        ((rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]) << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT
+                        (cell_level(rc[rack_of[c]], pc[pdu_of[c]]) << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT
                         | c << _POS_BITS | i
                     )
                     if old is not None and heap[0] is old:
@@ -193,7 +184,7 @@ class CellSearch:
                 if cur[c] is not e:
                     heappop(heap)  # stale: the cell's nodes changed since
                     continue
-                level = rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]
+                level = cell_level(rc[rack_of[c]], pc[pdu_of[c]])
                 if e >> _TOP != level:  # its level grew since (see _Heaps)
                     e = cur[c] = level << _TOP | e & _BELOW
                     heapreplace(heap, e)
@@ -254,15 +245,14 @@ class CellSearch:
         return None
 
     def _start(self, p: ProfileSpec, levels: Levels, groups: list) -> _Heaps:
-        firsts = self._firsts(p.gpus)
-        if levels.counted():
-            rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of  # (a cell's level: see Levels)
-            cur = [
-                None if e is None else (rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]) << _TOP | e
-                for c, e in enumerate(firsts)
-            ]
-        else:  # every cell at level 0, as `_firsts` made them
-            cur = list(firsts)
+        """The model's heap of cursors: each cell's first node with the GPUs free, at the cell's level."""
+        rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of
+        first = p.gpus << _RANK_BITS
+        cur: list[int | None] = []
+        for c, order in enumerate(self._cell_orders()):
+            i = bisect_left(order, first)
+            at = cell_level(rc[rack_of[c]], pc[pdu_of[c]])
+            cur.append((at << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT | c << _POS_BITS | i if i < len(order) else None)
         heap = [e for e in cur if e is not None]
         heapify(heap)
         admitted = self._admitted.get(id(groups))
@@ -272,67 +262,22 @@ class CellSearch:
         parts = (heap, cur, fac.dead(p), fac.blocked(p), admitted, levels.rc, levels.pc, levels.rack_of, levels.pdu_of)
         return _Heaps(groups, fac.epoch, len(fac.touched), cur, heap, parts)
 
-    def _firsts(self, gpus: int) -> list[int | None]:
-        """Every cell's first cursor for a profile of this many GPUs (its
-        first node with the GPUs free), at level 0 (a model with none of its
-        replicas counted yet): kept for the pass as placements change the cells
-        (PassFacility.touched), as a model's first search of a pass made
-        them cell by cell, and a cold start is ~100 models a pass
-        (benchmarks/placement.py --facility)."""
-        touched = self._fac.touched
-        got = self._first_cursors.get(gpus)
-        if got is None:
-            orders = self._cell_orders()
-            first = gpus << _RANK_BITS
-            out: list[int | None] = []
-            for c, order in enumerate(orders):
-                i = bisect_left(order, first)
-                out.append(order[i] << _CUR_SHIFT | c << _POS_BITS | i if i < len(order) else None)
-            got = self._first_cursors[gpus] = [len(touched), out]
-        elif got[0] < len(touched):
-            out, orders, first = got[1], self._orders, gpus << _RANK_BITS
-            for c in set(touched[got[0] :]):
-                order = orders[c]  # type: ignore[index]
-                i = bisect_left(order, first)
-                out[c] = order[i] << _CUR_SHIFT | c << _POS_BITS | i if i < len(order) else None
-            got[0] = len(touched)
-        return got[1]
-
     def _cell_orders(self) -> list[list[int]]:
         """Each cell's ready nodes by free GPUs, then name (as keys: see the
         module), as the node index files them (an entry's free count is its
-        view's: Inventory._move keeps both), kept as placements take
-        (`_located_moved`), and from one pass to the next (Kept.orders):
-        at a pass's start, only the cells of the nodes the index filed
-        again otherwise than the last pass left them are made again (its
-        `refiled`). Made whole at every pass, they were a twentieth of a
-        cold start with the facility (benchmarks/placement.py --facility)."""
-        orders = self._orders
-        if orders is None:
-            idx = self._build()
-            entries, facts = idx.entries, self._fac._facts
+        view's: Inventory._move keeps both), made at the pass's first search
+        by cell and kept as its placements take (`_located_moved`)."""
+        if self._orders is None:
+            entries = self._build().entries
             cells = self._fac.cells()
             self._cell_of = cells.of
-            named, rank = self._named, self._rank = self._fac.ranks()  # rank -> name, name -> rank
-            kept = facts.orders
-            if kept is not None and kept[0] is idx and kept[1] is cells and kept[2] is named and idx.refiled is not None:
-                orders = kept[3]
-                if idx.refiled:
-                    of = cells.of
-                    for c in {of[name] for name in idx.refiled if name in of}:
-                        orders[c] = sorted(
-                            [entries[name].free << _RANK_BITS | rank[name] for name in cells.nodes[c] if name in entries]
-                        )
-                    idx.refiled.clear()
-            else:
-                orders = [
-                    sorted([entries[name].free << _RANK_BITS | rank[name] for name in nodes if name in entries])
-                    for nodes in cells.nodes
-                ]
-                idx.refiled = []
-                facts.orders = (idx, cells, named, orders)
-            self._orders = orders
-        return orders
+            self._named, self._rank = self._fac.ranks()  # rank -> name, name -> rank
+            rank = self._rank
+            self._orders = [
+                sorted([entries[name].free << _RANK_BITS | rank[name] for name in nodes if name in entries])
+                for nodes in cells.nodes
+            ]
+        return self._orders
 
     def _fits(self, p: ProfileSpec, admitted: set, v) -> bool:
         """Whether one shard of the profile fits the node, of the admitted groups."""
@@ -346,23 +291,9 @@ class CellSearch:
         node = v.node
         if grp.kind is None and _mixed_reasons(p, node.gpus, v.free):
             return False
-        fac = self._fac
-        if fac.active:
-            # PassFacility.refuses, its usual answer inline (a node neither
-            # held nor handed a draw, its GPUs of one power limit, within its
-            # caps): asked of every candidate. Anything else, it is asked.
-            got = fac._limits.get(v.name)
-            if got is None or got[0] or got[2] is not node.gpus or got[3] is None or grp.kind is None or fac.credit:
-                if fac.refuses(node, p, v.free[: p.gpus] if grp.kind is not None else self._gpus_for(v, p)):
-                    return False
-            elif got[1] and (w := p.power_w or got[3] * p.gpus):
-                draw = fac._draw if fac._draw is not None else fac.draw
-                for d, cap in got[1]:
-                    if draw[d] + w > cap + 1e-6:
-                        fac.refuses(node, p, v.free[: p.gpus])  # (which notes it)
-                        return False
-        # placement's `_room_reasons` but the facility's (just asked), without the words.
-        return not (memory_short(p, node, v.mem_used) or cpu_short(p, node, v.cpu_used) or not v.free_port())
+        if self._fac.active and self._fac.refuses(node, p, self._gpus_for(v, p)):
+            return False
+        return self._room_ok(v, p)
 
     def _first_fit(self, p: ProfileSpec, admitted: set, names):
         """The fitting node among these (the model's own at one level) with the fewest free GPUs that are enough, ties in name
@@ -424,9 +355,6 @@ class CellSearch:
         them one by one was most of a multi-node placement
         (benchmarks/placement.py --facility)."""
         short = (id(groups), id(p), limit)
-        known = self._pairs_refused.get(short)
-        if known is not None and known[0] is spread and known[1] == self._pair_state(p, groups):
-            return True  # refused together before, and nothing it depends on changed since
         blocked = self._fac.blocked(p)
         mine = spread.keys() if first and spread else None
         n, need = 0, p.nodes
@@ -448,54 +376,18 @@ class CellSearch:
         the pass, as refusals do, until room is made (`_located_moved`,
         PassFacility.epoch); and in every round, when its round admitted
         every node (the last, or one that passed over none of its nodes).
-
-        Or too few for the caps together with the first chosen
-        (facility_pass.Together), which other nodes chosen first may not
-        be: then it stays refused while nothing it was chosen by changes
-        (`_pair_state`). Tried again at each replica, a fabric whose best
-        node had no partner under the caps was most of a multi-node
-        placement's cost with binding caps (benchmarks/placement.py --facility)."""
-        if p.keep_within:
+        (Too few for the caps together with the first chosen,
+        facility_pass.Together, it is tried again at the next replica:
+        other nodes chosen first may do.)"""
+        if p.keep_within or together:
             return
         key = (id(groups), id(p), limit)
-        if together:
-            self._fac.fabric_changes.setdefault(groups[0].fabric, 0)  # (watched from now on)
-            self._pairs_refused[key] = (spread, self._pair_state(p, groups))
-        elif chosen < p.nodes:
+        if chosen < p.nodes:
             self._short[key] = spread
             if last or groups[0].fabric not in self._fabrics_of(spread):
                 self._fab_refused.add((id(groups), id(p)))
 
-    def _pair_state(self, p: ProfileSpec, groups: list) -> tuple:
-        """What a multi-node search of a fabric is a function of, besides its
-        spread (whose counts on the fabric's nodes change only by a shard
-        taken there): the shards taken or given back on its nodes, the
-        nodes known refused for the profile's draw (only ever more, in an
-        epoch) and the draws of its nodes' capped domains."""
-        fac = self._fac
-        capped = self._capped_of.get(id(groups))
-        if capped is None:
-            loc, budgets = fac.loc, fac.state.budgets
-            names = [name for grp in groups for bucket in grp.buckets for name in bucket]
-            capped = self._capped_of[id(groups)] = tuple(sorted({d for n in names for d in loc.get(n, ()) if d in budgets}))
-        draw = fac._draw if fac._draw is not None else fac.draw
-        return (
-            fac.epoch, fac.fabric_changes[groups[0].fabric], len(fac.blocked(p)), [draw[d] for d in capped]
-        )
-
     def _fabrics_of(self, spread: dict[str, int]) -> set[str]:
-        """The fabrics of the nodes the model runs on, kept while its spread
-        has the same nodes, and added to as it gains some (a spread only
-        grows in a pass, and a dict keeps its keys in the order they came:
-        made again at each of a model's placements, it read all of its
-        nodes each time)."""
-        got = self._model_fabrics
+        """The fabrics of the nodes the model runs on."""
         nodes = self._state.nodes
-        if got is not None and got[0] is spread and got[1] <= len(spread):
-            if got[1] < len(spread):
-                got[2].update(self.view(name).fabric for name in islice(spread, got[1], None) if name in nodes)
-                got = self._model_fabrics = (spread, len(spread), got[2])
-            return got[2]
-        fabrics = {self.view(name).fabric for name in spread if name in nodes}
-        got = self._model_fabrics = (spread, len(spread), fabrics)
-        return got[2]
+        return {self.view(name).fabric for name in spread if name in nodes}

@@ -27,7 +27,13 @@ LEVEL_BASE = 1 << 16
 NO_LEVEL = 1 << 62  # past every level
 
 
-_LAST: tuple[dict, "Cells"] | None = None  # (the locations, their cells): see cells_for
+def level(rack: int, pdu: int) -> int:
+    """The spread order's first key, a node's *level*: how many of the
+    model's replicas its rack runs, then its PDU (a missing label: the
+    node's own count), as one number. Placement takes the fitting node of
+    the lowest level, then the fewest free GPUs that are enough, then the
+    name (facility_search.py; tests/test_facility_search.py states it plainly)."""
+    return rack * LEVEL_BASE + pdu
 
 
 class Cells:
@@ -101,21 +107,6 @@ class Cells:
         self.pdus = len(pdus) + own
 
 
-def cells_for(located: dict[str, tuple[str, ...]]) -> Cells:
-    """The cells of these locations: the last ones made, when their
-    locations were the same (a Cells is never changed once made, and its
-    numbers decide nothing). A copy of a state (replay's verify, what-if,
-    a benchmark's runs) has the same locations as its original; made
-    again, they cost a cold start on 2,000 nodes a fiftieth of its time
-    (benchmarks/placement.py --facility)."""
-    global _LAST
-    if _LAST is not None and _LAST[0] == located:
-        return _LAST[1]
-    cells = Cells(located)
-    _LAST = (located, cells)
-    return cells
-
-
 class Levels:
     """A model's spread read as racks, then PDUs, then nodes: a node's
     *level* is how many of the model's replicas its rack has, then its
@@ -151,11 +142,7 @@ class Levels:
         self.pc = [0] * cells.pdus
         self.rack_of, self.pdu_of = cells.rack_of, cells.pdu_of
         self._loose: dict[int, int] = {}  # level -> the model's nodes in no cell at it
-        # cell -> the model's nodes in it: one name, or a set of two or more
-        # (a set made for each cell a model's first replica there lands in
-        # was ~10,000 a cold start, each for the cycle collector to go over:
-        # a model's replicas are spread one to a cell, mostly).
-        self._csp: dict[int, str | set[str]] = {}
+        self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
         self.low = NO_LEVEL  # no level of the model's own nodes is below it (`mine`)
         # facility_search's heaps of cursors for the model, by id of profile (kept with its levels)
         self.heaps: dict[int, object] = {}
@@ -173,15 +160,9 @@ class Levels:
         r, p = self.rack_of[c], self.pdu_of[c]
         rc, pc = self.rc, self.pc
         if not old:  # the cell's own nodes of the model (`spread_at`)
-            mine = self._csp.get(c)
-            if mine is None:
-                self._csp[c] = name
-            elif mine.__class__ is str:
-                self._csp[c] = {mine, name}
-            else:
-                mine.add(name)  # type: ignore[union-attr]
-            if rc[r] * LEVEL_BASE + pc[p] < self.low:  # (its level only grows from here)
-                self.low = rc[r] * LEVEL_BASE + pc[p]
+            self._csp.setdefault(c, set()).add(name)
+            if level(rc[r], pc[p]) < self.low:  # (its level only grows from here)
+                self.low = level(rc[r], pc[p])
         rc[r] += more
         pc[p] += more
 
@@ -193,34 +174,30 @@ class Levels:
         """A node in no cell runs `now` of the model's replicas, not `old`: its level moved."""
         loose = self._loose
         if old:
-            left = loose[old * LEVEL_BASE + old] - 1
+            left = loose[level(old, old)] - 1
             if left:
-                loose[old * LEVEL_BASE + old] = left
+                loose[level(old, old)] = left
             else:
-                del loose[old * LEVEL_BASE + old]
+                del loose[level(old, old)]
         if now:
-            loose[now * LEVEL_BASE + now] = loose.get(now * LEVEL_BASE + now, 0) + 1
-            if now * LEVEL_BASE + now < self.low:
-                self.low = now * LEVEL_BASE + now
+            loose[level(now, now)] = loose.get(level(now, now), 0) + 1
+            self.low = min(self.low, level(now, now))
 
     def mine(self) -> list[int]:
         """The levels some of the model's nodes are at (in a cell, or in none), lowest first; `low` is the first."""
         rc, pc, rack_of, pdu_of = self.rc, self.pc, self.rack_of, self.pdu_of  # (each cell's level, inline)
-        out = sorted({rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]] for c in self._csp} | self._loose.keys())
+        out = sorted({level(rc[rack_of[c]], pc[pdu_of[c]]) for c in self._csp} | self._loose.keys())
         self.low = out[0] if out else NO_LEVEL
         return out
 
-    def spread_at(self, level: int) -> set[str]:
+    def spread_at(self, at: int) -> set[str]:
         """The model's nodes at a level (in a cell at it, or in none and at it by themselves)."""
         out: set[str] = set()
         rc, pc, rack_of, pdu_of = self.rc, self.pc, self.rack_of, self.pdu_of  # (each cell's level, inline)
         for c, names in self._csp.items():
-            if rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]] == level:
-                if names.__class__ is str:
-                    out.add(names)  # type: ignore[arg-type]
-                else:
-                    out |= names  # type: ignore[operator]
-        if level in self._loose:
+            if level(rc[rack_of[c]], pc[pdu_of[c]]) == at:
+                out |= names
+        if at in self._loose:
             of = self._cells.of
-            out.update(name for name, n in self.spread.items() if name not in of and n * LEVEL_BASE + n == level)
+            out.update(name for name, n in self.spread.items() if name not in of and level(n, n) == at)
         return out

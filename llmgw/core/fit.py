@@ -142,18 +142,57 @@ def needs(p: ProfileSpec) -> str:
     return out
 
 
-def summarize(pf: ProfileFit) -> str:
+class RuleCount(msgspec.Struct, frozen=True, kw_only=True):
+    """How many nodes break one rule for a profile (a node that breaks it
+    in two domains counts twice), and the first of them in name order,
+    with its reason."""
+
+    rule: str
+    count: int
+    first: str
+    reason: Reason
+
+
+class Refusals(msgspec.Struct, frozen=True, kw_only=True):
+    """A profile that fits nowhere, as data: its counts per rule, in RULES
+    order, and why no fabric (or keep_within domain) has enough nodes. The
+    waiting reason is rendered from it (`render_refusals`), whether it was
+    counted node by node (`refusals_of`, from `explain`) or by the index's
+    classes (refusals.py, what decide asks)."""
+
+    profile: str
+    needs: str
+    rules: tuple[RuleCount, ...] = ()
+    fabrics: tuple[Reason, ...] = ()
+
+
+def render_refusals(r: Refusals) -> str:
     """A profile that fits nowhere, in a line: what it needs and how many nodes
     refuse it for each rule, with the first such node as an example."""
+    parts = [f"{c.count}x {render(c.reason)} (first: {c.first})" for c in r.rules]
+    parts += [render(x) for x in r.fabrics]
+    return f"profile {r.profile} needs {r.needs}" + (f"; {', '.join(parts)}" if parts else "")
+
+
+def refusals_of(pf: ProfileFit) -> Refusals:
+    """`Refusals` counted from every node's reasons (explain's answer)."""
     count: dict[str, int] = {}
     first: dict[str, tuple[str, Reason]] = {}
     for nf in pf.nodes:
         for r in nf.reasons:
             count[r.rule] = count.get(r.rule, 0) + 1
             first.setdefault(r.rule, (nf.node, r))
-    parts = [f"{count[rule]}x {render(first[rule][1])} (first: {first[rule][0]})" for rule in RULES if rule in count]
-    parts += [render(r) for r in pf.fabrics]
-    return f"profile {pf.profile} needs {pf.needs}" + (f"; {', '.join(parts)}" if parts else "")
+    rules = tuple(
+        RuleCount(rule=rule, count=count[rule], first=first[rule][0], reason=first[rule][1])
+        for rule in RULES
+        if rule in count
+    )
+    return Refusals(profile=pf.profile, needs=pf.needs, rules=rules, fabrics=pf.fabrics)
+
+
+def summarize(pf: ProfileFit) -> str:
+    """`render_refusals` of every node's reasons."""
+    return render_refusals(refusals_of(pf))
 
 
 # --------------------------------------------------------------------------- the rules
@@ -250,6 +289,34 @@ def _mixed_reasons(p: ProfileSpec, gpus: list[Gpu], free: list[int]) -> tuple[Re
 def memory_short(p: ProfileSpec, node: Node, used: float) -> bool:
     """The fold's test too (see decisions._place): the same sum, rounded the same way."""
     return bool(p.memory_gb and node.memory_gb and add_gb(used, p.memory_gb) > node.memory_gb)
+
+
+def ready_reason(node: Node) -> Reason:
+    """A node that is not ready (or is cordoned: admission.py), in words."""
+    return Reason(rule=READY, need="a ready node", have=node.cordon or node.state + (f": {node.reason}" if node.reason else ""))
+
+
+def memory_reason(p: ProfileSpec, node: Node, used: float) -> Reason:
+    return Reason(rule=MEMORY, need=f"{p.memory_gb:g} GB", have=f"{add_gb(node.memory_gb, -used):g} GB free of {node.memory_gb:g}")
+
+
+def cpu_reason(p: ProfileSpec, node: Node, used: int) -> Reason:
+    have = f"{node.cpu_cores - used} free of {node.cpu_cores}" if node.cpu_cores else "none reported"
+    return Reason(rule=CPU, need=f"{p.cpu_cores} cores", have=have)
+
+
+def ports_reason(node: Node, first: int, last: int) -> Reason:
+    have = f"none ({len(node.taken)} held by other programs)" if node.taken else "none"
+    return Reason(rule=PORTS, need=f"a free one in {first}-{last}", have=have)
+
+
+def held_reason(domain: str, why: str) -> Reason:
+    return Reason(rule=facility.HELD, need=domain, have=why)
+
+
+def power_reason(domain: str, after: float, cap: float) -> Reason:
+    """A capped domain a shard would take past its cap, in words."""
+    return Reason(rule=facility.POWER, need=domain, have=f"would draw {facility.watts(after)} of {facility.watts(cap)}")
 
 
 def cpu_short(p: ProfileSpec, node: Node, used: int) -> bool:

@@ -62,9 +62,14 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 #     on which a real engine's profile is not placed (fit.SIMULATED).
 # 18: ModelLoad.routes summed into Model.routed (issue 30: where the
 #     gateways sent a model's requests, and why).
-# 19: an owner's and a key's gateway limits (requests and tokens per minute,
+# 19: a stray keeps why it is one as data (Stray.cause, reasons.py), which
+#     its StopStray carries (issue 33: reasons as data).
+# 20: the fold checks a placement's memory and cores with placement's own
+#     checks (fit.memory_short, fit.cpu_short): a CPU-only profile on a
+#     node that reports no cores is voided, as placement refuses it (issue 33).
+# 21: an owner's and a key's gateway limits (requests and tokens per minute,
 #     tokens and spend per day and month: issue 32) kept in Owner and ApiKey.
-FOLD_VERSION = 19
+FOLD_VERSION = 21
 
 
 class Refused(ValueError):
@@ -159,7 +164,7 @@ _state_decoder = msgspec.msgpack.Decoder(State)
 
 
 def copy_state(state: State) -> State:
-    return share_names(_state_decoder.decode(_state_encoder.encode(state)))
+    return _state_decoder.decode(_state_encoder.encode(state))
 
 
 def encode_state(state: State) -> bytes:
@@ -167,35 +172,7 @@ def encode_state(state: State) -> bytes:
 
 
 def decode_state(data: bytes) -> State:
-    return share_names(_state_decoder.decode(data))
-
-
-def share_names(state: State) -> State:
-    """The state with one string object per node name and per domain, as
-    the fold keeps them: a node's name is its key in state.nodes, and where
-    the state names the node (its locations, its domains' lists, its
-    shards) it is that object; a domain is one object (facility.one_domain).
-    Decoded, every field is a copy of its own, and a dict or set lookup by
-    an equal but other string compares the two strings' bytes, touching
-    both, where the same object compares a pointer: decide's lookups by
-    node and by domain are most of the facility's placements, and copies
-    cost a cold start with the facility a tenth more time than the fold's
-    own strings (benchmarks/placement.py --facility). Equality and
-    encoding are unchanged."""
-    one = facility.one_domain
-    nodes = state.nodes
-    named: dict[str, str] = {}
-    for name, node in nodes.items():
-        node.name = named[name] = name
-    state.located = {named.get(n, n): tuple([one(d) for d in ds]) for n, ds in state.located.items()}
-    state.domain_nodes = {one(d): [named.get(n, n) for n in ns] for d, ns in state.domain_nodes.items()}
-    state.domain_draw = {one(d): w for d, w in state.domain_draw.items()}
-    state.budgets = {one(d): w for d, w in state.budgets.items()}
-    state.holds = {one(d): h for d, h in state.holds.items()}
-    for rep in state.replicas.values():
-        for sh in rep.shards:
-            sh.node = named.get(sh.node, sh.node)
-    return state
+    return _state_decoder.decode(data)
 
 
 # --------------------------------------------------------------------------- operator events
@@ -376,7 +353,7 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
     if problem:
         raise Refused(f"node {e.node}: {problem}")
     old = state.nodes.get(e.node)
-    name = old.name if old is not None else e.node  # (one object per name: see share_names)
+    name = e.node
     node = Node(
         name=name,
         gpus=list(e.gpus),

@@ -11,6 +11,7 @@ from . import events as ev
 from .decide import decide
 from .decisions import as_recorded, describe_action
 from .fold import apply
+from .reasons import words
 from .state import State
 
 Entity = tuple[str, str]  # ("model" | "replica" | "node", name)
@@ -162,8 +163,9 @@ def _said(a: ev.Action) -> str:
     """One action in words, with its reason (and, for a preemption, what the
     nodes it freed had before)."""
     out = describe_action(a)
-    if a.reason:
-        out += f" ({a.reason})"
+    why = words(a)
+    if why:
+        out += f" ({why})"
     if type(a) is ev.Preempt and a.inventory:
         out += f" [before: {a.inventory}]"
     return out

@@ -112,10 +112,6 @@ class NodeIndex:
         # Placement's caches over the groups (the groups that admit a kind of
         # profile): (version, answer), good while no group is added.
         self.admitted: dict[tuple, tuple[int, list]] = {}
-        # The nodes `sync` filed again with another free count, or filed or
-        # unfiled, since a reader last took them; None while nobody reads
-        # them (facility_search keeps its cells' orders from pass to pass so).
-        self.refiled: list[str] | None = None
 
     def sync(self, state: State) -> NodeIndex:
         """File again what the fold touched since the last pass (everything, the first time)."""
@@ -148,8 +144,6 @@ class NodeIndex:
         old = self.entries.get(name)
         if node is None or node.state != "ready" or node.cordon:  # (cordoned: admission.py)
             if old is not None:
-                if self.refiled is not None:
-                    self.refiled.append(name)
                 self._unfile(name, old)
                 del self.ready_names[bisect_left(self.ready_names, name)]
             return
@@ -169,8 +163,6 @@ class NodeIndex:
                         del b[bisect_left(b, name)]
                         insort(g.buckets[free], name)
                     old.free = free
-                    if self.refiled is not None:
-                        self.refiled.append(name)
                 return
             self._unfile(name, old)
         else:
@@ -179,8 +171,6 @@ class NodeIndex:
             self.top = len(node.gpus)
             for g in (*self.groups.values(), *self.fabric_groups.values()):
                 g.buckets.extend([] for _ in range(self.top + 1 - len(g.buckets)))
-        if self.refiled is not None:
-            self.refiled.append(name)
         self._file(name, node, append=False)
 
     def _unfile(self, name: str, old: _Entry) -> None:

@@ -57,8 +57,9 @@ for it.
 
 `explain` (explain.py) says, for every node and every profile of a model,
 why it was refused or that it fits; the waiting reason of a model
-(`why_no_fit`) is a summary of exactly that, and placement itself asks the
-same questions, so the three cannot disagree.
+(`why_no_fit`) counts exactly that, by the index's classes (refusals.py,
+held to the node-by-node count by tests/test_refusals.py), and placement
+itself asks the same questions (fit.py), so the three cannot disagree.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 from itertools import filterfalse
+from typing import NamedTuple
 
 from . import fabrics, facility_pass, facility_search
 from .events import ProfileSpec, ShardPlacement
@@ -76,7 +78,7 @@ from .state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
 from .fit import (  # noqa: F401
     READY, SIMULATED, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS, RULES, Reason, NodeFit, ProfileFit,
     Explanation, render, render_explanation, needs, summarize, gpu_model_matches, label_reasons, gpu_reasons,
-    _kind_reasons, _mixed_reasons, memory_short, cpu_short,
+    _kind_reasons, _mixed_reasons, memory_short, cpu_short, ready_reason, memory_reason, cpu_reason, ports_reason,
 )
 
 # The engine ports of a node whose agent names no range (NodeRegistered's
@@ -147,6 +149,29 @@ class _View:
             self.ports.update(node.taken)
 
 
+class Floors(NamedTuple):
+    """The least any ready node has free in this pass (lower bounds, kept
+    as the pass takes): refusals.py counts no node short of memory, cores
+    or ports while a profile asks less than these."""
+
+    memory_gb: float
+    cpu_cores: float
+    coreless: bool  # a ready node reports no cores (a CPU-only profile is refused there)
+    ports: float
+
+
+def _room_of(node: Node, v: "_View | None") -> tuple[float, float, float]:
+    """What one node has free (memory, cores, ports; inf: no limit said), as a floor reads it."""
+    mem_used, cpu_used = (v.mem_used, v.cpu_used) if v is not None else (node.memory_used, node.cpu_used)
+    first, last = port_range(node)
+    held = len(v.ports) if v is not None and v.ports is not None else len(node.ports) + len(node.taken)
+    return (
+        node.memory_gb - mem_used if node.memory_gb else float("inf"),
+        node.cpu_cores - cpu_used if node.cpu_cores else float("inf"),
+        last - first + 1 - held,
+    )
+
+
 def port_range(node: Node) -> tuple[int, int]:
     """The first and last port engines may be given on a node."""
     return (node.port_first or PORT_BASE, node.port_last or PORT_LIMIT)
@@ -174,22 +199,15 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         self._state = state
         self._index: NodeIndex | None = None  # synced at first need
         self._views: dict[str, _View] = {}
-        # Answers that depend only on a profile and a kind of node, for this
-        # pass: keyed by id() of the profile, which the state holds throughout.
-        self._fixed: dict[tuple, tuple[Reason, ...]] = {}
-        self._names: list[str] | None = None
-        self._admits: dict[int, tuple] = {}  # id(profile) -> (index version, its groups, it): `_admitting` without its key
         self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
         self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
         # (fabric's groups, profile, round's limit) -> the spread it was too
         # full for, with that profile, in that round (_fabric_pick)
         self._short: dict[tuple, dict] = {}
         self._fac = facility_pass.PassFacility(state)  # facility: holds, power caps, racks and PDUs
-        # Where the last first-round search of a model left off (see _best):
-        # (profile, spread, changes then, the free-GPU count it found a node at).
-        self._changes = 0  # nodes taken or given back in this pass so far
-        self._found_k = 0
-        self._resume: tuple | None = None
+        self._floors: list | None = None  # see `floors`
+        self._hist: dict[str, list[int]] | None = None  # see `domain_free`
+        self._dlimit: dict[str, float | None] = {}  # see `domain_limit`
         self._search_init()  # facility: facility_search
 
     # ------------------------------------------------------------------ the index
@@ -229,6 +247,12 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
             del old[bisect_left(old, name)]
             insort(buckets[after], name)
         idx.moved(name, after)  # type: ignore[union-attr]
+        if self._hist is not None:
+            for d in self._state.located.get(name, ()):
+                h = self._hist.get(d)
+                if h is not None:
+                    h[before] -= 1
+                    h[after] += 1
         if self._fac.active:
             self._located_moved(name, before, after)  # facility: facility_search
 
@@ -236,36 +260,25 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
 
     def reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
         """Every rule this node breaks for one shard of the profile; () when it fits."""
-        node = v.node
         if not v.ready:
-            have = node.cordon or node.state + (f": {node.reason}" if node.reason else "")
-            return (Reason(rule=READY, need="a ready node", have=have),)
+            return (ready_reason(v.node),)
         return self._fixed_reasons(v, p) + self._room_reasons(v, p)
 
     def _fixed_reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
-        """The rules on labels and GPUs: alike for nodes alike, so asked once per kind and free count."""
-        if v.kind is None:
-            return label_reasons(p, v.pool, v.fabric, v.simulated) + _mixed_reasons(p, v.node.gpus, v.free)
-        key = (id(p), v.pool, v.fabric, v.simulated, v.kind, len(v.free))
-        out = self._fixed.get(key)
-        if out is None:
-            out = self._fixed[key] = label_reasons(p, v.pool, v.fabric, v.simulated) + _kind_reasons(p, v.kind, len(v.free))
-        return out
+        """The rules on labels and GPUs."""
+        gpus = _mixed_reasons(p, v.node.gpus, v.free) if v.kind is None else _kind_reasons(p, v.kind, len(v.free))
+        return label_reasons(p, v.pool, v.fabric, v.simulated) + gpus
 
     def _room_reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
         """The rules on what the node's other shards hold: memory, cores, ports."""
         node = v.node
         out: tuple[Reason, ...] = ()
         if memory_short(p, node, v.mem_used):
-            have = f"{add_gb(node.memory_gb, -v.mem_used):g} GB free of {node.memory_gb:g}"
-            out += (Reason(rule=MEMORY, need=f"{p.memory_gb:g} GB", have=have),)
+            out += (memory_reason(p, node, v.mem_used),)
         if cpu_short(p, node, v.cpu_used):
-            have = f"{node.cpu_cores - v.cpu_used} free of {node.cpu_cores}" if node.cpu_cores else "none reported"
-            out += (Reason(rule=CPU, need=f"{p.cpu_cores} cores", have=have),)
+            out += (cpu_reason(p, node, v.cpu_used),)
         if not v.free_port():
-            first, last = port_range(node)
-            have = f"none ({len(node.taken)} held by other programs)" if node.taken else "none"
-            out += (Reason(rule=PORTS, need=f"a free one in {first}-{last}", have=have),)
+            out += (ports_reason(node, *port_range(node)),)
         if self._fac.active:  # facility: held domains, power caps
             out += self._fac.reasons(node, p, self._gpus_for(v, p))
         return out
@@ -313,11 +326,9 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
             if fac.seen:
                 fac.seen = {}  # (only the facility says rejections: see `rejections`)
             self._picked = None
-        self._found_k = 0
         chosen = self._find(p, spread)
         if chosen is None:
             return None
-        found_k = self._found_k
         shards = []
         for rank, v in enumerate(chosen):
             gpus = self._gpus_for(v, p)
@@ -336,21 +347,14 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
                 self._fac.expect(spread, [v.name for v in chosen])
             for v in chosen:
                 spread[v.name] = spread.get(v.name, 0) + 1
-        # (Where the model's next search may begin: see _best. The node just
-        # taken is in its spread from now on, counted above.)
-        self._resume = (p, spread, self._changes, found_k) if p.nodes == 1 and found_k else None
         return shards
 
     def _admitting(self, idx: NodeIndex, p: ProfileSpec) -> list[Group]:
         """The groups whose labels and GPUs suit the profile, were their GPUs
         all free. Kept with the index until it gains a group."""
-        mine = self._admits.get(id(p))  # (held with it: its id is no other's meanwhile)
-        if mine is not None and mine[0] == idx.version and mine[2] is p:
-            return mine[1]
         key = fabrics.admit_key(p)
         cached = idx.admitted.get(key)
         if cached is not None and cached[0] == idx.version:
-            self._admits[id(p)] = (*cached, p)
             return cached[1]
         out = []
         for grp in (idx.groups if p.nodes == 1 else idx.fabric_groups).values():
@@ -362,7 +366,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         if p.nodes > 1:
             out.sort(key=lambda g: g.fabric)  # stable: each fabric's groups in the order they were made
         idx.admitted[key] = (idx.version, out)
-        self._admits[id(p)] = (idx.version, out, p)
         return out
 
     def _best(self, p: ProfileSpec, groups: list[Group], spread: dict[str, int], limit: int, taken) -> _View | None:
@@ -378,17 +381,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         skip_all = bool(spread) and limit == 1  # (spread counts are >= 1)
         count = bool(spread) and limit > 1
         blocked = fac.blocked(p) if fac.active else None  # facility: nodes known refused in this pass
-        start = p.gpus
-        resume = self._resume
-        if resume is not None and limit == 1 and not taken and not fac.active:
-            # The model's last placement, in this round, found nothing below
-            # `k` free GPUs, and nothing has changed since but the node it
-            # took (now its own, so skipped here): nothing below it still.
-            # A cold start's searches were mostly that walk over empty or
-            # passed-over buckets (benchmarks/placement.py --nodes 16000).
-            if resume[0] is p and resume[1] is spread and resume[2] == self._changes:
-                start = resume[3]
-        for k in range(start, self._index.top + 1):  # type: ignore[union-attr]
+        for k in range(p.gpus, self._index.top + 1):  # type: ignore[union-attr]
             best: _View | None = None
             for grp, buckets in zip(groups, lists):
                 bucket = buckets[k]
@@ -412,7 +405,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
                     best = v
                     break
             if best is not None:
-                self._found_k = k
                 return best
         return None
 
@@ -429,7 +421,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
 
     def _take(self, v: _View, gpus: list[int], p: ProfileSpec) -> int:
         """Take GPUs, memory, cores and a port on a node; returns the port."""
-        self._changes += 1
         free = v.free
         before = len(free)
         if gpus:
@@ -448,6 +439,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         port = v.free_port()
         v.ports.add(port)  # type: ignore[union-attr]
         v.next_port = port + 1
+        self._lowered(v)
         return port
 
     def release(self, shards: list[Shard], handover: bool = False) -> None:
@@ -464,7 +456,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         self._shift(shards, give=False, handover=handover)
 
     def _shift(self, shards: list[Shard], give: bool, handover: bool = False) -> None:
-        self._changes += 1
         if give:
             self._short.clear()  # (memory or cores freed may be what a fabric lacked)
         self._build()
@@ -494,6 +485,8 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
                     v.next_port = min(v.next_port, sh.port)
                 else:
                     v.ports.add(sh.port)
+            if not give:
+                self._lowered(v)
 
     def rejections(self) -> list[str]:
         """The facility's refusals the last `place` met, by domain, in words."""
@@ -513,13 +506,72 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
             out.append(f"{name}: {', '.join(parts)}")
         return "; ".join(out)
 
+    # ------------------------------------------------------------------ counting refusals (refusals.py)
+
+    def floors(self) -> Floors:
+        """The least memory, cores and ports any ready node has free in this
+        pass (made at the first ask: one walk of the fleet per pass, not per
+        waiting model), and whether one reports no cores."""
+        if self._floors is None:
+            mem = cpu = ports = float("inf")
+            coreless = False
+            views, nodes = self._views, self._state.nodes
+            for name in self._build().entries:
+                node = nodes[name]
+                m, c, pt = _room_of(node, views.get(name))
+                mem, cpu, ports = min(mem, m), min(cpu, c), min(ports, pt)
+                coreless = coreless or not node.cpu_cores
+            self._floors = [mem, cpu, coreless, ports]
+        return Floors(*self._floors)
+
+    def _lowered(self, v: _View) -> None:
+        """A node has less free: the floors (if made) go down with it."""
+        f = self._floors
+        if f is not None:
+            m, c, pt = _room_of(v.node, v)
+            f[0], f[1], f[3] = min(f[0], m), min(f[1], c), min(f[3], pt)
+
+    def domain_free(self) -> dict[str, list[int]]:
+        """Capped domain -> how many of its ready nodes have k GPUs free
+        (k: the index), in this pass: made at the first ask, kept by `_move`."""
+        if self._hist is None:
+            idx, state = self._build(), self._state
+            entries, top = idx.entries, idx.top
+            hist = {}
+            for d in state.budgets:
+                counts = [0] * (top + 1)
+                for name in state.domain_nodes.get(d, ()):
+                    e = entries.get(name)
+                    if e is not None:
+                        counts[e.free] += 1
+                hist[d] = counts
+            self._hist = hist
+        return self._hist
+
+    def domain_limit(self, d: str) -> float | None:
+        """The power limit every GPU of every ready node of a domain says,
+        its nodes' GPUs all alike (None: they differ), for this pass."""
+        if d in self._dlimit:
+            return self._dlimit[d]
+        entries, nodes, fac = self._build().entries, self._state.nodes, self._fac
+        limit: float | None = None
+        for name in self._state.domain_nodes.get(d, ()):
+            e = entries.get(name)
+            if e is None:
+                continue
+            w = fac._uniform_w(nodes[name]) if e.groups[0].kind is not None else None
+            if w is None or (limit is not None and w != limit):
+                limit = None
+                break
+            limit = w
+        self._dlimit[d] = limit
+        return limit
+
     # ------------------------------------------------------------------ explaining (explain.py)
 
     def names(self) -> list[str]:
         """Every node's name, ready or not, in order."""
-        if self._names is None:
-            self._names = sorted(self._state.nodes)
-        return self._names
+        return sorted(self._state.nodes)
 
     def keep_within_reason(self, p: ProfileSpec, fitting: list[str]) -> Reason | None:
         """Why no domain of the profile's keep_within kind has enough of these nodes, or None."""

@@ -40,7 +40,9 @@ from __future__ import annotations
 import msgspec
 
 from . import events as ev
+from . import reasons
 from .events import Resources
+from .reasons import K, because, cause
 from .replicas import RETIRING, replica_number
 from .placement import Inventory
 from .policy import DEFAULT
@@ -55,13 +57,7 @@ EVICTION_GRACE_S = DEFAULT.eviction_grace_s  # idle this long, an on-demand repl
 MIN_LIFETIME_S = DEFAULT.min_lifetime_s
 HOLD_S = DEFAULT.hold_s  # how long a model that gave room may not take it back
 
-TIERS = {
-    0: "idle on-demand replica of a lower class",
-    1: "borrowed past its owner's guarantee, taken back by an owner within its own",
-    2: "a lower class, above its minimum",
-    3: "the same class, above its minimum, for a model below its own",
-    4: "a lower class's minimum",
-}
+TIERS = reasons.TIERS  # the tiers, in words: a Victim's `tier` is its why
 
 
 def rank(spec: ev.ModelSpec) -> int:
@@ -275,29 +271,26 @@ def waiting_for_victims(state: State, model: Model) -> list[str]:
     return [rid for rid in model.preempting if rid in state.replicas]
 
 
-def held(state: State, model: Model, now: float) -> str:
-    """Why a model that gave room may not take it back now, or "". The hold
+def held(state: State, model: Model, now: float) -> ev.Cause | None:
+    """Why a model that gave room may not take it back now, or None. The hold
     ends early once the model it gave room to has what it asked for, and
     lasts past its end while the replicas stopped for that model drain."""
     if not model.held_for:
-        return ""
+        return None
     to = state.models.get(model.held_for)
     if to is None:
-        return ""
+        return None
     # Held past held_until while what was preempted still drains: a drain
     # longer than the hold let the model that gave the room take it back the
     # moment it was free, and be preempted again.
     if now >= model.held_until and not waiting_for_victims(state, to):
-        return ""
+        return None
     if serving(state, to.spec.name) >= desired(to, now):
-        return ""
+        return None
     # Said without a countdown: a waiting reason is published each time it
     # changes, and one that counted seconds was a new decision every pass
     # for as long as the hold lasted.
-    return (
-        f"held: it gave room to {model.held_for} (preempted for it), which is still short; "
-        f"until {model.held_for} has what it asked for, {state.policy.hold_s:g}s after the preemption at the latest"
-    )
+    return cause(K.HELD, model=model.held_for, seconds=state.policy.hold_s)
 
 
 def choose(
@@ -397,18 +390,15 @@ def decision(
         for tier, c in chosen
     ]
     nodes = [s.node for _, c in chosen for s in c.rep.shards]
-    reason = (
-        f"{name} ({model.spec.priority}) has {have} of {n} replicas and fits nowhere; "
-        f"stopping {len(victims)} replica(s) makes room"
-    )
+    why = cause(K.PREEMPT, model=name, priority=model.spec.priority, count=have, of=n, victims=len(victims))
     out: list[ev.Action] = [
-        ev.Preempt(model=name, victims=victims, reason=reason, inventory=inv.describe_nodes(nodes),
+        ev.Preempt(model=name, victims=victims, **because(why), inventory=inv.describe_nodes(nodes),
                    hold_until=now + index.state.policy.hold_s)
     ]
     for v in victims:
         index.taken.add(v.replica)
         spec = index.state.models[v.model].spec
         out.append(ev.StopReplica(
-            replica=v.replica, reason=f"preempted for {name} (tier {v.tier}: {v.why})", drain_s=spec.drain_grace_s,
+            replica=v.replica, **because(cause(K.PREEMPTED, model=name, tier=v.tier)), drain_s=spec.drain_grace_s,
         ))
     return out

@@ -24,7 +24,8 @@ from functools import lru_cache
 
 import msgspec
 
-from .events import Limit, ProfileSpec, Resources
+from .events import Cause, Limit, ProfileSpec, Resources
+from .reasons import K, cause, render
 from .state import Replica, Shard, State, add_gb
 
 
@@ -106,16 +107,20 @@ def _add(usage: dict[str, Resources], owner: str, gpus: int, cores: int, memory:
             usage.pop(o, None)
 
 
-def _fmt(x: float) -> str:
-    return f"{x:g}"
-
-
 def over_limit(state: State, owner: str, amount: Resources, pending: dict[str, Resources] | None = None) -> str:
+    """`over_limit_cause` in words ("" when within the limits)."""
+    why = over_limit_cause(state, owner, amount, pending)
+    return render(why) if why is not None else ""
+
+
+def over_limit_cause(
+    state: State, owner: str, amount: Resources, pending: dict[str, Resources] | None = None,
+) -> Cause | None:
     """Why taking `amount` more would put the owner or an ancestor past its
-    limit, or "" when it would not. `pending`: what placements not folded
+    limit, or None when it would not. `pending`: what placements not folded
     yet (earlier in the same pass) add, per owner and ancestor."""
     if not state.owners:
-        return ""
+        return None
     for o in ancestors(owner):
         q = state.owners.get(o)
         if q is None:
@@ -127,13 +132,13 @@ def over_limit(state: State, owner: str, amount: Resources, pending: dict[str, R
         if pending and o in pending:
             used = plus(used, pending[o])
         for what, have, more, most in (
-            ("GPUs", used.gpus, amount.gpus, lim.gpus),
-            ("CPU cores", used.cpu_cores, amount.cpu_cores, lim.cpu_cores),
-            ("GB of host memory", used.memory_gb, amount.memory_gb, lim.memory_gb),
+            ("gpus", used.gpus, amount.gpus, lim.gpus),
+            ("cpu_cores", used.cpu_cores, amount.cpu_cores, lim.cpu_cores),
+            ("memory_gb", used.memory_gb, amount.memory_gb, lim.memory_gb),
         ):
             if most is not None and more and have + more > most + 1e-9:
-                return f"over limit: owner {o} holds {_fmt(have)} {what}; {_fmt(more)} more would pass its limit of {_fmt(most)}"
-    return ""
+                return cause(K.OVER_LIMIT, owner=o, resource=what, held=float(have), more=float(more), limit=float(most))
+    return None
 
 
 def governing(state: State, owner: str) -> str:

@@ -30,6 +30,7 @@ from .decisions import as_recorded, describe_action
 from .fold import apply, copy_state
 from .history import Record
 from .policy import Policy
+from .reasons import words
 from .state import LIVE_SHARD_STATES, State
 from .figures import Figures, Meter
 from .whatif import Sim, Timing, next_wake
@@ -121,7 +122,7 @@ _CATALOG = (ev.ModelApplied, ev.ModelRemoved, ev.OwnerApplied, ev.OwnerRemoved, 
 
 
 def _said(actions: list[ev.Action]) -> list[str]:
-    return [describe_action(a) + (f" ({a.reason})" if a.reason else "") for a in actions]
+    return [describe_action(a) + (f" ({why})" if (why := words(a)) else "") for a in actions]
 
 
 def _key(actions: list[ev.Action]) -> list[str]:

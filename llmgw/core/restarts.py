@@ -18,6 +18,7 @@ from . import drains
 from . import events as ev
 from .passes import ModelPass, Outcome, Pass, drain_s, place_one
 from .quota import add, replica_amount
+from .reasons import K, because, cause, render
 from .replicas import RETIRING, replica_number
 from .state import Replica, Shard, State
 
@@ -63,39 +64,35 @@ def retire(p: Pass, m: ModelPass, outcome: Outcome) -> int:
     refused = 0
     for rep in m.retiring:
         if ready >= n:
-            p.add(ev.StopReplica(replica=rep.id, reason="restarted: its replacement serves", drain_s=drain_s(spec, rep)))
+            p.add(ev.StopReplica(replica=rep.id, **because(cause(K.RESTART_SERVED)), drain_s=drain_s(spec, rep)))
         elif m.have >= n:
             continue  # its replacement is placed and starting: wait for it
         elif model.parked or model.start_failures >= p.state.policy.park_after:
             # (Parked in this very pass too: refused at once rather than the
             # next pass, so the model never reads "waits: parked" while the
             # replica it could not replace serves on.)
-            why = f"its replacements fail to start; the model is parked (llmgw ctl retry {spec.name})"
-            p.add(ev.RefuseRestart(replica=rep.id, reason=why))
+            p.add(ev.RefuseRestart(replica=rep.id, **because(cause(K.REFUSE_PARKED, model=spec.name))))
             refused += 1
         elif outcome is Outcome.PREEMPTING or (outcome is Outcome.NO_ROOM and coming_up):
             continue  # something is being moved out of the way: waited for
         elif outcome in (Outcome.NO_ROOM, Outcome.OVER_LIMIT):
-            why = "restarted in place: it was the only thing in its replacement's way"
-            if _in_place(p, m, rep, why):
+            if _in_place(p, m, rep, cause(K.IN_PLACE_ONLY)):
                 m.have += 1
             elif outcome is Outcome.OVER_LIMIT:
-                why = f"its replacement would take {spec.owner} past a limit even with this replica stopped"
-                p.add(ev.RefuseRestart(replica=rep.id, reason=why))
+                p.add(ev.RefuseRestart(replica=rep.id, **because(cause(K.REFUSE_OVER_LIMIT, owner=spec.owner))))
                 refused += 1
             else:
                 why = drains.refusal(p.state, rep) or _fits_nowhere(spec)
-                p.add(ev.RefuseRestart(replica=rep.id, reason=why))
+                p.add(ev.RefuseRestart(replica=rep.id, **because(why)))
                 refused += 1
         elif outcome is Outcome.NOT_TRIED and p.now - rep.retiring_at > spec.drain_grace_s:
-            why = f"restarted in place: no replacement beside it within {spec.drain_grace_s:g}s"
-            if _in_place(p, m, rep, why):
+            if _in_place(p, m, rep, cause(K.IN_PLACE_GRACE, seconds=spec.drain_grace_s)):
                 m.have += 1
     return m.have + refused
 
 
-def _fits_nowhere(spec: ev.ModelSpec) -> str:
-    return f"its replacement fits on no node even with this replica stopped (llmgw ctl explain-placement {spec.name})"
+def _fits_nowhere(spec: ev.ModelSpec) -> ev.Cause:
+    return cause(K.REFUSE_FITS_NOWHERE, model=spec.name)
 
 
 def begin_restarts(p: Pass, m: ModelPass) -> int:
@@ -143,33 +140,34 @@ def begin_restarts(p: Pass, m: ModelPass) -> int:
         elif rep.restart_in_place or beside <= 0:
             if instead >= max(unavailable, 1 if rep.restart_in_place else 0):
                 break
-            why = "restarted in place, as asked" if rep.restart_in_place else "restarted in place (max_unavailable)"
+            why = cause(K.IN_PLACE_ASKED if rep.restart_in_place else K.IN_PLACE_PACED)
             if _in_place(p, m, rep, why, begin=True):
                 replaced += 1
             elif rep.restart_in_place:
                 # Asked for in place: stopped first, always, even if its
                 # replacement must wait for room like any missing replica.
-                p.add(ev.RestartReplica(replica=rid, reason=why, in_place=True))
-                p.add(ev.StopReplica(replica=rid, reason=why, drain_s=drain_s(spec, rep)))
+                p.add(ev.RestartReplica(replica=rid, **because(why), in_place=True))
+                p.add(ev.StopReplica(replica=rid, **because(why), drain_s=drain_s(spec, rep)))
             else:
                 # Paced by max_unavailable, its replacement fits nowhere even
                 # with it stopped: refused, as `_retire` refuses a surge
                 # restart. (It was left queued for ever, still serving but
                 # counted as stopped, so the model read "waits: no room".)
-                p.add(ev.RefuseRestart(replica=rid, reason=_fits_nowhere(spec)))
+                p.add(ev.RefuseRestart(replica=rid, **because(_fits_nowhere(spec))))
                 continue
             m.serving.remove(rep)
             instead += 1
             continue
-        why = "asked by an operator" if rid in asked else moving.get(rid) or f"profile {rep.profile} of {spec.name} changed"
-        p.add(ev.RestartReplica(replica=rid, reason=why))
+        why = (cause(K.RESTART_ASKED) if rid in asked
+               else moving.get(rid) or cause(K.PROFILE_CHANGED, profile=rep.profile, model=spec.name))
+        p.add(ev.RestartReplica(replica=rid, **because(why)))
         m.retiring.append(rep)
         m.serving.remove(rep)
         beside -= 1
     return replaced
 
 
-def _in_place(p: Pass, m: ModelPass, rep: Replica, why: str, begin: bool = False) -> bool:
+def _in_place(p: Pass, m: ModelPass, rep: Replica, why: ev.Cause, begin: bool = False) -> bool:
     """Stop a replica and place its replacement in what it frees, in one
     pass: placed on the next pass instead, the freed cards went to a model
     waiting for room (seen for real: a judge waiting for the only GPU took
@@ -179,14 +177,14 @@ def _in_place(p: Pass, m: ModelPass, rep: Replica, why: str, begin: bool = False
     inv.release(rep.shards, handover=True)
     freed = replica_amount(rep)
     add(p.usage, rep.owner, freed, -1)  # what it holds is its replacement's to take, limits included
-    placed = place_one(p, m, f"{m.name}-{p.next_number(m.name)}", why, replaces=rep.id)
+    placed = place_one(p, m, f"{m.name}-{p.next_number(m.name)}", render(why), replaces=rep.id)
     if placed is None:
         inv.hold(rep.shards, handover=True)
         add(p.usage, rep.owner, freed, +1)
         return False
     if begin:
-        p.add(ev.RestartReplica(replica=rep.id, reason=why, in_place=True))
-    p.add(ev.StopReplica(replica=rep.id, reason=why, drain_s=drain_s(m.spec, rep)))
+        p.add(ev.RestartReplica(replica=rep.id, **because(why), in_place=True))
+    p.add(ev.StopReplica(replica=rep.id, **because(why), drain_s=drain_s(m.spec, rep)))
     p.add(placed)
     inv.hold(_kept_till_exit(rep, placed), handover=True)
     return True

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import math
 
+from .bounds import MAX_COUNTER
 from .catalog import max_replicas
-from .events import ModelSpec
+from .events import ModelSpec, Scale
 from .policy import DEFAULT, Policy
+from .reasons import ScaleWhy
 from .state import Model, Peak
 
 LOAD_REPEAT_S = 10.0
@@ -81,29 +83,26 @@ def _recent(model: Model, now: float) -> int:
     return 0
 
 
-def why_desired(model: Model, now: float) -> str:
-    """`desired`, in words."""
+def why_desired(model: Model, now: float) -> Scale:
+    """Why `desired` is what it is, as data (reasons.scale_words says it)."""
     spec = model.spec
     load = current_load(model, now)
     if spec.on_demand and load == 0:
         if not model.last_used:
-            return f"on demand: no request for {spec.name} yet"
+            return Scale(why=ScaleWhy.UNUSED.value)
         idle = now - model.last_used
         if idle >= spec.idle_s:
-            return f"on demand: no request for {idle:.0f}s (idle after {spec.idle_s:g}s)"
+            return Scale(why=ScaleWhy.IDLE.value, idle_s=idle, idle_after_s=spec.idle_s)
     least, most = bounds(spec)
     if spec.target_load <= 0:
-        return "on demand: asked for" if spec.on_demand else f"min_replicas {spec.min_replicas}"
-    now_wants, recent = wants(spec, load), _recent(model, now)
-    said = f"load {load} (in flight and queued) at {spec.target_load:g} per replica asks for {now_wants}"
-    if recent > now_wants:
-        said += f"; {recent} were asked for within the scale-down delay ({spec.scale_down_delay_s:g}s)"
-    n = max(now_wants, recent)
-    if n < least:
-        said += f"; at least {least}"
-    elif n > most:
-        said += f"; at most {most}"
-    return said
+        return Scale(why=ScaleWhy.ASKED.value) if spec.on_demand else Scale(why=ScaleWhy.MIN.value, least=spec.min_replicas)
+    # The counts within the contract's bound (a sum over gateways may pass
+    # it, a count past 2**53 is not exact anyway): said as its most.
+    return Scale(
+        why=ScaleWhy.LOAD.value, load=min(load, MAX_COUNTER), per=spec.target_load,
+        wants=min(wants(spec, load), MAX_COUNTER), recent=min(_recent(model, now), MAX_COUNTER),
+        delay_s=spec.scale_down_delay_s, least=least, most=most,
+    )
 
 
 def decided(model: Model) -> int:

@@ -16,7 +16,7 @@ from typing import Literal
 
 import msgspec
 
-from .events import Gpu, Limit, ModelSpec, Resources
+from .events import Cause, Gpu, Limit, ModelSpec, Resources
 from .policy import Policy
 
 # Shard and replica states, typed as the events' are (ShardState): msgspec
@@ -101,8 +101,9 @@ class Stray(msgspec.Struct, kw_only=True, gc=False):
     generation: int
     gpus: list[int] = []
     port: int = 0
-    reason: str = ""
+    reason: str = ""  # `cause` in words
     stopping: bool = False
+    cause: Cause | None = None  # why it is one (reasons.py): its StopStray says it
 
 
 class Node(msgspec.Struct, kw_only=True, gc=False):

@@ -36,6 +36,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .events import Cause
 from .scaling import decided
 
 
@@ -71,10 +72,13 @@ FAIL_FAST = frozenset({WaitKind.NO_ROOM, WaitKind.OVER_LIMIT, WaitKind.PARKED})
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """Why a request for a model, or the model, waits: a kind and the words."""
+    """Why a request for a model, or the model, waits: a kind and the words,
+    and (when a rule of decide's said it) the cause they were rendered from
+    (core/reasons.py), which the ModelWaiting carries."""
 
     kind: WaitKind
     reason: str = ""
+    cause: Cause | None = None
 
     @property
     def fails_fast(self) -> bool:

@@ -33,6 +33,7 @@ from .decide import decide
 from .decisions import describe_action
 from .fold import Refused, copy_state, evolve, quarantine
 from .quota import _within
+from . import reasons
 from .replicas import RETIRING
 from .scaling import LOAD_FRESH_S, backoff_until
 from .state import LIVE_SHARD_STATES, State
@@ -291,21 +292,21 @@ def happenings(actions: Iterable[ev.Action], after_s: float) -> list[Happening]:
     out = []
     for a in actions:
         cls = type(a)
-        words = describe_action(a)
+        said, why = describe_action(a), reasons.words(a)
         if cls is ev.PlaceReplica:
-            h = Happening(after_s=after_s, kind="place", model=a.model, replica=a.replica, what=words,
-                          reason=a.reason, shards=_shards(a))
+            h = Happening(after_s=after_s, kind="place", model=a.model, replica=a.replica, what=said,
+                          reason=why, shards=_shards(a))
         elif cls is ev.Preempt:
-            h = Happening(after_s=after_s, kind="preempt", model=a.model, what=words, reason=a.reason,
+            h = Happening(after_s=after_s, kind="preempt", model=a.model, what=said, reason=why,
                           victims=list(a.victims))
         elif cls is ev.StopReplica or cls is ev.RestartReplica or cls is ev.RefuseRestart:
             h = Happening(after_s=after_s, kind=str(cls.__struct_config__.tag), model=a.replica.rpartition("-")[0],
-                          replica=a.replica, what=words, reason=a.reason)
+                          replica=a.replica, what=said, reason=why)
         elif cls is ev.StopStray:
-            h = Happening(after_s=after_s, kind="stop-stray", replica=a.shard, what=words, reason=a.reason)
+            h = Happening(after_s=after_s, kind="stop-stray", replica=a.shard, what=said, reason=why)
         else:  # wait, scale, park
-            h = Happening(after_s=after_s, kind=str(cls.__struct_config__.tag), model=a.model, what=words,
-                          reason=a.reason)
+            h = Happening(after_s=after_s, kind=str(cls.__struct_config__.tag), model=a.model, what=said,
+                          reason=why)
         out.append(h)
     return out
 

@@ -98,7 +98,7 @@ async def retrying(what: str, call, *, trouble=None):
     Safe for what ctl calls through it: reads, and publishes that carry a
     Nats-Msg-Id (a retry of one that did land is a duplicate the stream drops)."""
     from ..bus import BusUnavailable
-    from ..bus.nats import describe_trouble, is_trouble
+    from ..bus.nats_trouble import describe_trouble, is_trouble
 
     trouble = trouble or is_trouble
     pause = CONFIG.retry_first_s

@@ -81,7 +81,7 @@ def find_state_dir(start: Path | None = None) -> Path | None:
 
 def locate(nats: str | None = None, db: str | None = None, creds: str | None = None) -> Where:
     """The NATS URL, database and credential to use, from flags, environment or the local `llmgw up`."""
-    from ..bus.auth import find_creds
+    from ..bus.keystore import find_creds
 
     nats_from = "--nats" if nats else "$LLMGW_NATS" if os.environ.get("LLMGW_NATS") else ""
     nats = nats or os.environ.get("LLMGW_NATS")

@@ -19,6 +19,7 @@ import yaml
 
 from ..core.facility import KINDS as KINDS_OF_PLACE
 from ..core.facility import watts as _watts
+from ..core.reasons import TIERS
 from ..text import table, when
 from .printable import printable, printable_data, printable_lines  # noqa: F401 (the CLI's printers use them from here)
 
@@ -151,7 +152,7 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
         ["SEQ", "TIME", "FOR", "VICTIMS (TIER)", "REASON", "BEFORE", "VOIDED"],
         lambda p: [
             str(p["seq"]), when(p["at"]), p["model"],
-            ", ".join(f"{v['replica']} ({v['tier']}: {v['why']})" for v in p["victims"]),
+            ", ".join(f"{v['replica']} ({v['tier']}: {TIERS.get(v['tier'], v['why'])})" for v in p["victims"]),
             p["reason"], p["inventory"], p["voided"],
         ],
     ),

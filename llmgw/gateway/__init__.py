@@ -17,7 +17,10 @@ without I/O, the shell around them is thin:
     config.py    addresses, the HTTP edge's limits, timeouts: one object with named defaults
     connection.py  one client connection: parsed, limited, answered  (shell)
     exchange.py  one attempt at one replica, passed back as it comes  (shell)
-    server.py    the gateway: requests routed, the log followed, reports published  (shell)
+    edge.py      the HTTP edge: listening, admission, the gateway's own replies  (shell)
+    proxying.py  a replica chosen, attempts, retries, the breakers' outcomes  (shell)
+    table_upkeep.py  the log folded into the routing table, backends and pools  (shell)
+    server.py    the gateway put together: started, load reported, closed  (shell)
 
 The APIs served by translation onto the engines' chat completions (issue 31):
 

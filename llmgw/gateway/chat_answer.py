@@ -101,7 +101,7 @@ class Deltas:
             return [(ERROR, "the engine sent an event that is not JSON", "upstream_error")]
         if not isinstance(chunk, dict):
             return []
-        if "error" in chunk:  # the gateway's own (server._broken) or the engine's
+        if "error" in chunk:  # the gateway's own (proxying._broken) or the engine's
             err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
             return [(ERROR, str(err.get("message") or "the engine failed"), err.get("code") or "upstream_error")]
         out: list[tuple] = []

@@ -1,6 +1,6 @@
 """The HTTP edge against one client: how deep a request's JSON may nest, how
 many connections one address may hold, how many wrong API keys it may try.
-Pure (time is `now`); the shell (server.py, connection.py) asks.
+Pure (time is `now`); the shell (edge.py, connection.py) asks.
 
 Issue 35, finding 7, tried as an attacker would against a real gateway:
 JSON nested 1,000 deep raised a RecursionError in the JSON decoder that

@@ -1,6 +1,6 @@
 """One attempt of one request at one replica (Exchange): the engine's answer
 passed to the client as it comes, and the attempt's outcome for the
-gateway's retry loop (server.py). Moved out of server.py unchanged.
+gateway's retry loop (proxying.py). Moved out of server.py unchanged.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ COMPLETIONS = b"/v1/completions"
 
 class Prepared(NamedTuple):
     body: bytes  # what to send
-    tools: bool  # it asks for tool calls: a replica whose engine cannot make them refuses it (server.py)
+    tools: bool  # it asks for tool calls: a replica whose engine cannot make them refuses it (proxying.py)
 
 
 def prepare(path: bytes, body: bytes, model: str, asked: str, serves: Serves) -> Prepared | Refusal:

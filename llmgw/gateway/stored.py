@@ -23,7 +23,7 @@ one that does not find a response looks again for up to `stored_miss_wait`
 (another gateway's put may be landing), so an unknown id costs that long
 before its 404.
 
-Only gateways may put and get in the bucket (bus/auth.py); there is no
+Only gateways may put and get in the bucket (bus/roles.py); there is no
 listing: a response is found by its id, which is 128 random bits.
 """
 

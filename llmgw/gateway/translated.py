@@ -2,7 +2,7 @@
 OpenAI's `/v1/responses` (responses_api.py) and Anthropic's `/v1/messages`
 and `/v1/messages/count_tokens` (anthropic_api.py).
 
-A translated request goes the way of every chat request (server.py
+A translated request goes the way of every chat request (edge.py
 `Gateway.admit`: the model resolved, the key's access and limits, a replica
 chosen, retries, waiting, load and usage reported): only its body is
 made here, and its answer is rewritten on its way out.
@@ -263,7 +263,7 @@ def reply_error(gw, client: Client, req: Request, path: bytes, e: BadRequest) ->
 
 
 def start(gw, client: Client, req: Request, path: bytes) -> None:
-    """A request on a translated path (server.py `handle`)."""
+    """A request on a translated path (edge.py `handle`)."""
     if path.startswith(RESPONSE_PREFIX):
         return _stored_request(gw, client, req, path)
     rewriter = Rewriter(client, ErrorsOnly(path))

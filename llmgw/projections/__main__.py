@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         stream=sys.stderr,
     )
     try:
-        from ..bus.auth import component_creds
+        from ..bus.keystore import component_creds
         from ..ctl.locate import find_state_dir
 
         creds, _ = component_creds(args.creds, "projector", "projector", state_dir=find_state_dir())

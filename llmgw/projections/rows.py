@@ -37,6 +37,7 @@ from ..core.fold import apply
 from ..core.history import action_about, mentions, summary
 from ..core.decide import restart_state
 from ..core.quota import report
+from ..core.reasons import words
 from ..core.scaling import decided
 from ..core.state import Model, Node, Replica, State
 
@@ -194,10 +195,10 @@ def _fold_one(state: State, batch: Batch, ids: dict, seq: int, subject: str, dat
         at, append = event.at, batch.decisions.append
         leader = event.leader
         for i, a in enumerate(actions):
-            append((seq, i, at, *_action_row(a, stop_nodes), a.reason, why_void[i], leader))
+            append((seq, i, at, *_action_row(a, stop_nodes), words(a), why_void[i], leader))
             if type(a) is ev.Preempt:
                 victims = _json_text(a.victims)
-                batch.preemptions.append((seq, i, at, a.model, victims, a.reason, a.inventory, why_void[i]))
+                batch.preemptions.append((seq, i, at, a.model, victims, words(a), a.inventory, why_void[i]))
     elif cls is _NODE_LOST:
         why_void = error and f"the event was quarantined: {error}"
         batch.decisions.append((seq, 0, event.at, "node-lost", "", "", event.node, event.reason, why_void, state.leader))

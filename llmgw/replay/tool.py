@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from ..cli.exits import Exit
+from ..ctl.exits import Exit
 from ..core import events as ev
 from ..core.fold import apply
 from ..core.history import Entity, Record, history, summary, verify
