@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 
 from llmgw.console import series
-from llmgw.core import events as ev
-from llmgw.core.scaling import decided
-from llmgw.core.state import LIVE_SHARD_STATES
+from llmgw.core.contract import events as ev
+from llmgw.core.rules.scaling import decided
+from llmgw.core.folding.state import LIVE_SHARD_STATES
 from llmgw.replay.tool import fold_until
 
 from .scenario import Fleet, model

@@ -159,7 +159,7 @@ async def _live_rows(args, where: Where) -> tuple[list[dict], str]:
     """leader, policy, owners, apikeys: rows read live, and why the command fails after printing them ("" if not)."""
     if args.kind == "leader":
         return await _leader_rows(where)
-    from ..core.policy import DEFAULT, FIELDS
+    from ..core.contract.policy import DEFAULT, FIELDS
 
     state, latest = await _live_catalog(where)
     if args.kind == "owners":
@@ -248,7 +248,7 @@ async def cmd_get(args, where: Where) -> int:
     except selectors.SelectorError as e:
         raise CtlError(f"get: -l: {e}", BAD_INPUT)
     if args.domain:
-        from ..core.facility import domain_problem
+        from ..core.scheduling.facility import domain_problem
 
         problem = domain_problem(args.domain)
         if problem or args.kind != "nodes":
