@@ -40,8 +40,8 @@ from llmgw.agent.node import NodeAgent  # noqa: E402
 from llmgw.agent.weights import DEMO_MODEL, installed_demo  # noqa: E402
 from llmgw.bus.memory import MemoryBus  # noqa: E402
 from llmgw.bus.server import free_port  # noqa: E402
-from llmgw.core import commands as cmds  # noqa: E402
-from llmgw.core import events as ev  # noqa: E402
+from llmgw.core.folding import commands as cmds  # noqa: E402
+from llmgw.core.contract import events as ev  # noqa: E402
 
 STEPS = ("process start", "model load", "first healthy answer", "total")
 

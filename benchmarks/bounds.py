@@ -1,11 +1,11 @@
-"""What the event contract's bounds cost per event (core/bounds.py; issue 35).
+"""What the event contract's bounds cost per event (core/contract/bounds.py; issue 35).
 
     python benchmarks/bounds.py [--events N] [--repeat R]
 
 Decodes the mix of the recorded logs (events/logs/*.jsonl, every event of
 each, repeated to N events; default 200,000) with the contract as it is
 (every number a range, every string a length and a character set, every
-list a length: `llmgw.core.events.decode`) and, in the same run, with the
+list a length: `llmgw.core.contract.events.decode`) and, in the same run, with the
 same structs stripped of their constraints (the yardstick: the machine's
 speed drifts between runs). Runs alternate, R pairs (default 7), and the
 medians are printed: ns per event each way, and the ratio.
@@ -26,7 +26,7 @@ import msgspec
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llmgw.core import events as ev  # noqa: E402
+from llmgw.core.contract import events as ev  # noqa: E402
 from llmgw.replay import logfile  # noqa: E402
 
 _plain: dict[type, type] = {}

@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llmgw.bus.server import free_port  # noqa: E402
 from llmgw.console.config import ConsoleConfig  # noqa: E402
 from llmgw.console.server import Console  # noqa: E402
-from llmgw.core import events as ev  # noqa: E402
-from llmgw.core.decide import decide  # noqa: E402
+from llmgw.core.contract import events as ev  # noqa: E402
+from llmgw.core.rules.decide import decide  # noqa: E402
 
 VIEWS = ["map", "map@past", "map-zoom", "fleet", "fleet@past", "node", "node-gpus", "models", "replicas", "decisions",
          "quotas", "explain", "plots", "timeline"]
@@ -54,8 +54,8 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
 
 def make_log(nodes: int) -> list[tuple[int, str, bytes]]:
     records: list[tuple[int, str, bytes]] = []
-    from llmgw.core.fold import apply
-    from llmgw.core.state import State
+    from llmgw.core.folding.fold import apply
+    from llmgw.core.folding.state import State
 
     state = State()
     now = 1_800_000_000.0

@@ -93,8 +93,8 @@ async def write_log(url: str, endpoints: dict[str, tuple[str, str]], rpm: int) -
     """Models (name -> (endpoint, priority)), one ready replica each, two owners, their keys, and a limited key."""
     from llmgw.bus import engine_key_name
     from llmgw.bus.nats import NatsBus
-    from llmgw.core import events as ev
-    from llmgw.core.catalog import fingerprint
+    from llmgw.core.contract import events as ev
+    from llmgw.core.contract.catalog import fingerprint
 
     bus = await NatsBus.connect(url)
     await bus.ensure_streams()

@@ -53,9 +53,9 @@ from llmgw.bus import HEARTBEAT_BUCKET, keystore  # noqa: E402
 from llmgw.bus.nats import NatsBus  # noqa: E402
 from llmgw.bus.server import free_port  # noqa: E402
 from llmgw.control.config import NODE_GRACE_S  # noqa: E402
-from llmgw.core import events as ev  # noqa: E402
-from llmgw.core.fold import apply  # noqa: E402
-from llmgw.core.state import LIVE_SHARD_STATES, State  # noqa: E402
+from llmgw.core.contract import events as ev  # noqa: E402
+from llmgw.core.folding.fold import apply  # noqa: E402
+from llmgw.core.folding.state import LIVE_SHARD_STATES, State  # noqa: E402
 
 PY = sys.executable
 DAY_S = 86_400

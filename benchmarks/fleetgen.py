@@ -11,7 +11,7 @@ restart, and a handful of malformed messages arrive that the fold must
 quarantine.
 
 Everything goes through the real core: each event is encoded with
-`llmgw.core.events.encode`, published on `subject_for(event)` and folded into
+`llmgw.core.contract.events.encode`, published on `subject_for(event)` and folded into
 the generator's own state with `fold.apply` (seq = its position), decisions
 are `decide(state, now)` on that state, and what the agents are told to do is
 `commands.outstanding(state)`, exactly what the control plane sends. Time is
@@ -46,12 +46,12 @@ import msgspec
 if __package__ in (None, ""):  # run as a script: the repository root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llmgw.core import commands as cmds  # noqa: E402
-from llmgw.core import events as ev  # noqa: E402
-from llmgw.core.catalog import profile_named  # noqa: E402
-from llmgw.core.decide import decide  # noqa: E402
-from llmgw.core.fold import apply, encode_state  # noqa: E402
-from llmgw.core.state import State  # noqa: E402
+from llmgw.core.folding import commands as cmds  # noqa: E402
+from llmgw.core.contract import events as ev  # noqa: E402
+from llmgw.core.contract.catalog import profile_named  # noqa: E402
+from llmgw.core.rules.decide import decide  # noqa: E402
+from llmgw.core.folding.fold import apply, encode_state  # noqa: E402
+from llmgw.core.folding.state import State  # noqa: E402
 from llmgw.replay.logfile import encode_record  # noqa: E402
 
 # Bump whenever the generator would write a different log for the same N.

@@ -57,7 +57,7 @@ import math
 import fleetgen
 from fleetgen import Fleet, msgspec_replace
 
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 
 GATEWAYS = ("gw-a", "gw-b", "gw-c", "gw-d")
 DAY = 86_400.0

@@ -216,8 +216,8 @@ def serve(port: int, chunks: int, key: str) -> None:
 async def write_log(url: str, endpoints: dict[str, str], creds: str | None = None, limits: bool = False) -> None:
     from llmgw.bus import engine_key_name
     from llmgw.bus.nats import NatsBus
-    from llmgw.core import events as ev
-    from llmgw.core.catalog import fingerprint
+    from llmgw.core.contract import events as ev
+    from llmgw.core.contract.catalog import fingerprint
 
     bus = await NatsBus.connect(url, creds=creds)
     await bus.ensure_streams()

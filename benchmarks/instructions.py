@@ -55,9 +55,9 @@ def child(argv: list[str]) -> None:
     sys.path.insert(0, str(Path(root) / "benchmarks"))
     sys.path.insert(0, root)
     if what == "fold":
-        from llmgw.core import events as ev
-        from llmgw.core.fold import apply
-        from llmgw.core.state import State
+        from llmgw.core.contract import events as ev
+        from llmgw.core.folding.fold import apply
+        from llmgw.core.folding.state import State
         from llmgw.replay import logfile
 
         records = list(logfile.parse(Path(argv[2]).read_bytes()))
@@ -77,9 +77,9 @@ def child(argv: list[str]) -> None:
     import random
 
     import placement as P  # benchmarks/placement.py of that root: its fleet, catalog and caps
-    from llmgw.core import events as ev
-    from llmgw.core.decide import MAX_PASS_BYTES, decide
-    from llmgw.core.fold import apply, copy_state
+    from llmgw.core.contract import events as ev
+    from llmgw.core.rules.decide import MAX_PASS_BYTES, decide
+    from llmgw.core.folding.fold import apply, copy_state
 
     nodes, located, go = int(argv[2]), argv[3] == "facility", argv[4] == "go"
     base = P.Log()

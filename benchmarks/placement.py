@@ -23,7 +23,7 @@ taken, so the packing has to be decent for everything to fit.
 (b) steady state: every shard ready, nothing to do; one `decide` pass, in
     ms. Goal: <= 20 ms.
 (c) the pass after one shard failed (a stop and a replacement), on a state
-    whose node index the fold keeps (core/nodeindex.py), as the control
+    whose node index the fold keeps (core/folding/nodeindex.py), as the control
     plane's is. Goal (issue 18): <= 20 ms at 16,000 nodes.
 
 With several --nodes (e.g. 2000,16000) each size runs in turn in this
@@ -67,14 +67,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from llmgw.control import heap  # noqa: E402
-from llmgw.core import events as ev  # noqa: E402
-from llmgw.core import replicaindex  # noqa: E402
-from llmgw.core.decide import MAX_PASS_BYTES, decide  # noqa: E402
-from llmgw.core.fold import apply, copy_state, encode_state  # noqa: E402
-from llmgw.core.history import verify  # noqa: E402
-from llmgw.core.nodeindex import track  # noqa: E402
-from llmgw.core.policy import Policy  # noqa: E402
-from llmgw.core.state import State  # noqa: E402
+from llmgw.core.contract import events as ev  # noqa: E402
+from llmgw.core.folding import replicaindex  # noqa: E402
+from llmgw.core.rules.decide import MAX_PASS_BYTES, decide  # noqa: E402
+from llmgw.core.folding.fold import apply, copy_state, encode_state  # noqa: E402
+from llmgw.core.simulation.history import verify  # noqa: E402
+from llmgw.core.folding.nodeindex import track  # noqa: E402
+from llmgw.core.contract.policy import Policy  # noqa: E402
+from llmgw.core.folding.state import State  # noqa: E402
 
 GOAL_PLACEMENTS = 5_000
 REPEAT = 3  # runs of each figure of (a)-(c), the best kept
@@ -149,7 +149,7 @@ def fleet(n: int, located: bool = False) -> list[ev.NodeRegistered]:
 
 
 # The nodes' pools as their agents say them (the policy `admission: open`,
-# core/admission.py): what this measures is the search, not who set a pool.
+# core/rules/admission.py): what this measures is the search, not who set a pool.
 OPEN = ev.PolicyApplied(at=T0 - 1.0, policy=Policy(admission="open"))
 
 # (GPUs per shard, nodes per replica, share of all replicas)
@@ -371,7 +371,7 @@ def facility_run(nodes: int, replicas: int, repeat: int) -> dict:
             f"{placed / seconds:,.0f} placements/s; log {log_hash(fac)}")
     assert fac is not None
     refused = sum(1 for r in fac.state.replicas.values() for x in r.rejections if " would draw " in x)
-    from llmgw.core.facility import domain_draws
+    from llmgw.core.scheduling.facility import domain_draws
 
     caps = fac.state.budgets
     draws = domain_draws(fac.state, caps)

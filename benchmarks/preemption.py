@@ -53,11 +53,11 @@ sys.path.insert(1, str(HERE.parent))
 
 from placement import Log, fleet  # noqa: E402
 
-from llmgw.core import events as ev  # noqa: E402
-from llmgw.core import preempt  # noqa: E402
-from llmgw.core.decide import decide  # noqa: E402
-from llmgw.core.fold import copy_state  # noqa: E402
-from llmgw.core.placement import Inventory  # noqa: E402
+from llmgw.core.contract import events as ev  # noqa: E402
+from llmgw.core.rules import preempt  # noqa: E402
+from llmgw.core.rules.decide import decide  # noqa: E402
+from llmgw.core.folding.fold import copy_state  # noqa: E402
+from llmgw.core.scheduling.placement import Inventory  # noqa: E402
 
 GOAL_DECISIONS = 1_000
 SEED = 20251201

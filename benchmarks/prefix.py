@@ -298,8 +298,8 @@ def set_routing(work: Path, args, routing: str, ports: list[int], expect: tuple[
 async def engines(url: str, creds: str) -> list[tuple[str, str, str]]:
     """(replica, endpoint, key) of each ready replica: the log folded, the keys read as a gateway reads them."""
     from llmgw.bus.nats import NatsBus
-    from llmgw.core.fold import apply
-    from llmgw.core.state import State
+    from llmgw.core.folding.fold import apply
+    from llmgw.core.folding.state import State
     from llmgw.gateway.routing import routable
 
     bus = await NatsBus.connect(url, creds=creds)

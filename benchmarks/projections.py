@@ -47,8 +47,8 @@ import fleetgen  # noqa: E402
 from llmgw.bus.memory import MemoryBus  # noqa: E402
 from llmgw.bus.nats import NatsBus  # noqa: E402
 from llmgw.bus.server import NatsServer, free_port  # noqa: E402
-from llmgw.core.fold import apply, encode_state  # noqa: E402
-from llmgw.core.state import State  # noqa: E402
+from llmgw.core.folding.fold import apply, encode_state  # noqa: E402
+from llmgw.core.folding.state import State  # noqa: E402
 from llmgw.projections import Projector, rebuild  # noqa: E402
 from llmgw.projections.projector import MAX_BATCH  # noqa: E402
 from llmgw.projections.rows import COLUMNS, all_entity_rows  # noqa: E402

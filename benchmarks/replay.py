@@ -8,7 +8,7 @@ With --auth the server runs as `llmgw up` runs it (bus/auth.py: JWT auth,
 every reader a user of its role): the log is read as the projector, the
 restart is the control plane's credential.
 
-(a) the pure fold (`llmgw.core.fold.apply`) of a recorded log read from a file
+(a) the pure fold (`llmgw.core.folding.fold.apply`) of a recorded log read from a file
     in the format of `llmgw.replay.logfile`; reading+parsing and folding are
     timed apart, and beside it, in the same run, msgspec decoding the same
     events alone (the yardstick: the machine's speed drifts). For each mix
@@ -56,9 +56,9 @@ from llmgw.bus.server import NatsServer, free_port  # noqa: E402
 from llmgw.control.plane import ControlPlane  # noqa: E402
 import msgspec  # noqa: E402
 from llmgw.control.snapshots import Snapshot, SnapshotStore  # noqa: E402
-from llmgw.core import events as ev  # noqa: E402
-from llmgw.core.fold import apply, encode_state  # noqa: E402
-from llmgw.core.state import State  # noqa: E402
+from llmgw.core.contract import events as ev  # noqa: E402
+from llmgw.core.folding.fold import apply, encode_state  # noqa: E402
+from llmgw.core.folding.state import State  # noqa: E402
 from llmgw.replay import logfile  # noqa: E402
 
 GOAL_FOLD = 300_000

@@ -48,10 +48,10 @@ import placement as fleetbench  # noqa: E402
 
 from llmgw.control.config import SNAPSHOT_EVERY, SNAPSHOT_INTERVAL_S  # noqa: E402
 from llmgw.control.snapshots import SnapshotStore  # noqa: E402
-from llmgw.core import events as ev  # noqa: E402
-from llmgw.core.decide import decide  # noqa: E402
-from llmgw.core.fold import apply, encode_state  # noqa: E402
-from llmgw.core.state import State  # noqa: E402
+from llmgw.core.contract import events as ev  # noqa: E402
+from llmgw.core.rules.decide import decide  # noqa: E402
+from llmgw.core.folding.fold import apply, encode_state  # noqa: E402
+from llmgw.core.folding.state import State  # noqa: E402
 
 GOAL_RESTART_S = 1.0
 SEED = 20251201

@@ -32,8 +32,8 @@ sys.path.insert(0, str(HERE.parent))
 from llmgw.agent.protocol import Gate  # noqa: E402
 from llmgw.agent.statefile import AgentState  # noqa: E402
 from llmgw.bus import keystore, signing  # noqa: E402
-from llmgw.core import commands as cmds  # noqa: E402
-from llmgw.core import events as ev  # noqa: E402
+from llmgw.core.folding import commands as cmds  # noqa: E402
+from llmgw.core.contract import events as ev  # noqa: E402
 
 LOG = "LLMGW@1764806400.123"
 

@@ -36,13 +36,13 @@ sys.path.insert(1, str(HERE.parent))
 
 import fleetgen  # noqa: E402
 
-from llmgw.core import events as ev  # noqa: E402
-from llmgw.core.decide import decide  # noqa: E402
-from llmgw.core.fold import apply, copy_state  # noqa: E402
-from llmgw.core.policy import Policy  # noqa: E402
-from llmgw.core.redecide import Plan, what_if  # noqa: E402
-from llmgw.core.state import State  # noqa: E402
-from llmgw.core.whatif import Timing, dry_run  # noqa: E402
+from llmgw.core.contract import events as ev  # noqa: E402
+from llmgw.core.rules.decide import decide  # noqa: E402
+from llmgw.core.folding.fold import apply, copy_state  # noqa: E402
+from llmgw.core.contract.policy import Policy  # noqa: E402
+from llmgw.core.simulation.redecide import Plan, what_if  # noqa: E402
+from llmgw.core.folding.state import State  # noqa: E402
+from llmgw.core.simulation.whatif import Timing, dry_run  # noqa: E402
 from llmgw.replay import logfile  # noqa: E402
 
 now = time.perf_counter

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from .core import events as ev
+from .core.contract import events as ev
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "events" / "schema"
 

@@ -16,7 +16,7 @@ CREATE TABLE models (
     name          TEXT PRIMARY KEY,
     owner         TEXT NOT NULL,
     min_replicas  INTEGER NOT NULL,
-    max_replicas  INTEGER NOT NULL,          -- the most it may run (llmgw.core.catalog.max_replicas: never below min)
+    max_replicas  INTEGER NOT NULL,          -- the most it may run (llmgw.core.contract.catalog.max_replicas: never below min)
     aliases       TEXT NOT NULL,             -- JSON list of names
     profiles      TEXT NOT NULL,             -- JSON list of profile specs in order of preference, each with its "fingerprint"
     waiting       TEXT NOT NULL,             -- why it has fewer replicas than it wants; '' when it has them
@@ -86,7 +86,7 @@ CREATE TABLE decisions (
     PRIMARY KEY (seq, idx)
 ) WITHOUT ROWID;
 
--- Every message of the log, in a line (llmgw.core.history.summary). type is
+-- Every message of the log, in a line (llmgw.core.simulation.history.summary). type is
 -- the event's tag, or what a message that is not an event says it is ('' if
 -- nothing).
 CREATE TABLE events (
@@ -106,7 +106,7 @@ CREATE TABLE entities (
     UNIQUE (kind, name)
 );
 
--- What each event is about (llmgw.core.history.mentions): the index behind
+-- What each event is about (llmgw.core.simulation.history.mentions): the index behind
 -- `describe model|replica|node NAME`:
 --   SELECT e.* FROM entities x JOIN event_mentions m ON m.entity = x.id
 --     JOIN events e ON e.seq = m.seq WHERE x.kind = ? AND x.name = ? ORDER BY e.seq

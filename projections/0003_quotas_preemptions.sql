@@ -2,7 +2,7 @@
 
 -- Each owner the catalog names or replicas run for: what it is guaranteed,
 -- the most it may hold, what it holds and how much of that is borrowed
--- (held past its guarantee), as llmgw.core.quota.report says. JSON objects
+-- (held past its guarantee), as llmgw.core.rules.quota.report says. JSON objects
 -- {"gpus", "cpu_cores", "memory_gb"}; in `limits` a null is no limit.
 CREATE TABLE quotas (
     owner         TEXT PRIMARY KEY,

@@ -1,7 +1,7 @@
 -- The facility (issue 14): where each node is (its effective location
 -- labels, kind -> name) and what it is counted as drawing; the facility's
 -- refusals a replica's placement met; and one row per facility domain
--- (core/facility.py domain_rows), for `ctl facility` and the console.
+-- (core/scheduling/facility.py domain_rows), for `ctl facility` and the console.
 ALTER TABLE nodes ADD COLUMN location TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE nodes ADD COLUMN power_w REAL NOT NULL DEFAULT 0;
 ALTER TABLE replicas ADD COLUMN rejections TEXT NOT NULL DEFAULT '[]';

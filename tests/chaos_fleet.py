@@ -25,10 +25,10 @@ from pathlib import Path
 from llmgw.bus import COMMAND_STREAM, read_log, signing
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import NatsServer, free_port, nats_server_binary
-from llmgw.core import commands as cmds
-from llmgw.core import events as ev
-from llmgw.core.fold import apply
-from llmgw.core.state import State, gpus_in_use
+from llmgw.core.folding import commands as cmds
+from llmgw.core.contract import events as ev
+from llmgw.core.folding.fold import apply
+from llmgw.core.folding.state import State, gpus_in_use
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -42,13 +42,13 @@ from dataclasses import dataclass, field
 import msgspec
 from hypothesis import strategies as st
 
-from llmgw.core import events as ev
-from llmgw.core.catalog import profile_named
-from llmgw.core.decide import decide
-from llmgw.core.fold import apply, decode_state, encode_state
-from llmgw.core.placement import port_range
-from llmgw.core.policy import Policy
-from llmgw.core.state import LIVE_SHARD_STATES, State
+from llmgw.core.contract import events as ev
+from llmgw.core.contract.catalog import profile_named
+from llmgw.core.rules.decide import decide
+from llmgw.core.folding.fold import apply, decode_state, encode_state
+from llmgw.core.scheduling.placement import port_range
+from llmgw.core.contract.policy import Policy
+from llmgw.core.folding.state import LIVE_SHARD_STATES, State
 
 GPU_MEMORY_GB = (16.0, 24.0, 40.0, 80.0)
 PROFILE_MEMORY_GB = (0.0, 16.0, 40.0, 80.0)
@@ -101,7 +101,7 @@ OWNER_NAMES = ("lab", "lab/vision", "lab/nlp", "shop")
 # The facility (World(facility=True)): where nodes are (agents' labels and
 # operators' ctl label), power limits of GPUs, profiles' declared draw and
 # keep_within, caps, holds (some draining) and measured draw: every
-# dimension core/facility.py reads. Few names, so that domains are shared.
+# dimension core/scheduling/facility.py reads. Few names, so that domains are shared.
 RACKS = ("r1", "r1", "r2", "r3", "")
 PDUS = ("pa", "pa", "pb", "")
 ROWS = ("", "", "row-1")
@@ -425,7 +425,7 @@ class World:
             spec = self.draw(model_specs(name, self.plain, self.facility))  # a changed spec
         self._emit(step, ev.ModelApplied(at=self.tick(), model=spec))
 
-    # ------------------------------------------------------------------ admission (core/admission.py)
+    # ------------------------------------------------------------------ admission (core/rules/admission.py)
 
     def _step_admit(self, step: Step) -> None:
         """An operator sets a node's pool (`llmgw ctl label NODE pool=`, or `ctl
@@ -471,7 +471,7 @@ class World:
     def _step_hold(self, step: Step) -> None:
         """An operator holds a domain, draining it or not (`llmgw ctl facility hold`):
         often one where ready replicas run, so that drains have something to move."""
-        from llmgw.core.facility import domains_of
+        from llmgw.core.scheduling.facility import domains_of
 
         busy = sorted({
             d for r in self.live.replicas.values() if r.state == "ready" for sh in r.shards

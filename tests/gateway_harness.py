@@ -11,8 +11,8 @@ import time
 
 from llmgw.bus import engine_key_name
 from llmgw.bus.memory import MemoryBus
-from llmgw.core import events as ev
-from llmgw.core.catalog import fingerprint
+from llmgw.core.contract import events as ev
+from llmgw.core.contract.catalog import fingerprint
 from llmgw.gateway.server import Gateway
 
 _ids = itertools.count(1)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import msgspec
 from hypothesis import strategies as st
 
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 from .fleet_strategies import OWNER_NAMES, OWNERS, PRIORITIES, NodeFacts, Step, World, owner_events
 QUOTA_MODEL_NAMES = ("m", "chat", "batch", "org/llama-3.1:8b", "embed", "judge")
 QUOTA_NODE_NAMES = ("n0", "n1", "gpu-2", "node_3")

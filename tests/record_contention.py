@@ -23,7 +23,7 @@ from pathlib import Path
 
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import NatsServer, free_port
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 from llmgw.ctl.catalog_file import load_catalog
 
 from .conftest import REPO, Processes, run_llmgw

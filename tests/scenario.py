@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from llmgw.core import events as ev
-from llmgw.core.decide import decide
-from llmgw.core.fold import apply
-from llmgw.core.state import State
+from llmgw.core.contract import events as ev
+from llmgw.core.rules.decide import decide
+from llmgw.core.folding.fold import apply
+from llmgw.core.folding.state import State
 
 
 def model(name: str, min_replicas: int = 1, gpus: int = 1, mem: float = 0.0, **kw) -> ev.ModelSpec:
@@ -70,7 +70,7 @@ class Fleet:
 
     def admit(self, node: str, **labels: str) -> None:
         """An operator sets a node's labels (`llmgw ctl label`, `ctl node
-        admit`): the pool counts only this way (core/admission.py)."""
+        admit`): the pool counts only this way (core/rules/admission.py)."""
         self.publish(ev.NodeLabeled(at=self.tick(), node=node, set=labels))
 
     def lose(self, node: str, reason: str = "no heartbeat") -> None:

@@ -1,4 +1,4 @@
-"""Node admission (core/admission.py, issue 35 finding 5): each rule tried
+"""Node admission (core/rules/admission.py, issue 35 finding 5): each rule tried
 as the attacker did, in the pure core. (Over real processes:
 tests/test_admission_e2e.py.)"""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.core import admission
-from llmgw.core import events as ev
-from llmgw.core.catalog import profile_named
-from llmgw.core.decisions import describe_action
-from llmgw.core.history import verify
-from llmgw.core.policy import Policy
+from llmgw.core.rules import admission
+from llmgw.core.contract import events as ev
+from llmgw.core.contract.catalog import profile_named
+from llmgw.core.folding.decisions import describe_action
+from llmgw.core.simulation.history import verify
+from llmgw.core.contract.policy import Policy
 
 from .fleet_strategies import World
 from .scenario import Fleet, model
@@ -292,7 +292,7 @@ def test_every_replica_past_its_start_deadline_is_stopped_by_the_next_pass(data)
 def test_the_catalog_s_policy_sets_admission_and_the_start_deadline_and_ctl_shows_them(tmp_path):
     from llmgw.ctl import views
     from llmgw.ctl.catalog_file import load_catalog
-    from llmgw.core.policy import DEFAULT, FIELDS
+    from llmgw.core.contract.policy import DEFAULT, FIELDS
     from llmgw.yamlfile import YamlFileError
 
     path = tmp_path / "catalog.yaml"

@@ -11,7 +11,7 @@ of the finding is tried and seen refused:
 - a node that never starts what it is given has it failed at the start
   deadline and placed elsewhere.
 
-The rules are core/admission.py's (unit tests: tests/test_admission.py).
+The rules are core/rules/admission.py's (unit tests: tests/test_admission.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import time
 import pytest
 
 from llmgw.bus.nats import NatsBus
-from llmgw.core import events as ev
-from llmgw.core.fold import apply
-from llmgw.core.state import State
+from llmgw.core.contract import events as ev
+from llmgw.core.folding.fold import apply
+from llmgw.core.folding.state import State
 from llmgw.gateway import routing
 
 from .conftest import run_llmgw

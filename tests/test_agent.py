@@ -25,8 +25,8 @@ from llmgw.agent.node import NodeAgent, StateDirTaken
 from llmgw.agent.statefile import AgentState, ShardRecord, StateFile
 from llmgw.bus.memory import MemoryBus
 from llmgw.bus.server import free_port
-from llmgw.core import commands as cmds
-from llmgw.core import events as ev
+from llmgw.core.folding import commands as cmds
+from llmgw.core.contract import events as ev
 
 from .conftest import engine_ports
 from .scenario import until

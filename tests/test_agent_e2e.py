@@ -31,7 +31,7 @@ from llmgw.agent import logs
 from llmgw.bus import engine_key_name
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import free_port
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 
 from .conftest import agent_runners, demo_gguf, engine_ports, engine_starts, kill_engines, run_llmgw
 from .test_e2e_nats import live, wait_for

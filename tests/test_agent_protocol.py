@@ -14,8 +14,8 @@ from llmgw.agent import protocol as p
 from llmgw.agent.statefile import StateFile, StateMemory
 from llmgw.bus import keystore, signing
 from llmgw.bus.memory import MemoryBus
-from llmgw.core import commands as cmds
-from llmgw.core import events as ev
+from llmgw.core.folding import commands as cmds
+from llmgw.core.contract import events as ev
 
 PROFILE = ev.ProfileSpec(name="p", gpus=1)
 

@@ -25,8 +25,8 @@ from llmgw.agent.simulated import SimulatedAgent
 from llmgw.bus import keystore, read_log, signing
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import free_port
-from llmgw.core import commands as cmds
-from llmgw.core import events as ev
+from llmgw.core.folding import commands as cmds
+from llmgw.core.contract import events as ev
 
 from .conftest import engine_ports
 from .scenario import until

@@ -17,8 +17,8 @@ import pytest
 
 from llmgw.bus import signing
 from llmgw.bus.nats import NatsBus
-from llmgw.core import commands as cmds
-from llmgw.core import events as ev
+from llmgw.core.folding import commands as cmds
+from llmgw.core.contract import events as ev
 
 from .conftest import engine_ports, run_llmgw
 from .test_e2e_nats import wait_for

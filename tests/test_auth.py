@@ -19,7 +19,7 @@ import pytest
 from llmgw.bus import COMMAND_PREFIX, HEARTBEAT_BUCKET, STREAM, read_log
 from llmgw.bus import ENGINE_KEYS_BUCKET, auth, credentials, keystore, roles
 from llmgw.bus.nats import NatsBus
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -325,8 +325,8 @@ def test_permissions_match_the_servers_rule():
 
 
 def _fold(server) -> "object":
-    from llmgw.core.fold import apply
-    from llmgw.core.state import State
+    from llmgw.core.folding.fold import apply
+    from llmgw.core.folding.state import State
 
     async def fetch():
         bus = await NatsBus.connect(server.url, creds=server.creds("operator"))

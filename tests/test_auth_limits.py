@@ -13,7 +13,7 @@ from llmgw.bus import ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, LEADER_BUCKET, STREA
 from llmgw.bus.msgids import MsgIds
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import NatsServer, free_port
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 
 from .test_auth import Speaker, _control, _registered, _subjects
 

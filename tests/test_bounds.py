@@ -1,5 +1,5 @@
-"""Bounds in the event contract (core/bounds.py) and muted nodes
-(core/muting.py, control/rates.py): issue 35, findings 4 and 6.
+"""Bounds in the event contract (core/contract/bounds.py) and muted nodes
+(core/folding/muting.py, control/rates.py): issue 35, findings 4 and 6.
 
 An event outside the bounds is quarantined with the reason and the rest of
 the log goes on; a muted node's messages are quarantined unread, its
@@ -12,11 +12,11 @@ import msgspec
 import pytest
 
 from llmgw.control.rates import NodeRates
-from llmgw.core import bounds
-from llmgw.core import events as ev
-from llmgw.core.fold import apply, decode_state, encode_state
-from llmgw.core.history import verify
-from llmgw.core.state import State
+from llmgw.core.contract import bounds
+from llmgw.core.contract import events as ev
+from llmgw.core.folding.fold import apply, decode_state, encode_state
+from llmgw.core.simulation.history import verify
+from llmgw.core.folding.state import State
 
 from .scenario import Fleet, model
 
@@ -190,7 +190,7 @@ def test_a_burst_is_allowed_a_flood_is_not_and_the_window_slides():
 
 
 def test_a_decision_with_a_reason_past_the_bounds_is_cut_to_fit_not_quarantined():
-    from llmgw.core.bounds import TEXT_LEN, fit_action
+    from llmgw.core.contract.bounds import TEXT_LEN, fit_action
 
     long = "node n refused: no GPU free; " * 2000  # 16,000 nodes' refusals, said at once
     actions = [fit_action(ev.ModelWaiting(model="m", reason=long)),

@@ -23,7 +23,7 @@ import msgspec
 import pytest
 
 from llmgw.bus.nats import NatsBus
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 from llmgw.control.rates import NODE_BURST, NODE_RATE, NODE_RATE_WINDOW_S
 
 from .conftest import run_llmgw

@@ -1,5 +1,5 @@
 """The fold, a pass, a snapshot, the projector and the console survive the
-worst values the contract's bounds accept (core/bounds.py; issue 35,
+worst values the contract's bounds accept (core/contract/bounds.py; issue 35,
 finding 4: `cpu_cores: 10**30` folded, then every pass raised
 OverflowError and the projector crash-looped on SQLite's INTEGER).
 
@@ -26,11 +26,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmgw.console import fleetmap, series, views
-from llmgw.core import bounds
-from llmgw.core import events as ev
-from llmgw.core.decide import decide
-from llmgw.core.fold import apply, decode_state, encode_state
-from llmgw.core.state import State
+from llmgw.core.contract import bounds
+from llmgw.core.contract import events as ev
+from llmgw.core.rules.decide import decide
+from llmgw.core.folding.fold import apply, decode_state, encode_state
+from llmgw.core.folding.state import State
 from llmgw.projections.projector import Projector
 
 SETTINGS = settings(
@@ -191,7 +191,7 @@ def test_the_longest_registration_and_the_largest_model_fold_place_snapshot_proj
     model.owner = "o"
     events = [
         _worst_node("a" * 64), _worst_node("b" * 64), owner,
-        # The pool is the operator's to set (core/admission.py): what the nodes claim steers nothing.
+        # The pool is the operator's to set (core/rules/admission.py): what the nodes claim steers nothing.
         ev.NodeLabeled(at=bounds.MAX_TIME, node="a" * 64, set={"pool": "p"}),
         ev.NodeLabeled(at=bounds.MAX_TIME, node="b" * 64, set={"pool": "p"}),
         ev.FacilityApplied(at=bounds.MAX_TIME, budgets={"pdu/p": bounds.MAX_DOMAIN_WATTS}),

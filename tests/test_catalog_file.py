@@ -81,7 +81,7 @@ def test_a_bad_api_key_names_its_line_and_field(tmp_path, text, expected):
 
 
 def test_a_value_past_the_event_contracts_bounds_is_refused_before_anything_is_published(tmp_path):
-    # Issue 35: the fold quarantines an event past the bounds (core/bounds.py); published,
+    # Issue 35: the fold quarantines an event past the bounds (core/contract/bounds.py); published,
     # `ctl apply` would have said "applied" while nothing changed.
     path = tmp_path / "c.yaml"
     path.write_text("models:\n  - name: m\n    profiles:\n      - name: p\n        gpus: 0\n        cpu_cores: 100000\n")

@@ -9,7 +9,7 @@ import pytest
 from llmgw.bus import catchup
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.nats_log import CATCHUP_MIN
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 
 pytestmark = pytest.mark.nats
 

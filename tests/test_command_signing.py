@@ -35,8 +35,8 @@ from llmgw.agent.statefile import AgentState
 from llmgw.bus import COMMAND_PREFIX, STREAM, credentials, keystore, roles, signing
 from llmgw.bus.memory import MemoryBus
 from llmgw.control.plane import ControlPlane
-from llmgw.core import commands as cmds
-from llmgw.core import events as ev
+from llmgw.core.folding import commands as cmds
+from llmgw.core.contract import events as ev
 
 from .conftest import engine_ports, engine_starts, kill_engines, run_llmgw
 from .scenario import model, publish, until
@@ -290,7 +290,7 @@ def _forgeries(node: str, log_id: str, shard: str, generation: int, port: int) -
     }
 
 
-# The nodes' own pools steer placement here (`admission: open`, core/admission.py): this test is
+# The nodes' own pools steer placement here (`admission: open`, core/rules/admission.py): this test is
 # about commands, and each model must land on the agent it is meant for.
 CATALOG = """\
 policy:

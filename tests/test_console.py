@@ -166,7 +166,7 @@ def fleet(tmp_path_factory):
         f.agent("flaky-1", location("par1", "r2", "pdu-2b", pool="flaky"), "--fail-model", "broken")
         f.wait_for(lambda: len([n for n in f.ctl_json("nodes") if n["state"] == "ready"]) == 5, "the nodes did not register")
         for name in ("gpu-1", "gpu-2", "gpu-3", "gpu-4", "flaky-1"):
-            out = f.llmgw("ctl", "node", "admit", name)  # the pools their agent files claim (core/admission.py)
+            out = f.llmgw("ctl", "node", "admit", name)  # the pools their agent files claim (core/rules/admission.py)
             assert out.returncode == 0 and ", llmgw.io/pool=" in out.stdout, out.stdout + out.stderr
         f.before_catalog = f.position()  # the fleet before any model: time travel goes back here
         (f.folder / "catalog.yaml").write_text(CATALOG)

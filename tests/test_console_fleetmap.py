@@ -5,10 +5,10 @@ from folded logs, without a browser or a bus."""
 from __future__ import annotations
 
 from llmgw.console import fleetmap, followup
-from llmgw.core import events as ev
-from llmgw.core.decide import decide
-from llmgw.core.fold import apply
-from llmgw.core.state import State
+from llmgw.core.contract import events as ev
+from llmgw.core.rules.decide import decide
+from llmgw.core.folding.fold import apply
+from llmgw.core.folding.state import State
 
 
 def log_of(*events: ev.Event) -> list[tuple[int, str, bytes]]:

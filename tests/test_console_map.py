@@ -60,7 +60,7 @@ def fleet(tmp_path_factory):
             ))  # fmt: skip
         f.wait_for(lambda: len([n for n in f.ctl_json("nodes") if n["state"] == "ready"]) == 4, "the nodes did not register")
         for name in NODES:
-            out = f.llmgw("ctl", "node", "admit", name)  # the pools their agent files claim (core/admission.py)
+            out = f.llmgw("ctl", "node", "admit", name)  # the pools their agent files claim (core/rules/admission.py)
             assert out.returncode == 0, out.stdout + out.stderr
         (f.folder / "catalog.yaml").write_text(CATALOG)
         out = f.llmgw("ctl", "apply", "-f", str(f.folder / "catalog.yaml"))

@@ -19,9 +19,9 @@ import math
 import pytest
 
 from llmgw.bus.server import free_port
-from llmgw.core import events as ev
-from llmgw.core.scaling import decided
-from llmgw.core.state import LIVE_SHARD_STATES
+from llmgw.core.contract import events as ev
+from llmgw.core.rules.scaling import decided
+from llmgw.core.folding.state import LIVE_SHARD_STATES
 from llmgw.replay import logfile
 from llmgw.replay.tool import fold_until
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 
 from llmgw.console import series
-from llmgw.core import events as ev
-from llmgw.core.scaling import decided
-from llmgw.core.fold import apply
-from llmgw.core.state import LIVE_SHARD_STATES, State
+from llmgw.core.contract import events as ev
+from llmgw.core.rules.scaling import decided
+from llmgw.core.folding.fold import apply
+from llmgw.core.folding.state import LIVE_SHARD_STATES, State
 from llmgw.replay.tool import fold_until
 
 from .scenario import Fleet, model

@@ -4,12 +4,12 @@ rows, the decision at a point of the log with its facts, and the token check."""
 
 from __future__ import annotations
 
-from llmgw.core import facility as fac
+from llmgw.core.scheduling import facility as fac
 from llmgw.console import fleetmap, views
 from llmgw.console.server import Console, HttpError
-from llmgw.core import events as ev
-from llmgw.core.fold import apply
-from llmgw.core.state import State
+from llmgw.core.contract import events as ev
+from llmgw.core.folding.fold import apply
+from llmgw.core.folding.state import State
 
 
 def log_of(*events: ev.Event) -> list[tuple[int, str, bytes]]:

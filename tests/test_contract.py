@@ -7,8 +7,8 @@ import msgspec
 import pytest
 
 from llmgw import contract
-from llmgw.core import events as ev
-from llmgw.core.policy import Policy
+from llmgw.core.contract import events as ev
+from llmgw.core.contract.policy import Policy
 
 
 def test_schema_files_match_the_code():

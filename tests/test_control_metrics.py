@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 from llmgw.bus.server import free_port
 from llmgw.control.metrics import WAITING_KINDS
 
@@ -66,8 +66,8 @@ def wait_for(url: str, check, timeout: float = 90.0) -> dict:
 
 
 def test_waiting_kinds_are_the_kinds_decide_says():
-    from llmgw.core.state import Model
-    from llmgw.core.waits import model_kind
+    from llmgw.core.folding.state import Model
+    from llmgw.core.rules.waits import model_kind
 
     spec = ev.ModelSpec(name="m", profiles=[ev.ProfileSpec(name="p")])
     assert model_kind(Model(spec=spec)) == ""

@@ -10,9 +10,9 @@ from llmgw.bus import Fenced
 from llmgw.bus.memory import MemoryBus
 from llmgw.control.plane import ControlPlane
 from llmgw.control.snapshots import SnapshotStore
-from llmgw.core import events as ev
-from llmgw.core.fold import apply
-from llmgw.core.state import State
+from llmgw.core.contract import events as ev
+from llmgw.core.folding.fold import apply
+from llmgw.core.folding.state import State
 
 from .scenario import model, publish, until
 

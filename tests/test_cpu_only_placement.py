@@ -4,9 +4,9 @@ file without them) limits a GPU profile's cores by nothing, as before."""
 
 from __future__ import annotations
 
-from llmgw.core import events as ev
-from llmgw.core.explain import explain
-from llmgw.core.placement import CPU, render_explanation
+from llmgw.core.contract import events as ev
+from llmgw.core.scheduling.explain import explain
+from llmgw.core.scheduling.placement import CPU, render_explanation
 
 from .scenario import Fleet, model
 

@@ -24,7 +24,7 @@ import pytest
 from llmgw.bus import read_log
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import free_port
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 from llmgw.projections import position
 
 from .conftest import run_llmgw

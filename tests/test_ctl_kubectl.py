@@ -12,9 +12,9 @@ import pytest
 
 from llmgw.cli.get import apikeys_rows, owners_rows
 from llmgw.cli.main import parser
-from llmgw.core import events as ev
-from llmgw.core.fold import apply
-from llmgw.core.state import State
+from llmgw.core.contract import events as ev
+from llmgw.core.folding.fold import apply
+from llmgw.core.folding.state import State
 from llmgw.ctl import selectors, views
 from llmgw.ctl.jsonpath import JsonPathError, Path, Template, to_jsonpath_ng
 from llmgw.ctl.output import Output, Watch, parse_output, render, sort_rows

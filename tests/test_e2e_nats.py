@@ -13,9 +13,9 @@ from nats.js.errors import APIError
 
 from llmgw.bus import STREAM, Fenced, read_log
 from llmgw.bus.nats import NatsBus
-from llmgw.core import events as ev
-from llmgw.core.fold import apply
-from llmgw.core.state import State
+from llmgw.core.contract import events as ev
+from llmgw.core.folding.fold import apply
+from llmgw.core.folding.state import State
 
 from .conftest import run_llmgw
 

@@ -37,8 +37,8 @@ from llmgw.agent.node import NodeAgent
 from llmgw.bus import ENGINE_KEYS_BUCKET, engine_key_name
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import free_port
-from llmgw.core import commands as cmds
-from llmgw.core import events as ev
+from llmgw.core.folding import commands as cmds
+from llmgw.core.contract import events as ev
 
 from .conftest import demo_gguf, engine_ports, kill_engines
 from .gateway_harness import spec

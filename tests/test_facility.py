@@ -4,12 +4,12 @@ in the pure core (tests/scenario.py), decisions published and folded back."""
 
 from __future__ import annotations
 
-from llmgw.core import events as ev
-from llmgw.core import facility
-from llmgw.core.decisions import describe_action
-from llmgw.core.history import verify
-from llmgw.core.explain import explain
-from llmgw.core.placement import render_explanation
+from llmgw.core.contract import events as ev
+from llmgw.core.scheduling import facility
+from llmgw.core.folding.decisions import describe_action
+from llmgw.core.simulation.history import verify
+from llmgw.core.scheduling.explain import explain
+from llmgw.core.scheduling.placement import render_explanation
 
 from .scenario import Fleet, model
 
@@ -119,7 +119,7 @@ def test_a_decision_in_a_domain_held_since_is_voided():
     f = Fleet()
     f.register("a", labels=loc("r1"))
     f.apply(model("m"))
-    actions = __import__("llmgw.core.decide", fromlist=["decide"]).decide(f.state, f.tick())
+    actions = __import__("llmgw.core.rules.decide", fromlist=["decide"]).decide(f.state, f.tick())
     hold(f, "rack/r1")
     f.publish(ev.Decided(at=f.tick(), basis=f.state.seq, actions=actions))
     assert not f.state.replicas

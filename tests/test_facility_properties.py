@@ -1,7 +1,7 @@
 """Properties of the facility's rules (issue 14) over generated fleets with
 locations (agents' labels and operators'), GPU power limits, declared
 draw, caps, holds and drains, and measured draw (tests/fleet_strategies.py,
-World(facility=True)): every dimension core/facility.py reads.
+World(facility=True)): every dimension core/scheduling/facility.py reads.
 
 - no placement takes a capped domain past its cap (as the fold counts it,
   crediting what a replica replaced in place hands over);
@@ -24,16 +24,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw.core import events as ev
-from llmgw.core import facility
-from llmgw.core.catalog import profile_named
-from llmgw.core.decide import decide
-from llmgw.core.fold import apply, copy_state
-from llmgw.core.history import verify
-from llmgw.core.nodeindex import index_of, track
-from llmgw.core.placement import Inventory
-from llmgw.core.scaling import desired
-from llmgw.core.state import State
+from llmgw.core.contract import events as ev
+from llmgw.core.scheduling import facility
+from llmgw.core.contract.catalog import profile_named
+from llmgw.core.rules.decide import decide
+from llmgw.core.folding.fold import apply, copy_state
+from llmgw.core.simulation.history import verify
+from llmgw.core.folding.nodeindex import index_of, track
+from llmgw.core.scheduling.placement import Inventory
+from llmgw.core.rules.scaling import desired
+from llmgw.core.folding.state import State
 
 from .fleet_strategies import Step, World
 

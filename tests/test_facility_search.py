@@ -1,4 +1,4 @@
-"""The facility's cell search (core/facility_search.py) makes the same choice
+"""The facility's cell search (core/scheduling/facility_search.py) makes the same choice
 as the rule read plainly: of every node that fits (placement's own reasons,
 the facility's included), the lowest level (its rack's count of the model's
 replicas, then its PDU's, then its own; a missing label counts the node by
@@ -18,11 +18,11 @@ import random
 
 import pytest
 
-from llmgw.core import events as ev
-from llmgw.core.decide import decide
-from llmgw.core.fold import apply
-from llmgw.core.placement import Inventory, replicas_per_node
-from llmgw.core.state import State
+from llmgw.core.contract import events as ev
+from llmgw.core.rules.decide import decide
+from llmgw.core.folding.fold import apply
+from llmgw.core.scheduling.placement import Inventory, replicas_per_node
+from llmgw.core.folding.state import State
 
 T0 = 1_760_000_000.0
 
@@ -278,7 +278,7 @@ def test_the_cells_orders_kept_from_pass_to_pass_follow_a_pass_that_never_search
         gpus = [ev.Gpu(index=g, model="NVIDIA H100 80GB HBM3", memory_gb=80.0, power_w=700.0) for g in range(4)]
         _publish(state, ev.NodeRegistered(at=T0, node=f"n{i}", gpus=gpus, memory_gb=512.0, cpu_cores=64,
                                           labels=labels, agent=f"a/{i}"))
-    from llmgw.core.nodeindex import track
+    from llmgw.core.folding.nodeindex import track
 
     track(state)
     one = ev.ProfileSpec(name="one", gpus=1)

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.core.state import Owner
-from llmgw.core.events import Resources
+from llmgw.core.folding.state import Owner
+from llmgw.core.contract.events import Resources
 from llmgw.gateway.fairqueue import FairQueue, weight_of
 
 from .gateway_harness import spec

@@ -13,9 +13,9 @@ import pytest
 from llmgw.agent import fleet
 from llmgw.bus import read_log
 from llmgw.bus.server import free_port
-from llmgw.core import events as ev
-from llmgw.core.fold import apply
-from llmgw.core.state import State
+from llmgw.core.contract import events as ev
+from llmgw.core.folding.fold import apply
+from llmgw.core.folding.state import State
 from llmgw.ctl.locate import DB_FILE
 from llmgw.yamlfile import YamlFileError
 

@@ -3,11 +3,11 @@ decisions out, one rule each, named after the rule."""
 
 import pytest
 
-from llmgw.core import commands as cmds
-from llmgw.core import events as ev
-from llmgw.core.decide import decide
-from llmgw.core.fold import copy_state
-from llmgw.core.history import verify
+from llmgw.core.folding import commands as cmds
+from llmgw.core.contract import events as ev
+from llmgw.core.rules.decide import decide
+from llmgw.core.folding.fold import copy_state
+from llmgw.core.simulation.history import verify
 
 from .scenario import Fleet, model
 
@@ -263,7 +263,7 @@ def test_bad_input_is_quarantined_and_the_fold_goes_on():
     f.register("a")
     f.publish(ev.NodeRegistered(at=f.tick(), node="b"), subject="llmgw.agent.a.node.registered")  # speaks for another node
     f.log.append((len(f.log) + 1, "llmgw.agent.a.x", b"not json"))
-    from llmgw.core.fold import apply
+    from llmgw.core.folding.fold import apply
 
     apply(f.state, len(f.log), "llmgw.agent.a.x", b"not json")
     apply(f.state, len(f.log) + 1, "llmgw.ctl.x", b'{"type":"model.exploded","at":1}')

@@ -9,8 +9,8 @@ import pytest
 
 from llmgw.agent import llamacpp_options
 from llmgw.agent.chat_templates import BUILTIN, HERMES_CALL_OPEN
-from llmgw.core.catalog import fingerprint
-from llmgw.core.events import ModelSpec, ProfileSpec
+from llmgw.core.contract.catalog import fingerprint
+from llmgw.core.contract.events import ModelSpec, ProfileSpec
 from llmgw.gateway import checks, intake, serves, tools
 from llmgw.gateway.engine_errors import openai_error
 

@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from llmgw.bus.server import free_port
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 
 from .conftest import demo_gguf, engine_ports, kill_engines, run_llmgw, sample
 from .test_e2e_nats import live, wait_for

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import msgspec
 
-from llmgw.core import events as ev
-from llmgw.core.catalog import fingerprint
-from llmgw.core.tenancy import may_use
+from llmgw.core.contract import events as ev
+from llmgw.core.contract.catalog import fingerprint
+from llmgw.core.contract.tenancy import may_use
 from llmgw.gateway import api, intake
 from llmgw.gateway.limits import Bucket, retry_after
 from llmgw.gateway.load import MIN_INTERVAL_S, REPEAT_S, Loads

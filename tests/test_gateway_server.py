@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from llmgw.bus.memory import MemoryBus
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 from llmgw.gateway.config import GatewayConfig
 from llmgw.gateway.server import Gateway
 

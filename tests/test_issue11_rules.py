@@ -15,10 +15,10 @@ out, through the real fold (tests/scenario.py), one rule each.
 
 from __future__ import annotations
 
-from llmgw.core import events as ev
-from llmgw.core.decide import Outcome
-from llmgw.core.preempt import MIN_LIFETIME_S
-from llmgw.core.times import utc
+from llmgw.core.contract import events as ev
+from llmgw.core.rules.decide import Outcome
+from llmgw.core.rules.preempt import MIN_LIFETIME_S
+from llmgw.core.contract.times import utc
 
 from .scenario import Fleet
 from .scenario import model as _model

@@ -23,7 +23,7 @@ import pytest
 
 from llmgw.bus.nats import NatsBus
 from llmgw.ctl.exits import Exit
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 
 from .scenario import publish
 from .test_cli import Fleet

@@ -20,11 +20,11 @@ from llmgw.agent.simulated import SimulatedAgent
 from llmgw.bus import read_log
 from llmgw.bus.memory import MemoryBus
 from llmgw.control.plane import ControlPlane
-from llmgw.core import commands as cmds
-from llmgw.core import events as ev
-from llmgw.core.fold import apply
-from llmgw.core.liveness import lost_nodes, mass_silence
-from llmgw.core.state import Node, State
+from llmgw.core.folding import commands as cmds
+from llmgw.core.contract import events as ev
+from llmgw.core.folding.fold import apply
+from llmgw.core.folding.liveness import lost_nodes, mass_silence
+from llmgw.core.folding.state import Node, State
 
 from . import chaos_fleet as cf
 from .scenario import model, publish, until

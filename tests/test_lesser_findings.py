@@ -28,7 +28,7 @@ import pytest
 from llmgw.bus import STREAM, auth, credentials, keystore, read_log
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import free_port
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 from llmgw.ctl.printable import printable, printable_lines
 
 from .test_auth import Speaker
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.nats
 EVIL = "\x1b[2J\x1b[H\x1b]0;owned\x07r4\x9b31m\x7f"
 SHOWN = "\\x1b[2J\\x1b[H\\x1b]0;owned\\x07r4\\x9b31m\\x7f"
 # What a node's label can still carry past the contract's bounds (they refuse C0 and DEL
-# in labels, core/bounds.py): one-byte CSIs (C1) and a right-to-left override.
+# in labels, core/contract/bounds.py): one-byte CSIs (C1) and a right-to-left override.
 LABEL_EVIL = "\x9b2J\x9bHr4\x9b31m\u202eowned"
 
 

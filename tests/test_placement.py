@@ -5,26 +5,11 @@ placement is only ever what `decide` said and the fold kept."""
 
 import msgspec
 
-from llmgw.core import events as ev
-from llmgw.core.decide import decide
-from llmgw.core.fold import copy_state
-from llmgw.core.explain import explain
-from llmgw.core.placement import (
-    CPU,
-    FABRIC,
-    GPU_MEMORY,
-    GPU_MODEL,
-    GPUS,
-    MEMORY,
-    POOL,
-    PORT_BASE,
-    PORTS,
-    READY,
-    Reason,
-    gpu_model_matches,
-    render,
-    render_explanation,
-)
+from llmgw.core.contract import events as ev
+from llmgw.core.rules.decide import decide
+from llmgw.core.folding.fold import copy_state
+from llmgw.core.scheduling.explain import explain
+from llmgw.core.scheduling.placement import CPU, FABRIC, GPU_MEMORY, GPU_MODEL, GPUS, MEMORY, POOL, PORT_BASE, PORTS, READY, Reason, gpu_model_matches, render, render_explanation
 
 from .scenario import Fleet, model
 
@@ -466,5 +451,5 @@ def test_a_negative_host_memory_or_cpu_in_a_profile_is_refused():
     f.apply(model("m", profiles=[profile(memory_gb=-1)]))
     f.apply(model("n", profiles=[profile(cpu_cores=-2)]))
     assert f.state.models == {}
-    # Refused by the contract's bounds at decode now (core/bounds.py), before the fold's own rule.
+    # Refused by the contract's bounds at decode now (core/contract/bounds.py), before the fold's own rule.
     assert len(f.state.quarantined) == 2 and all(">= 0" in q.error for q in f.state.quarantined)

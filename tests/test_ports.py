@@ -5,13 +5,13 @@ never parked for it."""
 
 from __future__ import annotations
 
-from llmgw.core import events as ev
-from llmgw.core.decide import decide
-from llmgw.core.decisions import describe_action
-from llmgw.core.history import verify
-from llmgw.core.explain import explain
-from llmgw.core.placement import PORT_BASE, render_explanation
-from llmgw.core.scaling import PARK_AFTER
+from llmgw.core.contract import events as ev
+from llmgw.core.rules.decide import decide
+from llmgw.core.folding.decisions import describe_action
+from llmgw.core.simulation.history import verify
+from llmgw.core.scheduling.explain import explain
+from llmgw.core.scheduling.placement import PORT_BASE, render_explanation
+from llmgw.core.rules.scaling import PARK_AFTER
 
 from .scenario import Fleet, model
 

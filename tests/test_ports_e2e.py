@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 
 from .conftest import demo_gguf, engine_ports, run_llmgw
 from .test_agent_e2e import ask, events_after, key_for, state_dirs  # noqa: F401 (a fixture)

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import msgspec
 
-from llmgw.core import events as ev
-from llmgw.core.decide import decide
-from llmgw.core.passes import _ENVELOPE_BYTES
-from llmgw.core.fold import copy_state
-from llmgw.core.preempt import EVICTION_GRACE_S, HOLD_S, MAX_VICTIMS, MIN_LIFETIME_S, TIERS
-from llmgw.core.quota import QuotaRow, borrowed, report
+from llmgw.core.contract import events as ev
+from llmgw.core.rules.decide import decide
+from llmgw.core.rules.passes import _ENVELOPE_BYTES
+from llmgw.core.folding.fold import copy_state
+from llmgw.core.rules.preempt import EVICTION_GRACE_S, HOLD_S, MAX_VICTIMS, MIN_LIFETIME_S, TIERS
+from llmgw.core.rules.quota import QuotaRow, borrowed, report
 
 from .scenario import Fleet, model
 

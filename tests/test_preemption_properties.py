@@ -31,12 +31,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw.core import events as ev
-from llmgw.core.fold import copy_state, evolve
-from llmgw.core.placement import Inventory
-from llmgw.core.preempt import CLASSES, MAX_VICTIMS, MIN_LIFETIME_S, VictimIndex
-from llmgw.core.quota import ancestors, borrowed, governing, need, over_limit, replica_amount, report, within_guarantee
-from llmgw.core.state import State
+from llmgw.core.contract import events as ev
+from llmgw.core.folding.fold import copy_state, evolve
+from llmgw.core.scheduling.placement import Inventory
+from llmgw.core.rules.preempt import CLASSES, MAX_VICTIMS, MIN_LIFETIME_S, VictimIndex
+from llmgw.core.rules.quota import ancestors, borrowed, governing, need, over_limit, replica_amount, report, within_guarantee
+from llmgw.core.folding.state import State
 
 from .quota_strategies import QuotaWorld
 from .test_properties import assert_held_memory_cores_and_tallies_are_derived, assert_voided_not_applied, replay

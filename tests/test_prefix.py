@@ -282,9 +282,9 @@ def test_the_index_stays_in_its_bound_and_the_choice_only_goes_to_ready_replicas
 
 
 def test_the_gateways_reports_of_where_requests_went_are_summed_per_replica_and_described():
-    from llmgw.core import events as ev
-    from llmgw.core.fold import apply
-    from llmgw.core.state import Replica, State
+    from llmgw.core.contract import events as ev
+    from llmgw.core.folding.fold import apply
+    from llmgw.core.folding.state import Replica, State
     from llmgw.ctl import views
 
     assert tuple(r.value for r in Reason) == ev.ROUTE_REASONS

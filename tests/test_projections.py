@@ -24,10 +24,10 @@ import pytest
 from llmgw.agent.simulated import SimulatedAgent
 from llmgw.bus.memory import MemoryBus
 from llmgw.control.plane import ControlPlane
-from llmgw.core import events as ev
-from llmgw.core.catalog import fingerprint
-from llmgw.core.fold import apply
-from llmgw.core.state import State
+from llmgw.core.contract import events as ev
+from llmgw.core.contract.catalog import fingerprint
+from llmgw.core.folding.fold import apply
+from llmgw.core.folding.state import State
 from llmgw.projections import Projector, migrate, position, rebuild, wait_for_position
 from llmgw.projections.db import connect
 from llmgw.projections.migrate import MIGRATIONS_DIR, MigrationError
@@ -258,7 +258,7 @@ async def test_quarantined_events_are_listed(tmp_path):
     assert "malformed" in quarantined[0][2]
     assert "may not speak for node n2" in quarantined[1][2]
     assert "node.rebooted" in quarantined[2][2]
-    assert "$.model.name" in quarantined[3][2]  # refused by the contract's bounds (core/bounds.py)
+    assert "$.model.name" in quarantined[3][2]  # refused by the contract's bounds (core/contract/bounds.py)
     # Every message is in the history, quarantined or not.
     events = query(db, "SELECT seq, at, type FROM events ORDER BY seq")
     assert events == [(1, 1.0, "node.registered"), (2, None, ""), (3, 2.0, "shard.status"), (4, 3.5, "node.rebooted"),

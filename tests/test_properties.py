@@ -15,19 +15,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw.core import events as ev
-from llmgw.core.catalog import profile_named
-from llmgw.core.decide import decide
-from llmgw.core.fold import apply, copy_state, decode_state, encode_state, evolve
-from llmgw.core.history import verify
-from llmgw.core import replicaindex
-from llmgw.core.nodeindex import index_of, track
-from llmgw.core.replicaindex import replicas_of
-from llmgw.core.explain import explain
-from llmgw.core.placement import Inventory, replicas_per_node
-from llmgw.core.scaling import desired
-from llmgw.core.quota import add, need, over_limit, shard_amount
-from llmgw.core.state import LIVE_SHARD_STATES, State, gpus_in_use
+from llmgw.core.contract import events as ev
+from llmgw.core.contract.catalog import profile_named
+from llmgw.core.rules.decide import decide
+from llmgw.core.folding.fold import apply, copy_state, decode_state, encode_state, evolve
+from llmgw.core.simulation.history import verify
+from llmgw.core.folding import replicaindex
+from llmgw.core.folding.nodeindex import index_of, track
+from llmgw.core.folding.replicaindex import replicas_of
+from llmgw.core.scheduling.explain import explain
+from llmgw.core.scheduling.placement import Inventory, replicas_per_node
+from llmgw.core.rules.scaling import desired
+from llmgw.core.rules.quota import add, need, over_limit, shard_amount
+from llmgw.core.folding.state import LIVE_SHARD_STATES, State, gpus_in_use
 
 from .fleet_strategies import Step, World
 

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from llmgw.bus.memory import MemoryBus
-from llmgw.core.state import ApiKey, Owner
+from llmgw.core.folding.state import ApiKey, Owner
 from llmgw.gateway import quota
 from llmgw.gateway.config import GatewayConfig
 from llmgw.gateway.quota import Kind, Limit, Refused

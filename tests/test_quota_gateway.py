@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 from llmgw.gateway import quota
 
 from .gateway_harness import spec

@@ -1,5 +1,5 @@
 """Reasons as data (issue 33, part 3): each rule says why as a typed cause
-(core/reasons.py), the words are rendered from it, the same words as the
+(core/contract/reasons.py), the words are rendered from it, the same words as the
 rules gave before, and nothing but the renderer reads the words back."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw.core import events as ev
-from llmgw.core.bounds import TEXT_LEN, clip
-from llmgw.core.decisions import as_recorded
-from llmgw.core.history import verify
-from llmgw.core.policy import Policy
-from llmgw.core.reasons import TIERS, CauseKind, ScaleWhy, kind_of, render, scale_words, words
-from llmgw.core.times import utc
+from llmgw.core.contract import events as ev
+from llmgw.core.contract.bounds import TEXT_LEN, clip
+from llmgw.core.folding.decisions import as_recorded
+from llmgw.core.simulation.history import verify
+from llmgw.core.contract.policy import Policy
+from llmgw.core.contract.reasons import TIERS, CauseKind, ScaleWhy, kind_of, render, scale_words, words
+from llmgw.core.contract.times import utc
 
 from .fleet_strategies import World
 from .scenario import Fleet, model
@@ -447,7 +447,7 @@ WORDY = {"reason", "why", "waiting", "parked", "restart_reason", "last_failure",
 TEXT_METHODS = {"startswith", "endswith", "find", "rfind", "index", "rindex", "split", "rsplit", "partition",
                 "rpartition", "count"}
 # The renderer, and the one reader of logs recorded before kinds (waits.legacy_kind).
-ALLOWED = {("core/reasons.py", None), ("core/waits.py", "legacy_kind")}
+ALLOWED = {("core/contract/reasons.py", None), ("core/rules/waits.py", "legacy_kind")}
 
 
 def _wordy(node: ast.AST) -> bool:

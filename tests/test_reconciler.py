@@ -11,14 +11,14 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from llmgw.core import commands as cmds
-from llmgw.core import events as ev
-from llmgw.core import replicaindex
-from llmgw.core.decide import ADOPT_WAIT_S, restart_state
-from llmgw.core.decisions import describe_action
-from llmgw.core.history import verify
-from llmgw.core.liveness import lost_nodes
-from llmgw.core.scaling import PARK_AFTER
+from llmgw.core.folding import commands as cmds
+from llmgw.core.contract import events as ev
+from llmgw.core.folding import replicaindex
+from llmgw.core.rules.decide import ADOPT_WAIT_S, restart_state
+from llmgw.core.folding.decisions import describe_action
+from llmgw.core.simulation.history import verify
+from llmgw.core.folding.liveness import lost_nodes
+from llmgw.core.rules.scaling import PARK_AFTER
 
 from .scenario import Fleet, model
 

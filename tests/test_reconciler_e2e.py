@@ -17,9 +17,9 @@ import time
 import pytest
 
 from llmgw.bus.nats import NatsBus
-from llmgw.core import events as ev
-from llmgw.core.fold import apply
-from llmgw.core.state import State
+from llmgw.core.contract import events as ev
+from llmgw.core.folding.fold import apply
+from llmgw.core.folding.state import State
 
 from .conftest import REPO, run_llmgw
 

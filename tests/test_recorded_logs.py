@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.core.history import history, verify
+from llmgw.core.simulation.history import history, verify
 from llmgw.replay import logfile
 from llmgw.replay.tool import fold_until
 

@@ -1,4 +1,4 @@
-"""A waiting reason counted by the index's classes (core/refusals.py) is the
+"""A waiting reason counted by the index's classes (core/scheduling/refusals.py) is the
 one counted node by node (explain's `profile_fit`, fit.refusals_of): the
 same record, so the same words, on random fleets as a pass changes them.
 
@@ -17,14 +17,14 @@ import random
 
 import pytest
 
-from llmgw.core import events as ev
-from llmgw.core.explain import profile_fit
-from llmgw.core.fit import refusals_of, render_refusals
-from llmgw.core.fold import apply
-from llmgw.core.policy import Policy
-from llmgw.core.placement import Inventory
-from llmgw.core.refusals import count_refusals
-from llmgw.core.state import State
+from llmgw.core.contract import events as ev
+from llmgw.core.scheduling.explain import profile_fit
+from llmgw.core.scheduling.fit import refusals_of, render_refusals
+from llmgw.core.folding.fold import apply
+from llmgw.core.contract.policy import Policy
+from llmgw.core.scheduling.placement import Inventory
+from llmgw.core.scheduling.refusals import count_refusals
+from llmgw.core.folding.state import State
 
 from .test_facility_search import caps_and_a_hold
 
@@ -116,7 +116,7 @@ def test_a_stop_handed_over_counts_its_node_by_itself():
         state = _world(rng)
         spec = ev.ModelSpec(name="m", profiles=[ev.ProfileSpec(name="any", gpus=1, power_w=300.0)], min_replicas=3)
         _publish(state, ev.ModelApplied(at=T0 + 3, model=spec))
-        from llmgw.core.decide import decide
+        from llmgw.core.rules.decide import decide
 
         actions = decide(state, T0 + 10)
         _publish(state, ev.Decided(at=T0 + 10, basis=state.seq, actions=actions, leader="t"))

@@ -31,8 +31,8 @@ from llmgw.agent.simulated import SimulatedAgent
 from llmgw.bus import engine_key_name
 from llmgw.bus.nats import NatsBus
 from llmgw.bus.server import free_port
-from llmgw.core import commands as cmds
-from llmgw.core import events as ev
+from llmgw.core.folding import commands as cmds
+from llmgw.core.contract import events as ev
 
 from .conftest import demo_gguf, engine_ports, kill_engines, run_llmgw
 from .fake_openai import FakeEngine
@@ -234,7 +234,7 @@ def test_each_model_is_answered_by_its_own_replica_or_waits_for_one_never_by_ano
         rogue = Rogue(bus, {"mistral-7b": smollm2, "gemma-2b": stranger.endpoint})
         running = asyncio.get_running_loop().create_task(rogue.run(stop))
         await rogue.registered.wait()
-        # Its pool counts once an operator set it (core/admission.py): the
+        # Its pool counts once an operator set it (core/rules/admission.py): the
         # attack here is the endpoints it reports, not the pool it claims.
         await publish(bus, ev.NodeLabeled(at=time.time(), node="rogue", set={"pool": "rogue"}))
         background.cleanup.append(running)

@@ -202,8 +202,8 @@ def test_a_rerun_of_up_right_after_ctrl_c_serves_again_and_places_nothing_twice(
     # Issue 11: the rerun's replica stayed "placing" for ever (fold 7), and a
     # rerun at once was refused "port taken" by the gateway's own connections
     # in TIME_WAIT. The real engine, the openai SDK, the same ports both times.
-    from llmgw.core.fold import apply
-    from llmgw.core.state import State
+    from llmgw.core.folding.fold import apply
+    from llmgw.core.folding.state import State
 
     from .conftest import demo_gguf
     from .test_agent_e2e import placements

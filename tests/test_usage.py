@@ -9,7 +9,7 @@ import calendar
 import pytest
 
 from llmgw.bus.memory import MemoryBus
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 from llmgw.ctl import usage as ctl_usage
 from llmgw.gateway.usage import Usage, report
 

@@ -1,4 +1,4 @@
-"""Why a model waits, as data (core/waits.py), and what a gateway makes of it:
+"""Why a model waits, as data (core/rules/waits.py), and what a gateway makes of it:
 a request for a model that cannot be served now (no room, over a limit,
 parked) is refused at once with the control plane's reason; one for a model
 on its way (placing, loading, waking, room being made) waits. Pure: the
@@ -7,8 +7,8 @@ tests/test_failfast_e2e.py)."""
 
 from __future__ import annotations
 
-from llmgw.core import events as ev
-from llmgw.core.waits import FAIL_FAST, WaitKind, legacy_kind, request_wait
+from llmgw.core.contract import events as ev
+from llmgw.core.rules.waits import FAIL_FAST, WaitKind, legacy_kind, request_wait
 from llmgw.gateway.routing import NoneReady, build, when_none_ready
 
 from .scenario import Fleet, model

@@ -1,5 +1,5 @@
 """What-if, without NATS: policy as data, `ctl apply --dry-run`'s core
-(core/whatif.py) and `llmgw replay --what-if` (core/redecide.py) on the
+(core/simulation/whatif.py) and `llmgw replay --what-if` (core/simulation/redecide.py) on the
 recorded logs of events/logs/."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from llmgw.core import events as ev
-from llmgw.core.fold import apply, evolve
-from llmgw.core.policy import DEFAULT, FIELDS, Policy
-from llmgw.core.redecide import Plan, what_if
-from llmgw.core.state import State
-from llmgw.core.whatif import Sim, Timing, dry_run, field_changes
+from llmgw.core.contract import events as ev
+from llmgw.core.folding.fold import apply, evolve
+from llmgw.core.contract.policy import DEFAULT, FIELDS, Policy
+from llmgw.core.simulation.redecide import Plan, what_if
+from llmgw.core.folding.state import State
+from llmgw.core.simulation.whatif import Sim, Timing, dry_run, field_changes
 from llmgw.ctl.catalog_file import CatalogError, items, load_catalog
 from llmgw.replay import logfile
 from llmgw.replay.whatif import plan_of
@@ -50,7 +50,7 @@ def plan(path: Path) -> Plan:
 
 
 def test_the_policy_defaults_are_the_rules_constants_as_they_were():
-    from llmgw.core import decide, preempt, scaling
+    from llmgw.core.rules import decide, preempt, scaling
 
     assert (DEFAULT.min_lifetime_s, DEFAULT.hold_s, DEFAULT.eviction_grace_s, DEFAULT.max_victims) == (
         preempt.MIN_LIFETIME_S, preempt.HOLD_S, preempt.EVICTION_GRACE_S, preempt.MAX_VICTIMS) == (120.0, 120.0, 300.0, 3)
@@ -90,7 +90,7 @@ def test_the_rules_read_the_policy_from_the_state():
     acts = sim.decide_pass(500.0)
     assert any(type(a) is ev.Preempt and len(a.victims) == 3 for a in acts)
     evolve(copy, ev.PolicyApplied(at=500, policy=Policy(max_victims=2)))
-    from llmgw.core.decide import decide
+    from llmgw.core.rules.decide import decide
 
     assert not any(type(a) is ev.Preempt for a in decide(copy, 500.0))
 

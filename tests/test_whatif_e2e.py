@@ -11,7 +11,7 @@ import json
 import pytest
 
 from llmgw.bus.nats import NatsBus
-from llmgw.core import events as ev
+from llmgw.core.contract import events as ev
 
 from .conftest import run_llmgw
 from .test_e2e_nats import live, wait_for

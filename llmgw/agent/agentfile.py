@@ -68,7 +68,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .. import yamlfile
-from ..core.placement import PORT_BASE, PORT_LIMIT
+from ..core.scheduling.placement import PORT_BASE, PORT_LIMIT
 from .protocol import MAX_TERM_JUMP
 
 KNOWN_LABELS = frozenset(
@@ -91,7 +91,7 @@ class GpuDecl(BaseModel):
     model: str = ""
     memory_gb: float = Field(0.0, ge=0)
     # Its power limit in watts: what a shard on it is counted as drawing
-    # until the agent measures one (core/facility.py). 0: not said.
+    # until the agent measures one (core/scheduling/facility.py). 0: not said.
     power_w: float = Field(0.0, ge=0)
 
 

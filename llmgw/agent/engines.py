@@ -73,7 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..core.commands import StartShard
+from ..core.folding.commands import StartShard
 from .llamacpp_server import CACHE_RAM_MIB, SLOT_PROMPT_SIMILARITY, SLOTS
 
 LLAMA_CPP = "llama.cpp"

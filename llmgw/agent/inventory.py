@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..core import events as ev
+from ..core.contract import events as ev
 from .agentfile import AgentFile
 from .power import nvml_power_limit
 

@@ -66,8 +66,8 @@ import msgspec
 from ..bus import Bus, engine_key_name, publish_fact, until_taken
 from ..bus.signing import Verifier
 from ..bus.msgids import MsgIds
-from ..core import commands as cmds
-from ..core import events as ev
+from ..core.folding import commands as cmds
+from ..core.contract import events as ev
 from . import logs as engine_logs
 from . import power
 from . import ports as engine_ports

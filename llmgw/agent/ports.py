@@ -3,7 +3,7 @@
 The control plane numbers engine ports within the agent file's
 `engine_ports` and cannot see this node's sockets: left alone, it handed a
 port another program listened on to every placement here, each was refused,
-and the model was parked (see llmgw/core/ports.py). The agent finds them:
+and the model was parked (see llmgw/core/scheduling/ports.py). The agent finds them:
 
 - at registration, by trying every port of the range (10,000 binds take a
   quarter of a second, so it is done off the event loop);

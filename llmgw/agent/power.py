@@ -1,6 +1,6 @@
 """What a node's GPUs draw, measured, and when that is worth a NodePower event.
 
-Measured draw is an input of placement (core/facility.py: a domain's draw
+Measured draw is an input of placement (core/scheduling/facility.py: a domain's draw
 counts what its nodes measure), so it must be in the log for replay to
 decide the same; but NVML's power reading moves by a few watts every
 second, and an event per node per second is 2,000 events a second on a

@@ -43,7 +43,7 @@ The gate. Every command that reaches an agent's subject passes, in this order:
    `llmgw.cmd.<node>` (issue 35, finding 1), and the agent obeyed.
    An agent with no key configured (a dev NATS without auth) acts on
    unsigned commands, and says so loudly when it starts.
-2. The term (core/commands.py): within one log, a command of an older
+2. The term (core/folding/commands.py): within one log, a command of an older
    term than the highest seen is a deposed leader's, and refused; one more
    than `max_term_jump` ahead of it is refused too. Why: a forged
    re-register of term 10**9 was kept as the highest term, in the real
@@ -73,7 +73,7 @@ from typing import Callable, Literal, Protocol
 import msgspec
 
 from ..bus import signing
-from ..core import commands as cmds
+from ..core.folding import commands as cmds
 
 log = logging.getLogger("llmgw.agent")
 

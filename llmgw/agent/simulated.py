@@ -25,7 +25,7 @@ it, the engine binds a port the system picks (ephemeral, outside the default
 engine range): several simulated nodes on one host would otherwise be given
 the same ports, and one once answered on the port a real engine was given.
 It registers as `simulated`, so no real engine's profile is placed on it
-(core/fit.py) unless the catalog lets that profile run simulated.
+(core/scheduling/fit.py) unless the catalog lets that profile run simulated.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ import msgspec
 from ..bus import Bus, engine_key_name, publish_fact
 from ..bus.signing import Verifier
 from ..bus.msgids import MsgIds
-from ..core import commands as cmds
-from ..core import events as ev
+from ..core.folding import commands as cmds
+from ..core.contract import events as ev
 from . import power
 from .agentfile import PortRange
 from .engines import identity
@@ -100,7 +100,7 @@ class SimulatedAgent:
         self.fail_models = fail_models
         # A node that takes what it is given and never starts it nor says so
         # (issue 35, finding 5: those replicas stayed "placing" for ever),
-        # for the tests of the start deadline (core/admission.py).
+        # for the tests of the start deadline (core/rules/admission.py).
         self.never_start = never_start
         self.heartbeat = heartbeat
         self.clock = clock

@@ -193,7 +193,7 @@ async def publish_fact(bus: Bus, event, msg_id: str) -> int:
     """Publish a fact an agent saw, retrying with the same Msg-Id until the
     bus takes it (a fact is never dropped: NATS down, it waits; a retry of
     one that landed is not a second event). Returns its sequence."""
-    from ..core import events as ev
+    from ..core.contract import events as ev
 
     subject, data = ev.subject_for(event), ev.encode(event)
     return await until_taken(f"publishing {ev.tag_of(type(event))}", lambda: bus.publish(subject, data, msg_id=msg_id))

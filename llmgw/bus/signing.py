@@ -21,7 +21,7 @@ bus: a key from the bus is the attacker's to choose.
 
 What is signed: `DOMAIN`, the node the command is for, and the command's
 bytes exactly as sent, which carry its term and its log's id
-(core/commands.py). So a command cannot be replayed to another node, nor
+(core/folding/commands.py). So a command cannot be replayed to another node, nor
 altered, nor moved to another term or log. On the wire a signed command is
 the envelope `{"sig":"<base64url>","cmd":<the command's JSON>}`; an unsigned
 one (a control plane with no key: a dev NATS without auth) is the command's

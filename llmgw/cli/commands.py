@@ -192,7 +192,7 @@ def cmd_real_agent(args) -> None:
     from ..agent.node import NodeAgent, StateDirTaken
     from ..bus.auth import CredentialRefused
     from ..bus.nats import NatsBus
-    from ..core.catalog import NAME_RE
+    from ..core.contract.catalog import NAME_RE
 
     name = args.name or default_node_name()
     if not NAME_RE.match(name):

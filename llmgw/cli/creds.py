@@ -153,7 +153,7 @@ def _revoke(args, keys: keystore.Keystore) -> int:
 
 async def _record(nats: str, creds, role: str, name: str, key: str) -> None:
     from ..bus.nats import NatsBus
-    from ..core import events as ev
+    from ..core.contract import events as ev
 
     bus = await NatsBus.connect(nats, name="llmgw-creds", creds=creds)
     try:

@@ -26,8 +26,8 @@ from collections.abc import Callable
 import msgspec
 
 from ..bus.msgids import MsgIds
-from ..core import events as ev
-from ..core.state import State
+from ..core.contract import events as ev
+from ..core.folding.state import State
 from ..ctl import deadline, loadfold, views
 from ..ctl.catalog_file import CatalogError, items, load_catalog
 from ..ctl.changes import publish_event, publish_on, restart_problem
@@ -92,7 +92,7 @@ async def cmd_apply(args, where: Where) -> int:
 
 def _apply_as_if(state: State, catalog) -> tuple[list[ev.Event], list]:
     """What `apply` would publish for the file, and what it changes, field by field."""
-    from ..core.whatif import Changed, field_changes
+    from ..core.simulation.whatif import Changed, field_changes
 
     events, changes = [], []
     for item in items(state, catalog):
@@ -109,10 +109,10 @@ def _apply_as_if(state: State, catalog) -> tuple[list[ev.Event], list]:
 
 async def _dry_run(args, where: Where, what: str, as_if: Callable[[State], tuple[list[ev.Event], list]]) -> int:
     """Fold the live log, fold what a command would publish on a copy of the
-    state, decide until it settles (core/whatif.py), print what would happen.
+    state, decide until it settles (core/simulation/whatif.py), print what would happen.
     Publishes nothing. `as_if(state)` gives the events the command would
     publish and the changes to show (a facility hold: its DomainHeld, no changes)."""
-    from ..core.whatif import Timing, dry_run
+    from ..core.simulation.whatif import Timing, dry_run
     from ..ctl.whatif_view import render
 
     state = await _live_state(where)

@@ -11,9 +11,9 @@ import time
 from typing import NamedTuple
 
 from ..bus import read_log
-from ..core import events as ev
-from ..core.fold import apply
-from ..core.state import State
+from ..core.contract import events as ev
+from ..core.folding.fold import apply
+from ..core.folding.state import State
 from ..ctl import deadline
 from ..ctl.changes import publish_event
 from ..ctl.config import CONFIG

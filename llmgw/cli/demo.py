@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..agent import agentfile, weights
 from ..bus import msgids
-from ..core import events as ev
+from ..core.contract import events as ev
 
 DEMO_SPEC = ev.ModelSpec(
     name=weights.DEMO_MODEL,
@@ -63,8 +63,8 @@ def ensure_weights(state_dir: Path) -> str | None:
 async def apply_demo(url: str, timeout: float = 30.0, creds=None) -> str:
     """Apply the demo model if the catalog is empty; says what it did."""
     from ..bus.nats import NatsBus
-    from ..core.fold import apply
-    from ..core.state import State
+    from ..core.folding.fold import apply
+    from ..core.folding.state import State
 
     bus = await NatsBus.connect(url, name="llmgw-up", creds=creds)
     try:
@@ -127,8 +127,8 @@ class DemoWatcher(threading.Thread):
 
     async def _watch(self) -> None:
         from ..bus.nats import NatsBus
-        from ..core.fold import apply
-        from ..core.state import State
+        from ..core.folding.fold import apply
+        from ..core.folding.state import State
 
         bus = await NatsBus.connect(self.url, name="llmgw-up-demo", forever=True, creds=self.creds)
         state = State()

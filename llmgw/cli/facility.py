@@ -3,15 +3,16 @@
 Changes are events on the log (NodeLabeled, DomainHeld, DomainReleased),
 published and then waited for in the read models (read-your-writes), as
 every `ctl` change is; `facility hold --drain --wait` waits until nothing is
-left to move out of the domain. The rules they feed are core/facility.py's.
+left to move out of the domain. The rules they feed are core/scheduling/facility.py's.
 """
 
 from __future__ import annotations
 
 import time
 
-from ..core import events as ev
-from ..core import admission, facility
+from ..core.contract import events as ev
+from ..core.rules import admission
+from ..core.scheduling import facility
 from ..ctl import views
 from ..ctl.config import CONFIG
 from ..ctl.readmodels import ReadModels
@@ -96,7 +97,7 @@ async def _dry_run_facility(args, where_, action: str) -> int:
 
 
 def _label_name(key: str) -> str:
-    """A location's whole label name, or the pool's (the operator's to set: core/admission.py)."""
+    """A location's whole label name, or the pool's (the operator's to set: core/rules/admission.py)."""
     return facility.label_name(key) or admission.label_name(key)
 
 

@@ -173,7 +173,7 @@ async def _live_rows(args, where: Where) -> tuple[list[dict], str]:
     """leader, policy, owners, apikeys: rows read live, and why the command fails after printing them ("" if not)."""
     if args.kind == "leader":
         return await _leader_rows(where)
-    from ..core.policy import DEFAULT, FIELDS
+    from ..core.contract.policy import DEFAULT, FIELDS
 
     if args.kind == "usage":
         return await _usage_rows(args, where), ""
@@ -190,7 +190,7 @@ async def _usage_rows(args, where: Where) -> list[dict]:
     """The gateways' usage reports on the log, summed (ctl/usage.py), spend at the catalog's prices."""
     import time
 
-    from ..core import events as ev
+    from ..core.contract import events as ev
     from ..ctl import deadline
     from ..ctl import usage
     from .ctl_bus import _catalog, _connect
@@ -295,7 +295,7 @@ async def cmd_get(args, where: Where) -> int:
     except selectors.SelectorError as e:
         raise CtlError(f"get: -l: {e}", BAD_INPUT)
     if args.domain:
-        from ..core.facility import domain_problem
+        from ..core.scheduling.facility import domain_problem
 
         problem = domain_problem(args.domain)
         if problem or args.kind != "nodes":

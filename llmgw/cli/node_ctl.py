@@ -1,7 +1,7 @@
 """`llmgw ctl node admit|unmute NODE`: what an operator says of one node.
 
 `admit` grants what a node claims of itself. A node's own `llmgw.io/pool`
-steers no placement (core/admission.py, issue 35: a node that claimed
+steers no placement (core/rules/admission.py, issue 35: a node that claimed
 pool=secure and 8 H100s got the pool-restricted model and every prompt).
 Admitting a node is the operator saying its claims are true: what the read
 models show it claims, its pool and its GPUs, is published as one
@@ -13,7 +13,7 @@ admitting again.
 
 `unmute` hears a muted node again. The control plane mutes a node that
 speaks past its rate (control/rates.py, NodeMuted); only an operator lifts
-that (core/muting.py says why). The unmute is an event on the log
+that (core/folding/muting.py says why). The unmute is an event on the log
 (NodeUnmuted); the node then registers again (the control plane asks a lost
 node whose heartbeat it sees) and is given work from there.
 """
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import time
 
-from ..core import events as ev
-from ..core.catalog import NAME_RE
-from ..core.nodeindex import POOL_LABEL
+from ..core.contract import events as ev
+from ..core.contract.catalog import NAME_RE
+from ..core.folding.nodeindex import POOL_LABEL
 
 ABOUT = {
     "ctl node": (

@@ -16,7 +16,7 @@ from .commands import (
 
 
 def _engine_ports_help() -> str:
-    from ..core.placement import PORT_BASE, PORT_LIMIT
+    from ..core.scheduling.placement import PORT_BASE, PORT_LIMIT
 
     return (
         f"the ports the agent's engines may listen on (default: the agent file's engine_ports, else "

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import urllib.parse
 
-from ..core import facility
-from ..core.state import State
+from ..core.scheduling import facility
+from ..core.folding.state import State
 
 # A node's state, as a number in the map's rows (the names travel once, in `states`).
 STATES = ("ready", "lost")

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 import msgspec
 
-from ..core.decide import decide
-from ..core.history import Record, _said
-from ..core.state import State
+from ..core.rules.decide import decide
+from ..core.simulation.history import Record, _said
+from ..core.folding.state import State
 from .views import _decided, _seq_of
 
 PENDING, FOLLOWED, NOTHING, LATE = "pending", "followed", "nothing", "late"

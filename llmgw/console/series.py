@@ -28,13 +28,13 @@ from collections.abc import Iterable
 
 import msgspec
 
-from ..core import events as ev
-from ..core.decisions import describe_action
-from ..core.fold import apply
-from ..core.history import Record
-from ..core.reasons import victim_words, words
-from ..core.scaling import decided
-from ..core.state import LIVE_SHARD_STATES, State
+from ..core.contract import events as ev
+from ..core.folding.decisions import describe_action
+from ..core.folding.fold import apply
+from ..core.simulation.history import Record
+from ..core.contract.reasons import victim_words, words
+from ..core.rules.scaling import decided
+from ..core.folding.state import LIVE_SHARD_STATES, State
 
 NO_OWNER = "(no owner)"
 

@@ -31,16 +31,16 @@ from pathlib import Path
 
 import msgspec
 
-from ..core import events as ev
-from ..core.bounds import MAX_TIME
-from ..core.catalog import NAME_RE
-from ..core.fold import apply
-from ..core.history import summary
-from ..core.state import State
+from ..core.contract import events as ev
+from ..core.contract.bounds import MAX_TIME
+from ..core.contract.catalog import NAME_RE
+from ..core.folding.fold import apply
+from ..core.simulation.history import summary
+from ..core.folding.state import State
 from ..ctl.readmodels import NoReadModels, ReadModels
 from ..ctl.views import decision_words
 from ..replay.tool import fold_until
-from ..core import facility
+from ..core.scheduling import facility
 from . import fleetmap, followup, series, views
 from .config import CONFIG, COOKIE, ConsoleConfig
 

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 
 import msgspec
 
-from ..core import events as ev
-from ..core.history import Record, _said, summary
-from ..core.state import State
+from ..core.contract import events as ev
+from ..core.simulation.history import Record, _said, summary
+from ..core.folding.state import State
 from ..ctl.readmodels import ReadModels
 from ..ctl.views import decision_words
 from ..projections.rows import COLUMNS, model_row, node_row, quota_rows, replica_row, shard_rows
-from ..core import facility
+from ..core.scheduling import facility
 from .config import CONFIG
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ..core.liveness import MASS_SILENCE
+from ..core.folding.liveness import MASS_SILENCE
 from .rates import NODE_BURST, NODE_RATE, NODE_RATE_WINDOW_S
 from ..gateway.config import address as listen_address  # "ADDR:PORT", as the gateway's --metrics-listen
 

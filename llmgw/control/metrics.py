@@ -9,7 +9,7 @@ series.
 
     llmgw_control_pass_seconds                  histogram: decide() of one pass
     llmgw_control_decisions_total{kind}         actions published (place, stop, wait, scale, preempt ...)
-    llmgw_control_stops_total{kind}             replicas and strays stopped, by why (core/reasons.py's kinds)
+    llmgw_control_stops_total{kind}             replicas and strays stopped, by why (core/contract/reasons.py's kinds)
     llmgw_control_restarts_total{kind}          restarts begun or refused, by why (reasons.py's kinds)
     llmgw_control_voided_decisions_total        actions voided at fold time (the log's count)
     llmgw_control_quarantined_events_total      malformed events kept aside (the log's count)
@@ -25,7 +25,7 @@ series.
     llmgw_control_replicas{state}               placing | starting | loading | ready | stopping | failed
     llmgw_control_gpus{state}                   used | free (of ready nodes)
     llmgw_control_models                        models in the catalog
-    llmgw_control_models_waiting{kind}          models short of replicas, by why (core/waits.py's kinds)
+    llmgw_control_models_waiting{kind}          models short of replicas, by why (core/rules/waits.py's kinds)
 
 It is served on `--metrics-listen` (config.METRICS_LISTEN) by a small HTTP
 server in the plane's own event loop: a scrape reads the state between two
@@ -44,10 +44,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..core import events as ev
-from ..core.history import action_about
-from ..core.reasons import CauseKind, kind_of
-from ..core.waits import DECIDED, model_kind
+from ..core.contract import events as ev
+from ..core.simulation.history import action_about
+from ..core.contract.reasons import CauseKind, kind_of
+from ..core.rules.waits import DECIDED, model_kind
 
 if TYPE_CHECKING:
     from .plane import ControlPlane
@@ -60,7 +60,7 @@ disable_created_metrics()
 PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 NODE_STATES = ("ready", "lost")
 REPLICA_STATES = ("placing", "starting", "loading", "ready", "stopping", "failed")
-# Why a model waits: the kinds decide says with each reason (core/waits.py), and "other".
+# Why a model waits: the kinds decide says with each reason (core/rules/waits.py), and "other".
 WAITING_KINDS = tuple(k.value for k in DECIDED) + ("other",)
 MAX_REQUEST_HEAD = 8 * 1024
 # Why a replica stopped or restarted: a cause's kind (reasons.py), read as a

@@ -19,7 +19,7 @@ stops acting before its lease can expire; one that finds the lease another's
 is a standby again. A standby decides nothing and sends nothing: it
 publishes only its position, in the lease bucket (`llmgw ctl get leader`).
 
-A node is declared lost on evidence only (core/liveness.py): not while our
+A node is declared lost on evidence only (core/folding/liveness.py): not while our
 connection is down or the heartbeat bucket does not answer, with every
 node's grace counted again from when they can be read, and not when most of
 the fleet falls silent at once.
@@ -40,17 +40,17 @@ from typing import Callable
 from ..bus import LEASE_KEY, Bus, Fenced, LeaseTaken
 from ..bus.signing import Signer
 from ..bus.msgids import MsgIds
-from ..core import commands as cmds
-from ..core import events as ev
-from ..core.decide import decide
-from ..core.decisions import describe_action
-from ..core.fold import apply
-from ..core.history import action_about
-from ..core.liveness import lost_nodes, mass_silence
-from ..core import replicaindex
-from ..core import reasons
-from ..core.nodeindex import track
-from ..core.state import State
+from ..core.folding import commands as cmds
+from ..core.contract import events as ev
+from ..core.rules.decide import decide
+from ..core.folding.decisions import describe_action
+from ..core.folding.fold import apply
+from ..core.simulation.history import action_about
+from ..core.folding.liveness import lost_nodes, mass_silence
+from ..core.folding import replicaindex
+from ..core.contract import reasons
+from ..core.folding.nodeindex import track
+from ..core.folding.state import State
 from ..telemetry import tracer
 from . import heap
 from .config import ControlConfig, listen_address
@@ -151,7 +151,7 @@ class ControlPlane:
             # node before may be lost, so everything outstanding goes again.
             node = subject.split(".")[2]
             self._resend_nodes.add(node)
-            # And it is a sign of life (core/liveness.py counts it as seen): a
+            # And it is a sign of life (core/folding/liveness.py counts it as seen): a
             # node lost and registering again was lost again at once, on its
             # old last heartbeat, when a pass came before its next one
             # (benchmarks/fleet.py, a simulated node speaking again).
@@ -207,8 +207,8 @@ class ControlPlane:
             # collection goes over a million live objects again (heap.py).
             heap.settle()
             self._reclaimed_at = self.clock()
-            track(self.state)  # placement's node index, kept by the fold from here on (core/nodeindex.py)
-            replicaindex.track(self.state)  # and each model's replicas (core/replicaindex.py)
+            track(self.state)  # placement's node index, kept by the fold from here on (core/folding/nodeindex.py)
+            replicaindex.track(self.state)  # and each model's replicas (core/folding/replicaindex.py)
             log.info("caught up at sequence %d; control plane %s follows, and campaigns for the lease", self.state.seq,
                      self.leader)
             while not stop.is_set():
@@ -465,7 +465,7 @@ class ControlPlane:
             heap.settle()
 
     async def _mute_past_rate(self, now: float) -> None:
-        """Record that each node past its rate is muted (core/muting.py):
+        """Record that each node past its rate is muted (core/folding/muting.py):
         from then on every reader of the log skips what it says."""
         past, self._past_rate = self._past_rate, set()
         for node in sorted(past):

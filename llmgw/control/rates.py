@@ -1,5 +1,5 @@
 """Each node's rate of events, as the control plane receives them, and
-which nodes are past it (a decision recorded as NodeMuted: core/muting.py).
+which nodes are past it (a decision recorded as NodeMuted: core/folding/muting.py).
 
 Why: nothing bounded what one node's credential may write. One stored
 ~609,000 events in seconds (issue 35, finding 6): the control plane fell

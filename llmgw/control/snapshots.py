@@ -15,8 +15,8 @@ from pathlib import Path
 
 import msgspec
 
-from ..core.fold import FOLD_VERSION, decode_state, encode_state
-from ..core.state import State
+from ..core.folding.fold import FOLD_VERSION, decode_state, encode_state
+from ..core.folding.state import State
 
 
 class Snapshot(msgspec.Struct, kw_only=True):

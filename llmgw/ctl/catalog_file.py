@@ -19,14 +19,11 @@ from typing import Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .. import yamlfile
-from ..core.catalog import MODEL_NAME_RE
-from ..core.events import (
-    ApiKeyApplied, Event, FacilityApplied, Limit, ModelApplied, ModelSpec, OwnerApplied, PolicyApplied, ProfileSpec,
-    Resources,
-)
-from ..core.facility import domain_problem
-from ..core.policy import DEFAULT, Policy
-from ..core.state import ApiKey, Owner, State
+from ..core.contract.catalog import MODEL_NAME_RE
+from ..core.contract.events import ApiKeyApplied, Event, FacilityApplied, Limit, ModelApplied, ModelSpec, OwnerApplied, PolicyApplied, ProfileSpec, Resources
+from ..core.scheduling.facility import domain_problem
+from ..core.contract.policy import DEFAULT, Policy
+from ..core.folding.state import ApiKey, Owner, State
 
 
 class CatalogError(ValueError):
@@ -47,7 +44,7 @@ class _Profile(BaseModel):
     pool: str = ""
     model: str = ""
     weight: float = Field(1.0, gt=0)  # routing: the share of requests its replicas get
-    # Facility (core/facility.py): the declared draw of one shard, in watts,
+    # Facility (core/scheduling/facility.py): the declared draw of one shard, in watts,
     # and the domain kind every shard of a multi-node replica must share.
     power_w: float = Field(0.0, ge=0)
     keep_within: Literal["", "site", "room", "row", "rack", "pdu"] = ""
@@ -150,7 +147,7 @@ class _Owner(_GatewayLimits):
 
 
 class _Policy(BaseModel):
-    """The fleet-wide numbers of the rules (llmgw/core/policy.py says what
+    """The fleet-wide numbers of the rules (llmgw/core/contract/policy.py says what
     each one does); a field not given keeps its default."""
 
     model_config = ConfigDict(extra="forbid")
@@ -307,12 +304,12 @@ def load_catalog(path: str | Path) -> Catalog:
 
 def _within_contract(path: Path, models, owners, keys, facility, policy) -> None:
     """Each event the file would publish, decoded as the fold will decode it:
-    one past the contract's bounds (core/bounds.py) would be quarantined by
+    one past the contract's bounds (core/contract/bounds.py) would be quarantined by
     the fold, so `ctl apply` said "applied" while nothing changed. Refused
     here instead, naming the file, the entry and the field."""
     import msgspec
 
-    from ..core import events as ev
+    from ..core.contract import events as ev
 
     named = [(f"model {m.name}", ModelApplied(at=0.0, model=m)) for m in models]
     named += [(f"owner {o.name}", o) for o in owners] + [(f"api key {k.name}", k) for k in keys]
@@ -325,6 +322,6 @@ def _within_contract(path: Path, models, owners, keys, facility, policy) -> None
         try:
             ev.decode(ev.encode(event))
         except msgspec.ValidationError as e:
-            errors.append(f"{path}: {what}: {e} (past the event contract's bounds, llmgw/core/bounds.py)")
+            errors.append(f"{path}: {what}: {e} (past the event contract's bounds, llmgw/core/contract/bounds.py)")
     if errors:
         raise CatalogError("\n".join(errors))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 
-from ..core import events as ev
+from ..core.contract import events as ev
 from . import deadline
 
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import msgspec
 
-from ..core.state import State
+from ..core.folding.state import State
 
 
 def explanation(state: State, name: str) -> tuple[list[str], dict]:
     """Why a model's next (or a further) replica would or would not go on each
     node, as lines for people and as data: what explain-placement prints, and
     the console's Explain view."""
-    from ..core.explain import explain
-    from ..core.placement import render_explanation
+    from ..core.scheduling.explain import explain
+    from ..core.scheduling.placement import render_explanation
 
     model = state.models[name]
     running = [r for r in state.replicas.values() if r.model == name and r.state != "stopped"]

@@ -90,7 +90,7 @@ class ReadModels:
         return self._rows("nodes", "SELECT * FROM nodes ORDER BY name")
 
     def domains(self) -> list[dict]:
-        """The facility's domains (core/facility.py DomainRow), by kind and name."""
+        """The facility's domains (core/scheduling/facility.py DomainRow), by kind and name."""
         rows = self._rows("domains", "SELECT * FROM domains")
         order = {k: i for i, k in enumerate(("site", "room", "row", "rack", "pdu"))}
         for r in rows:

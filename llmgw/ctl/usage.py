@@ -16,7 +16,7 @@ import calendar
 import re
 import time
 
-from ..core import events as ev
+from ..core.contract import events as ev
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

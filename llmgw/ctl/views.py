@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from ..core.facility import KINDS as KINDS_OF_PLACE
-from ..core.facility import watts as _watts
-from ..core.reasons import TIERS
+from ..core.scheduling.facility import KINDS as KINDS_OF_PLACE
+from ..core.scheduling.facility import watts as _watts
+from ..core.contract.reasons import TIERS
 from ..text import table, when
 from .printable import printable, printable_data, printable_lines  # noqa: F401 (the CLI's printers use them from here)
 
@@ -120,7 +120,7 @@ COLUMNS: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
             n["reason"],
         ],
     ),
-    # `ctl facility` (and `get domains`): core/facility.py's DomainRow.
+    # `ctl facility` (and `get domains`): core/scheduling/facility.py's DomainRow.
     "domains": (
         "domain",
         ["DOMAIN", "NODES", "GPUS", "DRAW", "CAP", "HELD", "REASON"],
@@ -493,7 +493,7 @@ def describe_text(kind: str, page: dict) -> str:
                 ("Labels", _labels(now["labels"]) or "(none)"), ("Registered", _age(now["registered_at"])),
                 ("Location", _location(now.get("location", {})) or "(none)"),
                 ("Draw", _watts(now.get("power_w", 0.0))),
-                # What it says of itself that placement does not count (core/admission.py).
+                # What it says of itself that placement does not count (core/rules/admission.py).
                 ("Claimed", _labels(now["unadmitted"]) + f" (not admitted: `llmgw ctl node admit {now['name']}`)"
                  if now.get("unadmitted") else "(nothing not admitted)"),
             ])

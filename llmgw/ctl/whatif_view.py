@@ -1,11 +1,11 @@
-"""How a dry run (core/whatif.py) reads: for people, a diff of what the file
+"""How a dry run (core/simulation/whatif.py) reads: for people, a diff of what the file
 changes and the decisions in the order they would happen; for tools, JSON."""
 
 from __future__ import annotations
 
 import msgspec
 
-from ..core.whatif import DryRun
+from ..core.simulation.whatif import DryRun
 from ..text import table
 
 

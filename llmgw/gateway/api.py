@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ..core.tenancy import may_use
+from ..core.contract.tenancy import may_use
 from .routing import Table
 
 # Paths proxied to an engine (their bodies checked and prepared by intake.py).

@@ -113,7 +113,7 @@ class GatewayConfig:
         300.0, "seconds a request waits for a replica on its way (placing, loading, an on-demand model waking) "
         "before 503; a model that cannot be served now (no room, over a limit, parked) is refused at once",
     )  # fmt: skip
-    # A model the control plane says cannot be served now (core/waits.py):
+    # A model the control plane says cannot be served now (core/rules/waits.py):
     # nothing changes that before an operator or a node does, so a client is
     # told to come back later than after a wait that ran out (5 s), yet
     # within the minute the openai SDK honours a Retry-After for.

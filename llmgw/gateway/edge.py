@@ -18,7 +18,7 @@ import hashlib
 import logging
 import time
 
-from ..core.tenancy import may_use
+from ..core.contract.tenancy import may_use
 from . import api, intake, translated
 from .checks import Refusal
 from .choose import PREFIX, Ask

@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..core.bounds import MAX_ROUTE_ROWS
-from ..core.scaling import LOAD_REPEAT_S
+from ..core.contract.bounds import MAX_ROUTE_ROWS
+from ..core.rules.scaling import LOAD_REPEAT_S
 
 MIN_INTERVAL_S = 1.0
 TTFT_SAMPLES = 512  # times to first byte kept a window, for its percentiles

@@ -12,7 +12,7 @@ replica makes its request wait (counted as queued: that wakes an on-demand
 model) up to `wait_s`, then 503 with Retry-After; so does one whose replicas
 failed the request while another is coming (routing.when_none_ready). One
 the control plane says cannot be served now (no room, over a limit, parked:
-core/waits.py) gets 503 at once, with its reason and
+core/rules/waits.py) gets 503 at once, with its reason and
 config.unavailable_retry_after. Each answer's figures (status, tokens, the
 route's reason, time to first token) go to the metrics, the model's load
 meter and the request's span.

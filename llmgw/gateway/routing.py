@@ -25,7 +25,7 @@ generation) and sends on every request to it.
 When no replica can take a request, `when_none_ready` says whether it waits:
 not for a model the control plane says cannot be served now (it waits for
 room that is not there, its owner is over a limit, or it is parked:
-core/waits.py), which is refused at once with that reason, where it hung for
+core/rules/waits.py), which is refused at once with that reason, where it hung for
 the whole wait timeout and then got a 503 that did not say why; for a model
 that runs replicas it does, up to the gateway's wait timeout;
 once replicas were tried and failed, while another is coming (placing,
@@ -48,11 +48,11 @@ import json
 from dataclasses import dataclass, field
 
 from ..bus import engine_key_name
-from ..core.catalog import profile_named
-from ..core.scaling import decided
-from ..core.state import ApiKey, State
-from ..core.tenancy import keys_by_hash
-from ..core.waits import request_wait
+from ..core.contract.catalog import profile_named
+from ..core.rules.scaling import decided
+from ..core.folding.state import ApiKey, State
+from ..core.contract.tenancy import keys_by_hash
+from ..core.rules.waits import request_wait
 from . import serves as serving
 
 BREAKER_FAILURES = 3
@@ -191,7 +191,7 @@ def build(state: State) -> Table:
         c = counts.get(name, none)
         wait = request_wait(model, c.on_way, c.loading, c.ready)
         kind = ""
-        if wait.fails_fast:  # parked, no room, over a limit: core/waits.py
+        if wait.fails_fast:  # parked, no room, over a limit: core/rules/waits.py
             no_wait, kind = wait.reason, wait.kind.value
         elif not spec.on_demand and spec.target_load <= 0 and decided(model) == 0:
             no_wait = f"model {name} runs no replica (min_replicas 0, no target_load, not on demand)"

@@ -31,8 +31,8 @@ import time
 import uuid
 
 from ..bus.msgids import fresh as fresh_msg_id
-from ..core import events as ev
-from ..core.state import State
+from ..core.contract import events as ev
+from ..core.folding.state import State
 from . import translated
 from .choose import Bounds, Router
 from .config import MIB, GatewayConfig

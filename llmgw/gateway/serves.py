@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.events import ModelSpec, ProfileSpec
+from ..core.contract.events import ModelSpec, ProfileSpec
 
 LLAMA_CPP = "llama.cpp"  # agent/engines.LLAMA_CPP (the gateway imports nothing of the agent)
 DEMO_MODEL = "smollm2"  # agent/weights.DEMO_MODEL: started with llmgw's ChatML template with tools

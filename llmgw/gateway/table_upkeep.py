@@ -1,5 +1,5 @@
 """The gateway's routing table kept up with the log: each event folded into
-the gateway's State (core/fold.py), and after a burst of them the table
+the gateway's State (core/folding/fold.py), and after a burst of them the table
 rebuilt once (routing.build): a Backend per target, its connection pool kept
 while the target stays the same (weights updated in place), pools of targets
 gone closed and their replicas forgotten by the router at once (stopped,
@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ..core.fold import apply
+from ..core.folding.fold import apply
 from .routing import Backend, build
 from .upstream import Pool
 
 if TYPE_CHECKING:
-    from ..core.state import State
+    from ..core.folding.state import State
     from .choose import Router
     from .config import GatewayConfig
     from .routing import Table

@@ -18,8 +18,8 @@ import logging
 import time
 
 from ..bus.msgids import fresh as fresh_msg_id
-from ..core import events as ev
-from ..core.bounds import MAX_USAGE_ROWS
+from ..core.contract import events as ev
+from ..core.contract.bounds import MAX_USAGE_ROWS
 
 log = logging.getLogger("llmgw.gateway")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import aiosqlite
 import msgspec
 
-from ..core.state import State
+from ..core.folding.state import State
 from . import rows
 
 _encode = msgspec.msgpack.Encoder().encode

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..bus import Bus
-from ..core.fold import FOLD_VERSION, apply
-from ..core.state import State
+from ..core.folding.fold import FOLD_VERSION, apply
+from ..core.folding.state import State
 from . import rows, statements
 from .db import POSITION_NAME, connect, read_position
 from .migrate import migrate

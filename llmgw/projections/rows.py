@@ -1,6 +1,6 @@
 """What a batch of events changes, as rows: no I/O, no clock.
 
-The projector keeps a `State` folded with `llmgw.core.fold.apply`, the very
+The projector keeps a `State` folded with `llmgw.core.folding.fold.apply`, the very
 fold the control plane runs, and never interprets an event itself. For each
 batch it folds the events one by one and notes:
 
@@ -29,17 +29,18 @@ from collections.abc import Iterable
 
 import msgspec
 
-from ..core import events as ev
-from ..core.catalog import max_replicas
-from ..core import admission, facility
-from ..core.decisions import describe_action
-from ..core.fold import apply
-from ..core.history import action_about, mentions, summary
-from ..core.decide import restart_state
-from ..core.quota import report
-from ..core.reasons import words
-from ..core.scaling import decided
-from ..core.state import Model, Node, Replica, State
+from ..core.contract import events as ev
+from ..core.contract.catalog import max_replicas
+from ..core.rules import admission
+from ..core.scheduling import facility
+from ..core.folding.decisions import describe_action
+from ..core.folding.fold import apply
+from ..core.simulation.history import action_about, mentions, summary
+from ..core.rules.decide import restart_state
+from ..core.rules.quota import report
+from ..core.contract.reasons import words
+from ..core.rules.scaling import decided
+from ..core.folding.state import Model, Node, Replica, State
 
 Record = tuple[int, str, bytes]
 

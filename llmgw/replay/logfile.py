@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 
 import msgspec
 
-from ..core.history import Record
+from ..core.simulation.history import Record
 
 
 class _Line(msgspec.Struct, kw_only=True):

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 import msgspec
 
 from ..ctl.exits import Exit
-from ..core import events as ev
-from ..core.fold import apply
-from ..core.history import Entity, Record, history, summary, verify
-from ..core.state import State
+from ..core.contract import events as ev
+from ..core.folding.fold import apply
+from ..core.simulation.history import Entity, Record, history, summary, verify
+from ..core.folding.state import State
 from ..text import table, when
 from . import logfile
 
@@ -146,7 +146,7 @@ def _json(data) -> str:
 
 
 def _what_if(records: Sequence[Record], args) -> int:
-    from ..core.redecide import what_if
+    from ..core.simulation.redecide import what_if
     from ..ctl.catalog_file import CatalogError, load_catalog
     from . import whatif
 

@@ -1,11 +1,11 @@
 """`llmgw replay --what-if CATALOG`: the recorded history decided again
-under another catalog and policy (core/redecide.py), as a report."""
+under another catalog and policy (core/simulation/redecide.py), as a report."""
 
 from __future__ import annotations
 
 import msgspec
 
-from ..core.redecide import Figures, Plan, Report
+from ..core.simulation.redecide import Figures, Plan, Report
 from ..ctl.catalog_file import Catalog
 from ..text import table, when
 

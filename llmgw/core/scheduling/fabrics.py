@@ -1,0 +1,130 @@
+"""Placement's search for a multi-node replica: the first fabric, in name
+order, with enough nodes that fit, within the rounds of spread (placement.py
+says the rule); its shards by the same rules, rank 0 on the first node chosen.
+
+A mixin of placement.Inventory, apart so that each module stays one
+concern (placement.py: one node's rules and the inventory; this: fabrics;
+facility_search.py: spread by rack and PDU and the facility's shortcuts
+of this search).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import facility_pass
+from ..contract.events import ProfileSpec
+from .fit import runs_real_engine
+from ..folding.nodeindex import Group, NodeIndex
+
+if TYPE_CHECKING:
+    from .placement import _View
+
+
+def _limits(spread: dict[str, int]) -> list[int]:
+    """The rounds of spreading: nodes running none of the model's replicas,
+    then at most one, and so on; then any node."""
+    if not spread:
+        return [1]
+    # Only the counts some node has: a round for a count none has admits
+    # what the one before did.
+    return [c + 1 for c in sorted({0, *spread.values()})]
+
+
+# Groups that admit a profile, per index: keyed by what label_reasons and
+# _kind_reasons read of a profile, so that a cache outlives a pass.
+def admit_key(p: ProfileSpec) -> tuple:
+    return (p.pool, p.nodes > 1, p.gpu_model, p.gpu_memory_gb, p.gpus, runs_real_engine(p))
+
+
+class FabricSearch:
+    """placement.Inventory's search over the fabrics of a multi-node profile."""
+
+    def _by_fabric(self, idx: NodeIndex, p: ProfileSpec) -> list[list[Group]]:
+        """The admitting groups of a multi-node profile, by fabric in name order."""
+        key = ("fabric", *admit_key(p))
+        cached = idx.admitted.get(key)
+        if cached is not None and cached[0] == idx.version:
+            return cached[1]
+        by: dict[str, list[Group]] = {}
+        for grp in self._admitting(idx, p):  # label_reasons let no group without a fabric through
+            by.setdefault(grp.fabric, []).append(grp)
+        out = list(by.values())
+        idx.admitted[key] = (idx.version, out)
+        return out
+
+    def _fabric_pick(self, p: ProfileSpec, by_fabric: list[list[Group]], spread: dict[str, int]) -> list[_View] | None:
+        """Nodes for a multi-node replica: the first fabric, in name order, with
+        enough nodes that fit among the least loaded with the model; within
+        it, the least loaded first."""
+        limits = _limits(spread)
+        # Fabrics before `start` are known too full for this profile in this
+        # pass (fabrics fill in name order: on a full fleet, most of them).
+        key = (id(by_fabric), p.gpus, p.nodes)
+        start = self._first.get(key, 0)
+        fac = self._fac
+        for i in range(len(limits)):
+            # facility: past the fabrics known refused (facility_search)
+            for j in range(self._fabric_from(p, by_fabric, limits[i], spread, start) if fac.active else start,
+                           len(by_fabric)):
+                groups_in_fabric = by_fabric[j]
+                if fac.active and self._fabric_known_refused(p, groups_in_fabric, limits[i], spread):
+                    continue
+                if not self._may_hold(p, groups_in_fabric):
+                    if j == start:
+                        start = self._first[key] = j + 1
+                    continue
+                if fac.active and self._fabric_refused(p, groups_in_fabric, limits[i], i, spread):  # facility_search
+                    continue
+                # A fabric that had too few nodes that fit for this profile and
+                # spread in this round has still: the pass only takes (until
+                # `_move` or `_shift` gives back), and a spread only grows.
+                # Asked again per replica, failing fabrics were most of the
+                # multi-node placements' cost (benchmarks/placement.py --nodes 16000).
+                short = (id(groups_in_fabric), id(p), limits[i])
+                if self._short.get(short) is spread:
+                    continue
+                # facility: keep_within tries one domain of its kind at a time
+                for domain in fac.within(p.keep_within, self._fabric_nodes(groups_in_fabric)) if p.keep_within else ("",):
+                    chosen: list[_View] = []
+                    taken = facility_pass.Outside(fac, p.keep_within, domain, chosen) if domain else chosen
+                    if fac.capped:  # facility: each shard within the caps with those chosen before it
+                        taken = facility_pass.Together(fac, p, chosen, taken, self._gpus_for)
+                    for limit in limits[: i + 1]:
+                        while len(chosen) < p.nodes:
+                            v = self._best(p, groups_in_fabric, spread, limit, taken)
+                            if v is None:
+                                break
+                            chosen.append(v)
+                    if len(chosen) == p.nodes and fac.fit_together(
+                        [v.node for v in chosen], p, [self._gpus_for(v, p) for v in chosen]
+                    ):
+                        return chosen
+                    if fac.active:  # facility: known refused from now on (facility_search)
+                        last, together = i == len(limits) - 1, fac.capped and taken.refused
+                        self._fabric_failed(p, groups_in_fabric, limits[i], last, len(chosen), spread, together)
+                if not fac.active:
+                    self._short[short] = spread  # (held, so that its id is not another's in this pass)
+        return None
+
+    def _fabric_nodes(self, groups: list[Group]) -> list[str]:
+        """The names of the nodes filed in these groups (keep_within's domains are among theirs)."""
+        return [name for grp in groups for bucket in grp.buckets for name in bucket]
+
+    def _may_hold(self, p: ProfileSpec, groups: list[Group]) -> bool:
+        """Whether a fabric has, by GPU count alone, enough nodes for the
+        profile: a fabric that has not is skipped without looking at a node
+        (the same answer `_best` would give, sooner: most fabrics of a full
+        fleet are full). A no is kept for the pass, until it frees GPUs
+        (`_move`): its placements only take."""
+        key = (id(groups), p.gpus, p.nodes)
+        if key in self._full:
+            return False
+        want, need = p.nodes, p.gpus
+        for grp in groups:
+            for b in grp.buckets[need:]:
+                want -= len(b)
+                if want <= 0:
+                    return True
+        self._full.add(key)
+        return False

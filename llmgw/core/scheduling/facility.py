@@ -1,0 +1,523 @@
+"""The facility: where nodes are (site, room, row, rack, PDU), held domains, power caps.
+
+A node says where it is with the labels llmgw.io/site, room, row, rack and
+pdu, from its agent file or from `llmgw ctl label` (NodeLabeled), which wins
+over the agent's own until removed. A domain is KIND/NAME (`rack/r4-12`,
+`pdu/pdu-a`): the nodes whose label of that kind has that name.
+
+What placement reads of it (placement.py asks at a few marked points):
+
+- **holds** (DomainHeld, DomainReleased): nothing new is placed on a node in
+  a held domain. A hold with `drain` also moves what runs there: each of its
+  replicas is restarted beside itself (restarts.py, as with surge), so it is
+  stopped only once its replacement elsewhere serves; what fits nowhere else
+  stays and says why.
+- **power caps** (FacilityApplied, the catalog's `facility.budgets`): a
+  shard that would take any domain its node is in past its cap is refused
+  there. The draw of a domain is what its nodes were measured to draw
+  (NodePower), plus, for each shard placed and not yet measured, its
+  declared draw (its profile's power_w) or else its derived one (the power
+  limits of the GPUs it was given). Measurements are events, coalesced by the
+  agent, so replay counts the same draw and decides the same.
+- **spread**: a model's replicas go to the rack with the fewest of them,
+  then the PDU, then the node (`facility_spread.Levels`), and only then best fit.
+- **keep_within**: every shard of a multi-node replica in one domain of the
+  profile's kind.
+
+Pure, like the rest of the core: the fold handlers at the end are the only
+writers, and `facility_pass.PassFacility` is the working copy one pass of decide takes from.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections.abc import Iterable
+
+import msgspec
+
+from ..contract import events as ev
+from ..folding.state import Hold, Node, Shard, State
+
+KINDS = ("site", "room", "row", "rack", "pdu")
+PREFIX = "llmgw.io/"
+LABELS = {k: PREFIX + k for k in KINDS}
+_KIND_OF = {v: k for k, v in LABELS.items()}
+
+# The rules placement names in its reasons (placement.RULES lists them too).
+HELD = "held"
+POWER = "power"
+KEEP_WITHIN = "keep-within"
+RULES = (HELD, POWER, KEEP_WITHIN)
+# How many domains' refusals a placement keeps (PlaceReplica.rejections).
+MAX_REJECTIONS = 8
+
+
+# --------------------------------------------------------------------------- locations and domains
+
+
+def label_name(key: str) -> str:
+    """The whole label name of a location key ("rack" or "llmgw.io/rack"); "" if it is none."""
+    if key in LABELS:
+        return LABELS[key]
+    return key if key in _KIND_OF else ""
+
+
+def effective_labels(node: Node) -> dict[str, str]:
+    """A node's labels as placement reads them: an operator's (`ctl label`)
+    over its agent's; an operator's removed, the agent's show again."""
+    if not node.operator_labels:
+        return dict(node.labels)
+    return {**node.labels, **{k: v for k, v in node.operator_labels.items() if v}}
+
+
+def location(node: Node) -> dict[str, str]:
+    """kind -> name, from the node's effective labels. In KINDS order."""
+    out = {}
+    op, own = node.operator_labels, node.labels
+    for kind, label in LABELS.items():
+        name = op.get(label) or own.get(label, "")
+        if name:
+            out[kind] = name
+    return out
+
+
+def domains_of(node: Node) -> tuple[str, ...]:
+    """The domains a node is in, KIND/NAME, broadest first."""
+    return tuple([f"{k}/{n}" for k, n in location(node).items()])
+
+
+def split_domain(domain: str) -> tuple[str, str]:
+    kind, _, name = domain.partition("/")
+    return kind, name
+
+
+def domain_problem(domain: str) -> str:
+    """Why a text is not a domain (KIND/NAME), or ""."""
+    kind, sep, name = domain.partition("/")
+    if not sep or kind not in KINDS or not name or "/" in name:
+        return f"{domain!r} is not a domain: KIND/NAME with KIND one of {', '.join(KINDS)} (e.g. rack/r4-12)"
+    return ""
+
+
+def watts(w: float) -> str:
+    """A draw in words: "12.6 kW", "700 W"."""
+    return f"{w / 1000:.3g} kW" if w >= 1000 else f"{w:.0f} W"
+
+
+# --------------------------------------------------------------------------- draw
+
+
+def shard_watts(p: ev.ProfileSpec, node: Node, gpus: Iterable[int]) -> float:
+    """What one shard is counted as drawing before it is measured: its
+    profile's declared power_w, else the power limits of the GPUs it gets."""
+    if p.power_w:
+        return p.power_w
+    # The shard's GPUs only (0.0 where they say no limit): asking first
+    # whether any of the node's says one read all eight for every shard of
+    # the fold, facility or not (benchmarks/placement.py).
+    have = node.gpus
+    n = len(have)
+    w = 0.0
+    for i in gpus:
+        g = have[i] if i < n and have[i].index == i else next((x for x in have if x.index == i), None)
+        if g is not None:
+            w += g.power_w
+    return w
+
+
+# --------------------------------------------------------------------------- the rules, one function each
+#
+# Every site that asks one of these (the fold's check of a decision,
+# placement's search, the counted refusals, explain) calls the function:
+# the spread order is facility_spread.level (a cell's level) with
+# facility_search's order after it.
+
+
+def over_cap(draw: float, w: float, cap: float) -> bool:
+    """The power cap: whether `w` watts more take a domain that draws
+    `draw` past its `cap` (a micro-watt of float error aside)."""
+    return draw + w > cap + 1e-6
+
+
+def first_held(holds: dict, domains: Iterable[str]) -> str:
+    """The hold: the first of these domains that is held ("" none). Nothing
+    new is placed on a node in a held domain."""
+    for d in domains:
+        if d in holds:
+            return d
+    return ""
+
+
+def held_reason(holds: dict, domain: str) -> str:
+    """Why a held domain is held, as an operator said it."""
+    return holds[domain].reason or "no reason given"
+
+
+def domain_of_kind(located: dict[str, tuple[str, ...]], kind: str, name: str) -> str:
+    """keep_within: the domain of a kind a node is in ("" none); a
+    multi-node replica kept within a kind has every shard in one."""
+    for d in located.get(name, ()):
+        if d.startswith(kind) and d[len(kind)] == "/":
+            return d
+    return ""
+
+
+def node_draw(node: Node) -> float:
+    """What a node counts for its domains: measured, plus its shards not measured yet."""
+    if not node.unmeasured:
+        return node.power_w
+    return node.power_w + sum(node.unmeasured.values())
+
+
+def counted(node: Node, sh: Shard) -> float:
+    """What a live shard counts for in its node's draw (and frees when it
+    stops): its declared or derived draw until measured, then what its
+    GPUs were measured to draw (its declared one when they were not said).
+    A shard with no draw of its own (power_w 0: a copy kept in a pass for
+    what it still holds, see restarts._kept_till_exit) counts for none."""
+    if not sh.power_w:
+        return 0.0
+    w = node.unmeasured.get(sh.id)
+    if w is not None:
+        return w
+    if node.power_gpus and sh.gpus:
+        measured = sum(node.power_gpus.get(g, 0.0) for g in sh.gpus)
+        if measured:
+            return measured
+    return sh.power_w
+
+
+def count_unmeasured(state: State, node: Node, sh: Shard) -> None:
+    """A live shard's draw counted on its node until a measurement covers it
+    (placed, or held again at a registration: a new registration forgets
+    what was measured)."""
+    w = sh.power_w
+    if w:
+        sh.measured = False
+        unmeasured = node.unmeasured
+        delta = w - unmeasured.get(sh.id, 0.0)
+        unmeasured[sh.id] = w
+        if delta:  # (`_drew`, inline: at every placement the fold applies)
+            draw = state.domain_draw
+            for d in state.located.get(node.name, ()):
+                draw[d] = draw.get(d, 0.0) + delta
+
+
+def uncount(state: State, node: Node, sid: str) -> None:
+    """A shard no longer counted on its node (it ended, or its replica was forgotten)."""
+    if node.unmeasured:
+        w = node.unmeasured.pop(sid, None)
+        if w:
+            _drew(state, node.name, -w)
+
+
+def forget_draw(state: State, node: Node) -> None:
+    """Nothing counted on the node any more: it was lost, or registers afresh."""
+    _drew(state, node.name, -node_draw(node))
+    node.unmeasured.clear()
+    node.power_w, node.power_gpus = 0.0, {}
+
+
+def _drew(state: State, name: str, delta: float) -> None:
+    """A node's draw changed by `delta`: so did each of its domains'
+    (state.domain_draw: the fold is its only writer, through the functions
+    above, relocate and node_power)."""
+    if delta:
+        draw = state.domain_draw
+        for d in state.located.get(name, ()):
+            draw[d] = draw.get(d, 0.0) + delta
+
+
+def relocate(state: State, name: str) -> None:
+    """Keep `state.located` and `state.domain_nodes` (derived) as the
+    node's effective labels are now: at a registration and a NodeLabeled."""
+    node = state.nodes.get(name)
+    new = domains_of(node) if node is not None else ()
+    old = state.located.get(name, ())
+    if new == old:
+        return
+    index, draw = state.domain_nodes, state.domain_draw
+    w = node_draw(node) if node is not None else 0.0  # (what the node counts for moves with it)
+    for d in old:
+        if d not in new:
+            names = index[d]
+            names.remove(name)
+            if not names:
+                del index[d]
+                draw.pop(d, None)
+            elif w:
+                draw[d] -= w
+    for d in new:
+        if d not in old:
+            insort(index.setdefault(d, []), name)
+            if w:
+                draw[d] = draw.get(d, 0.0) + w
+    if new:
+        state.located[name] = new
+    else:
+        state.located.pop(name, None)
+
+
+def domain_draws(state: State, domains: Iterable[str]) -> dict[str, float]:
+    """The counted draw of each of these domains, over every node in it:
+    what state.domain_draw keeps as the fold goes, summed afresh (the tests
+    and benchmarks/placement.py check the one against the other)."""
+    # node_draw, inline and once per node (a node is in its rack and its PDU).
+    nodes, index = state.nodes, state.domain_nodes
+    drawn: dict[str, float] = {}
+    out: dict[str, float] = {}
+    for d in set(domains):
+        total = 0
+        for n in index.get(d, ()):
+            w = drawn.get(n)
+            if w is None:
+                node = nodes[n]
+                u = node.unmeasured
+                w = drawn[n] = node.power_w + sum(u.values()) if u else node.power_w
+            total += w
+        out[d] = total
+    return out
+
+
+def power_problem(state: State, adds: list[tuple[Node, float]], credit: dict[str, float]) -> str:
+    """The fold's test of a placement (decisions._place): whether these
+    draws, added on their nodes (less `credit`, by node: what a replica
+    replaced in place hands over), take a capped domain past its cap; or
+    whether a node is in a held domain. "" when neither."""
+    if not state.holds and not state.budgets:
+        return ""
+    extra: dict[str, float] = {}
+    for node, w in adds:
+        ds = state.located.get(node.name, ())
+        held = first_held(state.holds, ds)
+        if held:
+            return render(HELD, held, held_reason(state.holds, held))
+        for d in ds:
+            if d in state.budgets:
+                extra[d] = extra.get(d, 0.0) + w - credit.get(node.name, 0.0)
+    if not extra:
+        return ""
+    draws = state.domain_draw
+    for d in sorted(extra):
+        cap = state.budgets[d]
+        if extra[d] > 0 and over_cap(draws.get(d, 0.0), extra[d], cap):
+            return f"{d} would draw {watts(draws.get(d, 0.0) + extra[d])} of {watts(cap)}"
+    return ""
+
+
+def place_one_shard(state: State, node: Node, sid: str, w: float) -> str:
+    """The fold's test of a placement of one shard handed nothing (most
+    placements), power_problem's answer: then, if it passes, the shard's
+    draw counted on its node and its domains (count_unmeasured, for a
+    shard new to the node), and "". One walk of the node's domains, in
+    one call, where a test and a count were two of each: the fold's share
+    of a cold start with the facility was a tenth of its cost
+    (benchmarks/instructions.py --what cold)."""
+    ds = state.located.get(node.name)
+    if not ds:
+        if w:
+            node.unmeasured[sid] = w
+        return ""
+    holds, budgets, draws = state.holds, state.budgets, state.domain_draw
+    if holds:
+        held = first_held(holds, ds)
+        if held:
+            return render(HELD, held, held_reason(holds, held))
+    if w > 0 and budgets:
+        # Nothing made unless a domain is past its cap; the first past it
+        # by name is the one said, as power_problem would.
+        over = ""
+        for d in ds:
+            if d in budgets and over_cap(draws.get(d, 0.0), w, budgets[d]) and (not over or d < over):
+                over = d
+        if over:
+            return f"{over} would draw {watts(draws.get(over, 0.0) + w)} of {watts(budgets[over])}"
+    if w:
+        node.unmeasured[sid] = w
+        for d in ds:
+            draws[d] = draws.get(d, 0.0) + w
+    return ""
+
+
+# --------------------------------------------------------------------------- what the console and ctl read
+
+
+class DomainRow(msgspec.Struct, kw_only=True):
+    """One domain as `ctl facility` and the console list it."""
+
+    domain: str
+    kind: str
+    name: str
+    nodes: int = 0
+    gpus_used: int = 0
+    gpus_free: int = 0
+    draw_w: float = 0.0
+    cap_w: float = 0.0  # 0: none
+    held: bool = False
+    drain: bool = False
+    hold_reason: str = ""
+    held_at: float = 0.0
+
+
+def domain_rows(state: State) -> list[DomainRow]:
+    """Every domain some node is in, held or capped, in KIND then name order."""
+    rows: dict[str, DomainRow] = {}
+
+    def row(d: str) -> DomainRow:
+        r = rows.get(d)
+        if r is None:
+            kind, name = split_domain(d)
+            r = rows[d] = DomainRow(domain=d, kind=kind, name=name)
+        return r
+
+    for node in state.nodes.values():
+        ds = domains_of(node)
+        if not ds:
+            continue
+        w = node_draw(node)
+        ready = node.state == "ready"
+        used = len(node.used) if ready else 0
+        free = len(node.gpus) - used if ready else 0
+        for d in ds:
+            r = row(d)
+            r.nodes += 1
+            r.gpus_used += used
+            r.gpus_free += free
+            r.draw_w += w
+    for d, cap in state.budgets.items():
+        row(d).cap_w = cap
+    for d, h in state.holds.items():
+        r = row(d)
+        r.held, r.drain, r.hold_reason, r.held_at = True, h.drain, h.reason, h.since
+    order = {k: i for i, k in enumerate(KINDS)}
+    return sorted(rows.values(), key=lambda r: (order.get(r.kind, 9), r.name))
+
+
+def draining(state: State, rep) -> str:
+    """The drained, held domain one of a replica's shards is in ("": none)."""
+    if not state.holds:
+        return ""
+    for sh in rep.shards:
+        for d in state.located.get(sh.node, ()):
+            h = state.holds.get(d)
+            if h is not None and h.drain:
+                return d
+    return ""
+
+
+def render(rule: str, need: str, have: str) -> str:
+    """A facility reason in words, naming its domain: `rack/r4-12 is held:
+    maintenance`, `pdu/pdu-a would draw 12.6 kW of 12 kW`."""
+    if rule == HELD:
+        return f"{need} is held: {have}"
+    if rule == POWER:
+        return f"{need} {have}"
+    return f"keep within: needs {need}, has {have}"
+
+
+# --------------------------------------------------------------------------- the fold
+
+
+def node_labeled(state: State, e: ev.NodeLabeled, seq: int) -> None:
+    """Operator location labels: set ones win over the agent's; removed ones
+    let the agent's show again. Only location labels (KINDS), and the
+    labels admission.py leaves to the operator (the pool)."""
+    from ..rules import admission  # here: it imports catalog.py, which imports this module
+
+    changes = {}
+    for key, value in e.set.items():
+        name = label_name(key) or admission.label_name(key)
+        if not name:
+            raise _refused(f"label {key!r}: only location labels ({', '.join(KINDS)}) and pool may be set this way")
+        if not value or "/" in value or len(value) > 64:
+            raise _refused(f"label {key}={value!r}: a name without '/', at most 64 characters")
+        changes[name] = value
+    removed = []
+    for key in e.remove:
+        name = label_name(key) or admission.label_name(key)
+        if not name:
+            raise _refused(f"label {key!r}: only location labels ({', '.join(KINDS)}) and pool may be removed this way")
+        removed.append(name)
+    labels = dict(state.node_labels.get(e.node, {}))
+    labels.update(changes)
+    for name in removed:
+        labels.pop(name, None)
+    if labels:
+        state.node_labels[e.node] = labels
+    else:
+        state.node_labels.pop(e.node, None)
+    node = state.nodes.get(e.node)
+    if node is not None:
+        node.operator_labels = dict(labels)
+        relocate(state, node.name)
+        admission.settle(state, node)
+
+
+def domain_held(state: State, e: ev.DomainHeld, seq: int) -> None:
+    problem = domain_problem(e.domain)
+    if problem:
+        raise _refused(problem)
+    old = state.holds.get(e.domain)
+    # Held again (a reason or drain changed): since the first hold.
+    state.holds[e.domain] = Hold(reason=e.reason, since=old.since if old else e.at, drain=e.drain)
+
+
+def domain_released(state: State, e: ev.DomainReleased, seq: int) -> None:
+    state.holds.pop(e.domain, None)
+
+
+def facility_applied(state: State, e: ev.FacilityApplied, seq: int) -> None:
+    for d, w in e.budgets.items():
+        problem = domain_problem(d)
+        if problem:
+            raise _refused(f"facility budget: {problem}")
+        if not w > 0:
+            raise _refused(f"facility budget of {d}: {w!r} must be a number of watts above 0")
+    state.budgets = {d: w for d, w in sorted(e.budgets.items())}
+
+
+def node_power(state: State, e: ev.NodePower, seq: int) -> None:
+    """A measurement: from now on it is what the node draws, and it covers
+    every shard of the node that was ready (an engine still loading does
+    not draw what it will: it stays counted at its declared draw)."""
+    node = state.nodes.get(e.node)
+    if node is None or node.state != "ready":
+        return
+    if e.watts < 0 or any(w < 0 for w in e.gpus.values()):
+        raise _refused(f"node {e.node}: a negative draw")
+    before = node_draw(node)
+    node.power_w, node.power_gpus, node.power_at = e.watts, dict(e.gpus), e.at
+    if node.unmeasured:
+        _covered(state, node)
+    _drew(state, e.node, node_draw(node) - before)
+
+
+def _covered(state: State, node: Node) -> None:
+    """The node's shards a measurement covers are no longer counted at their own draw."""
+    replicas = state.replicas
+    for sid in list(node.unmeasured):
+        rep = replicas.get(sid.rpartition(".")[0])
+        if rep is None:
+            del node.unmeasured[sid]
+            continue
+        for sh in rep.shards:
+            if sh.id == sid and sh.node == node.name:
+                if sh.state == "ready":
+                    sh.measured = True
+                    del node.unmeasured[sid]
+                break
+
+
+def _refused(why: str) -> Exception:
+    from ..folding.fold import Refused  # the fold imports this module
+
+    return Refused(why)
+
+
+HANDLERS = {
+    ev.NodeLabeled: node_labeled,
+    ev.DomainHeld: domain_held,
+    ev.DomainReleased: domain_released,
+    ev.FacilityApplied: facility_applied,
+    ev.NodePower: node_power,
+}

@@ -1,0 +1,405 @@
+"""The facility in one pass of decide: the working copy placement asks.
+
+`PassFacility` is what one pass of decide sees of the facility (facility.py
+keeps the facts): the holds, each capped domain's draw as the pass's own
+placements add to it, and the refusals a replica's search met, kept on the
+placement (PlaceReplica.rejections) so that `ctl describe replica` shows
+them; and each model's `Levels` (facility_spread.py), by which
+facility_search.py places.
+
+Apart from facility.py so that each stays one concern: the facts and the
+fold there, one pass's arithmetic here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..contract import events as ev
+from . import fit
+from .facility import KEEP_WITHIN, LABELS, MAX_REJECTIONS, counted, domain_of_kind, first_held, held_reason, over_cap, render, shard_watts
+from .facility_spread import Cells, Levels
+from ..folding.state import Node, Shard, State
+
+
+
+class PassFacility:
+    """What one pass of decide takes from the facility: which nodes are in
+    held domains, and what each capped domain draws, with this pass's
+    placements and stops counted as they are decided. Read from the
+    fold's derived indexes (state.located, state.domain_nodes,
+    state.domain_draw): a fleet with no location, hold or cap costs nothing
+    here."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.active = bool(state.located or state.holds or state.budgets)  # anything to say at all
+        self.capped = bool(state.budgets)
+        self.loc = state.located  # node -> its domains (the fold's, read only)
+        self._draw: dict[str, float] | None = None  # capped domain -> draw counted in this pass
+        self._cells: Cells | None = None
+        self.touched: list[int] = []  # the cells changed, in order (facility_search reads on)
+        self.epoch = 0  # one more when a stop made room: every refusal of the pass may be stale
+        self._levels: dict[int, Levels] = {}  # id(spread) -> its levels, told of each placement (Levels.took)
+        self._blocked: dict[tuple[float, int], set[str]] = {}  # see `blocked`
+        self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
+        self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
+        self._limits: dict[str, tuple] = {}  # node -> see `_limits_of`
+        self._ranked: tuple[list[str], dict[str, int]] | None = None  # see `ranks`
+        # The facility's refusals the placement under way met, domain -> in
+        # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
+        self.seen: dict[str, str] = {}
+        # node -> the draw a replica stopped for its replacement in place
+        # hands over there, while that replacement is placed (`shift`).
+        self.credit: dict[str, float] = {}
+
+    @property
+    def draw(self) -> dict[str, float]:
+        if self._draw is None:
+            draw = self.state.domain_draw
+            self._draw = {d: draw.get(d, 0.0) for d in self.state.budgets}
+        return self._draw
+
+    def ranks(self) -> tuple[list[str], dict[str, int]]:
+        """Every node's name in order, and name -> its rank (facility_search's keys): once a pass."""
+        if self._ranked is None:
+            names = sorted(self.state.nodes)
+            self._ranked = (names, {name: r for r, name in enumerate(names)})
+        return self._ranked
+
+    def cells(self) -> Cells:
+        """The located nodes by cell (for Levels): once a pass."""
+        if self._cells is None:
+            self._cells = Cells(self.state.located)
+        return self._cells
+
+    def _touch(self, name: str) -> None:
+        """What a node has free changed in this pass: what placement kept of its cell is stale."""
+        if self._cells is not None:
+            c = self._cells.of.get(name)
+            if c is not None:
+                self.touched.append(c)
+
+    # ------------------------------------------------------------------ rules, per node
+
+    def reasons(self, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> tuple:
+        """The held domains a node is in, and the capped ones one more shard
+        of the profile would take past their cap."""
+        name = node.name
+        held, caps, _ = self._limits_of(node)
+        if not held and not caps:  # (explain asks this of every node of the fleet)
+            return ()
+        holds = self.state.holds
+        out = tuple(
+            fit.held_reason(d, held_reason(holds, d)) for d in self.loc.get(name, ()) if d in holds
+        )
+        if caps:
+            w = self._watts(p, node, gpus)
+            if self.credit:
+                w -= self.credit.get(name, 0.0)
+            if w > 0:
+                draw = self._draw if self._draw is not None else self.draw
+                for d, cap in caps:
+                    if over_cap(draw[d], w, cap):
+                        out = out + (fit.power_reason(d, draw[d] + w, cap),)
+        if out and len(self.seen) < MAX_REJECTIONS:
+            seen = self.seen
+            for r in out:
+                if r.need not in seen:
+                    seen[r.need] = render(r.rule, r.need, r.have)
+        return out  # type: ignore[return-value]
+
+    def rejections(self) -> list[str]:
+        """What the facility refused during the last placement, by domain."""
+        return [self.seen[d] for d in sorted(self.seen)]
+
+    def refuses(self, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> bool:
+        """Whether `reasons` would say anything, without saying it: placement
+        asks this of every candidate it passes over (on a fleet whose caps
+        bind, most of them), and words for each cost more than the search."""
+        name = node.name
+        held, caps, uniform = self._limits_of(node)
+        if held:
+            return self._noted(held, node, p, gpus)
+        if caps:
+            w = p.power_w  # (`_watts`, inline: asked of every candidate)
+            if not w:
+                w = shard_watts(p, node, gpus) if uniform is None else uniform * len(gpus)
+            if self.credit:
+                w -= self.credit.get(name, 0.0)
+            if w <= 0:
+                return False
+            draw = self._draw if self._draw is not None else self.draw
+            for d, cap in caps:
+                if over_cap(draw[d], w, cap):
+                    return self._noted(d, node, p, gpus)
+        return False
+
+    def _limits_of(self, node: Node) -> tuple[str, tuple[tuple[str, float], ...], float | None]:
+        """A node's first held domain ("": none), its capped domains with
+        their caps, in its domains' order, and the power limit its GPUs all
+        share (None: they differ): none changes in a pass, and `refuses`
+        asks per candidate."""
+        got = self._limits.get(node.name)
+        if got is None:
+            ds = self.loc.get(node.name, ())
+            holds, budgets = self.state.holds, self.state.budgets
+            limits = {g.power_w for g in node.gpus}
+            uniform = (next(iter(limits)) if len(limits) == 1 else None) if node.gpus else 0.0
+            caps = tuple([(d, budgets[d]) for d in ds if d in budgets])
+            got = self._limits[node.name] = (first_held(holds, ds) if holds else "", caps, uniform)
+        return got
+
+    def _uniform_w(self, node: Node) -> float | None:
+        """The power limit all of a node's GPUs share (None: they differ)."""
+        return self._limits_of(node)[2]
+
+    def _noted(self, domain: str, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> bool:
+        """A refusal, noted in words for the placement under way (once per
+        domain), and remembered for the pass (`blocked`): for every node of
+        the domain that it holds for alike, at once (set.update, in C). A
+        hold refuses them all; a cap, every node whose shard would draw as
+        much or more: all, for a profile that declares its draw; those
+        whose GPUs all say one limit at least this node's, otherwise. Asked
+        node by node, a capped PDU's twenty nodes were twenty refusals to
+        find (benchmarks/placement.py --facility)."""
+        if domain not in self.seen and len(self.seen) < MAX_REJECTIONS:
+            self.reasons(node, p, gpus)
+        blocked = self.blocked(p)
+        every = domain in self.state.holds or p.power_w
+        mine = None if every else self._uniform_w(node)
+        if not every and mine is None:
+            return True  # (GPUs of unlike limits: its draw depends on the GPUs it gets)
+        blocked.add(node.name)
+        spent = (domain, p.power_w, p.gpus, mine)
+        if spent in self._spent:
+            return True
+        self._spent.add(spent)
+        names = self.state.domain_nodes.get(domain, ())
+        if every:
+            blocked.update(names)
+            if self.credit:  # (what a node hands over is its own: see `credit`)
+                blocked.difference_update(self.credit)
+        else:
+            nodes, credit = self.state.nodes, self.credit
+            for name in names:
+                node = nodes[name]
+                w = self._uniform_w(node)
+                if w is not None and w >= mine and name not in credit:  # type: ignore[operator]
+                    blocked.add(name)
+        if self._cells is not None:
+            # The cells all of whose nodes are refused now: placement's search
+            # passes over them whole (facility_search), where walking a
+            # capped PDU's nodes again at each search was most of a cold
+            # start on 16,000 nodes (benchmarks/placement.py --facility --nodes 16000).
+            cells = self._cells.nodes
+            dead = self.dead(p)
+            for c in self._cells.in_domain.get(domain, ()):
+                if c not in dead and cells[c] <= blocked:
+                    dead.add(c)
+        return True
+
+    def dead(self, p: ev.ProfileSpec) -> set[int]:
+        """The cells (Cells) every node of which `blocked` holds for this draw."""
+        key = (p.power_w, p.gpus)
+        out = self._dead.get(key)
+        if out is None:
+            out = self._dead[key] = set()
+        return out
+
+    def blocked(self, p: ev.ProfileSpec) -> set[str]:
+        """Nodes known to refuse a shard of this draw in this pass: a domain's
+        draw only grows in a pass (until a stop is counted, `_add`), so a
+        node refused once is passed over at once after (placement skips them
+        in C; on a fleet whose caps bind, asking each again was most of a
+        cold start). Keyed by what the draw of one shard follows from."""
+        key = (p.power_w, p.gpus)
+        out = self._blocked.get(key)
+        if out is None:
+            out = self._blocked[key] = set()
+        return out
+
+    def _watts(self, p: ev.ProfileSpec, node: Node, gpus: list[int]) -> float:
+        """shard_watts, the same number, without reading the node's GPUs
+        each time where they all say one limit (asked per candidate node)."""
+        if p.power_w:
+            return p.power_w
+        w = self._uniform_w(node)
+        return shard_watts(p, node, gpus) if w is None else w * len(gpus)
+
+    def fit_together(self, nodes: list[Node], p: ev.ProfileSpec, gpus: list[list[int]]) -> bool:
+        """Whether the shards of one multi-node replica, each fitting alone,
+        fit the caps together (two on one PDU count twice)."""
+        if not self.capped:
+            return True
+        extra: dict[str, float] = {}
+        draw = self._draw if self._draw is not None else self.draw
+        for node, gs in zip(nodes, gpus):
+            w = self._watts(p, node, gs) - self.credit.get(node.name, 0.0)
+            for d in self.loc.get(node.name, ()):
+                if d in draw:
+                    extra[d] = extra.get(d, 0.0) + w
+        budgets = self.state.budgets
+        return not any(over_cap(draw[d], w, budgets[d]) for d, w in extra.items())
+
+    def take(self, node: Node, p: ev.ProfileSpec, gpus: list[int], fabric: str) -> None:
+        """A shard placed in this pass on a node of this fabric (""
+        none): its draw counts from now on. (Its cell is `touched` where its
+        order changes: facility_search's `_located_moved`.)"""
+        name = node.name
+        if self.capped:
+            _, caps, uniform = self._limits_of(node)
+            w = p.power_w or (shard_watts(p, node, gpus) if uniform is None else uniform * len(gpus))  # (`_watts`)
+            if w and caps:
+                draw = self._draw if self._draw is not None else self.draw
+                for d, _cap in caps:
+                    draw[d] += w
+
+    def shift(self, node: Node, sh: Shard, give: bool, handover: bool = False, fabric: str = "") -> None:
+        """A shard stopped in this pass (give) frees what it counts for; or
+        not after all. `handover`: stopped for a replacement in place, its
+        draw goes on counting for its domains (it draws until it exits, and
+        the fold counts it until then) and is credited to a shard of the
+        replacement on its own node only (`credit`), as the fold's check of
+        the placement credits it (decisions._place). Freed for the whole
+        domain, a replacement on another node of its PDU was decided there
+        and voided by the fold (tests/test_facility_properties.py)."""
+        self._touch(node.name)
+        if not self.capped:
+            return
+        if handover:
+            if give:
+                self.credit[node.name] = self.credit.get(node.name, 0.0) + counted(node, sh)
+                self._room_made()
+            else:
+                self.credit.pop(node.name, None)
+            return
+        w = counted(node, sh)
+        self._add(node.name, -w if give else w)
+
+    def _room_made(self) -> None:
+        """What was refused may fit again: every refusal of the pass is forgotten."""
+        self._blocked.clear()
+        self._spent.clear()
+        self._dead.clear()
+        self.epoch += 1
+
+    def _add(self, name: str, w: float) -> None:
+        if w < 0:  # room made: what was refused may fit again
+            self._room_made()
+        draw = self.draw
+        for d in self.loc.get(name, ()):
+            if d in draw:
+                draw[d] += w
+
+    # ------------------------------------------------------------------ spread and keep_within
+
+    def levels(self, spread: dict[str, int]) -> Levels | None:
+        """Spread by rack, then PDU, then node, where nodes say where they are (None: none does)."""
+        levels = self._levels.get(id(spread))
+        if levels is None:
+            if not self.loc or not self.cells().nodes:
+                return None
+            levels = self._levels[id(spread)] = Levels(spread, self)  # (it holds the spread: its id is no other's)
+        return levels
+
+    def expect(self, spread: dict[str, int], names: list[str]) -> None:
+        """A placement took these nodes for a model of this spread: the
+        levels kept for it (if any) are told, before Inventory.place counts them in it."""
+        levels = self._levels.get(id(spread))
+        if levels is not None and levels.spread is spread:
+            for name in names:
+                levels.took(name, spread.get(name, 0), 1)
+
+    def domain_of(self, kind: str, name: str) -> str:
+        return domain_of_kind(self.loc, kind, name)
+
+    def within(self, kind: str, names: Iterable[str]) -> list[str]:
+        """The domains of a kind these nodes are in, in name order."""
+        return sorted({d for d in (self.domain_of(kind, n) for n in names) if d})
+
+    def keep_within_reason(self, p: ev.ProfileSpec, fitting: list[str]):
+        """Why no domain of the profile's keep_within kind has enough nodes
+        that fit (explain), or None when one has."""
+        per: dict[str, int] = {}
+        for n in fitting:
+            d = self.domain_of(p.keep_within, n)
+            if d:
+                per[d] = per.get(d, 0) + 1
+        if any(c >= p.nodes for c in per.values()):
+            return None
+        need = f"{p.nodes} nodes that fit in one {p.keep_within}"
+        if not per:
+            return fit.Reason(rule=KEEP_WITHIN, need=need, have=f"no node that fits has a {LABELS[p.keep_within]} label")
+        most = max(per.values())
+        where = min(d for d, c in per.items() if c == most)
+        return fit.Reason(rule=KEEP_WITHIN, need=need, have=f"{most} in {where}")
+
+
+class Outside:
+    """The `taken` of placement's search for one shard of a replica kept
+    within a domain: the nodes chosen already, and every node outside it."""
+
+    __slots__ = ("fac", "kind", "domain", "chosen")
+
+    def __init__(self, fac: PassFacility, kind: str, domain: str, chosen: list) -> None:
+        self.fac, self.kind, self.domain, self.chosen = fac, kind, domain, chosen
+
+    def __contains__(self, v) -> bool:
+        return v in self.chosen or self.fac.domain_of(self.kind, v.name) != self.domain
+
+
+class Together:
+    """The `taken` of placement's search for the shards of one multi-node
+    replica where caps bind: the nodes `inner` holds (the chosen ones, or
+    Outside), and every node whose shard would take a capped domain past
+    its cap with the shards chosen before it (two on one PDU count twice,
+    as fit_together counts them, in the same order). Refused so, the node
+    is passed over for this replica only, and the search goes on in the
+    fabric: once the second shard was checked only after both were chosen,
+    a fabric whose two best nodes shared a PDU with room for one was given
+    up though its other nodes had room, and on a fleet whose caps bind
+    most multi-node placements chose pairs that failed so
+    (benchmarks/placement.py --facility).
+
+    `refused` says whether a node was refused for the chosen ones alone: a
+    fabric that then gave too few nodes is short for this replica, with
+    these chosen, not for the pass (facility_search's `_fabric_failed`)."""
+
+    __slots__ = ("fac", "p", "chosen", "inner", "gpus_for", "extra", "counted", "refused")
+
+    def __init__(self, fac: PassFacility, p: ev.ProfileSpec, chosen: list, inner, gpus_for) -> None:
+        self.fac, self.p, self.chosen, self.inner, self.gpus_for = fac, p, chosen, inner, gpus_for
+        self.extra: dict[str, float] = {}  # capped domain -> what the chosen shards add to it
+        self.counted = 0  # the chosen counted in `extra`
+        self.refused = False
+
+    def __contains__(self, v) -> bool:
+        if v in self.inner:
+            return True
+        chosen = self.chosen
+        if not chosen:
+            return False
+        fac, p, extra = self.fac, self.p, self.extra
+        draw = fac._draw if fac._draw is not None else fac.draw
+        credit, loc = fac.credit, fac.loc
+        while self.counted < len(chosen):
+            c = chosen[self.counted]
+            self.counted += 1
+            w = fac._watts(p, c.node, self.gpus_for(c, p)) - credit.get(c.name, 0.0)
+            for d in loc.get(c.name, ()):
+                if d in draw:
+                    extra[d] = extra.get(d, 0.0) + w
+        if not extra:
+            return False
+        gpus = self.gpus_for(v, p)
+        w = fac._watts(p, v.node, gpus) - credit.get(v.name, 0.0)
+        budgets = fac.state.budgets
+        for d in loc.get(v.name, ()):
+            e = extra.get(d)
+            if e is not None and over_cap(draw[d], e + w, budgets[d]):
+                if not fac.refuses(v.node, p, gpus):  # (refused alone, it is refused for the pass: noted so)
+                    self.refused = True
+                return True
+        return False
+

@@ -1,0 +1,393 @@
+"""Placement's search over a model's spread by rack and PDU (facility_spread.Levels), cell by cell.
+
+The rule is placement's (placement.py says it): the fitting node of the
+lowest level (its rack's count of the model's replicas, then its PDU's,
+then its own), then the fewest free GPUs that are enough, then the name.
+Asked node by node, or by rounds over the buckets of free GPUs that each
+admit every lower level again, it cost a cold start with the facility
+nearly seven times one without (benchmarks/placement.py --facility): a
+placement looked at most of its rack's and PDU's nodes, and at every node
+of the levels below.
+
+Here the nodes are taken by cell (facility_spread.Cells: the nodes in the
+same domains), each cell's nodes kept in order of free GPUs then name for
+the pass (`_cell_orders`). Per model and kind of profile, one heap merges
+its cells' orders, lowest level first: an entry is a cell's *cursor*, the
+first of its nodes not yet known refused, and a lower bound on the cell's
+best. The top is looked at: a node that fits, no worse than the next
+entry, is the best (every other cell's best is at least its entry); one
+that does not is passed over for good, as a refusal in a pass only
+hardens (a domain's draw grows, a model's spread grows) until a cell's
+nodes change (PassFacility.touched: its cursor starts again) or a stop
+makes room (PassFacility.epoch: all start again). A cell's level only
+grows as the model places, so a cursor's is put right when it comes to
+the top (`_Heaps`). A placement so looks at a node or two, and at the
+cells that it or another changed since.
+
+A node in an order is one int, its *key*: its free GPUs, then its rank in
+name order (`_RANK_BITS`). A cursor is one int too: its level, the node's
+key, its cell and its position in the cell's order (`_TOP`, `_CUR_SHIFT`,
+`_POS_BITS`). Ints order as (level, free GPUs, name) do and compare in
+one step, where tuples with the name in them made every heap operation
+and bisection compare two or three fields; cursors as (key, cell,
+position) tuples cost a heap operation twice the time, and a placement
+65 more cache misses (benchmarks/instructions.py --what cold, under
+cachegrind). A cursor's cell and position never decide its order: a
+node's rank is in one cell only.
+
+A mixin of placement.Inventory, apart so that each module stays one concern.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from heapq import heapify, heappop, heappush, heapreplace
+
+from ..contract.events import ProfileSpec
+from .facility_spread import NO_LEVEL, Levels, level as cell_level
+from .fit import _mixed_reasons
+
+_RANK_BITS = 24  # a node's rank in name order: fewer than 16 million nodes
+_RANK = (1 << _RANK_BITS) - 1
+_LEVEL_SHIFT = 32  # a level above a node's key (free GPUs below 256)
+# A cursor: its level and node's key, then its cell, then its position in
+# the cell's order, as one int (see _Heaps).
+_POS_BITS = 24
+_POS = (1 << _POS_BITS) - 1
+_CELL = (1 << _POS_BITS) - 1  # (cells below 16 million: fewer than nodes)
+_CUR_SHIFT = 2 * _POS_BITS  # the key above the cell and position
+_TOP = _CUR_SHIFT + _LEVEL_SHIFT  # the level above all the rest
+_BELOW = (1 << _TOP) - 1
+
+
+class _Heaps:
+    """One model's cells for one kind of profile, in one pass: one heap of
+    cursors (level, node's key, cell and position in the cell's order, as
+    one int: see the module), lowest level first, `cur[cell]` being the
+    cell's cursor that stands, by identity (any other entry of the cell is
+    stale: its nodes changed since; two equal ones stand for the same).
+
+    A cursor's level is its cell's when it was pushed, and a cell's level
+    only grows in a pass (a spread only grows): so it is a lower
+    bound, put right when the cursor comes to the top (pushed again at its
+    level), not at each placement that moves its rack's or PDU's cells,
+    most of which never come to the top again in the pass."""
+
+    __slots__ = ("groups", "epoch", "touched_at", "cur", "heap", "parts")
+
+    def __init__(self, groups: list, epoch: int, touched_at: int, cur: list, heap: list, parts: tuple) -> None:
+        self.groups = groups
+        self.epoch = epoch  # PassFacility.epoch when made: a stop since made room, and it is made again
+        self.touched_at = touched_at
+        self.cur = cur
+        self.heap = heap
+        # What each search reads, in one: (heap, cur, the pass's refused
+        # nodes and cells for the profile's draw, the admitted groups, and
+        # the model's counts per rack and PDU with the cells' racks and PDUs).
+        self.parts = parts
+
+
+class _InCells:
+    """The `taken` of placement's `_best` for the nodes in no cell: every node in one."""
+
+    __slots__ = ("of",)
+
+    def __init__(self, of: dict[str, int]) -> None:
+        self.of = of
+
+    def __contains__(self, v) -> bool:
+        return v.name in self.of
+
+
+class CellSearch:
+    """placement.Inventory's search over facility_spread.Levels (see the module),
+    and the facility's shortcuts of its multi-node search (`_fabric_refused`)."""
+
+    def _search_init(self) -> None:
+        # Per model and kind of profile its cells by level; each cell's
+        # nodes by free GPUs; the epoch of PassFacility they were made in.
+        self._admitted: dict[int, set] = {}
+        self._orders: list[list[int]] | None = None
+        self._named: list[str] = []  # rank -> node, once the orders are made (placement's `names`)
+        self._rank: dict[str, int] = {}  # node -> rank
+        self._cell_of: dict[str, int] = {}  # node -> its cell, once the orders are made
+        # (fabric's groups, profile) with too few nodes that fit, every node admitted (`_fabric_failed`)
+        self._fab_refused: set[tuple[int, int]] = set()
+        self._fab_epoch = 0
+        self._picked: Levels | None = None  # the levels the last single-node search went by (placement's `place`)
+
+    def _located_moved(self, name: str, before: int, after: int) -> None:
+        """A node's free GPU count changed in this pass (placement.Inventory._move):
+        moved in its cell's order (`_cell_orders`), if made, and its cell
+        touched (PassFacility.touched: the cursors in it start again)."""
+        if after > before:
+            self._fab_refused.clear()  # room made
+        orders = self._orders
+        if orders is not None:
+            c = self._cell_of.get(name)
+            if c is not None:
+                self._fac.touched.append(c)
+                order, r = orders[c], self._rank[name]
+                key = before << _RANK_BITS | r
+                i = bisect_left(order, key)
+                if i < len(order) and order[i] == key:
+                    del order[i]
+                    insort(order, after << _RANK_BITS | r)
+
+    def _spread_pick(self, p: ProfileSpec, groups: list, levels: Levels):
+        """The node for one shard of a single-node profile, by the rounds of
+        spread over `levels`: lowest level first, then best fit. Level by
+        level, as the heap's cursors come: the best of the cells at a
+        level that fits; else, at level 0, the best node in no cell; else
+        the model's own nodes at that level, fewest of its replicas first."""
+        fac = self._fac
+        h = levels.heaps.get(id(p))  # (the pass holds the profile)
+        if h is None or h.groups is not groups or h.epoch != fac.epoch:  # (epoch: a stop made room)
+            h = levels.heaps[id(p)] = self._start(p, levels, groups)
+        heap, cur, dead, blocked, admitted, rc, pc, rack_of, pdu_of = h.parts
+        spread, views, orders, named = levels.spread, self._views, self._orders, self._named
+        touched = fac.touched
+        if h.touched_at < len(touched):
+            # The cells a placement changed since the model's last search:
+            # their cursors start again, past the nodes known refused and the
+            # model's own (as below). A cell's cursor that stands at the top
+            # (the cell a placement of the model itself took from, mostly)
+            # is replaced there, not left behind stale.
+            # (Each pushed once; the heap orders them. One, mostly: the
+            # model's own last placement's, taken without a list.)
+            since, h.touched_at = h.touched_at, len(touched)
+            first = p.gpus << _RANK_BITS
+            for c in set(touched[since:]) if since < len(touched) - 1 else (touched[since],):
+                order = orders[c]  # type: ignore[index]
+                i, n = bisect_left(order, first), len(order)
+                while i < n and ((name := named[order[i] & _RANK]) in blocked or name in spread):
+                    i += 1
+                old = cur[c]
+                if i < n:
+                    e = cur[c] = (
+                        (cell_level(rc[rack_of[c]], pc[pdu_of[c]]) << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT
+                        | c << _POS_BITS | i
+                    )
+                    if old is not None and heap[0] is old:
+                        heapreplace(heap, e)
+                    else:
+                        heappush(heap, e)
+                else:
+                    cur[c] = None
+        mine: list[int] | None = None  # the levels of the model's own nodes, once asked (Levels.low says when)
+        loose = levels.loose  # nodes in no cell: at level 0 unless the model runs there
+        j = 0  # the levels of `mine` before it are done
+        while True:
+            while heap:  # the cursor that stands, at its cell's level, of a cell not known refused whole
+                e = heap[0]
+                c = e >> _POS_BITS & _CELL
+                if cur[c] is not e:
+                    heappop(heap)  # stale: the cell's nodes changed since
+                    continue
+                level = cell_level(rc[rack_of[c]], pc[pdu_of[c]])
+                if e >> _TOP != level:  # its level grew since (see _Heaps)
+                    e = cur[c] = level << _TOP | e & _BELOW
+                    heapreplace(heap, e)
+                elif c in dead:  # every node of it refused (PassFacility._noted)
+                    cur[c] = None
+                    heappop(heap)
+                else:
+                    break
+            level = heap[0] >> _TOP if heap else NO_LEVEL
+            # The levels below it have no cell with a node that may fit: what
+            # is left of them is the nodes in no cell (level 0) and the model's own.
+            if loose and level:
+                loose = False
+                v = self._best(p, groups, spread, 1, _InCells(fac.cells().of))
+                if v is not None:
+                    return v
+            if level > levels.low:
+                if mine is None:
+                    mine = levels.mine()
+                while j < len(mine) and mine[j] < level:
+                    v = self._mine_at(p, admitted, levels, mine[j])
+                    if v is not None:
+                        return v
+                    j += 1
+            if not heap:
+                return None
+            order, at = orders[c], e & _POS  # type: ignore[index]
+            for i in range(at, len(order)):
+                key = order[i]
+                name = named[key & _RANK]
+                if name in blocked or name in spread:
+                    continue  # refused for the pass, or the model runs there (its own come later)
+                if i != at:  # the cursor moved on: another cell may do better now
+                    e = cur[c] = (level << _LEVEL_SHIFT | key) << _CUR_SHIFT | c << _POS_BITS | i
+                    heapreplace(heap, e)
+                    break
+                v = views.get(name) or self.view(name)
+                if self._fits(p, admitted, v):
+                    if loose:  # level 0: the best node in no cell may do better
+                        other = self._best(p, groups, spread, 1, _InCells(fac.cells().of))
+                        if other is not None and (len(other.free), other.name) < (len(v.free), v.name):
+                            return other
+                    return v  # (it stays the cell's cursor: the next search looks at it again)
+            else:
+                cur[c] = None  # none of the cell's nodes fits
+                heappop(heap)
+
+    def _mine_at(self, p: ProfileSpec, admitted: set, levels: Levels, level: int):
+        """The model's own nodes at a level that fit, fewest of its replicas first, then best fit."""
+        spread = levels.spread
+        by_count: dict[int, set[str]] = {}
+        for name in levels.spread_at(level):
+            by_count.setdefault(spread[name], set()).add(name)
+        for n in sorted(by_count):
+            v = self._first_fit(p, admitted, by_count[n])
+            if v is not None:
+                return v
+        return None
+
+    def _start(self, p: ProfileSpec, levels: Levels, groups: list) -> _Heaps:
+        """The model's heap of cursors: each cell's first node with the GPUs free, at the cell's level."""
+        rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of
+        first = p.gpus << _RANK_BITS
+        cur: list[int | None] = []
+        for c, order in enumerate(self._cell_orders()):
+            i = bisect_left(order, first)
+            at = cell_level(rc[rack_of[c]], pc[pdu_of[c]])
+            cur.append((at << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT | c << _POS_BITS | i if i < len(order) else None)
+        heap = [e for e in cur if e is not None]
+        heapify(heap)
+        admitted = self._admitted.get(id(groups))
+        if admitted is None:  # (the index keeps `groups` for the pass: see Inventory._admitting)
+            admitted = self._admitted[id(groups)] = set(groups)
+        fac = self._fac
+        parts = (heap, cur, fac.dead(p), fac.blocked(p), admitted, levels.rc, levels.pc, levels.rack_of, levels.pdu_of)
+        return _Heaps(groups, fac.epoch, len(fac.touched), cur, heap, parts)
+
+    def _cell_orders(self) -> list[list[int]]:
+        """Each cell's ready nodes by free GPUs, then name (as keys: see the
+        module), as the node index files them (an entry's free count is its
+        view's: Inventory._move keeps both), made at the pass's first search
+        by cell and kept as its placements take (`_located_moved`)."""
+        if self._orders is None:
+            entries = self._build().entries
+            cells = self._fac.cells()
+            self._cell_of = cells.of
+            self._named, self._rank = self._fac.ranks()  # rank -> name, name -> rank
+            rank = self._rank
+            self._orders = [
+                sorted([entries[name].free << _RANK_BITS | rank[name] for name in nodes if name in entries])
+                for nodes in cells.nodes
+            ]
+        return self._orders
+
+    def _fits(self, p: ProfileSpec, admitted: set, v) -> bool:
+        """Whether one shard of the profile fits the node, of the admitted groups."""
+        if not v.ready or len(v.free) < p.gpus:
+            return False
+        for grp in v.groups:
+            if grp in admitted:
+                break
+        else:
+            return False
+        node = v.node
+        if grp.kind is None and _mixed_reasons(p, node.gpus, v.free):
+            return False
+        if self._fac.active and self._fac.refuses(node, p, self._gpus_for(v, p)):
+            return False
+        return self._room_ok(v, p)
+
+    def _first_fit(self, p: ProfileSpec, admitted: set, names):
+        """The fitting node among these (the model's own at one level) with the fewest free GPUs that are enough, ties in name
+        order; looked at in that order, so that the refusals a placement
+        notes (PlaceReplica.rejections) never follow a set's order, which
+        differs from one process to the next (replay --verify)."""
+        fac, views, nodes = self._fac, self._views, self._state.nodes
+        blocked = fac.blocked(p) if fac.active else ()
+        need = p.gpus
+        found = []
+        for name in names:
+            if name in blocked or name not in nodes:
+                continue
+            v = views.get(name) or self.view(name)
+            if v.ready and len(v.free) >= need:
+                found.append((len(v.free), name, v))
+        found.sort()
+        for _k, name, v in found:
+            if name not in blocked and self._fits(p, admitted, v):  # (blocked: a domain refused since)
+                return v
+        return None
+
+    # ------------------------------------------------------------------ multi-node: fabrics
+
+    def _fabric_known_refused(self, p: ProfileSpec, groups: list, limit: int, spread: dict[str, int]) -> bool:
+        """Whether fabrics' `_fabric_pick` found this fabric refused before
+        in this pass, in this round (placement's `_short`, kept by the
+        facility's rules too: its refusals only harden in a pass) or with
+        every node admitted (`_fab_refused`). Asked before anything else of
+        a fabric: on a fleet whose caps bind, a multi-node placement passes
+        over some twenty fabrics so (benchmarks/placement.py --facility)."""
+        fac = self._fac
+        if self._fab_epoch != fac.epoch:  # a stop made room: what was refused may fit now
+            self._fab_epoch = fac.epoch
+            self._fab_refused.clear()
+            self._short.clear()
+        return self._short.get((id(groups), id(p), limit)) is spread or (id(groups), id(p)) in self._fab_refused
+
+    def _fabric_from(self, p: ProfileSpec, by_fabric: list, limit: int, spread: dict[str, int], start: int) -> int:
+        """The first fabric from `start` that is not known refused for this
+        profile and spread in this round (`_fabric_known_refused`), and so
+        where the next search in the round begins: a fabric refused stays
+        so until room is made, which clears placement's `_short`, and this
+        with it. (A multi-node placement on a fleet whose caps bind asked
+        some twenty fabrics each time: benchmarks/placement.py --facility.)"""
+        memo = ("from", id(by_fabric), id(p), limit)
+        got = self._short.get(memo)
+        j = max(start, got[1]) if got is not None and got[0] is spread else start
+        while j < len(by_fabric) and self._fabric_known_refused(p, by_fabric[j], limit, spread):
+            j += 1
+        self._short[memo] = (spread, j)  # (held, so that its id is not another's in this pass)
+        return j
+
+    def _fabric_refused(self, p: ProfileSpec, groups: list, limit: int, first: bool, spread: dict[str, int]) -> bool:
+        """Whether fabrics' `_fabric_pick` may pass over this fabric in a
+        round without looking at its nodes: too few of them have the GPUs
+        free and are not refused by the facility (nor, in the first round,
+        run the model), counted in C. On a fleet whose caps bind, looking at
+        them one by one was most of a multi-node placement
+        (benchmarks/placement.py --facility)."""
+        short = (id(groups), id(p), limit)
+        blocked = self._fac.blocked(p)
+        mine = spread.keys() if first and spread else None
+        n, need = 0, p.nodes
+        for grp in groups:
+            for bucket in grp.buckets[p.gpus :]:
+                if bucket:  # (each bucket adds its nodes neither refused nor the model's: never fewer)
+                    n += len(bucket) - len(blocked.intersection(bucket))
+                    if mine is not None:
+                        n -= len((mine & bucket).difference(blocked))
+                    if n >= need:
+                        return False
+        self._short[short] = spread
+        return True
+
+    def _fabric_failed(
+        self, p: ProfileSpec, groups: list, limit: int, last: bool, chosen: int, spread: dict[str, int], together: bool
+    ) -> None:
+        """A fabric gave too few nodes in a round, alone: so it stays for
+        the pass, as refusals do, until room is made (`_located_moved`,
+        PassFacility.epoch); and in every round, when its round admitted
+        every node (the last, or one that passed over none of its nodes).
+        (Too few for the caps together with the first chosen,
+        facility_pass.Together, it is tried again at the next replica:
+        other nodes chosen first may do.)"""
+        if p.keep_within or together:
+            return
+        key = (id(groups), id(p), limit)
+        if chosen < p.nodes:
+            self._short[key] = spread
+            if last or groups[0].fabric not in self._fabrics_of(spread):
+                self._fab_refused.add((id(groups), id(p)))
+
+    def _fabrics_of(self, spread: dict[str, int]) -> set[str]:
+        """The fabrics of the nodes the model runs on."""
+        nodes = self._state.nodes
+        return {self.view(name).fabric for name in spread if name in nodes}

@@ -1,0 +1,617 @@
+"""Where a replica fits, and why a node does not.
+
+A profile (`ProfileSpec`) says what one replica needs; the catalog lists a
+model's profiles in order of preference and the first that fits wins. A node
+takes one shard of a replica when every rule below holds; each rule that does
+not is a `Reason` (data: the rule, what was needed, what the node has), and
+`render` says it in words a person can act on:
+
+    ready       the node is registered and not lost
+    simulated   a profile of a real engine (any but "sim") goes on no simulated
+                node, unless it says `simulate: true` (fit.runs_real_engine)
+    pool        it carries the label `llmgw.io/pool` the profile asks for ("" any)
+    fabric      for a multi-node profile, it carries the label `llmgw.io/fabric`
+    gpu-model   it has GPUs of the model asked for (whole words, case aside)
+    gpu-memory  enough of those have the memory asked for, each
+    gpus        enough of those are free
+    memory      its host memory not yet held covers one shard's (0 on the node: not said, no limit)
+    cpu         likewise its CPU cores
+    ports       it has a port free in its range (PORT_BASE..PORT_LIMIT unless
+                its agent says another), held neither by a shard or stray
+                nor by another program (Node.taken)
+    held        it is in no held facility domain (facility.py)
+    power       one more shard takes no domain it is in past its power cap
+    keep-within a multi-node replica's shards share a domain of that kind
+
+A multi-node profile (`nodes > 1`) takes one shard on each of that many
+distinct nodes of one fabric, rank 0 being the endpoint. A node without the
+fabric label forms no fabric with any other: tensor or pipeline parallel
+traffic over a network nobody vouched for fails or crawls, and a label is
+one line of an agent's configuration, while a wrong guess is hours of NCCL
+timeouts.
+
+Among the nodes that fit, the choice is:
+
+- spread first: nodes that run none of the model's replicas, then those that
+  run one, and so on, so that one node lost takes as few of its replicas as
+  it can. Where nodes say their rack and PDU, the rack with the fewest of
+  them comes first, then the PDU, then the node (facility_spread.Levels); for a
+  multi-node replica, the node alone (its rounds within each fabric would
+  be one per level, squared).
+- then best fit: the node with the fewest free GPUs that still has enough,
+  ties in name order. Small replicas fill the nodes already in use and whole
+  nodes stay free for the 8-GPU profiles; first fit in name order would put
+  a small replica on the first node with room, often a whole free one.
+- a multi-node replica goes to the first fabric, in name order, that has
+  enough nodes that fit (within the same rounds of spread); its shards by
+  the same rules, rank 0 on the first node chosen.
+
+`Inventory` is a working copy of what is free for one pass of `decide`, so
+that the placements of a pass see each other (without it two placements of
+one pass could name the same GPU, and the second would be voided at fold
+time). It indexes the ready nodes by pool and kind of GPU (and fabric, for
+multi-node profiles) and, within that, by free GPU count, so a placement
+looks at a few candidates instead of every node. It is built at the first
+placement of a pass, not before: a pass with nothing to place never pays
+for it.
+
+`explain` (explain.py) says, for every node and every profile of a model,
+why it was refused or that it fits; the waiting reason of a model
+(`why_no_fit`) counts exactly that, by the index's classes (refusals.py,
+held to the node-by-node count by tests/test_refusals.py), and placement
+itself asks the same questions (fit.py), so the three cannot disagree.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Iterable
+from itertools import filterfalse
+from typing import NamedTuple
+
+from . import fabrics, facility_pass, facility_search
+from ..contract.events import ProfileSpec, ShardPlacement
+from ..folding.nodeindex import FABRIC_LABEL, POOL_LABEL, Group, NodeIndex, index_of, kind_of
+from ..folding.state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
+# The questions asked of one node (fit.py), named here too: what placement
+# is asked of, callers and tests have always imported from this module.
+from .fit import (
+    READY,
+    SIMULATED,
+    POOL,
+    FABRIC,
+    GPU_MODEL,
+    GPU_MEMORY,
+    GPUS,
+    MEMORY,
+    CPU,
+    PORTS,
+    RULES,
+    Reason,
+    NodeFit,
+    ProfileFit,
+    Explanation,
+    render,
+    render_explanation,
+    needs,
+    summarize,
+    gpu_model_matches,
+    label_reasons,
+    gpu_reasons,
+    _kind_reasons,
+    _mixed_reasons,
+    memory_short,
+    cpu_short,
+    ready_reason,
+    memory_reason,
+    cpu_reason,
+    ports_reason,
+)
+
+# The engine ports of a node whose agent names no range (NodeRegistered's
+# port_first and port_last 0); the agent file's `engine_ports` defaults to it.
+PORT_BASE = 20000
+PORT_LIMIT = 29999
+
+
+
+# --------------------------------------------------------------------------- the inventory
+
+
+def _rounds(spread: dict[str, int]):
+    """`fabrics._limits` one at a time: the first round is all most searches need,
+    and making the whole list per placement was a cold start's cost
+    (benchmarks/placement.py --nodes 16000). Counts are >= 1, so the rounds
+    are those of `fabrics._limits`."""
+    yield 1
+    if spread:
+        for c in sorted(set(spread.values())):
+            yield c + 1
+
+
+class _View:
+    """What one node has free in this pass: its GPUs, memory, cores and ports.
+    Made when the pass first looks at the node, from the node as folded."""
+
+    __slots__ = (
+        "name", "node", "ready", "free", "kind", "pool", "fabric", "simulated", "mem_used", "cpu_used", "ports",
+        "next_port", "groups",
+    )
+
+    def __init__(self, name: str, node: Node, groups: tuple[Group, ...]) -> None:
+        self.name = name
+        self.node = node
+        # A node that is not (or is cordoned: admission.py): explained, never placed on.
+        self.ready = node.state == "ready" and not node.cordon
+        gpus, used = node.gpus, node.used
+        # Only GPUs the node has: a stray may report one it does not.
+        self.free = sorted(g.index for g in gpus if g.index not in used) if used else sorted(g.index for g in gpus)
+        # (The index filed it by its kind already: reading its GPUs again per view was a cold start's cost.)
+        self.kind = groups[0].kind if groups else kind_of(gpus)
+        labels = node.labels
+        self.pool = labels.get(POOL_LABEL, "")
+        self.fabric = labels.get(FABRIC_LABEL, "")
+        self.simulated = node.simulated
+        self.mem_used = node.memory_used
+        self.cpu_used = node.cpu_used
+        self.ports: set[int] | None = None  # built when first asked
+        self.next_port = node.port_first or PORT_BASE
+        self.groups = groups  # the index's groups it is filed in
+
+    def free_port(self) -> int:
+        """The lowest port of the node's range not held by a shard, a stray
+        or another program (0: none left)."""
+        if self.ports is None:
+            self._build_ports()
+        port = self.next_port
+        while port in self.ports:  # type: ignore[operator]
+            port += 1
+        self.next_port = port  # ports are only taken within a pass, never freed
+        return port if port <= (self.node.port_last or PORT_LIMIT) else 0
+
+    def _build_ports(self) -> None:
+        node = self.node
+        self.ports = set(node.ports)
+        if node.taken:
+            self.ports.update(node.taken)
+
+
+class Floors(NamedTuple):
+    """The least any ready node has free in this pass (lower bounds, kept
+    as the pass takes): refusals.py counts no node short of memory, cores
+    or ports while a profile asks less than these."""
+
+    memory_gb: float
+    cpu_cores: float
+    coreless: bool  # a ready node reports no cores (a CPU-only profile is refused there)
+    ports: float
+
+
+def _room_of(node: Node, v: "_View | None") -> tuple[float, float, float]:
+    """What one node has free (memory, cores, ports; inf: no limit said), as a floor reads it."""
+    mem_used, cpu_used = (v.mem_used, v.cpu_used) if v is not None else (node.memory_used, node.cpu_used)
+    first, last = port_range(node)
+    held = len(v.ports) if v is not None and v.ports is not None else len(node.ports) + len(node.taken)
+    return (
+        node.memory_gb - mem_used if node.memory_gb else float("inf"),
+        node.cpu_cores - cpu_used if node.cpu_cores else float("inf"),
+        last - first + 1 - held,
+    )
+
+
+def port_range(node: Node) -> tuple[int, int]:
+    """The first and last port engines may be given on a node."""
+    return (node.port_first or PORT_BASE, node.port_last or PORT_LIMIT)
+
+
+class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
+    """What is free, for one pass of decide, and where a replica fits in it.
+
+    Works on the state's node index (nodeindex.py) itself: a node's `_View`
+    is made when the pass first looks at it, and a node whose free GPUs the
+    pass changes is moved in the index's buckets and marked for the next
+    pass to file again from the state (what this one decided may not land).
+    A copy of each bucket changed, to leave the index as the fold had it,
+    cost more than the placements at 16,000 nodes (benchmarks/placement.py),
+    and the next pass then moved the same nodes again.
+
+    Hook points: `_room_reasons` is the per-node check every candidate
+    passes (what the node's other shards hold); `_best` orders the
+    candidates of one round of spread (`fabrics._limits`);
+    fabrics.FabricSearch searches the fabrics of a multi-node profile;
+    facility_search.CellSearch, the cells of a spread by rack and PDU
+    (facility_spread.Levels)."""
+
+    def __init__(self, state: State) -> None:
+        self._state = state
+        self._index: NodeIndex | None = None  # synced at first need
+        self._views: dict[str, _View] = {}
+        self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
+        self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
+        # (fabric's groups, profile, round's limit) -> the spread it was too
+        # full for, with that profile, in that round (_fabric_pick)
+        self._short: dict[tuple, dict] = {}
+        self._fac = facility_pass.PassFacility(state)  # facility: holds, power caps, racks and PDUs
+        self._floors: list | None = None  # see `floors`
+        self._hist: dict[str, list[int]] | None = None  # see `domain_free`
+        self._dlimit: dict[str, float | None] = {}  # see `domain_limit`
+        self._search_init()  # facility: facility_search
+
+    # ------------------------------------------------------------------ the index
+
+    def _build(self) -> NodeIndex:
+        idx = self._index
+        if idx is None:
+            idx = self._index = index_of(self._state)
+        return idx
+
+    def ready(self) -> list[_View]:
+        """The ready nodes, in name order."""
+        return [self.view(n) for n in self._build().ready_names]
+
+    def has_ready(self) -> bool:
+        """Whether any node is ready (and not cordoned), without a view of each."""
+        return bool(self._build().ready_names)
+
+    def view(self, name: str) -> _View:
+        v = self._views.get(name)
+        if v is None:
+            entry = self._build().entries.get(name)
+            v = self._views[name] = _View(name, self._state.nodes[name], entry.groups if entry else ())
+        return v
+
+    def _move(self, v: _View, before: int) -> None:
+        """The node's free GPU count changed in this pass: move it in the
+        index, which files it again from the state at the next pass."""
+        after, name, idx = len(v.free), v.name, self._index
+        if after > before:
+            self._full.clear()
+            self._first.clear()
+            self._short.clear()
+        for grp in v.groups:
+            buckets = grp.buckets
+            old = buckets[before]
+            del old[bisect_left(old, name)]
+            insort(buckets[after], name)
+        idx.moved(name, after)  # type: ignore[union-attr]
+        if self._hist is not None:
+            for d in self._state.located.get(name, ()):
+                h = self._hist.get(d)
+                if h is not None:
+                    h[before] -= 1
+                    h[after] += 1
+        if self._fac.active:
+            self._located_moved(name, before, after)  # facility: facility_search
+
+    # ------------------------------------------------------------------ the rules, per node
+
+    def reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
+        """Every rule this node breaks for one shard of the profile; () when it fits."""
+        if not v.ready:
+            return (ready_reason(v.node),)
+        return self._fixed_reasons(v, p) + self._room_reasons(v, p)
+
+    def _fixed_reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
+        """The rules on labels and GPUs."""
+        gpus = _mixed_reasons(p, v.node.gpus, v.free) if v.kind is None else _kind_reasons(p, v.kind, len(v.free))
+        return label_reasons(p, v.pool, v.fabric, v.simulated) + gpus
+
+    def _room_reasons(self, v: _View, p: ProfileSpec) -> tuple[Reason, ...]:
+        """The rules on what the node's other shards hold: memory, cores, ports."""
+        node = v.node
+        out: tuple[Reason, ...] = ()
+        if memory_short(p, node, v.mem_used):
+            out += (memory_reason(p, node, v.mem_used),)
+        if cpu_short(p, node, v.cpu_used):
+            out += (cpu_reason(p, node, v.cpu_used),)
+        if not v.free_port():
+            out += (ports_reason(node, *port_range(node)),)
+        if self._fac.active:  # facility: held domains, power caps
+            out += self._fac.reasons(node, p, self._gpus_for(v, p))
+        return out
+
+    def _room_ok(self, v: _View, p: ProfileSpec) -> bool:
+        """`not _room_reasons(v, p)` but the facility's, without the words:
+        what the search asks of each candidate it meets (they are made only
+        to explain), once the facility has answered (PassFacility.refuses,
+        asked first in `_best`; asked again here in words, it was a tenth of
+        a multi-node placement with the facility: benchmarks/placement.py --facility)."""
+        node = v.node
+        return not (memory_short(p, node, v.mem_used) or cpu_short(p, node, v.cpu_used) or not v.free_port())
+
+    # ------------------------------------------------------------------ placing
+
+    def fits(self, p: ProfileSpec, spread: dict[str, int]) -> bool:
+        """Whether a replica of this profile would fit now (nothing is taken)."""
+        return self._find(p, spread) is not None
+
+    def _find(self, p: ProfileSpec, spread: dict[str, int]) -> list[_View] | None:
+        idx = self._index or self._build()
+        if p.nodes == 1:
+            groups = self._admitting(idx, p)
+            fac = self._fac
+            if fac.loc:  # facility: rack, then PDU, then node (facility_search)
+                levels = self._picked = fac._levels.get(id(spread)) or fac.levels(spread)  # (made at its first search)
+                if levels is not None:
+                    v = self._spread_pick(p, groups, levels)
+                    return [v] if v is not None else None
+            for limit in _rounds(spread):
+                v = self._best(p, groups, spread, limit, ())
+                if v is not None:
+                    return [v]
+            return None
+        return self._fabric_pick(p, self._by_fabric(idx, p), spread)
+
+    def place(self, p: ProfileSpec, replica: str, spread: dict[str, int]) -> list[ShardPlacement] | None:
+        """Shards for one replica of this profile, taken from the inventory, or
+        None when it fits nowhere. `spread`: how many of the model's replicas
+        each node runs already; the fewer, the sooner a node is tried. The
+        replica's nodes are counted in it: a pass's spreads change only here
+        (facility_spread.Levels counts by them)."""
+        fac = self._fac
+        if fac.active:
+            if fac.seen:
+                fac.seen = {}  # (only the facility says rejections: see `rejections`)
+            self._picked = None
+        chosen = self._find(p, spread)
+        if chosen is None:
+            return None
+        shards = []
+        for rank, v in enumerate(chosen):
+            gpus = self._gpus_for(v, p)
+            port = self._take(v, gpus, p)
+            shards.append(ShardPlacement(shard=f"{replica}.{rank}", node=v.name, rank=rank, gpus=gpus, port=port))
+        # The spread counts the replica's nodes; facility: its levels are
+        # told first (facility_spread.Levels), those `_find` searched by.
+        picked = self._picked
+        if picked is not None and len(chosen) == 1:
+            name = chosen[0].name
+            old = spread.get(name, 0)
+            picked.took(name, old, 1)
+            spread[name] = old + 1
+        else:
+            if self._fac.loc:
+                self._fac.expect(spread, [v.name for v in chosen])
+            for v in chosen:
+                spread[v.name] = spread.get(v.name, 0) + 1
+        return shards
+
+    def _admitting(self, idx: NodeIndex, p: ProfileSpec) -> list[Group]:
+        """The groups whose labels and GPUs suit the profile, were their GPUs
+        all free. Kept with the index until it gains a group."""
+        key = fabrics.admit_key(p)
+        cached = idx.admitted.get(key)
+        if cached is not None and cached[0] == idx.version:
+            return cached[1]
+        out = []
+        for grp in (idx.groups if p.nodes == 1 else idx.fabric_groups).values():
+            if label_reasons(p, grp.pool, grp.fabric, grp.simulated):
+                continue
+            if grp.kind is not None and _kind_reasons(p, grp.kind, grp.kind[2]):
+                continue
+            out.append(grp)
+        if p.nodes > 1:
+            out.sort(key=lambda g: g.fabric)  # stable: each fabric's groups in the order they were made
+        idx.admitted[key] = (idx.version, out)
+        return out
+
+    def _best(self, p: ProfileSpec, groups: list[Group], spread: dict[str, int], limit: int, taken) -> _View | None:
+        """The fitting node with the fewest free GPUs that are enough, ties in
+        name order, among those running fewer than `limit` of the model's
+        replicas and not in `taken`."""
+        views, fac = self._views, self._fac
+        lists = [grp.buckets for grp in groups]
+        # The nodes that run the model are skipped in C when every one of
+        # them is (the first round): a model's own replicas sit at the head
+        # of the buckets they were placed from, and looking at each of them
+        # in Python was most of a cold start.
+        skip_all = bool(spread) and limit == 1  # (spread counts are >= 1)
+        count = bool(spread) and limit > 1
+        blocked = fac.blocked(p) if fac.active else None  # facility: nodes known refused in this pass
+        for k in range(p.gpus, self._index.top + 1):  # type: ignore[union-attr]
+            best: _View | None = None
+            for grp, buckets in zip(groups, lists):
+                bucket = buckets[k]
+                if not bucket:
+                    continue
+                names = filterfalse(spread.__contains__, bucket) if skip_all else bucket
+                for name in filterfalse(blocked.__contains__, names) if blocked else names:
+                    if best is not None and name >= best.name:
+                        break  # this group has nothing earlier in name order
+                    if count and spread.get(name, 0) >= limit:
+                        continue
+                    v = views.get(name) or self.view(name)
+                    if v in taken:
+                        continue
+                    if grp.kind is None and _mixed_reasons(p, v.node.gpus, v.free):
+                        continue
+                    if fac.active and fac.refuses(v.node, p, self._gpus_for(v, p)):  # facility: holds, caps
+                        continue
+                    if not self._room_ok(v, p):
+                        continue
+                    best = v
+                    break
+            if best is not None:
+                return best
+        return None
+
+    def _gpus_for(self, v: _View, p: ProfileSpec) -> list[int]:
+        """The lowest-numbered free GPUs of the node that suit the profile."""
+        if v.kind is not None or p.gpus == 0:
+            return v.free[: p.gpus]
+        suit = {
+            g.index
+            for g in v.node.gpus
+            if (not p.gpu_model or gpu_model_matches(p.gpu_model, g.model)) and g.memory_gb >= p.gpu_memory_gb
+        }
+        return [i for i in v.free if i in suit][: p.gpus]
+
+    def _take(self, v: _View, gpus: list[int], p: ProfileSpec) -> int:
+        """Take GPUs, memory, cores and a port on a node; returns the port."""
+        free = v.free
+        before = len(free)
+        if gpus:
+            n = len(gpus)
+            # (Usually the lowest free ones, _gpus_for: a slice, not a filter.)
+            if free[:n] == gpus:
+                v.free = free[n:]
+            else:
+                taken = set(gpus)
+                v.free = [g for g in free if g not in taken]
+            self._move(v, before)
+        if p.memory_gb:
+            v.mem_used = add_gb(v.mem_used, p.memory_gb)
+        v.cpu_used += p.cpu_cores
+        self._fac.take(v.node, p, gpus, v.fabric)  # facility: its draw counts for its domains
+        port = v.free_port()
+        v.ports.add(port)  # type: ignore[union-attr]
+        v.next_port = port + 1
+        self._lowered(v)
+        return port
+
+    def release(self, shards: list[Shard], handover: bool = False) -> None:
+        """Count what these shards hold as free in this pass: a replica stopped
+        in the pass leaves its room to the replacement placed beside the stop.
+        `handover`: to its replacement in place, whose shards start once
+        they have exited (facility_pass.PassFacility.shift says what that
+        changes for the facility)."""
+        self._shift(shards, give=True, handover=handover)
+
+    def hold(self, shards: list[Shard], handover: bool = False) -> None:
+        """Undo `release`: the replica is not stopped after all, or it holds
+        what its replacement did not take until it exits."""
+        self._shift(shards, give=False, handover=handover)
+
+    def _shift(self, shards: list[Shard], give: bool, handover: bool = False) -> None:
+        if give:
+            self._short.clear()  # (memory or cores freed may be what a fabric lacked)
+        self._build()
+        nodes = self._state.nodes
+        for sh in shards:
+            if sh.node not in nodes or sh.state in TERMINAL_SHARD_STATES:
+                continue
+            v = self.view(sh.node)
+            if not v.ready:
+                continue
+            held = {g for g in sh.gpus if v.node.used.get(g) == sh.id}
+            before = len(v.free)
+            v.free = sorted(set(v.free) | held) if give else [g for g in v.free if g not in held]
+            if len(v.free) != before:
+                self._move(v, before)
+            sign = -1 if give else 1
+            self._fac.shift(v.node, sh, give, handover, v.fabric)  # facility: what it draws
+            v.mem_used = add_gb(v.mem_used, sign * sh.memory_gb)
+            v.cpu_used += sign * sh.cpu_cores
+            # (A port another program holds stays out, whoever held it here:
+            # the shard placed on it before the agent said so frees nothing.)
+            if sh.port and v.node.ports.get(sh.port) == sh.id and sh.port not in v.node.taken:
+                if v.ports is None:
+                    v._build_ports()
+                if give:
+                    v.ports.discard(sh.port)
+                    v.next_port = min(v.next_port, sh.port)
+                else:
+                    v.ports.add(sh.port)
+            if not give:
+                self._lowered(v)
+
+    def rejections(self) -> list[str]:
+        """The facility's refusals the last `place` met, by domain, in words."""
+        return self._fac.rejections() if self._fac.seen else []
+
+    def describe_nodes(self, names: Iterable[str]) -> str:
+        """What these nodes have free in this pass, in words (a preemption keeps it)."""
+        out = []
+        for name in sorted(set(names)):
+            v = self.view(name)
+            node = v.node
+            parts = [f"{len(v.free)} of {len(node.gpus)} GPUs free"]
+            if node.memory_gb:
+                parts.append(f"{add_gb(node.memory_gb, -v.mem_used):g} of {node.memory_gb:g} GB free")
+            if node.cpu_cores:
+                parts.append(f"{node.cpu_cores - v.cpu_used} of {node.cpu_cores} cores free")
+            out.append(f"{name}: {', '.join(parts)}")
+        return "; ".join(out)
+
+    # ------------------------------------------------------------------ counting refusals (refusals.py)
+
+    def floors(self) -> Floors:
+        """The least memory, cores and ports any ready node has free in this
+        pass (made at the first ask: one walk of the fleet per pass, not per
+        waiting model), and whether one reports no cores."""
+        if self._floors is None:
+            mem = cpu = ports = float("inf")
+            coreless = False
+            views, nodes = self._views, self._state.nodes
+            for name in self._build().entries:
+                node = nodes[name]
+                m, c, pt = _room_of(node, views.get(name))
+                mem, cpu, ports = min(mem, m), min(cpu, c), min(ports, pt)
+                coreless = coreless or not node.cpu_cores
+            self._floors = [mem, cpu, coreless, ports]
+        return Floors(*self._floors)
+
+    def _lowered(self, v: _View) -> None:
+        """A node has less free: the floors (if made) go down with it."""
+        f = self._floors
+        if f is not None:
+            m, c, pt = _room_of(v.node, v)
+            f[0], f[1], f[3] = min(f[0], m), min(f[1], c), min(f[3], pt)
+
+    def domain_free(self) -> dict[str, list[int]]:
+        """Capped domain -> how many of its ready nodes have k GPUs free
+        (k: the index), in this pass: made at the first ask, kept by `_move`."""
+        if self._hist is None:
+            idx, state = self._build(), self._state
+            entries, top = idx.entries, idx.top
+            hist = {}
+            for d in state.budgets:
+                counts = [0] * (top + 1)
+                for name in state.domain_nodes.get(d, ()):
+                    e = entries.get(name)
+                    if e is not None:
+                        counts[e.free] += 1
+                hist[d] = counts
+            self._hist = hist
+        return self._hist
+
+    def domain_limit(self, d: str) -> float | None:
+        """The power limit every GPU of every ready node of a domain says,
+        its nodes' GPUs all alike (None: they differ), for this pass."""
+        if d in self._dlimit:
+            return self._dlimit[d]
+        entries, nodes, fac = self._build().entries, self._state.nodes, self._fac
+        limit: float | None = None
+        for name in self._state.domain_nodes.get(d, ()):
+            e = entries.get(name)
+            if e is None:
+                continue
+            w = fac._uniform_w(nodes[name]) if e.groups[0].kind is not None else None
+            if w is None or (limit is not None and w != limit):
+                limit = None
+                break
+            limit = w
+        self._dlimit[d] = limit
+        return limit
+
+    # ------------------------------------------------------------------ explaining (explain.py)
+
+    def names(self) -> list[str]:
+        """Every node's name, ready or not, in order."""
+        return sorted(self._state.nodes)
+
+    def keep_within_reason(self, p: ProfileSpec, fitting: list[str]) -> Reason | None:
+        """Why no domain of the profile's keep_within kind has enough of these nodes, or None."""
+        return self._fac.keep_within_reason(p, fitting)
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def replicas_per_node(replicas: list[Replica]) -> dict[str, int]:
+    """Node -> how many of these replicas have a shard on it: what spread weighs."""
+    out: dict[str, int] = {}
+    for r in replicas:
+        for s in r.shards:
+            out[s.node] = out.get(s.node, 0) + 1
+    return out
