@@ -64,3 +64,46 @@ def test_core_does_no_io():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 assert node.func.id not in io_builtins, f"{path.name}:{node.lineno} calls {node.func.id}()"
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """The modules of the core a file imports when it runs: in functions too,
+    not those under `if TYPE_CHECKING:` (read by type checkers only)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
+            node.body = []
+    package = module_of(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    modules = {module_of(p) for p in core_files()}
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = ".".join(package[: len(package) - (node.level - 1)] + ([node.module] if node.module else []))
+            for a in node.names:  # `from . import x` names a module; `from .x import y` the module x
+                found.add(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("llmgw.core"):
+            found.add(node.module)
+    return {m for m in found if m in modules and not m.endswith("__init__")} - {module_of(path)}
+
+
+def test_no_import_cycle_inside_the_core():
+    # The fold imported its rules' handlers and they imported the fold back,
+    # inside functions so that Python would let them (17 modules in one
+    # circle): a reader could not tell which module stood on which. Where
+    # a handler needs two rules, it lives in the fold (folding/labels.py).
+    graph = {module_of(p): runtime_imports(p) for p in core_files() if p.name != "__init__.py"}
+    done: set[str] = set()
+
+    def visit(m: str, path: list[str]) -> None:
+        if m in path:
+            raise AssertionError("an import cycle in the core: " + " -> ".join(path[path.index(m):] + [m]))
+        if m in done:
+            return
+        for d in sorted(graph.get(m, ())):
+            visit(d, path + [m])
+        done.add(m)
+
+    for m in sorted(graph):
+        visit(m, [])

@@ -21,7 +21,8 @@ from typing import Callable
 import msgspec
 
 from ..rules import admission, adoption
-from . import decisions, muting
+from . import decisions, labels, muting
+from .refused import Refused
 from ..scheduling import facility
 from ..contract import events as ev
 from ..contract.catalog import NAME_RE, fingerprint, spec_problem
@@ -72,10 +73,6 @@ from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Mode
 # 21: an owner's and a key's gateway limits (requests and tokens per minute,
 #     tokens and spend per day and month: issue 32) kept in Owner and ApiKey.
 FOLD_VERSION = 21
-
-
-class Refused(ValueError):
-    """The event breaks a rule of the fold; it is quarantined, not applied."""
 
 
 # --------------------------------------------------------------------------- entry points
@@ -506,6 +503,11 @@ def _failed_to_start(state: State, rep: Replica, e: ev.ShardStatus) -> None:
         model.failed_at = e.at
 
 
+def _node_muted(state: State, e: ev.NodeMuted, seq: int) -> None:
+    """A node muted past its rate (muting.py) is lost with it."""
+    _node_lost(state, muting.muted(state, e), seq)
+
+
 _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.ModelApplied: _model_applied,
     ev.ModelRemoved: _model_removed,
@@ -526,7 +528,7 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.CredentialRevoked: _credential_revoked,
     ev.PolicyApplied: _policy_applied,
 }
-_HANDLERS.update(facility.HANDLERS)  # location labels, holds, power caps, measured draw
-_HANDLERS.update(muting.HANDLERS)  # nodes muted past their rate, and unmuted
-_HANDLERS.update(admission.HANDLERS)  # nodes an operator admitted
-node_lost = _node_lost
+_HANDLERS.update(facility.HANDLERS)  # holds, power caps, measured draw
+_HANDLERS[ev.NodeMuted] = _node_muted
+_HANDLERS[ev.NodeUnmuted] = muting.node_unmuted
+_HANDLERS.update(labels.HANDLERS)  # labels an operator set, nodes an operator admitted

@@ -27,16 +27,12 @@ def muted_reason(e: ev.NodeMuted) -> str:
     return f"muted: node {e.node} spoke at {e.rate:.0f} events/s, past its limit of {e.limit:.0f}/s"
 
 
-def node_muted(state: State, e: ev.NodeMuted, seq: int) -> None:
-    from .fold import node_lost  # (fold imports this module's handlers)
-
+def muted(state: State, e: ev.NodeMuted) -> ev.NodeLost:
+    """The node is muted; what the fold applies next: the node lost, with why."""
     why = muted_reason(e)
     state.muted[e.node] = why
-    node_lost(state, ev.NodeLost(at=e.at, node=e.node, reason=why, basis=e.basis), seq)
+    return ev.NodeLost(at=e.at, node=e.node, reason=why, basis=e.basis)
 
 
 def node_unmuted(state: State, e: ev.NodeUnmuted, seq: int) -> None:
     state.muted.pop(e.node, None)
-
-
-HANDLERS = {ev.NodeMuted: node_muted, ev.NodeUnmuted: node_unmuted}

@@ -118,25 +118,6 @@ def cordoned(state: State, node: Node) -> str:
     return ""
 
 
-def node_admitted(state: State, e: ev.NodeAdmitted, seq: int) -> None:
-    """An operator admitted a node: its GPUs as claimed then, and its pool
-    (the operator's from now on, as `ctl label NODE pool=` sets it)."""
-    from ..scheduling import facility  # here: facility imports this module in its handlers
-
-    if e.gpus < 0 or len(e.gpu_models) > 64:
-        from ..folding.fold import Refused  # the fold imports this module
-
-        raise Refused(f"node.admitted of {e.node}: a count of GPUs and at most 64 models")
-    state.admitted[e.node] = Admitted(gpus=e.gpus, gpu_models=sorted(set(e.gpu_models)))
-    if e.pool:
-        facility.node_labeled(state, ev.NodeLabeled(at=e.at, node=e.node, set={"pool": e.pool}), seq)
-    node = state.nodes.get(e.node)
-    if node is not None:
-        settle(state, node)
-
-
-HANDLERS = {ev.NodeAdmitted: node_admitted}
-
 
 def settle_all(state: State) -> None:
     """A policy applied: whose word counts may have changed (a scan: rare)."""

@@ -36,6 +36,7 @@ from collections.abc import Iterable
 import msgspec
 
 from ..contract import events as ev
+from ..folding.refused import Refused
 from ..folding.state import Hold, Node, Shard, State
 
 KINDS = ("site", "room", "row", "rack", "pdu")
@@ -418,41 +419,6 @@ def render(rule: str, need: str, have: str) -> str:
 # --------------------------------------------------------------------------- the fold
 
 
-def node_labeled(state: State, e: ev.NodeLabeled, seq: int) -> None:
-    """Operator location labels: set ones win over the agent's; removed ones
-    let the agent's show again. Only location labels (KINDS), and the
-    labels admission.py leaves to the operator (the pool)."""
-    from ..rules import admission  # here: it imports catalog.py, which imports this module
-
-    changes = {}
-    for key, value in e.set.items():
-        name = label_name(key) or admission.label_name(key)
-        if not name:
-            raise _refused(f"label {key!r}: only location labels ({', '.join(KINDS)}) and pool may be set this way")
-        if not value or "/" in value or len(value) > 64:
-            raise _refused(f"label {key}={value!r}: a name without '/', at most 64 characters")
-        changes[name] = value
-    removed = []
-    for key in e.remove:
-        name = label_name(key) or admission.label_name(key)
-        if not name:
-            raise _refused(f"label {key!r}: only location labels ({', '.join(KINDS)}) and pool may be removed this way")
-        removed.append(name)
-    labels = dict(state.node_labels.get(e.node, {}))
-    labels.update(changes)
-    for name in removed:
-        labels.pop(name, None)
-    if labels:
-        state.node_labels[e.node] = labels
-    else:
-        state.node_labels.pop(e.node, None)
-    node = state.nodes.get(e.node)
-    if node is not None:
-        node.operator_labels = dict(labels)
-        relocate(state, node.name)
-        admission.settle(state, node)
-
-
 def domain_held(state: State, e: ev.DomainHeld, seq: int) -> None:
     problem = domain_problem(e.domain)
     if problem:
@@ -509,13 +475,10 @@ def _covered(state: State, node: Node) -> None:
 
 
 def _refused(why: str) -> Exception:
-    from ..folding.fold import Refused  # the fold imports this module
-
     return Refused(why)
 
 
 HANDLERS = {
-    ev.NodeLabeled: node_labeled,
     ev.DomainHeld: domain_held,
     ev.DomainReleased: domain_released,
     ev.FacilityApplied: facility_applied,

@@ -31,7 +31,8 @@ import msgspec
 from ..contract import events as ev
 from ..rules.decide import decide
 from ..folding.decisions import describe_action
-from ..folding.fold import Refused, copy_state, evolve, quarantine
+from ..folding.fold import copy_state, evolve, quarantine
+from ..folding.refused import Refused
 from ..rules.quota import _within
 from ..contract import reasons
 from ..folding.replicas import RETIRING
