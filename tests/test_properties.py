@@ -286,6 +286,9 @@ def assert_voided_not_applied(step: Step, after: State) -> None:
         elif isinstance(a, ev.StopReplica):
             was = before.replicas.get(a.replica)
             ok = a.replica not in stopped and (a.replica in placed or (was is not None and was.state != "stopping"))
+            # A start-timeout stop taken on a stale state is void once the replica
+            # became ready meanwhile: it did start, only later than that decision saw.
+            ok = ok and not (a.failed_to_start and was is not None and was.ready_at)
             if ok:
                 stopped.add(a.replica)
                 now = after.replicas.get(a.replica)
