@@ -1,7 +1,7 @@
 """Cache-aware routing against the others, on real engines (issue 30).
 
     python benchmarks/prefix.py [--replicas 3] [--groups 16] [--users 2] [--system-tokens 1000]
-        [--question-tokens 100] [--rate R] [--requests N] [--warmup W] [--cache-ram-mib M]
+        [--question-tokens 100] [--rate R] [--requests N] [--warm-streams S] [--cache-ram-mib M]
         [--max-tokens 16] [--litellm PATH] [--json FILE]
 
 The fleet: real `llmgw up` (NATS, control plane, projector, this machine's
@@ -29,11 +29,20 @@ acts only on prompts marked with Anthropic's `cache_control`), and
 least-busy (fewest requests in flight) is the best of the others for
 prompts that cost by where they go: it is our least-load.
 
-The load generator is an open-loop client of this file (Poisson arrivals
-from a seeded generator, each request sent when due whatever came back, a
-stream with `stream_options.include_usage`, timed from when it was due):
-guidellm and aiperf were not run here (see the report's note), so the
-workload's shape is theirs, made here. The shared-prefix workload: `--groups`
+The load generator is the peer's where there is one: guidellm (`--guidellm`,
+else `guidellm` on PATH; `pip install guidellm gguf` in a venv of its own)
+with its synthetic shared-prefix data, multi-turn, at a Poisson rate (each
+request, a later turn too, takes the next arrival once the turn before it
+was answered); it runs offline with SmolLM2's tokenizer written from the
+demo's GGUF (guidellm_folder). Two gateways are reached through a load
+balancer of connections here (guidellm says `Connection: close`). Its
+per-request records (TTFT, latency, prompt and cached tokens) give the
+figures; where requests went is read from the gateways' counters (the
+warm-up's included), and is not known for LiteLLM. Without guidellm, an
+open-loop client of this file does the same (Poisson arrivals from a
+seeded generator, each request sent when due whatever came back, a stream
+with `stream_options.include_usage`, timed from when it was due), with a
+fixed set of users: `--users` per group. The shared-prefix workload: `--groups`
 groups, each with its own system prompt of ~`--system-tokens` tokens, each
 with `--users` users holding multi-turn conversations (questions of
 ~`--question-tokens` tokens, each turn carrying the earlier ones and their
@@ -44,8 +53,11 @@ question's length.
 Five ways to route the shared-prefix workload, one after the other, the same
 arrivals for each (the same seed), each with prompts new to every engine
 (a phase's salt at the start of every system prompt), so each starts cold,
-and the first `--warmup` arrivals (2 per group) are sent but not counted:
-what is measured is the fleet past its first prompts, as it runs all day:
+then warms up: one request of each group is sent first (`--warm-streams` at
+a time), and waited for, before the measured arrivals begin; what is
+measured is the fleet past its first prompts, as it runs all day, at a rate
+(`--rate`, 0.5/s) it carries when each prompt is warm where it goes and not
+when it is not:
 (a) least-load, (b) round-robin, (c) prefix, (d) prefix with requests
 alternating between the two gateways, (e) LiteLLM; then the no-prefix
 workload under (a) and (c). A phase's policy is set by applying the catalog
@@ -105,7 +117,7 @@ class Workload:
         self.rng = random.Random(args.seed)
         self.args, self.salt, self.shared = args, salt, shared
         # The no-prefix workload has nothing to warm: no warm-up, fewer requests.
-        self.warmup = args.warmup if shared else 0
+        self.warmup = args.groups if shared and args.warm_streams else 0
         self.requests = args.requests if shared else args.requests_no_prefix
         text = random.Random(args.seed + 1)
         self.systems = [f"[{salt}/{g}] You are the assistant of team {g}. " + words(text, args.system_tokens) for g in range(args.groups)]
@@ -113,7 +125,7 @@ class Workload:
 
     def arrivals(self) -> list[float]:
         t, out = 0.0, []
-        for _ in range(self.warmup + self.requests):
+        for _ in range(self.requests):
             out.append(t)
             t += self.rng.expovariate(self.args.rate)
         return out
@@ -122,7 +134,7 @@ class Workload:
         q = f"Question {i}: " + words(self.rng, self.args.question_tokens) + "?"
         if not self.shared:
             return None, [{"role": "user", "content": f"[{self.salt}/{i}] " + words(self.rng, self.args.question_tokens) + " " + q}]
-        who = (self.rng.randrange(self.args.groups), self.rng.randrange(self.args.users))
+        who = (i, 0) if i < self.warmup else (self.rng.randrange(self.args.groups), self.rng.randrange(self.args.users))
         turns = self.history.get(who, [])
         if len(turns) >= 2 * TURNS:
             turns = []
@@ -218,36 +230,53 @@ async def ask(port: int, body: bytes, headers: dict[str, str], timeout: float) -
 
 
 class Target:
-    def __init__(self, name: str, ports: list[int], headers: dict[str, str], replica_of) -> None:
+    def __init__(self, name: str, ports: list[int], headers: dict[str, str], replica_of, metrics: list[int] = ()) -> None:
         self.name, self.ports, self.headers, self.replica_of = name, ports, headers, replica_of
+        self.metrics = list(metrics)  # gateways whose /metrics say where requests went
+
+
+def request(msgs: list[dict], args) -> bytes:
+    return json.dumps({
+        "model": MODEL, "messages": msgs, "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True},
+    }).encode()  # fmt: skip
 
 
 async def phase(target: Target, work: Workload, args) -> dict:
-    """The workload's arrivals, each sent when due (open loop), through the target's ports in turn."""
-    due = work.arrivals()
+    """The warm-up (each group's first turn, `--warm-streams` at a time, not
+    counted), then the workload's arrivals, each sent when due (open loop),
+    through the target's ports in turn."""
     results: list[dict] = []
+    room = asyncio.Semaphore(max(1, args.warm_streams))
+
+    async def warm(i: int) -> None:
+        async with room:
+            who, msgs = work.messages(i)
+            r = await ask(target.ports[i % len(target.ports)], request(msgs, args), target.headers, args.drain_s)
+            if r["ok"]:
+                work.answered(who, msgs, r["text"])
+
+    await asyncio.gather(*(warm(i) for i in range(work.warmup)))
+    due = work.arrivals()
     start = time.monotonic() + 0.1
     deadline = args.drain_s + (due[-1] if due else 0)
 
-    async def one(i: int, at: float) -> None:
+    async def one(n: int, at: float) -> None:
         await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+        i = work.warmup + n
         who, msgs = work.messages(i)
-        body = json.dumps({
-            "model": MODEL, "messages": msgs, "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True},
-        }).encode()  # fmt: skip
-        r = await ask(target.ports[i % len(target.ports)], body, target.headers, max(1.0, start + deadline - time.monotonic()))
+        r = await ask(target.ports[i % len(target.ports)], request(msgs, args), target.headers, max(1.0, start + deadline - time.monotonic()))
         r["late"] = time.monotonic() - start - at - r["e2e"]  # how late it was sent (should be ~0)
         r["replica"] = target.replica_of(r["headers"])
         r["route"] = r["headers"].get("llmgw-route", "")
         r["end"] = time.monotonic() - start
-        r["at"], r["counted"] = at, i >= work.warmup
+        r["at"] = at
         if r["ok"]:
             work.answered(who, msgs, r["text"])
         results.append(r)
 
-    await asyncio.gather(*(one(i, at) for i, at in enumerate(due)))
-    return summary(target.name, [r for r in results if r["counted"]])
+    await asyncio.gather(*(one(n, at) for n, at in enumerate(due)))
+    return summary(target.name, results)
 
 
 def pct(values: list[float], p: float) -> float | None:
@@ -278,6 +307,153 @@ def summary(name: str, rs: list[dict]) -> dict:
         "hit_ratio": round(sum(r["cached"] for r in ok) / prompt, 3) if prompt else 0.0,
         "prompt_mean": round(prompt / len(ok)) if ok else 0, "spread": dict(sorted(spread.items())), "routes": routes,
     }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the peer's load generator
+
+
+def guidellm_folder(program: str, work: Path) -> Path:
+    """Where guidellm runs: it loads the tokenizer of the model it is told
+    (`smol`) by that name, so `smol/` there is SmolLM2's, written from the
+    demo's GGUF by guidellm's own transformers (with `gguf`: offline, no hub)."""
+    from llmgw.agent.weights import demo_weights
+
+    gguf = demo_weights()
+    if gguf is None:
+        raise RuntimeError("no SmolLM2 weights here: run `llmgw up` once (it fetches them)")
+    folder = work / "guidellm"
+    python = Path(program).resolve().parent / "python"
+    write = "import sys; from transformers import AutoTokenizer as T; T.from_pretrained(sys.argv[1], gguf_file=sys.argv[2]).save_pretrained(sys.argv[3])"
+    out = subprocess.run([str(python), "-c", write, str(gguf.parent), gguf.name, str(folder / MODEL)], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"guidellm's python could not write SmolLM2's tokenizer (pip install gguf beside guidellm?): {out.stderr[-800:]}")
+    return folder
+
+
+async def alternate(ports: list[int]) -> asyncio.AbstractServer:
+    """A load balancer of connections: each new one goes to the next of
+    `ports` (guidellm's requests say `Connection: close`, so each request is
+    a connection: they alternate between the gateways)."""
+    turn = 0
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal turn
+        port, turn = ports[turn % len(ports)], turn + 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    return await asyncio.start_server(accepted, "127.0.0.1", 0)
+
+
+def guided(args, folder: Path, target: Target, shared: bool, seed: int) -> dict:
+    """A phase by guidellm through the target (two gateways: through `alternate`),
+    the spread read from the gateways' counters before and after."""
+    import threading
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    port = target.ports[0]
+    server = None
+    if len(target.ports) > 1:
+        server = asyncio.run_coroutine_threadsafe(alternate(target.ports), loop).result()
+        port = server.sockets[0].getsockname()[1]
+    before = routed(target.metrics) if target.metrics else {}
+    try:
+        res = guidellm_phase(args.guidellm, folder, target.name, port, target.headers, args, seed, shared)
+    finally:
+        if server is not None:
+            server.close()
+        loop.call_soon_threadsafe(loop.stop)
+    if target.metrics:  # the warm-up's requests are in these counts too
+        after = routed(target.metrics)
+        spread: dict[str, int] = {}
+        routes: dict[str, int] = {}
+        for (replica, why), n in after.items():
+            d = int(n - before.get((replica, why), 0.0))
+            if d:
+                spread[replica] = spread.get(replica, 0) + d
+                routes[why] = routes.get(why, 0) + d
+        res["spread"], res["routes"] = dict(sorted(spread.items())), routes
+    return res
+
+
+def routed(ports: list[int]) -> dict[tuple[str, str], float]:
+    """(replica, reason) -> requests the gateways on `ports` answered, from their /metrics."""
+    import re
+    import urllib.request
+
+    out: dict[tuple[str, str], float] = {}
+    for port in ports:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        for m in re.finditer(r'^llmgw_gateway_routed_total\{model="%s",reason="(\w+)",replica="([^"]+)"\} (\S+)$' % MODEL, text, re.M):
+            key = (m.group(2), m.group(1))
+            out[key] = out.get(key, 0.0) + float(m.group(3))
+    return out
+
+
+def guidellm_phase(program: str, folder: Path, name: str, port: int, headers: dict[str, str], args, seed: int, shared: bool) -> dict:
+    """One phase driven by guidellm: Poisson arrivals at `--rate`, its
+    synthetic shared-prefix data (`--groups` prefixes of `--system-tokens`,
+    questions of `--question-tokens`, answers of `--max-tokens`, `TURNS`
+    turns a conversation, each carrying the earlier ones) or, without a
+    shared prefix, single questions of twice that; a seed of its own per
+    phase (fresh prompts: each phase starts cold). Its per-request records
+    give the figures (the first, the warm-up's again, not counted), the
+    same as this file's client gives them."""
+    warmup = args.groups if shared and args.warm_streams else 0
+    total = warmup + (args.requests if shared else args.requests_no_prefix)
+    data = {"kind": "synthetic_text", "prompt_tokens": 2 * args.question_tokens, "output_tokens": args.max_tokens}
+    if shared:
+        data.update(prompt_tokens=args.question_tokens, turns=TURNS, prefix_tokens=args.system_tokens, prefix_count=args.groups)
+    backend = {
+        "kind": "openai_http", "target": f"http://127.0.0.1:{port}", "model": MODEL, "timeout": args.drain_s,
+        "extras": {"headers": {"Connection": "close", **headers}}, "validate_backend": False,  # (its GET /health: LiteLLM's wants the key)
+    }  # fmt: skip
+
+    def run(profile: dict, count: int, report: Path) -> dict:
+        argv = [program, "run", "--disable-progress"]
+        for option, value in (
+            ("--backend", backend), ("--profile", profile), ("--constraint", {"kind": "max_requests", "count": count}),
+            ("--data", data), ("--seed", {"kind": "static", "value": seed}), ("--output", {"kind": "json", "path": str(report)}),
+        ):  # fmt: skip
+            argv += [option, json.dumps(value)]
+        out = subprocess.run(argv, cwd=folder, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                             timeout=args.drain_s + 3 * count / args.rate + 600)  # fmt: skip
+        if out.returncode != 0 or not report.exists():
+            raise RuntimeError(f"guidellm failed ({out.returncode}): {(out.stderr or out.stdout)[-1500:]}")
+        return json.loads(report.read_text())["benchmarks"][0]["requests"]
+
+    tag = f"{name.split()[0].strip('()')}-{seed}"
+    if warmup:  # the same seed: the measured run's first `warmup` requests are these, warm now
+        run({"kind": "concurrent", "streams": min(warmup, args.warm_streams)}, warmup, folder / f"{tag}-warm.json")
+    bench = run({"kind": "poisson", "rate": args.rate}, total, folder / f"{tag}.json")
+    rs = []
+    for status in ("successful", "errored", "incomplete"):
+        for r in bench.get(status) or ():
+            start, end = r.get("request_start_time") or 0.0, r.get("request_end_time") or 0.0
+            ttft = r.get("time_to_first_token_ms")
+            rs.append({
+                "ok": status == "successful", "status": 200 if status == "successful" else 0, "error": status,
+                "ttft": ttft / 1000 if ttft is not None else None, "e2e": r.get("request_latency") or (end - start),
+                "prompt": r.get("prompt_tokens") or 0, "cached": r.get("cached_tokens") or 0,
+                "completion": r.get("output_tokens") or 0, "replica": "", "route": "", "at": start, "end": end,
+            })  # fmt: skip
+    rs.sort(key=lambda r: r["at"])
+    return summary(name, rs[warmup:])
 
 
 # --------------------------------------------------------------------------- the fleet
@@ -380,9 +556,12 @@ def main() -> int:
     p.add_argument("--system-tokens", type=int, default=1000)
     p.add_argument("--question-tokens", type=int, default=100)
     p.add_argument("--max-tokens", type=int, default=16, help="tokens of each answer")
-    p.add_argument("--rate", type=float, default=0.3, help="requests/s offered (Poisson)")
+    p.add_argument("--rate", type=float, default=0.5, help="requests/s offered (Poisson)")
     p.add_argument("--requests", type=int, default=100, help="requests counted per phase, after the warm-up")
-    p.add_argument("--warmup", type=int, default=32, help="requests sent first in each shared-prefix phase, not counted")
+    p.add_argument(
+        "--warm-streams", type=int, default=6,
+        help="the warm-up's requests at a time (one request per group, before the measured arrivals; 0: none)",
+    )  # fmt: skip
     p.add_argument("--requests-no-prefix", type=int, default=50, help="requests per no-prefix phase")
     p.add_argument("--cache-ram-mib", type=int, default=384, help="each engine's host prompt cache (see above)")
     p.add_argument("--drain-s", type=float, default=600.0, help="after the last arrival, how long answers are waited for")
@@ -394,6 +573,10 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=30)
     p.add_argument("--phases", default="a,b,c,d,e,a0,c0", help="which to run, in order (a0, c0: the no-prefix workload)")
     p.add_argument("--litellm", default=shutil.which("litellm") or "", help="LiteLLM's proxy program (litellm[proxy])")
+    p.add_argument(
+        "--guidellm", default=shutil.which("guidellm") or "",
+        help="guidellm's program (pip install guidellm gguf, in a venv of its own): the load generator; else this file's client",
+    )  # fmt: skip
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args()
 
@@ -426,6 +609,7 @@ def main() -> int:
         fleet = asyncio.run(engines(url, creds))
         by_base = {f"{endpoint}/v1": rid for rid, endpoint, _ in fleet}
         ours = lambda h: h.get("llmgw-replica", "")  # noqa: E731
+        folder = guidellm_folder(args.guidellm, work) if args.guidellm else None
         if "e" in args.phases.split(","):
             if args.litellm:
                 lite, lite_port = start_litellm(args.litellm, work, fleet)
@@ -449,10 +633,13 @@ def main() -> int:
                                 lambda h: by_base.get(h.get("x-litellm-model-api-base", "").rstrip("/"), h.get("x-litellm-model-api-base", "")))  # fmt: skip
             else:
                 set_routing(work, args, routing, ports, expect)
-                target = Target(name, ports, {}, ours)
+                target = Target(name, ports, {}, ours, [gw1, gw2])
             workload = Workload(args, f"{key}{time.time_ns() % 100000}", shared)
             print(f"{name}: {workload.warmup} + {workload.requests} requests at {args.rate:g}/s ...", file=sys.stderr)
-            res = asyncio.run(phase(target, workload, args))
+            if folder is None:
+                res = asyncio.run(phase(target, workload, args))
+            else:
+                res = guided(args, folder, target, shared, args.seed + len(out["phases"]))
             out["phases"][key] = res
             print(json.dumps(res), file=sys.stderr)
         report(out, args)
@@ -474,8 +661,9 @@ def report(out: dict, args) -> None:
     ph = out["phases"]
     load = os.getloadavg()[0]
     print(f"{args.replicas} llama.cpp replicas of SmolLM2-135M (one thread, {args.slots} slots each) on {os.cpu_count()} cores shared with others "
-          f"(load average {load:.1f} at the end); {args.warmup} + {args.requests} requests a phase ({args.requests_no_prefix} without a shared prefix) "
-          f"at {args.rate:g}/s (Poisson, open loop; the first {args.warmup} not counted); prompt cache {args.cache_ram_mib} MiB an engine; "
+          f"(load average {load:.1f} at the end); {args.requests} requests a phase ({args.requests_no_prefix} without a shared prefix) "
+          f"at {args.rate:g}/s (Poisson, open loop), after a warm-up of one request a group; by {'guidellm' if args.guidellm else 'this file'}; "
+          f"prompt cache {args.cache_ram_mib} MiB an engine; "
           f"{args.groups} groups x {args.users} users, system prompts ~{args.system_tokens} tokens, questions ~{args.question_tokens}, "
           f"answers {args.max_tokens} tokens")  # fmt: skip
     cols = ("ttft_p50", "ttft_p90", "ttft_p99", "e2e_p50", "e2e_p90", "e2e_p99", "rps", "out_tps", "hit_ratio", "prompt_mean", "errors")
