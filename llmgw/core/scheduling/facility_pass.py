@@ -45,6 +45,7 @@ class PassFacility:
         self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
         self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
         self._limits: dict[str, tuple] = {}  # node -> see `_limits_of`
+        self._limited: dict[str, dict] = {}  # see `_by_limit`
         self._ranked: tuple[list[str], dict[str, int]] | None = None  # see `ranks`
         # The facility's refusals the placement under way met, domain -> in
         # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
@@ -181,12 +182,10 @@ class PassFacility:
             if self.credit:  # (what a node hands over is its own: see `credit`)
                 blocked.difference_update(self.credit)
         else:
-            nodes, credit = self.state.nodes, self.credit
-            for name in names:
-                node = nodes[name]
-                w = self._uniform_w(node)
-                if w is not None and w >= mine and name not in credit:  # type: ignore[operator]
-                    blocked.add(name)
+            credit = self.credit
+            for w, alike in self._by_limit(domain, names).items():
+                if w is not None and w >= mine:  # type: ignore[operator]
+                    blocked.update(alike if not credit else [n for n in alike if n not in credit])
         if self._cells is not None:
             # The cells all of whose nodes are refused now: placement's search
             # passes over them whole (facility_search), where walking a
@@ -198,6 +197,19 @@ class PassFacility:
                 if c not in dead and cells[c] <= blocked:
                     dead.add(c)
         return True
+
+    def _by_limit(self, domain: str, names) -> dict[float | None, list[str]]:
+        """A domain's nodes by the power limit their GPUs all say (None: they
+        differ), once a pass: `_noted` blocks them by it for each draw it
+        meets, where reading each node's limit at each was a tenth of a cold
+        start (benchmarks/placement.py --facility --nodes 16000)."""
+        out = self._limited.get(domain)
+        if out is None:
+            out = self._limited[domain] = {}
+            nodes = self.state.nodes
+            for name in names:
+                out.setdefault(self._uniform_w(nodes[name]), []).append(name)
+        return out
 
     def dead(self, p: ev.ProfileSpec) -> set[int]:
         """The cells (Cells) every node of which `blocked` holds for this draw."""

@@ -114,6 +114,9 @@ class CellSearch:
         # (fabric's groups, profile) with too few nodes that fit, every node admitted (`_fabric_failed`)
         self._fab_refused: set[tuple[int, int]] = set()
         self._fab_epoch = 0
+        # (fabric's groups, draw, GPUs, nodes) -> those groups, where too few nodes have the GPUs free
+        # and are not refused: any model of that shape (`_fabric_refused`)
+        self._too_few: dict[tuple, list] = {}
         self._picked: Levels | None = None  # the levels the last single-node search went by (placement's `place`)
 
     def _located_moved(self, name: str, before: int, after: int) -> None:
@@ -122,6 +125,7 @@ class CellSearch:
         touched (PassFacility.touched: the cursors in it start again)."""
         if after > before:
             self._fab_refused.clear()  # room made
+            self._too_few.clear()
         orders = self._orders
         if orders is not None:
             c = self._cell_of.get(name)
@@ -249,7 +253,12 @@ class CellSearch:
         rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of
         first = p.gpus << _RANK_BITS
         cur: list[int | None] = []
+        fac = self._fac
+        dead = fac.dead(p)
         for c, order in enumerate(self._cell_orders()):
+            if c in dead:  # (every node of it refused: the search would pop it at once)
+                cur.append(None)
+                continue
             i = bisect_left(order, first)
             at = cell_level(rc[rack_of[c]], pc[pdu_of[c]])
             cur.append((at << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT | c << _POS_BITS | i if i < len(order) else None)
@@ -258,8 +267,7 @@ class CellSearch:
         admitted = self._admitted.get(id(groups))
         if admitted is None:  # (the index keeps `groups` for the pass: see Inventory._admitting)
             admitted = self._admitted[id(groups)] = set(groups)
-        fac = self._fac
-        parts = (heap, cur, fac.dead(p), fac.blocked(p), admitted, levels.rc, levels.pc, levels.rack_of, levels.pdu_of)
+        parts = (heap, cur, dead, fac.blocked(p), admitted, levels.rc, levels.pc, levels.rack_of, levels.pdu_of)
         return _Heaps(groups, fac.epoch, len(fac.touched), cur, heap, parts)
 
     def _cell_orders(self) -> list[list[int]]:
@@ -329,6 +337,7 @@ class CellSearch:
         if self._fab_epoch != fac.epoch:  # a stop made room: what was refused may fit now
             self._fab_epoch = fac.epoch
             self._fab_refused.clear()
+            self._too_few.clear()
             self._short.clear()
         return self._short.get((id(groups), id(p), limit)) is spread or (id(groups), id(p)) in self._fab_refused
 
@@ -355,6 +364,10 @@ class CellSearch:
         them one by one was most of a multi-node placement
         (benchmarks/placement.py --facility)."""
         short = (id(groups), id(p), limit)
+        shape = (id(groups), p.power_w, p.gpus, p.nodes)
+        if self._too_few.get(shape) is groups:
+            self._short[short] = spread
+            return True
         blocked = self._fac.blocked(p)
         mine = spread.keys() if first and spread else None
         n, need = 0, p.nodes
@@ -367,6 +380,8 @@ class CellSearch:
                     if n >= need:
                         return False
         self._short[short] = spread
+        if mine is None:
+            self._too_few[shape] = groups
         return True
 
     def _fabric_failed(
