@@ -350,6 +350,16 @@ class CellSearch:
         some twenty fabrics each time: benchmarks/placement.py --facility.)"""
         memo = ("from", id(by_fabric), id(p), limit)
         got = self._short.get(memo)
+        self._fabric_known_refused(p, by_fabric[0] if by_fabric else [], limit, spread)  # (a stop since: forgotten)
+        if not self._fac.credit:  # (a draw handed over may unblock a node: see `_too_few`)
+            # Past the fabrics too full for any model of this shape (`_fabric_refused`):
+            # where the last search of the shape stopped, then on.
+            shape = (id(by_fabric), p.power_w, p.gpus, p.nodes)
+            too_few = self._too_few
+            k = max(start, too_few.get(("from", *shape), 0))
+            while k < len(by_fabric) and too_few.get((id(by_fabric[k]), *shape[1:])) is by_fabric[k]:
+                k += 1
+            too_few[("from", *shape)] = start = k
         j = max(start, got[1]) if got is not None and got[0] is spread else start
         while j < len(by_fabric) and self._fabric_known_refused(p, by_fabric[j], limit, spread):
             j += 1
@@ -365,7 +375,7 @@ class CellSearch:
         (benchmarks/placement.py --facility)."""
         short = (id(groups), id(p), limit)
         shape = (id(groups), p.power_w, p.gpus, p.nodes)
-        if self._too_few.get(shape) is groups:
+        if not self._fac.credit and self._too_few.get(shape) is groups:
             self._short[short] = spread
             return True
         blocked = self._fac.blocked(p)
@@ -380,7 +390,7 @@ class CellSearch:
                     if n >= need:
                         return False
         self._short[short] = spread
-        if mine is None:
+        if mine is None and not self._fac.credit:
             self._too_few[shape] = groups
         return True
 
