@@ -82,18 +82,29 @@ class Group:
         self.buckets: list[list[str]] = [[] for _ in range(top + 1)]
 
 
+def power_limit(gpus: list[Gpu]) -> float | None:
+    """The power limit a node's GPUs all say (None: they differ; 0.0: no GPU)."""
+    if not gpus:
+        return 0.0
+    w = gpus[0].power_w
+    return w if all(g.power_w == w for g in gpus) else None
+
+
 class _Entry:
     """Where one ready node is filed."""
 
-    __slots__ = ("groups", "free", "gpus")
+    __slots__ = ("groups", "free", "gpus", "power")
 
     def __init__(self, groups: tuple[Group, ...], free: int, gpus: list[Gpu]) -> None:
         self.groups = groups
         self.free = free
         # The node's list of GPUs when filed: only a registration makes a new
         # one, so while it is the same list its kind is (kind_of reads every
-        # GPU, and a cold start files ~2,000 nodes again per pass).
+        # GPU, and a cold start files ~2,000 nodes again per pass), and its
+        # power limit (the facility's, read per node and pass: a tenth of a
+        # cold start with binding caps, benchmarks/placement.py --facility --nodes 16000).
         self.gpus = gpus
+        self.power = power_limit(gpus)
 
 
 class NodeIndex:
@@ -156,6 +167,8 @@ class NodeIndex:
                 and (node.gpus is old.gpus or grp.kind == kind_of(node.gpus))
                 and (old.groups[1].fabric if len(old.groups) > 1 else "") == fabric
             ):
+                if node.gpus is not old.gpus:
+                    old.gpus, old.power = node.gpus, power_limit(node.gpus)
                 free = free_count(node)
                 if free != old.free:
                     for g in old.groups:

@@ -19,6 +19,7 @@ from ..contract import events as ev
 from . import fit
 from .facility import KEEP_WITHIN, LABELS, MAX_REJECTIONS, counted, domain_of_kind, first_held, held_reason, over_cap, render, shard_watts
 from .facility_spread import Cells, Levels
+from ..folding.nodeindex import power_limit
 from ..folding.state import Node, Shard, State
 
 
@@ -45,6 +46,8 @@ class PassFacility:
         self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
         self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
         self._limits: dict[str, tuple] = {}  # node -> see `_limits_of`
+        self._in_domains: dict[tuple[str, ...], tuple] = {}  # a node's domains -> its first held, its caps
+        self.entries: dict = {}  # the node index's entries (placement.Inventory sets them): each power limit
         self._limited: dict[str, dict] = {}  # see `_by_limit`
         self._ranked: tuple[list[str], dict[str, int]] | None = None  # see `ranks`
         # The facility's refusals the placement under way met, domain -> in
@@ -144,11 +147,14 @@ class PassFacility:
         got = self._limits.get(node.name)
         if got is None:
             ds = self.loc.get(node.name, ())
-            holds, budgets = self.state.holds, self.state.budgets
-            limits = {g.power_w for g in node.gpus}
-            uniform = (next(iter(limits)) if len(limits) == 1 else None) if node.gpus else 0.0
-            caps = tuple([(d, budgets[d]) for d in ds if d in budgets])
-            got = self._limits[node.name] = (first_held(holds, ds) if holds else "", caps, uniform)
+            per = self._in_domains.get(ds)  # (alike for the nodes of a cell)
+            if per is None:
+                holds, budgets = self.state.holds, self.state.budgets
+                caps = tuple([(d, budgets[d]) for d in ds if d in budgets])
+                per = self._in_domains[ds] = (first_held(holds, ds) if holds else "", caps)
+            e = self.entries.get(node.name)
+            uniform = e.power if e is not None and e.gpus is node.gpus else power_limit(node.gpus)
+            got = self._limits[node.name] = (*per, uniform)
         return got
 
     def _uniform_w(self, node: Node) -> float | None:
@@ -206,9 +212,11 @@ class PassFacility:
         out = self._limited.get(domain)
         if out is None:
             out = self._limited[domain] = {}
-            nodes = self.state.nodes
+            nodes, entries = self.state.nodes, self.entries
             for name in names:
-                out.setdefault(self._uniform_w(nodes[name]), []).append(name)
+                e = entries.get(name)
+                w = e.power if e is not None and e.gpus is nodes[name].gpus else self._uniform_w(nodes[name])
+                out.setdefault(w, []).append(name)
         return out
 
     def dead(self, p: ev.ProfileSpec) -> set[int]:

@@ -243,6 +243,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         idx = self._index
         if idx is None:
             idx = self._index = index_of(self._state)
+            self._fac.entries = idx.entries
         return idx
 
     def ready(self) -> list[_View]:
@@ -586,7 +587,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
             e = entries.get(name)
             if e is None:
                 continue
-            w = fac._uniform_w(nodes[name]) if e.groups[0].kind is not None else None
+            w = (e.power if e.gpus is nodes[name].gpus else fac._uniform_w(nodes[name])) if e.groups[0].kind is not None else None
             if w is None or (limit is not None and w != limit):
                 limit = None
                 break
