@@ -123,6 +123,10 @@ class NodeIndex:
         # Placement's caches over the groups (the groups that admit a kind of
         # profile): (version, answer), good while no group is added.
         self.admitted: dict[tuple, tuple[int, list]] = {}
+        # The located nodes by cell (facility_spread.Cells), kept until the
+        # fold moves a node's location (`relocated`): made per pass, it was
+        # a twentieth of a cold start with the facility (benchmarks/placement.py --facility --nodes 16000).
+        self.cells = None
 
     def sync(self, state: State) -> NodeIndex:
         """File again what the fold touched since the last pass (everything, the first time)."""
@@ -260,6 +264,13 @@ def touch(state: State, name: str) -> None:
         weakref.finalize(state, _INDEXES.pop, id(state), None)
     elif idx.built:
         idx.dirty.add(name)
+
+
+def relocated(state: State) -> None:
+    """The fold moved a node's location (facility.relocate): the cells kept are stale."""
+    idx = _INDEXES.get(id(state))
+    if idx is not None:
+        idx.cells = None
 
 
 def track(state: State) -> NodeIndex:

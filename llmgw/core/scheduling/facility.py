@@ -36,6 +36,7 @@ from collections.abc import Iterable
 import msgspec
 
 from ..contract import events as ev
+from ..folding.nodeindex import relocated
 from ..folding.refused import Refused
 from ..folding.state import Hold, Node, Shard, State
 
@@ -237,6 +238,7 @@ def relocate(state: State, name: str) -> None:
     old = state.located.get(name, ())
     if new == old:
         return
+    relocated(state)
     index, draw = state.domain_nodes, state.domain_draw
     w = node_draw(node) if node is not None else 0.0  # (what the node counts for moves with it)
     for d in old:

@@ -47,7 +47,8 @@ class PassFacility:
         self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
         self._limits: dict[str, tuple] = {}  # node -> see `_limits_of`
         self._in_domains: dict[tuple[str, ...], tuple] = {}  # a node's domains -> its first held, its caps
-        self.entries: dict = {}  # the node index's entries (placement.Inventory sets them): each power limit
+        self.index = None  # the node index (placement.Inventory sets it): its entries' power limits, its cells
+        self.entries: dict = {}
         self._limited: dict[str, dict] = {}  # see `_by_limit`
         self._ranked: tuple[list[str], dict[str, int]] | None = None  # see `ranks`
         # The facility's refusals the placement under way met, domain -> in
@@ -72,9 +73,15 @@ class PassFacility:
         return self._ranked
 
     def cells(self) -> Cells:
-        """The located nodes by cell (for Levels): once a pass."""
+        """The located nodes by cell (for Levels): kept by the node index while no node moves."""
         if self._cells is None:
-            self._cells = Cells(self.state.located)
+            idx, located = self.index, self.state.located
+            cells = idx.cells if idx is not None else None
+            if cells is None or cells.located is not located:
+                cells = Cells(located)
+                if idx is not None:
+                    idx.cells = cells
+            self._cells = cells
         return self._cells
 
     def _touch(self, name: str) -> None:
