@@ -123,10 +123,12 @@ class NodeIndex:
         # Placement's caches over the groups (the groups that admit a kind of
         # profile): (version, answer), good while no group is added.
         self.admitted: dict[tuple, tuple[int, list]] = {}
-        # The located nodes by cell (facility_spread.Cells), kept until the
-        # fold moves a node's location (`relocated`): made per pass, it was
-        # a twentieth of a cold start with the facility (benchmarks/placement.py --facility --nodes 16000).
+        # The located nodes by cell (facility_spread.Cells), and each
+        # domain's by power limit, kept until the fold moves a node's
+        # location (`relocated`) or files a node anew: made per pass, they
+        # were a tenth of a cold start with the facility (benchmarks/placement.py --facility --nodes 16000).
         self.cells = None
+        self._ranks: dict[str, int] | None = None  # see `ranks`
 
     def sync(self, state: State) -> NodeIndex:
         """File again what the fold touched since the last pass (everything, the first time)."""
@@ -146,6 +148,13 @@ class NodeIndex:
             self.dirty.clear()
         return self
 
+    def ranks(self) -> dict[str, int]:
+        """Each ready node's place in name order (placement's cell orders
+        pack it into an int), kept while no node becomes ready or stops being."""
+        if self._ranks is None:
+            self._ranks = {name: r for r, name in enumerate(self.ready_names)}
+        return self._ranks
+
     def moved(self, name: str, free: int) -> None:
         """A pass moved a node to another free count (placement.Inventory):
         filed again from the state at the next sync, which finds it where
@@ -159,8 +168,10 @@ class NodeIndex:
         old = self.entries.get(name)
         if node is None or node.state != "ready" or node.cordon:  # (cordoned: admission.py)
             if old is not None:
+                self.cells = None  # (its nodes' power limits, by domain: see `cells`)
                 self._unfile(name, old)
                 del self.ready_names[bisect_left(self.ready_names, name)]
+                self._ranks = None
             return
         if old is not None:
             grp = old.groups[0]
@@ -173,6 +184,7 @@ class NodeIndex:
             ):
                 if node.gpus is not old.gpus:
                     old.gpus, old.power = node.gpus, power_limit(node.gpus)
+                    self.cells = None
                 free = free_count(node)
                 if free != old.free:
                     for g in old.groups:
@@ -184,6 +196,8 @@ class NodeIndex:
             self._unfile(name, old)
         else:
             insort(self.ready_names, name)
+            self._ranks = None
+        self.cells = None
         if len(node.gpus) > self.top:
             self.top = len(node.gpus)
             for g in (*self.groups.values(), *self.fabric_groups.values()):

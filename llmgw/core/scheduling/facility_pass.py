@@ -49,8 +49,6 @@ class PassFacility:
         self._in_domains: dict[tuple[str, ...], tuple] = {}  # a node's domains -> its first held, its caps
         self.index = None  # the node index (placement.Inventory sets it): its entries' power limits, its cells
         self.entries: dict = {}
-        self._limited: dict[str, dict] = {}  # see `_by_limit`
-        self._ranked: tuple[list[str], dict[str, int]] | None = None  # see `ranks`
         # The facility's refusals the placement under way met, domain -> in
         # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
         self.seen: dict[str, str] = {}
@@ -64,13 +62,6 @@ class PassFacility:
             draw = self.state.domain_draw
             self._draw = {d: draw.get(d, 0.0) for d in self.state.budgets}
         return self._draw
-
-    def ranks(self) -> tuple[list[str], dict[str, int]]:
-        """Every node's name in order, and name -> its rank (facility_search's keys): once a pass."""
-        if self._ranked is None:
-            names = sorted(self.state.nodes)
-            self._ranked = (names, {name: r for r, name in enumerate(names)})
-        return self._ranked
 
     def cells(self) -> Cells:
         """The located nodes by cell (for Levels): kept by the node index while no node moves."""
@@ -213,12 +204,14 @@ class PassFacility:
 
     def _by_limit(self, domain: str, names) -> dict[float | None, list[str]]:
         """A domain's nodes by the power limit their GPUs all say (None: they
-        differ), once a pass: `_noted` blocks them by it for each draw it
-        meets, where reading each node's limit at each was a tenth of a cold
-        start (benchmarks/placement.py --facility --nodes 16000)."""
-        out = self._limited.get(domain)
+        differ), kept with the cells (nodeindex.NodeIndex.cells): `_noted`
+        blocks them by it for each draw it meets, where reading each node's
+        limit at each was a tenth of a cold start (benchmarks/placement.py
+        --facility --nodes 16000)."""
+        limited = self.cells().limited
+        out = limited.get(domain)
         if out is None:
-            out = self._limited[domain] = {}
+            out = limited[domain] = {}
             nodes, entries = self.state.nodes, self.entries
             for name in names:
                 e = entries.get(name)

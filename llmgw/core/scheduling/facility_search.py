@@ -294,7 +294,8 @@ class CellSearch:
             entries = self._build().entries
             cells = self._fac.cells()
             self._cell_of = cells.of
-            self._named, self._rank = self._fac.ranks()  # rank -> name, name -> rank
+            idx = self._build()
+            self._named, self._rank = idx.ready_names, idx.ranks()  # rank -> name, name -> rank
             rank = self._rank
             self._orders = [
                 sorted([entries[name].free << _RANK_BITS | rank[name] for name in nodes if name in entries])
