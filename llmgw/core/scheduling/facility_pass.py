@@ -386,13 +386,14 @@ class Together:
     fabric that then gave too few nodes is short for this replica, with
     these chosen, not for the pass (facility_search's `_fabric_failed`)."""
 
-    __slots__ = ("fac", "p", "chosen", "inner", "gpus_for", "extra", "counted", "refused")
+    __slots__ = ("fac", "p", "chosen", "inner", "gpus_for", "extra", "counted", "refused", "answers")
 
     def __init__(self, fac: PassFacility, p: ev.ProfileSpec, chosen: list, inner, gpus_for) -> None:
         self.fac, self.p, self.chosen, self.inner, self.gpus_for = fac, p, chosen, inner, gpus_for
         self.extra: dict[str, float] = {}  # capped domain -> what the chosen shards add to it
         self.counted = 0  # the chosen counted in `extra`
         self.refused = False
+        self.answers: dict[tuple, bool] = {}  # (domains, GPU limit, credit) -> False: refused with the chosen only
 
     def __contains__(self, v) -> bool:
         if v in self.inner:
@@ -406,20 +407,34 @@ class Together:
         while self.counted < len(chosen):
             c = chosen[self.counted]
             self.counted += 1
+            self.answers.clear()
             w = fac._watts(p, c.node, self.gpus_for(c, p)) - credit.get(c.name, 0.0)
             for d in loc.get(c.name, ()):
                 if d in draw:
                     extra[d] = extra.get(d, 0.0) + w
         if not extra:
             return False
+        # A node of the same domains whose shard would draw the same (its
+        # GPUs alike and all of one limit) gets the same answer, with the
+        # same chosen: a fabric's nodes mostly share their rack and PDU, and
+        # asked node by node they were half a multi-node search (benchmarks/placement.py
+        # --facility --nodes 16000). (Refused alone, it is asked again: its refusal is noted per node.)
+        ds = loc.get(v.name, ())
+        limit = fac._limits_of(v.node)[2] if v.kind is not None else None
+        key = (ds, limit, credit.get(v.name)) if limit is not None else None
+        if key is not None and self.answers.get(key) is False:
+            self.refused = True
+            return True
         gpus = self.gpus_for(v, p)
         w = fac._watts(p, v.node, gpus) - credit.get(v.name, 0.0)
         budgets = fac.state.budgets
-        for d in loc.get(v.name, ()):
+        for d in ds:
             e = extra.get(d)
             if e is not None and over_cap(draw[d], e + w, budgets[d]):
                 if not fac.refuses(v.node, p, gpus):  # (refused alone, it is refused for the pass: noted so)
                     self.refused = True
+                    if key is not None:
+                        self.answers[key] = False
                 return True
         return False
 
