@@ -63,26 +63,15 @@ class FabricSearch:
         key = (id(by_fabric), p.gpus, p.nodes)
         start = self._first.get(key, 0)
         fac = self._fac
+        begin = self._fabric_from(p, by_fabric, start) if fac.active else start  # facility_search
         for i in range(len(limits)):
-            # facility: past the fabrics known refused (facility_search)
-            for j in range(self._fabric_from(p, by_fabric, limits[i], spread, start) if fac.active else start,
-                           len(by_fabric)):
+            for j in range(begin, len(by_fabric)):
                 groups_in_fabric = by_fabric[j]
-                if fac.active and self._fabric_known_refused(p, groups_in_fabric, limits[i], spread):
-                    continue
                 if not self._may_hold(p, groups_in_fabric):
                     if j == start:
                         start = self._first[key] = j + 1
                     continue
-                if fac.active and self._fabric_refused(p, groups_in_fabric, limits[i], i, spread):  # facility_search
-                    continue
-                # A fabric that had too few nodes that fit for this profile and
-                # spread in this round has still: the pass only takes (until
-                # `_move` or `_shift` gives back), and a spread only grows.
-                # Asked again per replica, failing fabrics were most of the
-                # multi-node placements' cost (benchmarks/placement.py --nodes 16000).
-                short = (id(groups_in_fabric), id(p), limits[i])
-                if self._short.get(short) is spread:
+                if fac.active and self._fabric_refused(p, groups_in_fabric, i, spread):  # facility_search
                     continue
                 # facility: keep_within tries one domain of its kind at a time
                 for domain in fac.within(p.keep_within, self._fabric_nodes(groups_in_fabric)) if p.keep_within else ("",):
@@ -100,11 +89,6 @@ class FabricSearch:
                         [v.node for v in chosen], p, [self._gpus_for(v, p) for v in chosen]
                     ):
                         return chosen
-                    if fac.active:  # facility: known refused from now on (facility_search)
-                        last, together = i == len(limits) - 1, fac.capped and taken.refused
-                        self._fabric_failed(p, groups_in_fabric, limits[i], last, len(chosen), spread, together)
-                if not fac.active:
-                    self._short[short] = spread  # (held, so that its id is not another's in this pass)
         return None
 
     def _fabric_nodes(self, groups: list[Group]) -> list[str]:

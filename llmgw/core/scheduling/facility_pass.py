@@ -380,20 +380,15 @@ class Together:
     a fabric whose two best nodes shared a PDU with room for one was given
     up though its other nodes had room, and on a fleet whose caps bind
     most multi-node placements chose pairs that failed so
-    (benchmarks/placement.py --facility).
+    (benchmarks/placement.py --facility)."""
 
-    `refused` says whether a node was refused for the chosen ones alone: a
-    fabric that then gave too few nodes is short for this replica, with
-    these chosen, not for the pass (facility_search's `_fabric_failed`)."""
-
-    __slots__ = ("fac", "p", "chosen", "inner", "gpus_for", "extra", "counted", "refused", "answers")
+    __slots__ = ("fac", "p", "chosen", "inner", "gpus_for", "extra", "counted", "refused")
 
     def __init__(self, fac: PassFacility, p: ev.ProfileSpec, chosen: list, inner, gpus_for) -> None:
         self.fac, self.p, self.chosen, self.inner, self.gpus_for = fac, p, chosen, inner, gpus_for
         self.extra: dict[str, float] = {}  # capped domain -> what the chosen shards add to it
         self.counted = 0  # the chosen counted in `extra`
-        self.refused = False
-        self.answers: dict[tuple, bool] = {}  # (domains, GPU limit, credit) -> False: refused with the chosen only
+        self.refused: set[tuple] = set()  # (domains, GPU limit, credit) refused with the chosen, not alone
 
     def __contains__(self, v) -> bool:
         if v in self.inner:
@@ -407,7 +402,7 @@ class Together:
         while self.counted < len(chosen):
             c = chosen[self.counted]
             self.counted += 1
-            self.answers.clear()
+            self.refused.clear()
             w = fac._watts(p, c.node, self.gpus_for(c, p)) - credit.get(c.name, 0.0)
             for d in loc.get(c.name, ()):
                 if d in draw:
@@ -415,15 +410,15 @@ class Together:
         if not extra:
             return False
         # A node of the same domains whose shard would draw the same (its
-        # GPUs alike and all of one limit) gets the same answer, with the
-        # same chosen: a fabric's nodes mostly share their rack and PDU, and
-        # asked node by node they were half a multi-node search (benchmarks/placement.py
-        # --facility --nodes 16000). (Refused alone, it is asked again: its refusal is noted per node.)
+        # GPUs alike and of one limit) gets the same answer with the same
+        # chosen: a fabric's nodes mostly share their rack and PDU, and asked
+        # node by node they were a third of a multi-node search
+        # (benchmarks/placement.py --facility --nodes 16000). (Refused alone,
+        # it is asked again: `refuses` notes that per node.)
         ds = loc.get(v.name, ())
         limit = fac._limits_of(v.node)[2] if v.kind is not None else None
         key = (ds, limit, credit.get(v.name)) if limit is not None else None
-        if key is not None and self.answers.get(key) is False:
-            self.refused = True
+        if key in self.refused:
             return True
         gpus = self.gpus_for(v, p)
         w = fac._watts(p, v.node, gpus) - credit.get(v.name, 0.0)
@@ -431,10 +426,8 @@ class Together:
         for d in ds:
             e = extra.get(d)
             if e is not None and over_cap(draw[d], e + w, budgets[d]):
-                if not fac.refuses(v.node, p, gpus):  # (refused alone, it is refused for the pass: noted so)
-                    self.refused = True
-                    if key is not None:
-                        self.answers[key] = False
+                if not fac.refuses(v.node, p, gpus) and key is not None:  # (refused alone: noted, for the pass)
+                    self.refused.add(key)
                 return True
         return False
 

@@ -112,13 +112,11 @@ class CellSearch:
         self._named: list[str] = []  # rank -> node, once the orders are made (placement's `names`)
         self._rank: dict[str, int] = {}  # node -> rank
         self._cell_of: dict[str, int] = {}  # node -> its cell, once the orders are made
-        # (fabric's groups, profile) with too few nodes that fit, every node admitted (`_fabric_failed`)
-        self._fab_refused: set[tuple[int, int]] = set()
         self._fab_epoch = 0
         self._fresh: dict[tuple, tuple] = {}  # (GPUs, draw) -> a heap at level 0 (`_start`)
         # (fabric's groups, draw, GPUs, nodes) -> those groups, where too few nodes have the GPUs free
-        # and are not refused: any model of that shape (`_fabric_refused`)
-        self._too_few: dict[tuple, list] = {}
+        # and are not refused: any model of that shape (`_fabric_refused`); (fabrics, ...) -> where to begin
+        self._too_few: dict[tuple, object] = {}
         self._picked: Levels | None = None  # the levels the last single-node search went by (placement's `place`)
 
     def _located_moved(self, name: str, before: int, after: int) -> None:
@@ -126,8 +124,7 @@ class CellSearch:
         moved in its cell's order (`_cell_orders`), if made, and its cell
         touched (PassFacility.touched: the cursors in it start again)."""
         if after > before:
-            self._fab_refused.clear()  # room made
-            self._too_few.clear()
+            self._too_few.clear()  # room made
         orders = self._orders
         if orders is not None:
             c = self._cell_of.get(name)
@@ -342,57 +339,35 @@ class CellSearch:
 
     # ------------------------------------------------------------------ multi-node: fabrics
 
-    def _fabric_known_refused(self, p: ProfileSpec, groups: list, limit: int, spread: dict[str, int]) -> bool:
-        """Whether fabrics' `_fabric_pick` found this fabric refused before
-        in this pass, in this round (placement's `_short`, kept by the
-        facility's rules too: its refusals only harden in a pass) or with
-        every node admitted (`_fab_refused`). Asked before anything else of
-        a fabric: on a fleet whose caps bind, a multi-node placement passes
-        over some twenty fabrics so (benchmarks/placement.py --facility)."""
-        fac = self._fac
+    def _fabric_from(self, p: ProfileSpec, by_fabric: list, start: int) -> int:
+        """The first fabric from `start` not known too full for any model of
+        the profile's shape (`_fabric_refused`): where the last search of the
+        shape stopped, then on. Refusals only harden in a pass until room is
+        made (PassFacility.epoch, `_located_moved`); a draw handed over may
+        unblock a node, so none is kept while one is (PassFacility.credit).
+        (A multi-node placement on a fleet whose caps bind passed over some
+        ninety fabrics so: benchmarks/placement.py --facility --nodes 16000.)"""
+        fac, too_few = self._fac, self._too_few
         if self._fab_epoch != fac.epoch:  # a stop made room: what was refused may fit now
             self._fab_epoch = fac.epoch
-            self._fab_refused.clear()
-            self._too_few.clear()
-            self._short.clear()
-        return self._short.get((id(groups), id(p), limit)) is spread or (id(groups), id(p)) in self._fab_refused
+            too_few.clear()
+        if fac.credit:
+            return start
+        shape = (id(by_fabric), p.power_w, p.gpus, p.nodes)
+        k = max(start, too_few.get(shape, 0))
+        while k < len(by_fabric) and too_few.get((id(by_fabric[k]), *shape[1:])) is by_fabric[k]:
+            k += 1
+        too_few[shape] = k
+        return k
 
-    def _fabric_from(self, p: ProfileSpec, by_fabric: list, limit: int, spread: dict[str, int], start: int) -> int:
-        """The first fabric from `start` that is not known refused for this
-        profile and spread in this round (`_fabric_known_refused`), and so
-        where the next search in the round begins: a fabric refused stays
-        so until room is made, which clears placement's `_short`, and this
-        with it. (A multi-node placement on a fleet whose caps bind asked
-        some twenty fabrics each time: benchmarks/placement.py --facility.)"""
-        memo = ("from", id(by_fabric), id(p), limit)
-        got = self._short.get(memo)
-        self._fabric_known_refused(p, by_fabric[0] if by_fabric else [], limit, spread)  # (a stop since: forgotten)
-        if not self._fac.credit:  # (a draw handed over may unblock a node: see `_too_few`)
-            # Past the fabrics too full for any model of this shape (`_fabric_refused`):
-            # where the last search of the shape stopped, then on.
-            shape = (id(by_fabric), p.power_w, p.gpus, p.nodes)
-            too_few = self._too_few
-            k = max(start, too_few.get(("from", *shape), 0))
-            while k < len(by_fabric) and too_few.get((id(by_fabric[k]), *shape[1:])) is by_fabric[k]:
-                k += 1
-            too_few[("from", *shape)] = start = k
-        j = max(start, got[1]) if got is not None and got[0] is spread else start
-        while j < len(by_fabric) and self._fabric_known_refused(p, by_fabric[j], limit, spread):
-            j += 1
-        self._short[memo] = (spread, j)  # (held, so that its id is not another's in this pass)
-        return j
-
-    def _fabric_refused(self, p: ProfileSpec, groups: list, limit: int, first: bool, spread: dict[str, int]) -> bool:
+    def _fabric_refused(self, p: ProfileSpec, groups: list, first: bool, spread: dict[str, int]) -> bool:
         """Whether fabrics' `_fabric_pick` may pass over this fabric in a
         round without looking at its nodes: too few of them have the GPUs
         free and are not refused by the facility (nor, in the first round,
-        run the model), counted in C. On a fleet whose caps bind, looking at
-        them one by one was most of a multi-node placement
-        (benchmarks/placement.py --facility)."""
-        short = (id(groups), id(p), limit)
+        run the model), counted in C, and kept for the shape (`_fabric_from`)."""
         shape = (id(groups), p.power_w, p.gpus, p.nodes)
-        if not self._fac.credit and self._too_few.get(shape) is groups:
-            self._short[short] = spread
+        credit = self._fac.credit
+        if not credit and self._too_few.get(shape) is groups:
             return True
         blocked = self._fac.blocked(p)
         mine = spread.keys() if first and spread else None
@@ -405,30 +380,6 @@ class CellSearch:
                         n -= len((mine & bucket).difference(blocked))
                     if n >= need:
                         return False
-        self._short[short] = spread
-        if mine is None and not self._fac.credit:
+        if mine is None and not credit:
             self._too_few[shape] = groups
         return True
-
-    def _fabric_failed(
-        self, p: ProfileSpec, groups: list, limit: int, last: bool, chosen: int, spread: dict[str, int], together: bool
-    ) -> None:
-        """A fabric gave too few nodes in a round, alone: so it stays for
-        the pass, as refusals do, until room is made (`_located_moved`,
-        PassFacility.epoch); and in every round, when its round admitted
-        every node (the last, or one that passed over none of its nodes).
-        (Too few for the caps together with the first chosen,
-        facility_pass.Together, it is tried again at the next replica:
-        other nodes chosen first may do.)"""
-        if p.keep_within or together:
-            return
-        key = (id(groups), id(p), limit)
-        if chosen < p.nodes:
-            self._short[key] = spread
-            if last or groups[0].fabric not in self._fabrics_of(spread):
-                self._fab_refused.add((id(groups), id(p)))
-
-    def _fabrics_of(self, spread: dict[str, int]) -> set[str]:
-        """The fabrics of the nodes the model runs on."""
-        nodes = self._state.nodes
-        return {self.view(name).fabric for name in spread if name in nodes}

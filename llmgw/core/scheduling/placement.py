@@ -228,9 +228,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         self._views: dict[str, _View] = {}
         self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
         self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
-        # (fabric's groups, profile, round's limit) -> the spread it was too
-        # full for, with that profile, in that round (_fabric_pick)
-        self._short: dict[tuple, dict] = {}
         self._fac = facility_pass.PassFacility(state)  # facility: holds, power caps, racks and PDUs
         self._floors: list | None = None  # see `floors`
         self._hist: dict[str, list[int]] | None = None  # see `domain_free`
@@ -268,7 +265,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         if after > before:
             self._full.clear()
             self._first.clear()
-            self._short.clear()
         for grp in v.groups:
             buckets = grp.buckets
             old = buckets[before]
@@ -484,8 +480,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         self._shift(shards, give=False, handover=handover)
 
     def _shift(self, shards: list[Shard], give: bool, handover: bool = False) -> None:
-        if give:
-            self._short.clear()  # (memory or cores freed may be what a fabric lacked)
         self._build()
         nodes = self._state.nodes
         for sh in shards:
