@@ -58,20 +58,15 @@ class FabricSearch:
         enough nodes that fit among the least loaded with the model; within
         it, the least loaded first."""
         limits = _limits(spread)
-        # Fabrics before `start` are known too full for this profile in this
-        # pass (fabrics fill in name order: on a full fleet, most of them).
-        key = (id(by_fabric), p.gpus, p.nodes)
-        start = self._first.get(key, 0)
         fac = self._fac
-        begin = self._fabric_from(p, by_fabric, start) if fac.active else start  # facility_search
+        begin = self._fabric_from(p, by_fabric)  # (past those too full for the profile's shape: facility_search)
         for i in range(len(limits)):
             for j in range(begin, len(by_fabric)):
                 groups_in_fabric = by_fabric[j]
-                if not self._may_hold(p, groups_in_fabric):
-                    if j == start:
-                        start = self._first[key] = j + 1
-                    continue
-                if fac.active and self._fabric_refused(p, groups_in_fabric, i, spread):  # facility_search
+                # (The facility's count leaves out the model's own nodes in the
+                # rounds after the first, which admit them: as it always has, for
+                # decisions unchanged; a fabric so passed over is a bug to look at.)
+                if self._fabric_refused(p, groups_in_fabric, bool(i) and fac.active, spread):
                     continue
                 # facility: keep_within tries one domain of its kind at a time
                 for domain in fac.within(p.keep_within, self._fabric_nodes(groups_in_fabric)) if p.keep_within else ("",):
@@ -94,21 +89,3 @@ class FabricSearch:
     def _fabric_nodes(self, groups: list[Group]) -> list[str]:
         """The names of the nodes filed in these groups (keep_within's domains are among theirs)."""
         return [name for grp in groups for bucket in grp.buckets for name in bucket]
-
-    def _may_hold(self, p: ProfileSpec, groups: list[Group]) -> bool:
-        """Whether a fabric has, by GPU count alone, enough nodes for the
-        profile: a fabric that has not is skipped without looking at a node
-        (the same answer `_best` would give, sooner: most fabrics of a full
-        fleet are full). A no is kept for the pass, until it frees GPUs
-        (`_move`): its placements only take."""
-        key = (id(groups), p.gpus, p.nodes)
-        if key in self._full:
-            return False
-        want, need = p.nodes, p.gpus
-        for grp in groups:
-            for b in grp.buckets[need:]:
-                want -= len(b)
-                if want <= 0:
-                    return True
-        self._full.add(key)
-        return False

@@ -123,8 +123,6 @@ class CellSearch:
         """A node's free GPU count changed in this pass (placement.Inventory._move):
         moved in its cell's order (`_cell_orders`), if made, and its cell
         touched (PassFacility.touched: the cursors in it start again)."""
-        if after > before:
-            self._too_few.clear()  # room made
         orders = self._orders
         if orders is not None:
             c = self._cell_of.get(name)
@@ -339,8 +337,8 @@ class CellSearch:
 
     # ------------------------------------------------------------------ multi-node: fabrics
 
-    def _fabric_from(self, p: ProfileSpec, by_fabric: list, start: int) -> int:
-        """The first fabric from `start` not known too full for any model of
+    def _fabric_from(self, p: ProfileSpec, by_fabric: list) -> int:
+        """The first fabric not known too full for any model of
         the profile's shape (`_fabric_refused`): where the last search of the
         shape stopped, then on. Refusals only harden in a pass until room is
         made (PassFacility.epoch, `_located_moved`); a draw handed over may
@@ -352,34 +350,36 @@ class CellSearch:
             self._fab_epoch = fac.epoch
             too_few.clear()
         if fac.credit:
-            return start
+            return 0
         shape = (id(by_fabric), p.power_w, p.gpus, p.nodes)
-        k = max(start, too_few.get(shape, 0))
+        k = too_few.get(shape, 0)
         while k < len(by_fabric) and too_few.get((id(by_fabric[k]), *shape[1:])) is by_fabric[k]:
             k += 1
         too_few[shape] = k
         return k
 
-    def _fabric_refused(self, p: ProfileSpec, groups: list, first: bool, spread: dict[str, int]) -> bool:
+    def _fabric_refused(self, p: ProfileSpec, groups: list, mine: bool, spread: dict[str, int]) -> bool:
         """Whether fabrics' `_fabric_pick` may pass over this fabric in a
         round without looking at its nodes: too few of them have the GPUs
-        free and are not refused by the facility (nor, in the first round,
-        run the model), counted in C, and kept for the shape (`_fabric_from`)."""
+        free and are not refused by the facility (nor run the model, if
+        `mine`), counted in C, and kept for the shape (`_fabric_from`). On
+        a full fleet most fabrics are so, and looking at their nodes was
+        most of a multi-node placement (benchmarks/placement.py --facility)."""
         shape = (id(groups), p.power_w, p.gpus, p.nodes)
         credit = self._fac.credit
         if not credit and self._too_few.get(shape) is groups:
             return True
         blocked = self._fac.blocked(p)
-        mine = spread.keys() if first and spread else None
+        own = spread.keys() if mine and spread else None
         n, need = 0, p.nodes
         for grp in groups:
             for bucket in grp.buckets[p.gpus :]:
                 if bucket:  # (each bucket adds its nodes neither refused nor the model's: never fewer)
                     n += len(bucket) - len(blocked.intersection(bucket))
-                    if mine is not None:
-                        n -= len((mine & bucket).difference(blocked))
+                    if own is not None:
+                        n -= len((own & bucket).difference(blocked))
                     if n >= need:
                         return False
-        if mine is None and not credit:
+        if own is None and not credit:
             self._too_few[shape] = groups
         return True

@@ -226,8 +226,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         self._state = state
         self._index: NodeIndex | None = None  # synced at first need
         self._views: dict[str, _View] = {}
-        self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
-        self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
         self._fac = facility_pass.PassFacility(state)  # facility: holds, power caps, racks and PDUs
         self._floors: list | None = None  # see `floors`
         self._hist: dict[str, list[int]] | None = None  # see `domain_free`
@@ -263,8 +261,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         index, which files it again from the state at the next pass."""
         after, name, idx = len(v.free), v.name, self._index
         if after > before:
-            self._full.clear()
-            self._first.clear()
+            self._too_few.clear()  # (room made: see facility_search)
         for grp in v.groups:
             buckets = grp.buckets
             old = buckets[before]
