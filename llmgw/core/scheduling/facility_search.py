@@ -58,7 +58,6 @@ _CELL = (1 << _POS_BITS) - 1  # (cells below 16 million: fewer than nodes)
 _CUR_SHIFT = 2 * _POS_BITS  # the key above the cell and position
 _TOP = _CUR_SHIFT + _LEVEL_SHIFT  # the level above all the rest
 _BELOW = (1 << _TOP) - 1
-_FRESH_FOR = 16  # cells changed since a copied heap was made, at most (`_start`)
 
 
 class _Heaps:
@@ -113,7 +112,6 @@ class CellSearch:
         self._rank: dict[str, int] = {}  # node -> rank
         self._cell_of: dict[str, int] = {}  # node -> its cell, once the orders are made
         self._fab_epoch = 0
-        self._fresh: dict[tuple, tuple] = {}  # (GPUs, draw) -> a heap at level 0 (`_start`)
         # (fabric's groups, draw, GPUs, nodes) -> those groups, where too few nodes have the GPUs free
         # and are not refused: any model of that shape (`_fabric_refused`); (fabrics, ...) -> where to begin
         self._too_few: dict[tuple, object] = {}
@@ -250,35 +248,22 @@ class CellSearch:
         rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of
         fac = self._fac
         dead = fac.dead(p)
-        # A model that runs nowhere yet (every cell at level 0; most of those
-        # that wait for room) starts from a copy of the last such heap of its
-        # draw, made since the last stop, and catches up with the cells
-        # changed since as any heap does (`_spread_pick`): a heap per model
-        # was a tenth of a cold start (benchmarks/placement.py --facility --nodes 16000).
-        fresh = self._fresh.get((p.gpus, p.power_w)) if not levels.spread else None
-        if fresh is not None and fresh[0] == fac.epoch and len(fac.touched) - fresh[1] <= _FRESH_FOR:
-            _, touched_at, cur, heap = fresh
-            cur, heap = list(cur), list(heap)
-        else:
-            first = p.gpus << _RANK_BITS
-            cur = []
-            for c, order in enumerate(self._cell_orders()):
-                if c in dead:  # (every node of it refused: the search would pop it at once)
-                    cur.append(None)
-                    continue
-                i = bisect_left(order, first)
-                at = cell_level(rc[rack_of[c]], pc[pdu_of[c]])
-                cur.append((at << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT | c << _POS_BITS | i if i < len(order) else None)
-            heap = [e for e in cur if e is not None]
-            heapify(heap)
-            touched_at = len(fac.touched)
-            if not levels.spread:
-                self._fresh[(p.gpus, p.power_w)] = (fac.epoch, touched_at, list(cur), list(heap))
+        first = p.gpus << _RANK_BITS
+        cur: list[int | None] = []
+        for c, order in enumerate(self._cell_orders()):
+            if c in dead:  # (every node of it refused: the search would pop it at once)
+                cur.append(None)
+                continue
+            i = bisect_left(order, first)
+            at = cell_level(rc[rack_of[c]], pc[pdu_of[c]])
+            cur.append((at << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT | c << _POS_BITS | i if i < len(order) else None)
+        heap = [e for e in cur if e is not None]
+        heapify(heap)
         admitted = self._admitted.get(id(groups))
         if admitted is None:  # (the index keeps `groups` for the pass: see Inventory._admitting)
             admitted = self._admitted[id(groups)] = set(groups)
         parts = (heap, cur, dead, fac.blocked(p), admitted, levels.rc, levels.pc, levels.rack_of, levels.pdu_of)
-        return _Heaps(groups, fac.epoch, touched_at, cur, heap, parts)
+        return _Heaps(groups, fac.epoch, len(fac.touched), cur, heap, parts)
 
     def _cell_orders(self) -> list[list[int]]:
         """Each cell's ready nodes by free GPUs, then name (as keys: see the

@@ -168,10 +168,6 @@ class Levels:
         rc[r] += more
         pc[p] += more
 
-    def counted(self) -> bool:
-        """Whether any of the model's nodes counts at all (every cell is at level 0 until one does)."""
-        return bool(self.spread)
-
     def _loose_moved(self, old: int, now: int) -> None:
         """A node in no cell runs `now` of the model's replicas, not `old`: its level moved."""
         loose = self._loose

@@ -75,36 +75,10 @@ from ..folding.nodeindex import FABRIC_LABEL, POOL_LABEL, Group, NodeIndex, inde
 from ..folding.state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
 # The questions asked of one node (fit.py), named here too: what placement
 # is asked of, callers and tests have always imported from this module.
-from .fit import (
-    READY,
-    SIMULATED,
-    POOL,
-    FABRIC,
-    GPU_MODEL,
-    GPU_MEMORY,
-    GPUS,
-    MEMORY,
-    CPU,
-    PORTS,
-    RULES,
-    Reason,
-    NodeFit,
-    ProfileFit,
-    Explanation,
-    render,
-    render_explanation,
-    needs,
-    summarize,
-    gpu_model_matches,
-    label_reasons,
-    gpu_reasons,
-    _kind_reasons,
-    _mixed_reasons,
-    memory_short,
-    cpu_short,
-    ready_reason,
-    memory_reason,
-    cpu_reason,
+from .fit import (  # noqa: F401
+    READY, SIMULATED, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS, RULES, Reason, NodeFit,
+    ProfileFit, Explanation, render, render_explanation, needs, summarize, gpu_model_matches, label_reasons,
+    gpu_reasons, _kind_reasons, _mixed_reasons, memory_short, cpu_short, ready_reason, memory_reason, cpu_reason,
     ports_reason,
 )
 
@@ -112,7 +86,6 @@ from .fit import (
 # port_first and port_last 0); the agent file's `engine_ports` defaults to it.
 PORT_BASE = 20000
 PORT_LIMIT = 29999
-
 
 
 # --------------------------------------------------------------------------- the inventory
