@@ -25,15 +25,12 @@ the top (`_Heaps`). A placement so looks at a node or two, and at the
 cells that it or another changed since.
 
 A node in an order is one int, its *key*: its free GPUs, then its rank in
-name order (`_RANK_BITS`). A cursor is one int too: its level, the node's
-key, its cell and its position in the cell's order (`_TOP`, `_CUR_SHIFT`,
-`_POS_BITS`). Ints order as (level, free GPUs, name) do and compare in
-one step, where tuples with the name in them made every heap operation
-and bisection compare two or three fields; cursors as (key, cell,
-position) tuples cost a heap operation twice the time, and a placement
-65 more cache misses (benchmarks/instructions.py --what cold, under
-cachegrind). A cursor's cell and position never decide its order: a
-node's rank is in one cell only.
+name order (`_RANK_BITS`), which orders as (free GPUs, name) does: as
+(free GPUs, name) tuples a cold start with the facility at 16,000 nodes
+took 1.04x the time (benchmarks/placement.py --facility --nodes 16000), kept
+for that figure's goal. A cursor is a tuple (level, key, cell, position in
+the cell's order); packed into one int too it won nothing measurable there.
+A cursor's cell and position never decide its order: a node is in one cell.
 
 A mixin of placement.Inventory, apart so that each module stays one concern.
 """
@@ -49,21 +46,12 @@ from .fit import _mixed_reasons
 
 _RANK_BITS = 24  # a node's rank in name order: fewer than 16 million nodes
 _RANK = (1 << _RANK_BITS) - 1
-_LEVEL_SHIFT = 32  # a level above a node's key (free GPUs below 256)
-# A cursor: its level and node's key, then its cell, then its position in
-# the cell's order, as one int (see _Heaps).
-_POS_BITS = 24
-_POS = (1 << _POS_BITS) - 1
-_CELL = (1 << _POS_BITS) - 1  # (cells below 16 million: fewer than nodes)
-_CUR_SHIFT = 2 * _POS_BITS  # the key above the cell and position
-_TOP = _CUR_SHIFT + _LEVEL_SHIFT  # the level above all the rest
-_BELOW = (1 << _TOP) - 1
 
 
 class _Heaps:
     """One model's cells for one kind of profile, in one pass: one heap of
-    cursors (level, node's key, cell and position in the cell's order, as
-    one int: see the module), lowest level first, `cur[cell]` being the
+    cursors (level, node's key, cell and position in the cell's order:
+    see the module), lowest level first, `cur[cell]` being the
     cell's cursor that stands, by identity (any other entry of the cell is
     stale: its nodes changed since; two equal ones stand for the same).
 
@@ -163,10 +151,7 @@ class CellSearch:
                     i += 1
                 old = cur[c]
                 if i < n:
-                    e = cur[c] = (
-                        (cell_level(rc[rack_of[c]], pc[pdu_of[c]]) << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT
-                        | c << _POS_BITS | i
-                    )
+                    e = cur[c] = (cell_level(rc[rack_of[c]], pc[pdu_of[c]]), order[i], c, i)
                     if old is not None and heap[0] is old:
                         heapreplace(heap, e)
                     else:
@@ -179,20 +164,20 @@ class CellSearch:
         while True:
             while heap:  # the cursor that stands, at its cell's level, of a cell not known refused whole
                 e = heap[0]
-                c = e >> _POS_BITS & _CELL
+                c = e[2]
                 if cur[c] is not e:
                     heappop(heap)  # stale: the cell's nodes changed since
                     continue
                 level = cell_level(rc[rack_of[c]], pc[pdu_of[c]])
-                if e >> _TOP != level:  # its level grew since (see _Heaps)
-                    e = cur[c] = level << _TOP | e & _BELOW
+                if e[0] != level:  # its level grew since (see _Heaps)
+                    e = cur[c] = (level, e[1], c, e[3])
                     heapreplace(heap, e)
                 elif c in dead:  # every node of it refused (PassFacility._noted)
                     cur[c] = None
                     heappop(heap)
                 else:
                     break
-            level = heap[0] >> _TOP if heap else NO_LEVEL
+            level = heap[0][0] if heap else NO_LEVEL
             # The levels below it have no cell with a node that may fit: what
             # is left of them is the nodes in no cell (level 0) and the model's own.
             if loose and level:
@@ -210,14 +195,14 @@ class CellSearch:
                     j += 1
             if not heap:
                 return None
-            order, at = orders[c], e & _POS  # type: ignore[index]
+            order, at = orders[c], e[3]  # type: ignore[index]
             for i in range(at, len(order)):
                 key = order[i]
                 name = named[key & _RANK]
                 if name in blocked or name in spread:
                     continue  # refused for the pass, or the model runs there (its own come later)
                 if i != at:  # the cursor moved on: another cell may do better now
-                    e = cur[c] = (level << _LEVEL_SHIFT | key) << _CUR_SHIFT | c << _POS_BITS | i
+                    e = cur[c] = (level, key, c, i)
                     heapreplace(heap, e)
                     break
                 v = views.get(name) or self.view(name)
@@ -256,7 +241,7 @@ class CellSearch:
                 continue
             i = bisect_left(order, first)
             at = cell_level(rc[rack_of[c]], pc[pdu_of[c]])
-            cur.append((at << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT | c << _POS_BITS | i if i < len(order) else None)
+            cur.append((at, order[i], c, i) if i < len(order) else None)
         heap = [e for e in cur if e is not None]
         heapify(heap)
         admitted = self._admitted.get(id(groups))
