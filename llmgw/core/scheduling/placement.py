@@ -91,17 +91,6 @@ PORT_LIMIT = 29999
 # --------------------------------------------------------------------------- the inventory
 
 
-def _rounds(spread: dict[str, int]):
-    """`fabrics._limits` one at a time: the first round is all most searches need,
-    and making the whole list per placement was a cold start's cost
-    (benchmarks/placement.py --nodes 16000). Counts are >= 1, so the rounds
-    are those of `fabrics._limits`."""
-    yield 1
-    if spread:
-        for c in sorted(set(spread.values())):
-            yield c + 1
-
-
 class _View:
     """What one node has free in this pass: its GPUs, memory, cores and ports.
     Made when the pass first looks at the node, from the node as folded."""
@@ -302,7 +291,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
                 if levels is not None:
                     v = self._spread_pick(p, groups, levels)
                     return [v] if v is not None else None
-            for limit in _rounds(spread):
+            for limit in fabrics._limits(spread):
                 v = self._best(p, groups, spread, limit, ())
                 if v is not None:
                     return [v]
