@@ -120,13 +120,11 @@ class PassFacility:
         asks this of every candidate it passes over (on a fleet whose caps
         bind, most of them), and words for each cost more than the search."""
         name = node.name
-        held, caps, uniform = self._limits_of(node)
+        held, caps, _ = self._limits_of(node)
         if held:
             return self._noted(held, node, p, gpus)
         if caps:
-            w = p.power_w  # (`_watts`, inline: asked of every candidate)
-            if not w:
-                w = shard_watts(p, node, gpus) if uniform is None else uniform * len(gpus)
+            w = self._watts(p, node, gpus)
             if self.credit:
                 w -= self.credit.get(name, 0.0)
             if w <= 0:
@@ -266,10 +264,9 @@ class PassFacility:
         """A shard placed in this pass on a node of this fabric (""
         none): its draw counts from now on. (Its cell is `touched` where its
         order changes: facility_search's `_located_moved`.)"""
-        name = node.name
         if self.capped:
-            _, caps, uniform = self._limits_of(node)
-            w = p.power_w or (shard_watts(p, node, gpus) if uniform is None else uniform * len(gpus))  # (`_watts`)
+            caps = self._limits_of(node)[1]
+            w = self._watts(p, node, gpus)
             if w and caps:
                 draw = self._draw if self._draw is not None else self.draw
                 for d, _cap in caps:
