@@ -18,7 +18,7 @@ from ..rules import admission
 from ..contract import events as ev
 from ..contract.catalog import profile_named
 from ..scheduling.fit import cpu_short, memory_short, runs_real_engine
-from ..scheduling.facility import count_unmeasured, counted, place_one_shard, power_problem, shard_watts
+from ..scheduling.facility import count_unmeasured, counted, power_problem, shard_watts
 from .nodeindex import touch
 from .replicaindex import added, removed
 from ..scheduling.ports import placement_problem
@@ -133,20 +133,13 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
     # Holds and power caps, checked again in log order (a hold, a cap or a
     # measurement may have come since the decision). What the replica it
     # replaces hands over on a node is credited, as decide released it.
-    one = not handed and len(placements) == 1  # (most placements: checked and counted in one, below)
-    if not one and (state.holds or state.budgets):
+    if state.holds or state.budgets:
         handed_w: dict[str, float] = {}
         for sh in handed.values():
             node = nodes.get(sh.node)
             if node is not None:
                 handed_w[sh.node] = handed_w.get(sh.node, 0.0) + counted(node, sh)
         why = power_problem(state, [(nodes[s.node], w) for s, w in zip(placements, watts)], handed_w)
-        if why:
-            return why
-    if one:
-        # The last check, and the shard's draw counted if it passes: nothing
-        # below refuses (the multi-shard placement counts each shard below).
-        why = place_one_shard(state, node, placements[0].shard, watts[0])
         if why:
             return why
     shards = []
@@ -166,8 +159,7 @@ def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:
                 power_w=watts[len(shards)],
             )
         )
-        if not one:
-            count_unmeasured(state, node, shards[-1])
+        count_unmeasured(state, node, shards[-1])
         touch(state, s.node)
         if handed:
             for old_sh in handed.values():

@@ -82,18 +82,29 @@ class Group:
         self.buckets: list[list[str]] = [[] for _ in range(top + 1)]
 
 
+def power_limit(gpus: list[Gpu]) -> float | None:
+    """The power limit a node's GPUs all say (None: they differ; 0.0: no GPU)."""
+    if not gpus:
+        return 0.0
+    w = gpus[0].power_w
+    return w if all(g.power_w == w for g in gpus) else None
+
+
 class _Entry:
     """Where one ready node is filed."""
 
-    __slots__ = ("groups", "free", "gpus")
+    __slots__ = ("groups", "free", "gpus", "power")
 
     def __init__(self, groups: tuple[Group, ...], free: int, gpus: list[Gpu]) -> None:
         self.groups = groups
         self.free = free
         # The node's list of GPUs when filed: only a registration makes a new
         # one, so while it is the same list its kind is (kind_of reads every
-        # GPU, and a cold start files ~2,000 nodes again per pass).
+        # GPU, and a cold start files ~2,000 nodes again per pass), and its
+        # power limit (the facility's, read per node and pass: a tenth of a
+        # cold start with binding caps, benchmarks/placement.py --facility --nodes 16000).
         self.gpus = gpus
+        self.power = power_limit(gpus)
 
 
 class NodeIndex:
@@ -112,6 +123,12 @@ class NodeIndex:
         # Placement's caches over the groups (the groups that admit a kind of
         # profile): (version, answer), good while no group is added.
         self.admitted: dict[tuple, tuple[int, list]] = {}
+        # The located nodes by cell (facility_spread.Cells), and each
+        # domain's by power limit, kept until the fold moves a node's
+        # location (`relocated`) or files a node anew: made per pass, they
+        # were a tenth of a cold start with the facility (benchmarks/placement.py --facility --nodes 16000).
+        self.cells = None
+        self._ranks: dict[str, int] | None = None  # see `ranks`
 
     def sync(self, state: State) -> NodeIndex:
         """File again what the fold touched since the last pass (everything, the first time)."""
@@ -131,6 +148,13 @@ class NodeIndex:
             self.dirty.clear()
         return self
 
+    def ranks(self) -> dict[str, int]:
+        """Each ready node's place in name order (placement's cell orders
+        pack it into an int), kept while no node becomes ready or stops being."""
+        if self._ranks is None:
+            self._ranks = {name: r for r, name in enumerate(self.ready_names)}
+        return self._ranks
+
     def moved(self, name: str, free: int) -> None:
         """A pass moved a node to another free count (placement.Inventory):
         filed again from the state at the next sync, which finds it where
@@ -144,8 +168,10 @@ class NodeIndex:
         old = self.entries.get(name)
         if node is None or node.state != "ready" or node.cordon:  # (cordoned: admission.py)
             if old is not None:
+                self.cells = None  # (its nodes' power limits, by domain: see `cells`)
                 self._unfile(name, old)
                 del self.ready_names[bisect_left(self.ready_names, name)]
+                self._ranks = None
             return
         if old is not None:
             grp = old.groups[0]
@@ -156,6 +182,9 @@ class NodeIndex:
                 and (node.gpus is old.gpus or grp.kind == kind_of(node.gpus))
                 and (old.groups[1].fabric if len(old.groups) > 1 else "") == fabric
             ):
+                if node.gpus is not old.gpus:
+                    old.gpus, old.power = node.gpus, power_limit(node.gpus)
+                    self.cells = None
                 free = free_count(node)
                 if free != old.free:
                     for g in old.groups:
@@ -167,6 +196,8 @@ class NodeIndex:
             self._unfile(name, old)
         else:
             insort(self.ready_names, name)
+            self._ranks = None
+        self.cells = None
         if len(node.gpus) > self.top:
             self.top = len(node.gpus)
             for g in (*self.groups.values(), *self.fabric_groups.values()):
@@ -247,6 +278,13 @@ def touch(state: State, name: str) -> None:
         weakref.finalize(state, _INDEXES.pop, id(state), None)
     elif idx.built:
         idx.dirty.add(name)
+
+
+def relocated(state: State) -> None:
+    """The fold moved a node's location (facility.relocate): the cells kept are stale."""
+    idx = _INDEXES.get(id(state))
+    if idx is not None:
+        idx.cells = None
 
 
 def track(state: State) -> NodeIndex:

@@ -44,7 +44,12 @@ def profile_fit(inv: Inventory, p: ProfileSpec, spread: dict[str, int] | None = 
     return ProfileFit(profile=p.name, needs=needs(p), fits=fits, nodes=tuple(nodes), fabrics=fabrics)
 
 
-def why_no_fit(inv: Inventory, profiles: list[ProfileSpec]) -> str:
+def profile_refusals(inv: Inventory, p: ProfileSpec) -> str:
+    """How many nodes refuse one profile for each rule, in words."""
+    return render_refusals(count_refusals(inv, p))
+
+
+def why_no_fit(inv: Inventory, profiles: list[ProfileSpec], say=profile_refusals) -> str:
     """The reason a model waits, when none of its profiles fits: for each
     profile, how many nodes refuse it for each rule (`explain`'s counts,
     counted by class: refusals.py)."""
@@ -55,7 +60,7 @@ def why_no_fit(inv: Inventory, profiles: list[ProfileSpec]) -> str:
         if cordoned:
             return f"no node is ready: {len(cordoned)} cordoned (first: {cordoned[0][0]} {cordoned[0][1]})"
         return "no node is ready"
-    return "no room: " + "; ".join(render_refusals(count_refusals(inv, p)) for p in profiles)
+    return "no room: " + "; ".join(say(inv, p) for p in profiles)
 
 
 def explain(state: State, model: str) -> Explanation:

@@ -58,31 +58,15 @@ class FabricSearch:
         enough nodes that fit among the least loaded with the model; within
         it, the least loaded first."""
         limits = _limits(spread)
-        # Fabrics before `start` are known too full for this profile in this
-        # pass (fabrics fill in name order: on a full fleet, most of them).
-        key = (id(by_fabric), p.gpus, p.nodes)
-        start = self._first.get(key, 0)
         fac = self._fac
+        begin = self._fabric_from(p, by_fabric)  # (past those too full for the profile's shape: facility_search)
         for i in range(len(limits)):
-            # facility: past the fabrics known refused (facility_search)
-            for j in range(self._fabric_from(p, by_fabric, limits[i], spread, start) if fac.active else start,
-                           len(by_fabric)):
+            for j in range(begin, len(by_fabric)):
                 groups_in_fabric = by_fabric[j]
-                if fac.active and self._fabric_known_refused(p, groups_in_fabric, limits[i], spread):
-                    continue
-                if not self._may_hold(p, groups_in_fabric):
-                    if j == start:
-                        start = self._first[key] = j + 1
-                    continue
-                if fac.active and self._fabric_refused(p, groups_in_fabric, limits[i], i, spread):  # facility_search
-                    continue
-                # A fabric that had too few nodes that fit for this profile and
-                # spread in this round has still: the pass only takes (until
-                # `_move` or `_shift` gives back), and a spread only grows.
-                # Asked again per replica, failing fabrics were most of the
-                # multi-node placements' cost (benchmarks/placement.py --nodes 16000).
-                short = (id(groups_in_fabric), id(p), limits[i])
-                if self._short.get(short) is spread:
+                # (The facility's count leaves out the model's own nodes in the
+                # rounds after the first, which admit them: as it always has, for
+                # decisions unchanged; a fabric so passed over is a bug to look at.)
+                if self._fabric_refused(p, groups_in_fabric, bool(i) and fac.active, spread):
                     continue
                 # facility: keep_within tries one domain of its kind at a time
                 for domain in fac.within(p.keep_within, self._fabric_nodes(groups_in_fabric)) if p.keep_within else ("",):
@@ -100,31 +84,8 @@ class FabricSearch:
                         [v.node for v in chosen], p, [self._gpus_for(v, p) for v in chosen]
                     ):
                         return chosen
-                    if fac.active:  # facility: known refused from now on (facility_search)
-                        last, together = i == len(limits) - 1, fac.capped and taken.refused
-                        self._fabric_failed(p, groups_in_fabric, limits[i], last, len(chosen), spread, together)
-                if not fac.active:
-                    self._short[short] = spread  # (held, so that its id is not another's in this pass)
         return None
 
     def _fabric_nodes(self, groups: list[Group]) -> list[str]:
         """The names of the nodes filed in these groups (keep_within's domains are among theirs)."""
         return [name for grp in groups for bucket in grp.buckets for name in bucket]
-
-    def _may_hold(self, p: ProfileSpec, groups: list[Group]) -> bool:
-        """Whether a fabric has, by GPU count alone, enough nodes for the
-        profile: a fabric that has not is skipped without looking at a node
-        (the same answer `_best` would give, sooner: most fabrics of a full
-        fleet are full). A no is kept for the pass, until it frees GPUs
-        (`_move`): its placements only take."""
-        key = (id(groups), p.gpus, p.nodes)
-        if key in self._full:
-            return False
-        want, need = p.nodes, p.gpus
-        for grp in groups:
-            for b in grp.buckets[need:]:
-                want -= len(b)
-                if want <= 0:
-                    return True
-        self._full.add(key)
-        return False

@@ -36,6 +36,7 @@ from collections.abc import Iterable
 import msgspec
 
 from ..contract import events as ev
+from ..folding.nodeindex import relocated
 from ..folding.refused import Refused
 from ..folding.state import Hold, Node, Shard, State
 
@@ -198,10 +199,7 @@ def count_unmeasured(state: State, node: Node, sh: Shard) -> None:
         unmeasured = node.unmeasured
         delta = w - unmeasured.get(sh.id, 0.0)
         unmeasured[sh.id] = w
-        if delta:  # (`_drew`, inline: at every placement the fold applies)
-            draw = state.domain_draw
-            for d in state.located.get(node.name, ()):
-                draw[d] = draw.get(d, 0.0) + delta
+        _drew(state, node.name, delta)
 
 
 def uncount(state: State, node: Node, sid: str) -> None:
@@ -237,6 +235,7 @@ def relocate(state: State, name: str) -> None:
     old = state.located.get(name, ())
     if new == old:
         return
+    relocated(state)
     index, draw = state.domain_nodes, state.domain_draw
     w = node_draw(node) if node is not None else 0.0  # (what the node counts for moves with it)
     for d in old:
@@ -303,40 +302,6 @@ def power_problem(state: State, adds: list[tuple[Node, float]], credit: dict[str
         cap = state.budgets[d]
         if extra[d] > 0 and over_cap(draws.get(d, 0.0), extra[d], cap):
             return f"{d} would draw {watts(draws.get(d, 0.0) + extra[d])} of {watts(cap)}"
-    return ""
-
-
-def place_one_shard(state: State, node: Node, sid: str, w: float) -> str:
-    """The fold's test of a placement of one shard handed nothing (most
-    placements), power_problem's answer: then, if it passes, the shard's
-    draw counted on its node and its domains (count_unmeasured, for a
-    shard new to the node), and "". One walk of the node's domains, in
-    one call, where a test and a count were two of each: the fold's share
-    of a cold start with the facility was a tenth of its cost
-    (benchmarks/instructions.py --what cold)."""
-    ds = state.located.get(node.name)
-    if not ds:
-        if w:
-            node.unmeasured[sid] = w
-        return ""
-    holds, budgets, draws = state.holds, state.budgets, state.domain_draw
-    if holds:
-        held = first_held(holds, ds)
-        if held:
-            return render(HELD, held, held_reason(holds, held))
-    if w > 0 and budgets:
-        # Nothing made unless a domain is past its cap; the first past it
-        # by name is the one said, as power_problem would.
-        over = ""
-        for d in ds:
-            if d in budgets and over_cap(draws.get(d, 0.0), w, budgets[d]) and (not over or d < over):
-                over = d
-        if over:
-            return f"{over} would draw {watts(draws.get(over, 0.0) + w)} of {watts(budgets[over])}"
-    if w:
-        node.unmeasured[sid] = w
-        for d in ds:
-            draws[d] = draws.get(d, 0.0) + w
     return ""
 
 

@@ -19,6 +19,7 @@ from ..contract import events as ev
 from . import fit
 from .facility import KEEP_WITHIN, LABELS, MAX_REJECTIONS, counted, domain_of_kind, first_held, held_reason, over_cap, render, shard_watts
 from .facility_spread import Cells, Levels
+from ..folding.nodeindex import power_limit
 from ..folding.state import Node, Shard, State
 
 
@@ -45,7 +46,9 @@ class PassFacility:
         self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
         self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
         self._limits: dict[str, tuple] = {}  # node -> see `_limits_of`
-        self._ranked: tuple[list[str], dict[str, int]] | None = None  # see `ranks`
+        self._in_domains: dict[tuple[str, ...], tuple] = {}  # a node's domains -> its first held, its caps
+        self.index = None  # the node index (placement.Inventory sets it): its entries' power limits, its cells
+        self.entries: dict = {}
         # The facility's refusals the placement under way met, domain -> in
         # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
         self.seen: dict[str, str] = {}
@@ -60,17 +63,16 @@ class PassFacility:
             self._draw = {d: draw.get(d, 0.0) for d in self.state.budgets}
         return self._draw
 
-    def ranks(self) -> tuple[list[str], dict[str, int]]:
-        """Every node's name in order, and name -> its rank (facility_search's keys): once a pass."""
-        if self._ranked is None:
-            names = sorted(self.state.nodes)
-            self._ranked = (names, {name: r for r, name in enumerate(names)})
-        return self._ranked
-
     def cells(self) -> Cells:
-        """The located nodes by cell (for Levels): once a pass."""
+        """The located nodes by cell (for Levels): kept by the node index while no node moves."""
         if self._cells is None:
-            self._cells = Cells(self.state.located)
+            idx, located = self.index, self.state.located
+            cells = idx.cells if idx is not None else None
+            if cells is None or cells.located is not located:
+                cells = Cells(located)
+                if idx is not None:
+                    idx.cells = cells
+            self._cells = cells
         return self._cells
 
     def _touch(self, name: str) -> None:
@@ -118,13 +120,11 @@ class PassFacility:
         asks this of every candidate it passes over (on a fleet whose caps
         bind, most of them), and words for each cost more than the search."""
         name = node.name
-        held, caps, uniform = self._limits_of(node)
+        held, caps, _ = self._limits_of(node)
         if held:
             return self._noted(held, node, p, gpus)
         if caps:
-            w = p.power_w  # (`_watts`, inline: asked of every candidate)
-            if not w:
-                w = shard_watts(p, node, gpus) if uniform is None else uniform * len(gpus)
+            w = self._watts(p, node, gpus)
             if self.credit:
                 w -= self.credit.get(name, 0.0)
             if w <= 0:
@@ -143,11 +143,14 @@ class PassFacility:
         got = self._limits.get(node.name)
         if got is None:
             ds = self.loc.get(node.name, ())
-            holds, budgets = self.state.holds, self.state.budgets
-            limits = {g.power_w for g in node.gpus}
-            uniform = (next(iter(limits)) if len(limits) == 1 else None) if node.gpus else 0.0
-            caps = tuple([(d, budgets[d]) for d in ds if d in budgets])
-            got = self._limits[node.name] = (first_held(holds, ds) if holds else "", caps, uniform)
+            per = self._in_domains.get(ds)  # (alike for the nodes of a cell)
+            if per is None:
+                holds, budgets = self.state.holds, self.state.budgets
+                caps = tuple([(d, budgets[d]) for d in ds if d in budgets])
+                per = self._in_domains[ds] = (first_held(holds, ds) if holds else "", caps)
+            e = self.entries.get(node.name)
+            uniform = e.power if e is not None and e.gpus is node.gpus else power_limit(node.gpus)
+            got = self._limits[node.name] = (*per, uniform)
         return got
 
     def _uniform_w(self, node: Node) -> float | None:
@@ -181,12 +184,10 @@ class PassFacility:
             if self.credit:  # (what a node hands over is its own: see `credit`)
                 blocked.difference_update(self.credit)
         else:
-            nodes, credit = self.state.nodes, self.credit
-            for name in names:
-                node = nodes[name]
-                w = self._uniform_w(node)
-                if w is not None and w >= mine and name not in credit:  # type: ignore[operator]
-                    blocked.add(name)
+            credit = self.credit
+            for w, alike in self._by_limit(domain, names).items():
+                if w is not None and w >= mine:  # type: ignore[operator]
+                    blocked.update(alike if not credit else [n for n in alike if n not in credit])
         if self._cells is not None:
             # The cells all of whose nodes are refused now: placement's search
             # passes over them whole (facility_search), where walking a
@@ -198,6 +199,23 @@ class PassFacility:
                 if c not in dead and cells[c] <= blocked:
                     dead.add(c)
         return True
+
+    def _by_limit(self, domain: str, names) -> dict[float | None, list[str]]:
+        """A domain's nodes by the power limit their GPUs all say (None: they
+        differ), kept with the cells (nodeindex.NodeIndex.cells): `_noted`
+        blocks them by it for each draw it meets, where reading each node's
+        limit at each was a tenth of a cold start (benchmarks/placement.py
+        --facility --nodes 16000)."""
+        limited = self.cells().limited
+        out = limited.get(domain)
+        if out is None:
+            out = limited[domain] = {}
+            nodes, entries = self.state.nodes, self.entries
+            for name in names:
+                e = entries.get(name)
+                w = e.power if e is not None and e.gpus is nodes[name].gpus else self._uniform_w(nodes[name])
+                out.setdefault(w, []).append(name)
+        return out
 
     def dead(self, p: ev.ProfileSpec) -> set[int]:
         """The cells (Cells) every node of which `blocked` holds for this draw."""
@@ -246,10 +264,9 @@ class PassFacility:
         """A shard placed in this pass on a node of this fabric (""
         none): its draw counts from now on. (Its cell is `touched` where its
         order changes: facility_search's `_located_moved`.)"""
-        name = node.name
         if self.capped:
-            _, caps, uniform = self._limits_of(node)
-            w = p.power_w or (shard_watts(p, node, gpus) if uniform is None else uniform * len(gpus))  # (`_watts`)
+            caps = self._limits_of(node)[1]
+            w = self._watts(p, node, gpus)
             if w and caps:
                 draw = self._draw if self._draw is not None else self.draw
                 for d, _cap in caps:
@@ -360,11 +377,7 @@ class Together:
     a fabric whose two best nodes shared a PDU with room for one was given
     up though its other nodes had room, and on a fleet whose caps bind
     most multi-node placements chose pairs that failed so
-    (benchmarks/placement.py --facility).
-
-    `refused` says whether a node was refused for the chosen ones alone: a
-    fabric that then gave too few nodes is short for this replica, with
-    these chosen, not for the pass (facility_search's `_fabric_failed`)."""
+    (benchmarks/placement.py --facility)."""
 
     __slots__ = ("fac", "p", "chosen", "inner", "gpus_for", "extra", "counted", "refused")
 
@@ -372,7 +385,7 @@ class Together:
         self.fac, self.p, self.chosen, self.inner, self.gpus_for = fac, p, chosen, inner, gpus_for
         self.extra: dict[str, float] = {}  # capped domain -> what the chosen shards add to it
         self.counted = 0  # the chosen counted in `extra`
-        self.refused = False
+        self.refused: set[tuple] = set()  # (domains, GPU limit, credit) refused with the chosen, not alone
 
     def __contains__(self, v) -> bool:
         if v in self.inner:
@@ -386,20 +399,32 @@ class Together:
         while self.counted < len(chosen):
             c = chosen[self.counted]
             self.counted += 1
+            self.refused.clear()
             w = fac._watts(p, c.node, self.gpus_for(c, p)) - credit.get(c.name, 0.0)
             for d in loc.get(c.name, ()):
                 if d in draw:
                     extra[d] = extra.get(d, 0.0) + w
         if not extra:
             return False
+        # A node of the same domains whose shard would draw the same (its
+        # GPUs alike and of one limit) gets the same answer with the same
+        # chosen: a fabric's nodes mostly share their rack and PDU, and asked
+        # node by node they were a third of a multi-node search
+        # (benchmarks/placement.py --facility --nodes 16000). (Refused alone,
+        # it is asked again: `refuses` notes that per node.)
+        ds = loc.get(v.name, ())
+        limit = fac._limits_of(v.node)[2] if v.kind is not None else None
+        key = (ds, limit, credit.get(v.name)) if limit is not None else None
+        if key in self.refused:
+            return True
         gpus = self.gpus_for(v, p)
         w = fac._watts(p, v.node, gpus) - credit.get(v.name, 0.0)
         budgets = fac.state.budgets
-        for d in loc.get(v.name, ()):
+        for d in ds:
             e = extra.get(d)
             if e is not None and over_cap(draw[d], e + w, budgets[d]):
-                if not fac.refuses(v.node, p, gpus):  # (refused alone, it is refused for the pass: noted so)
-                    self.refused = True
+                if not fac.refuses(v.node, p, gpus) and key is not None:  # (refused alone: noted, for the pass)
+                    self.refused.add(key)
                 return True
         return False
 

@@ -25,15 +25,12 @@ the top (`_Heaps`). A placement so looks at a node or two, and at the
 cells that it or another changed since.
 
 A node in an order is one int, its *key*: its free GPUs, then its rank in
-name order (`_RANK_BITS`). A cursor is one int too: its level, the node's
-key, its cell and its position in the cell's order (`_TOP`, `_CUR_SHIFT`,
-`_POS_BITS`). Ints order as (level, free GPUs, name) do and compare in
-one step, where tuples with the name in them made every heap operation
-and bisection compare two or three fields; cursors as (key, cell,
-position) tuples cost a heap operation twice the time, and a placement
-65 more cache misses (benchmarks/instructions.py --what cold, under
-cachegrind). A cursor's cell and position never decide its order: a
-node's rank is in one cell only.
+name order (`_RANK_BITS`), which orders as (free GPUs, name) does: as
+(free GPUs, name) tuples a cold start with the facility at 16,000 nodes
+took 1.04x the time (benchmarks/placement.py --facility --nodes 16000), kept
+for that figure's goal. A cursor is a tuple (level, key, cell, position in
+the cell's order); packed into one int too it won nothing measurable there.
+A cursor's cell and position never decide its order: a node is in one cell.
 
 A mixin of placement.Inventory, apart so that each module stays one concern.
 """
@@ -49,21 +46,12 @@ from .fit import _mixed_reasons
 
 _RANK_BITS = 24  # a node's rank in name order: fewer than 16 million nodes
 _RANK = (1 << _RANK_BITS) - 1
-_LEVEL_SHIFT = 32  # a level above a node's key (free GPUs below 256)
-# A cursor: its level and node's key, then its cell, then its position in
-# the cell's order, as one int (see _Heaps).
-_POS_BITS = 24
-_POS = (1 << _POS_BITS) - 1
-_CELL = (1 << _POS_BITS) - 1  # (cells below 16 million: fewer than nodes)
-_CUR_SHIFT = 2 * _POS_BITS  # the key above the cell and position
-_TOP = _CUR_SHIFT + _LEVEL_SHIFT  # the level above all the rest
-_BELOW = (1 << _TOP) - 1
 
 
 class _Heaps:
     """One model's cells for one kind of profile, in one pass: one heap of
-    cursors (level, node's key, cell and position in the cell's order, as
-    one int: see the module), lowest level first, `cur[cell]` being the
+    cursors (level, node's key, cell and position in the cell's order:
+    see the module), lowest level first, `cur[cell]` being the
     cell's cursor that stands, by identity (any other entry of the cell is
     stale: its nodes changed since; two equal ones stand for the same).
 
@@ -111,17 +99,16 @@ class CellSearch:
         self._named: list[str] = []  # rank -> node, once the orders are made (placement's `names`)
         self._rank: dict[str, int] = {}  # node -> rank
         self._cell_of: dict[str, int] = {}  # node -> its cell, once the orders are made
-        # (fabric's groups, profile) with too few nodes that fit, every node admitted (`_fabric_failed`)
-        self._fab_refused: set[tuple[int, int]] = set()
         self._fab_epoch = 0
+        # (fabric's groups, draw, GPUs, nodes) -> those groups, where too few nodes have the GPUs free
+        # and are not refused: any model of that shape (`_fabric_refused`); (fabrics, ...) -> where to begin
+        self._too_few: dict[tuple, object] = {}
         self._picked: Levels | None = None  # the levels the last single-node search went by (placement's `place`)
 
     def _located_moved(self, name: str, before: int, after: int) -> None:
         """A node's free GPU count changed in this pass (placement.Inventory._move):
         moved in its cell's order (`_cell_orders`), if made, and its cell
         touched (PassFacility.touched: the cursors in it start again)."""
-        if after > before:
-            self._fab_refused.clear()  # room made
         orders = self._orders
         if orders is not None:
             c = self._cell_of.get(name)
@@ -164,10 +151,7 @@ class CellSearch:
                     i += 1
                 old = cur[c]
                 if i < n:
-                    e = cur[c] = (
-                        (cell_level(rc[rack_of[c]], pc[pdu_of[c]]) << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT
-                        | c << _POS_BITS | i
-                    )
+                    e = cur[c] = (cell_level(rc[rack_of[c]], pc[pdu_of[c]]), order[i], c, i)
                     if old is not None and heap[0] is old:
                         heapreplace(heap, e)
                     else:
@@ -180,20 +164,20 @@ class CellSearch:
         while True:
             while heap:  # the cursor that stands, at its cell's level, of a cell not known refused whole
                 e = heap[0]
-                c = e >> _POS_BITS & _CELL
+                c = e[2]
                 if cur[c] is not e:
                     heappop(heap)  # stale: the cell's nodes changed since
                     continue
                 level = cell_level(rc[rack_of[c]], pc[pdu_of[c]])
-                if e >> _TOP != level:  # its level grew since (see _Heaps)
-                    e = cur[c] = level << _TOP | e & _BELOW
+                if e[0] != level:  # its level grew since (see _Heaps)
+                    e = cur[c] = (level, e[1], c, e[3])
                     heapreplace(heap, e)
                 elif c in dead:  # every node of it refused (PassFacility._noted)
                     cur[c] = None
                     heappop(heap)
                 else:
                     break
-            level = heap[0] >> _TOP if heap else NO_LEVEL
+            level = heap[0][0] if heap else NO_LEVEL
             # The levels below it have no cell with a node that may fit: what
             # is left of them is the nodes in no cell (level 0) and the model's own.
             if loose and level:
@@ -211,14 +195,14 @@ class CellSearch:
                     j += 1
             if not heap:
                 return None
-            order, at = orders[c], e & _POS  # type: ignore[index]
+            order, at = orders[c], e[3]  # type: ignore[index]
             for i in range(at, len(order)):
                 key = order[i]
                 name = named[key & _RANK]
                 if name in blocked or name in spread:
                     continue  # refused for the pass, or the model runs there (its own come later)
                 if i != at:  # the cursor moved on: another cell may do better now
-                    e = cur[c] = (level << _LEVEL_SHIFT | key) << _CUR_SHIFT | c << _POS_BITS | i
+                    e = cur[c] = (level, key, c, i)
                     heapreplace(heap, e)
                     break
                 v = views.get(name) or self.view(name)
@@ -247,19 +231,23 @@ class CellSearch:
     def _start(self, p: ProfileSpec, levels: Levels, groups: list) -> _Heaps:
         """The model's heap of cursors: each cell's first node with the GPUs free, at the cell's level."""
         rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of
+        fac = self._fac
+        dead = fac.dead(p)
         first = p.gpus << _RANK_BITS
         cur: list[int | None] = []
         for c, order in enumerate(self._cell_orders()):
+            if c in dead:  # (every node of it refused: the search would pop it at once)
+                cur.append(None)
+                continue
             i = bisect_left(order, first)
             at = cell_level(rc[rack_of[c]], pc[pdu_of[c]])
-            cur.append((at << _LEVEL_SHIFT | order[i]) << _CUR_SHIFT | c << _POS_BITS | i if i < len(order) else None)
+            cur.append((at, order[i], c, i) if i < len(order) else None)
         heap = [e for e in cur if e is not None]
         heapify(heap)
         admitted = self._admitted.get(id(groups))
         if admitted is None:  # (the index keeps `groups` for the pass: see Inventory._admitting)
             admitted = self._admitted[id(groups)] = set(groups)
-        fac = self._fac
-        parts = (heap, cur, fac.dead(p), fac.blocked(p), admitted, levels.rc, levels.pc, levels.rack_of, levels.pdu_of)
+        parts = (heap, cur, dead, fac.blocked(p), admitted, levels.rc, levels.pc, levels.rack_of, levels.pdu_of)
         return _Heaps(groups, fac.epoch, len(fac.touched), cur, heap, parts)
 
     def _cell_orders(self) -> list[list[int]]:
@@ -271,7 +259,8 @@ class CellSearch:
             entries = self._build().entries
             cells = self._fac.cells()
             self._cell_of = cells.of
-            self._named, self._rank = self._fac.ranks()  # rank -> name, name -> rank
+            idx = self._build()
+            self._named, self._rank = idx.ready_names, idx.ranks()  # rank -> name, name -> rank
             rank = self._rank
             self._orders = [
                 sorted([entries[name].free << _RANK_BITS | rank[name] for name in nodes if name in entries])
@@ -318,76 +307,49 @@ class CellSearch:
 
     # ------------------------------------------------------------------ multi-node: fabrics
 
-    def _fabric_known_refused(self, p: ProfileSpec, groups: list, limit: int, spread: dict[str, int]) -> bool:
-        """Whether fabrics' `_fabric_pick` found this fabric refused before
-        in this pass, in this round (placement's `_short`, kept by the
-        facility's rules too: its refusals only harden in a pass) or with
-        every node admitted (`_fab_refused`). Asked before anything else of
-        a fabric: on a fleet whose caps bind, a multi-node placement passes
-        over some twenty fabrics so (benchmarks/placement.py --facility)."""
-        fac = self._fac
+    def _fabric_from(self, p: ProfileSpec, by_fabric: list) -> int:
+        """The first fabric not known too full for any model of
+        the profile's shape (`_fabric_refused`): where the last search of the
+        shape stopped, then on. Refusals only harden in a pass until room is
+        made (PassFacility.epoch, `_located_moved`); a draw handed over may
+        unblock a node, so none is kept while one is (PassFacility.credit).
+        (A multi-node placement on a fleet whose caps bind passed over some
+        ninety fabrics so: benchmarks/placement.py --facility --nodes 16000.)"""
+        fac, too_few = self._fac, self._too_few
         if self._fab_epoch != fac.epoch:  # a stop made room: what was refused may fit now
             self._fab_epoch = fac.epoch
-            self._fab_refused.clear()
-            self._short.clear()
-        return self._short.get((id(groups), id(p), limit)) is spread or (id(groups), id(p)) in self._fab_refused
+            too_few.clear()
+        if fac.credit:
+            return 0
+        shape = (id(by_fabric), p.power_w, p.gpus, p.nodes)
+        k = too_few.get(shape, 0)
+        while k < len(by_fabric) and too_few.get((id(by_fabric[k]), *shape[1:])) is by_fabric[k]:
+            k += 1
+        too_few[shape] = k
+        return k
 
-    def _fabric_from(self, p: ProfileSpec, by_fabric: list, limit: int, spread: dict[str, int], start: int) -> int:
-        """The first fabric from `start` that is not known refused for this
-        profile and spread in this round (`_fabric_known_refused`), and so
-        where the next search in the round begins: a fabric refused stays
-        so until room is made, which clears placement's `_short`, and this
-        with it. (A multi-node placement on a fleet whose caps bind asked
-        some twenty fabrics each time: benchmarks/placement.py --facility.)"""
-        memo = ("from", id(by_fabric), id(p), limit)
-        got = self._short.get(memo)
-        j = max(start, got[1]) if got is not None and got[0] is spread else start
-        while j < len(by_fabric) and self._fabric_known_refused(p, by_fabric[j], limit, spread):
-            j += 1
-        self._short[memo] = (spread, j)  # (held, so that its id is not another's in this pass)
-        return j
-
-    def _fabric_refused(self, p: ProfileSpec, groups: list, limit: int, first: bool, spread: dict[str, int]) -> bool:
+    def _fabric_refused(self, p: ProfileSpec, groups: list, mine: bool, spread: dict[str, int]) -> bool:
         """Whether fabrics' `_fabric_pick` may pass over this fabric in a
         round without looking at its nodes: too few of them have the GPUs
-        free and are not refused by the facility (nor, in the first round,
-        run the model), counted in C. On a fleet whose caps bind, looking at
-        them one by one was most of a multi-node placement
-        (benchmarks/placement.py --facility)."""
-        short = (id(groups), id(p), limit)
+        free and are not refused by the facility (nor run the model, if
+        `mine`), counted in C, and kept for the shape (`_fabric_from`). On
+        a full fleet most fabrics are so, and looking at their nodes was
+        most of a multi-node placement (benchmarks/placement.py --facility)."""
+        shape = (id(groups), p.power_w, p.gpus, p.nodes)
+        credit = self._fac.credit
+        if not credit and self._too_few.get(shape) is groups:
+            return True
         blocked = self._fac.blocked(p)
-        mine = spread.keys() if first and spread else None
+        own = spread.keys() if mine and spread else None
         n, need = 0, p.nodes
         for grp in groups:
             for bucket in grp.buckets[p.gpus :]:
                 if bucket:  # (each bucket adds its nodes neither refused nor the model's: never fewer)
                     n += len(bucket) - len(blocked.intersection(bucket))
-                    if mine is not None:
-                        n -= len((mine & bucket).difference(blocked))
+                    if own is not None:
+                        n -= len((own & bucket).difference(blocked))
                     if n >= need:
                         return False
-        self._short[short] = spread
+        if own is None and not credit:
+            self._too_few[shape] = groups
         return True
-
-    def _fabric_failed(
-        self, p: ProfileSpec, groups: list, limit: int, last: bool, chosen: int, spread: dict[str, int], together: bool
-    ) -> None:
-        """A fabric gave too few nodes in a round, alone: so it stays for
-        the pass, as refusals do, until room is made (`_located_moved`,
-        PassFacility.epoch); and in every round, when its round admitted
-        every node (the last, or one that passed over none of its nodes).
-        (Too few for the caps together with the first chosen,
-        facility_pass.Together, it is tried again at the next replica:
-        other nodes chosen first may do.)"""
-        if p.keep_within or together:
-            return
-        key = (id(groups), id(p), limit)
-        if chosen < p.nodes:
-            self._short[key] = spread
-            if last or groups[0].fabric not in self._fabrics_of(spread):
-                self._fab_refused.add((id(groups), id(p)))
-
-    def _fabrics_of(self, spread: dict[str, int]) -> set[str]:
-        """The fabrics of the nodes the model runs on."""
-        nodes = self._state.nodes
-        return {self.view(name).fabric for name in spread if name in nodes}

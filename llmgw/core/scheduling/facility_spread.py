@@ -51,9 +51,11 @@ class Cells:
     Racks and PDUs are numbered (`rack_of`, `pdu_of`: cell -> number), so
     that a model's counts are two lists and a cell's level two reads."""
 
-    __slots__ = ("of", "nodes", "rack_of", "pdu_of", "racks", "pdus", "in_domain")
+    __slots__ = ("located", "of", "nodes", "rack_of", "pdu_of", "racks", "pdus", "in_domain", "limited")
 
     def __init__(self, located: dict[str, tuple[str, ...]]) -> None:
+        self.located = located  # (the state's: kept while it is the same and no node moved)
+        self.limited: dict[str, dict] = {}  # domain -> its nodes by power limit (PassFacility._by_limit)
         self.of: dict[str, int] = {}  # node -> its cell
         self.nodes: list[set[str]] = []  # cell -> its nodes
         self.rack_of: list[int] = []
@@ -165,10 +167,6 @@ class Levels:
                 self.low = level(rc[r], pc[p])
         rc[r] += more
         pc[p] += more
-
-    def counted(self) -> bool:
-        """Whether any of the model's nodes counts at all (every cell is at level 0 until one does)."""
-        return bool(self.spread)
 
     def _loose_moved(self, old: int, now: int) -> None:
         """A node in no cell runs `now` of the model's replicas, not `old`: its level moved."""

@@ -75,36 +75,10 @@ from ..folding.nodeindex import FABRIC_LABEL, POOL_LABEL, Group, NodeIndex, inde
 from ..folding.state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
 # The questions asked of one node (fit.py), named here too: what placement
 # is asked of, callers and tests have always imported from this module.
-from .fit import (
-    READY,
-    SIMULATED,
-    POOL,
-    FABRIC,
-    GPU_MODEL,
-    GPU_MEMORY,
-    GPUS,
-    MEMORY,
-    CPU,
-    PORTS,
-    RULES,
-    Reason,
-    NodeFit,
-    ProfileFit,
-    Explanation,
-    render,
-    render_explanation,
-    needs,
-    summarize,
-    gpu_model_matches,
-    label_reasons,
-    gpu_reasons,
-    _kind_reasons,
-    _mixed_reasons,
-    memory_short,
-    cpu_short,
-    ready_reason,
-    memory_reason,
-    cpu_reason,
+from .fit import (  # noqa: F401
+    READY, SIMULATED, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS, RULES, Reason, NodeFit,
+    ProfileFit, Explanation, render, render_explanation, needs, summarize, gpu_model_matches, label_reasons,
+    gpu_reasons, _kind_reasons, _mixed_reasons, memory_short, cpu_short, ready_reason, memory_reason, cpu_reason,
     ports_reason,
 )
 
@@ -114,19 +88,7 @@ PORT_BASE = 20000
 PORT_LIMIT = 29999
 
 
-
 # --------------------------------------------------------------------------- the inventory
-
-
-def _rounds(spread: dict[str, int]):
-    """`fabrics._limits` one at a time: the first round is all most searches need,
-    and making the whole list per placement was a cold start's cost
-    (benchmarks/placement.py --nodes 16000). Counts are >= 1, so the rounds
-    are those of `fabrics._limits`."""
-    yield 1
-    if spread:
-        for c in sorted(set(spread.values())):
-            yield c + 1
 
 
 class _View:
@@ -226,11 +188,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         self._state = state
         self._index: NodeIndex | None = None  # synced at first need
         self._views: dict[str, _View] = {}
-        self._full: set[tuple] = set()  # (fabric, GPUs, nodes) with too few nodes free: see _may_hold
-        self._first: dict[tuple, int] = {}  # (fabrics, GPUs, nodes) -> the first not known full (_fabric_pick)
-        # (fabric's groups, profile, round's limit) -> the spread it was too
-        # full for, with that profile, in that round (_fabric_pick)
-        self._short: dict[tuple, dict] = {}
         self._fac = facility_pass.PassFacility(state)  # facility: holds, power caps, racks and PDUs
         self._floors: list | None = None  # see `floors`
         self._hist: dict[str, list[int]] | None = None  # see `domain_free`
@@ -243,6 +200,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         idx = self._index
         if idx is None:
             idx = self._index = index_of(self._state)
+            self._fac.index, self._fac.entries = idx, idx.entries
         return idx
 
     def ready(self) -> list[_View]:
@@ -265,9 +223,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         index, which files it again from the state at the next pass."""
         after, name, idx = len(v.free), v.name, self._index
         if after > before:
-            self._full.clear()
-            self._first.clear()
-            self._short.clear()
+            self._too_few.clear()  # (room made: see facility_search)
         for grp in v.groups:
             buckets = grp.buckets
             old = buckets[before]
@@ -335,7 +291,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
                 if levels is not None:
                     v = self._spread_pick(p, groups, levels)
                     return [v] if v is not None else None
-            for limit in _rounds(spread):
+            for limit in fabrics._limits(spread):
                 v = self._best(p, groups, spread, limit, ())
                 if v is not None:
                     return [v]
@@ -483,8 +439,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         self._shift(shards, give=False, handover=handover)
 
     def _shift(self, shards: list[Shard], give: bool, handover: bool = False) -> None:
-        if give:
-            self._short.clear()  # (memory or cores freed may be what a fabric lacked)
         self._build()
         nodes = self._state.nodes
         for sh in shards:
@@ -586,7 +540,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
             e = entries.get(name)
             if e is None:
                 continue
-            w = fac._uniform_w(nodes[name]) if e.groups[0].kind is not None else None
+            w = (e.power if e.gpus is nodes[name].gpus else fac._uniform_w(nodes[name])) if e.groups[0].kind is not None else None
             if w is None or (limit is not None and w != limit):
                 limit = None
                 break
