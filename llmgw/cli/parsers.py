@@ -16,11 +16,11 @@ from .commands import (
 
 
 def _engine_ports_help() -> str:
-    from ..core.scheduling.placement import PORT_BASE, PORT_LIMIT
+    from ..core.contract.limits import LIMITS
 
     return (
         f"the ports the agent's engines may listen on (default: the agent file's engine_ports, else "
-        f"{PORT_BASE}-{PORT_LIMIT}); those another program holds are found and not handed out"
+        f"{LIMITS.engine_port_first}-{LIMITS.engine_port_last}); those another program holds are found and not handed out"
     )
 
 

@@ -333,7 +333,7 @@ class NodeRegistered(Event, tag="node.registered"):
     running: b.many(RunningShard, b.MAX_SHARDS_PER_NODE) = []
     agent: b.AgentName = ""  # which agent instance spoke, for the history
     # The ports its engines may be given, first to last (its agent file's
-    # `engine_ports`); 0 and 0: the default range (placement.PORT_BASE..PORT_LIMIT),
+    # `engine_ports`); 0 and 0: the default range (limits.py's engine_port_first..last),
     # which is what an agent written before this field meant.
     port_first: b.Port = 0
     port_last: b.Port = 0
