@@ -187,3 +187,17 @@ def test_every_limit_is_read_somewhere():
     source = "\n".join(p.read_text() for p in sorted(LLMGW.rglob("*.py")) if p.name != "limits.py")
     unread = [name for name in limits.FIELDS if not re.search(rf"\bLIMITS\.{name}\b", source)]
     assert not unread, f"limits nobody reads: {unread}"
+
+
+def test_an_operator_sets_mass_silence_where_replay_does_not_need_it(capsys):
+    # Whether nodes were lost is recorded (NodeLost): the share is the control
+    # plane's setting (`llmgw control --mass-silence`), its default the limit's.
+    from llmgw.cli import main as cli_main
+
+    p = cli_main.parser()
+    assert p.parse_args(["control"]).mass_silence == limits.LIMITS.mass_silence
+    assert p.parse_args(["control", "--mass-silence", "0.8"]).mass_silence == 0.8
+    for bad in ("0", "1.5", "half"):
+        with pytest.raises(SystemExit) as exit_:
+            p.parse_args(["control", "--mass-silence", bad])
+        assert exit_.value.code == 2 and "--mass-silence: a share is" in capsys.readouterr().err
