@@ -11,6 +11,11 @@ Who may say what is part of the contract too: each event type belongs to one
 origin (the operator's CLI, an agent, the control plane), and `origin_of`
 tells which subject prefix it must arrive on. An agent speaks only for its
 own node: the node named in the subject must be the node in the event.
+
+A module per speaker: ctl.py (the operator), agent.py, gateway.py and
+control.py, beside the records the events carry (records.py) and what every
+record and event is (base.py); here, the union of them all, the origins,
+the codec and `check_origin`.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from typing import Union
 import msgspec
 
 # The contract by speaker, one module each (base.py: what every record and
-# event is; records.py: what events carry); `ev.X` names them all here.
+# event is; records.py: what events carry); `ev.X` names them all here, and
+# the policy PolicyApplied carries (policy.py).
+from ..policy import Policy  # noqa: F401
 from .base import (  # noqa: F401
     SCHEMA_VERSION, Struct, Event,
 )
