@@ -5,8 +5,13 @@ that saturate.
 
 The replicas are simulated (llmgw/agent/sim_engine.py, with its identity and
 engine key as an agent gives them) with a fixed service rate: each takes at
-most `--slots` requests at once and answers each after `--service-ms`, so a
-replica serves slots / service requests a second, and more queue. The
+most `--slots` requests at once and answers each after `--service-ms` on
+average (drawn within ±`--spread`, as answers of different lengths take
+different times), so a replica serves slots / service requests a second, and
+more queue. The noisy neighbour runs again on a replica whose every answer
+takes exactly `--service-ms`: the worst case, where the slots filled together
+by a burst end together ever after and a newcomer waits up to a whole service
+time for the next. The
 gateways are real (`llmgw gateway` processes) on a real nats-server, their
 routing table folded from a log this writes (no control plane or agent);
 `--replica-slots` is set to the replicas' slots, so the gateway holds the
@@ -63,10 +68,18 @@ def identity(model: str) -> str:
 # --------------------------------------------------------------------------- a replica of fixed service rate
 
 
-def serve(port: int, model: str, slots: int, service_s: float) -> None:
+def serve(port: int, model: str, slots: int, service_s: float, spread: float) -> None:
+    """A replica of `slots` slots, each request `service_s` on average: drawn
+    uniformly within ±`spread` of it (seeded), as answers of different lengths
+    take different times; `spread` 0 is the fixed-time worst case, where the
+    slots, filled together when a burst begins, end together ever after."""
+    import random
+
     import uvloop
 
     from llmgw.agent.sim_engine import SimEngine
+
+    draw = random.Random(port)
 
     class Replica(SimEngine):
         def __init__(self) -> None:
@@ -77,6 +90,8 @@ def serve(port: int, model: str, slots: int, service_s: float) -> None:
             if method != "POST":
                 return await super().answer(writer, method, path, req)
             async with self.slots:
+                # Read by SimEngine.answer before its first await: this request's own.
+                self.delay = service_s * (1 + spread * (2 * draw.random() - 1))
                 return await super().answer(writer, method, path, req)
 
     async def main() -> None:
@@ -151,7 +166,7 @@ async def post(port: int, model: str, key: str) -> int:
 class Load:
     """An open-loop sender: `rate` requests a second, on a schedule (latency counted from when each was due)."""
 
-    def __init__(self, client, port: int, model: str, key: str) -> None:
+    def __init__(self, port: int, model: str, key: str) -> None:
         self.port, self.model, self.key = port, model, key
         self.latencies: list[float] = []
         self.codes: dict[int, int] = {}
@@ -209,58 +224,63 @@ def max_min(capacity: float, demands: list[float]) -> list[float]:
 # --------------------------------------------------------------------------- the runs
 
 
+async def noisy(args, gw: int, model: str, capacity: float) -> dict:
+    """B alone at a third of the capacity, then beside A bursting at 10x its half."""
+    b_rate = capacity / 3
+    alone = Load(gw, model, TENANTS["b"])
+    await alone.run(b_rate, args.seconds)
+    a, b = Load(gw, model, TENANTS["a"]), Load(gw, model, TENANTS["b"])
+    a_rate = 10 * capacity / 2
+    began = time.monotonic()
+    await asyncio.gather(a.run(a_rate, args.seconds), b.run(b_rate, args.seconds))
+    window = (began + 1.0, began + args.seconds)  # past the first second: saturated by then
+    span = window[1] - window[0]
+    served = [a.served_between(*window) / span, b.served_between(*window) / span]
+    fair = max_min(capacity, [a_rate, b_rate])
+    return {
+        "b_alone_p99_ms": p99(alone.latencies) * 1000, "b_with_a_p99_ms": p99(b.latencies) * 1000,
+        "served_rps": served, "fair_rps": fair, "jain": jain([s / f for s, f in zip(served, fair)]),
+        "a_codes": a.codes, "b_codes": b.codes,
+    }  # fmt: skip
+
+
 async def measure(args, ports: list[int]) -> dict:
     capacity = args.slots / (args.service_ms / 1000)
     out: dict = {"capacity_rps": capacity}
-    client = None
-    if True:
-        gw = ports[0]
-        warm = Load(client, gw, "m", TENANTS["b"])
-        await warm.run(capacity / 4, 1.0)
+    gw = ports[0]
+    warm = Load(gw, "m", TENANTS["b"])
+    await warm.run(capacity / 4, 1.0)
 
-        # Noisy neighbour: B alone, then beside A's burst.
-        b_rate = capacity / 3
-        alone = Load(client, gw, "m", TENANTS["b"])
-        await alone.run(b_rate, args.seconds)
-        a, b = Load(client, gw, "m", TENANTS["a"]), Load(client, gw, "m", TENANTS["b"])
-        a_rate = 10 * capacity / 2
-        began = time.monotonic()
-        await asyncio.gather(a.run(a_rate, args.seconds), b.run(b_rate, args.seconds))
-        window = (began + 1.0, began + args.seconds)  # past the first second: saturated by then
-        span = window[1] - window[0]
-        served = [a.served_between(*window) / span, b.served_between(*window) / span]
-        fair = max_min(capacity, [a_rate, b_rate])
-        out["noisy"] = {
-            "b_alone_p99_ms": p99(alone.latencies) * 1000, "b_with_a_p99_ms": p99(b.latencies) * 1000,
-            "served_rps": served, "fair_rps": fair, "jain": jain([s / f for s, f in zip(served, fair)]),
-            "a_codes": a.codes, "b_codes": b.codes,
-        }  # fmt: skip
-        # Both past their shares: equal weights, equal shares.
-        a2, b2 = Load(client, gw, "m", TENANTS["a"]), Load(client, gw, "m", TENANTS["c"])
-        began = time.monotonic()
-        await asyncio.gather(a2.run(4 * capacity, args.seconds), b2.run(capacity, args.seconds))
-        window = (began + 1.0, began + args.seconds)
-        span = window[1] - window[0]
-        both = [a2.served_between(*window) / span, b2.served_between(*window) / span]
-        out["backlogged"] = {"served_rps": both, "jain": jain(both)}
+    # Noisy neighbour: B alone, then beside A's burst; on replicas of drawn
+    # service times, then on those of a fixed one (the worst case).
+    out["noisy"] = await noisy(args, gw, "m", capacity)
+    out["noisy_fixed"] = await noisy(args, gw, "fixed", capacity)
+    # Both past their shares: equal weights, equal shares.
+    a2, b2 = Load(gw, "m", TENANTS["a"]), Load(gw, "m", TENANTS["c"])
+    began = time.monotonic()
+    await asyncio.gather(a2.run(4 * capacity, args.seconds), b2.run(capacity, args.seconds))
+    window = (began + 1.0, began + args.seconds)
+    span = window[1] - window[0]
+    both = [a2.served_between(*window) / span, b2.served_between(*window) / span]
+    out["backlogged"] = {"served_rps": both, "jain": jain(both)}
 
-        # Priority: the critical model alone, then beside an opportunistic burst on another model.
-        crit_alone = Load(client, gw, "critical", TENANTS["b"])
-        await crit_alone.run(capacity / 3, args.seconds)
-        crit, opp = Load(client, gw, "critical", TENANTS["b"]), Load(client, gw, "batch", TENANTS["o"])
-        await asyncio.gather(crit.run(capacity / 3, args.seconds), opp.run(10 * capacity, args.seconds))
-        out["priority"] = {
-            "critical_alone_p99_ms": p99(crit_alone.latencies) * 1000, "critical_with_burst_p99_ms": p99(crit.latencies) * 1000,
-            "batch_codes": opp.codes,
-        }  # fmt: skip
+    # Priority: the critical model alone, then beside an opportunistic burst on another model.
+    crit_alone = Load(gw, "critical", TENANTS["b"])
+    await crit_alone.run(capacity / 3, args.seconds)
+    crit, opp = Load(gw, "critical", TENANTS["b"]), Load(gw, "batch", TENANTS["o"])
+    await asyncio.gather(crit.run(capacity / 3, args.seconds), opp.run(10 * capacity, args.seconds))
+    out["priority"] = {
+        "critical_alone_p99_ms": p99(crit_alone.latencies) * 1000, "critical_with_burst_p99_ms": p99(crit.latencies) * 1000,
+        "batch_codes": opp.codes,
+    }  # fmt: skip
 
-        # Limits across three gateways: the first minute's burst spent, then 2R a minute for --limit-seconds.
-        lim = Load(client, gw, "m", TENANTS["r"])
-        await lim.run(args.rpm / 3, 6.0, ports)  # twice the minute's allowance in 6 s: the burst spent
-        steady = Load(client, gw, "m", TENANTS["r"])
-        await steady.run(2 * args.rpm / 60, args.limit_seconds, ports)
-        got = steady.codes.get(200, 0) / args.limit_seconds * 60
-        out["limits"] = {"rpm": args.rpm, "served_per_minute": got, "off_by": abs(got - args.rpm) / args.rpm, "codes": steady.codes}
+    # Limits across three gateways: the first minute's burst spent, then 2R a minute for --limit-seconds.
+    lim = Load(gw, "m", TENANTS["r"])
+    await lim.run(args.rpm / 3, 6.0, ports)  # twice the minute's allowance in 6 s: the burst spent
+    steady = Load(gw, "m", TENANTS["r"])
+    await steady.run(2 * args.rpm / 60, args.limit_seconds, ports)
+    got = steady.codes.get(200, 0) / args.limit_seconds * 60
+    out["limits"] = {"rpm": args.rpm, "served_per_minute": got, "off_by": abs(got - args.rpm) / args.rpm, "codes": steady.codes}
     return out
 
 
@@ -272,11 +292,12 @@ def main() -> None:
     p.add_argument("--rpm", type=int, default=600, help="the limited key's requests a minute")
     p.add_argument("--limit-seconds", type=float, default=60.0, help="the limits measurement's length")
     p.add_argument("--json", help="also write the figures here")
-    p.add_argument("--serve", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--spread", type=float, default=0.5, help="each service time drawn within ±this fraction of --service-ms")
+    p.add_argument("--serve", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
-        port, model, slots, service = args.serve
-        return serve(int(port), model, int(slots), float(service))
+        port, model, slots, service, spread = args.serve
+        return serve(int(port), model, int(slots), float(service), float(spread))
 
     from gateway import wait_port  # benchmarks/gateway.py
 
@@ -287,12 +308,13 @@ def main() -> None:
     env = {**os.environ, "LLMGW_BENCH_KEY": ENGINE_KEY, "PYTHONPATH": str(HERE.parent)}
     nats = NatsServer(work / "nats", free_port()).start()
     try:
-        models = {"m": "standard", "critical": "critical", "batch": "opportunistic"}
+        models = {"m": "standard", "fixed": "standard", "critical": "critical", "batch": "opportunistic"}
         endpoints = {}
         for model, priority in models.items():
+            spread = 0.0 if model == "fixed" else args.spread
             port = free_port()
             procs.append(subprocess.Popen(
-                [sys.executable, __file__, "--serve", str(port), model, str(args.slots), str(args.service_ms / 1000)],
+                [sys.executable, __file__, "--serve", str(port), model, str(args.slots), str(args.service_ms / 1000), str(spread)],
                 env=env, start_new_session=True,
             ))  # fmt: skip
             wait_port(port)
@@ -321,13 +343,16 @@ def main() -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
         nats.stop()
     load = os.getloadavg()[0]
-    n, b, pr, lim = res["noisy"], res["backlogged"], res["priority"], res["limits"]
-    print(f"simulated replicas: {args.slots} slots x {args.service_ms:g} ms = {res['capacity_rps']:.0f} req/s each; "
+    n, nf, b, pr, lim = res["noisy"], res["noisy_fixed"], res["backlogged"], res["priority"], res["limits"]
+    print(f"simulated replicas: {args.slots} slots x {args.service_ms:g} ms ± {args.spread * 100:.0f} % = {res['capacity_rps']:.0f} req/s each; "
           f"{os.cpu_count()} cores shared by the client, replicas, 3 gateways and NATS (load average {load:.2f}); {args.seconds:g}s a measurement")
     print(f"noisy neighbour   B p99 alone {n['b_alone_p99_ms']:.1f} ms, beside A's burst {n['b_with_a_p99_ms']:.1f} ms "
           f"({n['b_with_a_p99_ms'] / n['b_alone_p99_ms']:.2f}x; goal <= 1.5x)")
     print(f"                  served A {n['served_rps'][0]:.1f}, B {n['served_rps'][1]:.1f} req/s; max-min fair "
           f"{n['fair_rps'][0]:.1f}, {n['fair_rps'][1]:.1f}; Jain's index {n['jain']:.3f} (goal >= 0.95); A's answers {n['a_codes']}")
+    print(f"  fixed {args.service_ms:g} ms  B p99 alone {nf['b_alone_p99_ms']:.1f} ms, beside A's burst {nf['b_with_a_p99_ms']:.1f} ms "
+          f"({nf['b_with_a_p99_ms'] / nf['b_alone_p99_ms']:.2f}x: the slots end in lockstep, B waits up to one service time "
+          f"for the next); Jain's index {nf['jain']:.3f}")
     print(f"both backlogged   served {b['served_rps'][0]:.1f}, {b['served_rps'][1]:.1f} req/s; Jain's index {b['jain']:.3f} (goal >= 0.95)")
     print(f"priority          critical p99 alone {pr['critical_alone_p99_ms']:.1f} ms, beside the burst "
           f"{pr['critical_with_burst_p99_ms']:.1f} ms; the burst's answers {pr['batch_codes']}")

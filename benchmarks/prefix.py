@@ -1,13 +1,26 @@
 """Cache-aware routing against the others, on real engines (issue 30).
 
     python benchmarks/prefix.py [--replicas 3] [--groups 16] [--users 2] [--system-tokens 1000]
-        [--question-tokens 100] [--rate R] [--requests N] [--max-tokens 16] [--litellm PATH] [--json FILE]
+        [--question-tokens 100] [--rate R] [--requests N] [--warmup W] [--cache-ram-mib M]
+        [--max-tokens 16] [--litellm PATH] [--json FILE]
 
 The fleet: real `llmgw up` (NATS, control plane, projector, this machine's
 agent, a gateway) in a temporary state dir, running `--replicas` llama.cpp
 replicas of the demo model (SmolLM2-135M, one thread each, the agent's
-prompt cache settings), and a second `llmgw gateway` with a credential of its
-own. The peer: LiteLLM's proxy (PyPI `litellm[proxy]`, `--litellm` its
+prompt cache settings but its size), and a second `llmgw gateway` with a
+credential of its own.
+
+The cache's size (`--cache-ram-mib`, 384: llama.cpp keeps about 13 of this
+workload's conversations, ~30 MB of KV each, beside its 2 slots) is the
+regime where routing by prefix matters: a production replica keeps a small
+part of the prefixes its traffic brings (thousands of system prompts and
+conversations), and here 16 groups of 2 users stand for them. Routed by
+prefix, a replica sees a third of the groups: their conversations fit. Routed
+blind, every replica sees all of them, and evicts. With the agent's default
+(1 GiB, ~40 conversations) every replica ends up holding every group, and
+blind routing only pays each cold prompt up to three times: checked here,
+llama.cpp restores a prompt evicted from its slots from that host cache
+(0.04 s for 418 tokens against 3.4 s cold). The peer: LiteLLM's proxy (PyPI `litellm[proxy]`, `--litellm` its
 program, else `litellm` on PATH; skipped, saying so, when there is none)
 over the same engines, each reached with its engine key as a gateway reads
 it, with `routing_strategy: least-busy`: LiteLLM has no prefix-aware
@@ -30,7 +43,9 @@ question's length.
 
 Five ways to route the shared-prefix workload, one after the other, the same
 arrivals for each (the same seed), each with prompts new to every engine
-(a phase's salt at the start of every system prompt), so each starts cold:
+(a phase's salt at the start of every system prompt), so each starts cold,
+and the first `--warmup` arrivals (2 per group) are sent but not counted:
+what is measured is the fleet past its first prompts, as it runs all day:
 (a) least-load, (b) round-robin, (c) prefix, (d) prefix with requests
 alternating between the two gateways, (e) LiteLLM; then the no-prefix
 workload under (a) and (c). A phase's policy is set by applying the catalog
@@ -38,8 +53,8 @@ with its `routing:`, and begins once both gateways answer with it (their
 `llmgw-route` header).
 
 Per phase: TTFT p50/p90/p99, end-to-end latency, requests/s and output
-tokens/s (answered over the time from the first arrival to the last
-answer), the cache-hit ratio (the engines' cached_tokens over prompt
+tokens/s (the counted answers over the time from the first counted arrival
+to the last answer), the cache-hit ratio (the engines' cached_tokens over prompt
 tokens), the requests per replica (the spread), errors. Then the issue's
 goals as ratios of this one run.
 """
@@ -89,13 +104,16 @@ class Workload:
     def __init__(self, args, salt: str, shared: bool) -> None:
         self.rng = random.Random(args.seed)
         self.args, self.salt, self.shared = args, salt, shared
+        # The no-prefix workload has nothing to warm: no warm-up, fewer requests.
+        self.warmup = args.warmup if shared else 0
+        self.requests = args.requests if shared else args.requests_no_prefix
         text = random.Random(args.seed + 1)
         self.systems = [f"[{salt}/{g}] You are the assistant of team {g}. " + words(text, args.system_tokens) for g in range(args.groups)]
         self.history: dict[tuple[int, int], list[dict]] = {}
 
     def arrivals(self) -> list[float]:
         t, out = 0.0, []
-        for _ in range(self.args.requests):
+        for _ in range(self.warmup + self.requests):
             out.append(t)
             t += self.rng.expovariate(self.args.rate)
         return out
@@ -223,12 +241,13 @@ async def phase(target: Target, work: Workload, args) -> dict:
         r["replica"] = target.replica_of(r["headers"])
         r["route"] = r["headers"].get("llmgw-route", "")
         r["end"] = time.monotonic() - start
+        r["at"], r["counted"] = at, i >= work.warmup
         if r["ok"]:
             work.answered(who, msgs, r["text"])
         results.append(r)
 
     await asyncio.gather(*(one(i, at) for i, at in enumerate(due)))
-    return summary(target.name, results)
+    return summary(target.name, [r for r in results if r["counted"]])
 
 
 def pct(values: list[float], p: float) -> float | None:
@@ -242,7 +261,7 @@ def summary(name: str, rs: list[dict]) -> dict:
     ok = [r for r in rs if r["ok"]]
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
     e2e = [r["e2e"] for r in ok]
-    span = max((r["end"] for r in ok), default=0.0) or 1.0
+    span = (max((r["end"] for r in ok), default=0.0) - min((r["at"] for r in rs), default=0.0)) or 1.0
     prompt = sum(r["prompt"] for r in ok)
     spread: dict[str, int] = {}
     routes: dict[str, int] = {}
@@ -276,7 +295,7 @@ def catalog(args, routing: str) -> str:
     return (
         f"models:\n  - name: {MODEL}\n    min_replicas: {args.replicas}\n    routing: {routing}\n    profiles:\n"
         f"      - {{name: cpu, engine: llama.cpp, gpus: 0, cpu_cores: 1, model: smollm2, "
-        f'args: ["--ctx-size", "{args.ctx_size}", "--parallel", "{args.slots}"]}}\n'
+        f'args: ["--ctx-size", "{args.ctx_size}", "--parallel", "{args.slots}", "--cache-ram-mib", "{args.cache_ram_mib}"]}}\n'
     )
 
 
@@ -361,8 +380,11 @@ def main() -> int:
     p.add_argument("--system-tokens", type=int, default=1000)
     p.add_argument("--question-tokens", type=int, default=100)
     p.add_argument("--max-tokens", type=int, default=16, help="tokens of each answer")
-    p.add_argument("--rate", type=float, default=0.25, help="requests/s offered (Poisson)")
-    p.add_argument("--requests", type=int, default=80, help="requests per phase")
+    p.add_argument("--rate", type=float, default=0.3, help="requests/s offered (Poisson)")
+    p.add_argument("--requests", type=int, default=100, help="requests counted per phase, after the warm-up")
+    p.add_argument("--warmup", type=int, default=32, help="requests sent first in each shared-prefix phase, not counted")
+    p.add_argument("--requests-no-prefix", type=int, default=50, help="requests per no-prefix phase")
+    p.add_argument("--cache-ram-mib", type=int, default=384, help="each engine's host prompt cache (see above)")
     p.add_argument("--drain-s", type=float, default=600.0, help="after the last arrival, how long answers are waited for")
     p.add_argument("--ctx-size", type=int, default=8192, help="each engine's context, shared by its slots")
     p.add_argument(
@@ -428,8 +450,9 @@ def main() -> int:
             else:
                 set_routing(work, args, routing, ports, expect)
                 target = Target(name, ports, {}, ours)
-            print(f"{name}: {args.requests} requests at {args.rate:g}/s ...", file=sys.stderr)
-            res = asyncio.run(phase(target, Workload(args, f"{key}{time.time_ns() % 100000}", shared), args))
+            workload = Workload(args, f"{key}{time.time_ns() % 100000}", shared)
+            print(f"{name}: {workload.warmup} + {workload.requests} requests at {args.rate:g}/s ...", file=sys.stderr)
+            res = asyncio.run(phase(target, workload, args))
             out["phases"][key] = res
             print(json.dumps(res), file=sys.stderr)
         report(out, args)
@@ -451,7 +474,8 @@ def report(out: dict, args) -> None:
     ph = out["phases"]
     load = os.getloadavg()[0]
     print(f"{args.replicas} llama.cpp replicas of SmolLM2-135M (one thread, {args.slots} slots each) on {os.cpu_count()} cores shared with others "
-          f"(load average {load:.1f} at the end); {args.requests} requests a phase at {args.rate:g}/s (Poisson, open loop); "
+          f"(load average {load:.1f} at the end); {args.warmup} + {args.requests} requests a phase ({args.requests_no_prefix} without a shared prefix) "
+          f"at {args.rate:g}/s (Poisson, open loop; the first {args.warmup} not counted); prompt cache {args.cache_ram_mib} MiB an engine; "
           f"{args.groups} groups x {args.users} users, system prompts ~{args.system_tokens} tokens, questions ~{args.question_tokens}, "
           f"answers {args.max_tokens} tokens")  # fmt: skip
     cols = ("ttft_p50", "ttft_p90", "ttft_p99", "e2e_p50", "e2e_p90", "e2e_p99", "rps", "out_tps", "hit_ratio", "prompt_mean", "errors")

@@ -144,3 +144,39 @@ async def test_a_full_queue_is_429_and_a_long_wait_503_each_with_retry_after(set
     assert late.value.status_code == 503 and late.value.code == "model_saturated"
     assert int(late.value.response.headers["retry-after"]) >= 1
     await first
+
+
+async def test_a_slot_handed_to_a_waiter_is_not_handed_out_again_before_it_is_sent():
+    """The woken waiter is not yet counted by its replica's outstanding: the
+    slot it was given must not look free to the next waiter's tick (which
+    once sent twice the engine's slots, and the engine queued a neighbour
+    behind the burst)."""
+    from types import SimpleNamespace
+
+    from llmgw.core.folding.state import State
+    from llmgw.gateway.config import GatewayConfig
+    from llmgw.gateway.waiting import Waiting
+
+    replica = SimpleNamespace(outstanding=1, weight=1.0)
+    waiting = Waiting(GatewayConfig(replica_slots=1), lambda model: [replica], State())
+    client = SimpleNamespace(closed=False)
+    meter = SimpleNamespace(change=lambda *a, **k: None)
+    waiters = [asyncio.ensure_future(waiting.turn("m", f"org-{i}", client, meter)) for i in range(3)]
+    await asyncio.sleep(0)
+    assert waiting.queued("m") == 3 and waiting.saturated("m")
+
+    replica.outstanding = 0  # an answer ended: its slot freed...
+    waiting.released("m")  # ...and handed to the first waiter, which has not run yet
+    assert waiting.saturated("m"), "the handed slot looked free"
+    if not waiting.saturated("m"):  # a waiter's tick, looking for room come otherwise, finds none...
+        waiting.released("m")
+    for _ in range(5):
+        await asyncio.sleep(0)
+    done = [w for w in waiters if w.done()]
+    assert len(done) == 1 and done[0].result() is None
+    replica.outstanding = 1  # ...the woken one sent: counted by its replica now
+    assert waiting.saturated("m") and waiting.queued("m") == 2 and not waiting.granted
+    for w in waiters:
+        w.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    assert waiting.queued("m") == 0
