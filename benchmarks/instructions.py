@@ -78,7 +78,7 @@ def child(argv: list[str]) -> None:
 
     import placement as P  # benchmarks/placement.py of that root: its fleet, catalog and caps
     from llmgw.core.contract import events as ev
-    from llmgw.core.rules.decide import MAX_PASS_BYTES, decide
+    from llmgw.core.rules.decide import decide
     from llmgw.core.folding.fold import apply, copy_state
 
     nodes, located, go = int(argv[2]), argv[3] == "facility", argv[4] == "go"
@@ -102,7 +102,7 @@ def child(argv: list[str]) -> None:
     seq, at = len(base.records), P.T0 + 3600.0
     while go:
         at += 1.0
-        actions = decide(state, at, MAX_PASS_BYTES)
+        actions = decide(state, at)  # the pass budget in force (core/contract/limits.py, before it MAX_PASS_BYTES)
         if not actions:
             break
         e = ev.Decided(at=at, basis=state.seq, actions=actions, leader="bench")

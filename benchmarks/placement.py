@@ -69,7 +69,8 @@ sys.path.insert(0, str(HERE.parent))
 from llmgw.control import heap  # noqa: E402
 from llmgw.core.contract import events as ev  # noqa: E402
 from llmgw.core.folding import replicaindex  # noqa: E402
-from llmgw.core.rules.decide import MAX_PASS_BYTES, decide  # noqa: E402
+from llmgw.core.contract.limits import LIMITS  # noqa: E402
+from llmgw.core.rules.decide import decide  # noqa: E402
 from llmgw.core.folding.fold import apply, copy_state, encode_state  # noqa: E402
 from llmgw.core.simulation.history import verify  # noqa: E402
 from llmgw.core.folding.nodeindex import track  # noqa: E402
@@ -250,11 +251,11 @@ def run(nodes: int, replicas: int, repeat: int, small_budget: bool) -> dict:
         f"({multi:,} multi-node), {gpus_wanted:,} GPUs ({gpus_wanted / (nodes * 8):.0%} of the fleet); "
         f"set up in {now() - t:.1f} s")
 
-    say(f"\n(a) cold start: decide + encode + fold each pass, pass budget {MAX_PASS_BYTES // 1024} KiB")
+    say(f"\n(a) cold start: decide + encode + fold each pass, pass budget {LIMITS.pass_bytes // 1024} KiB")
     runs, digests = [], set()
     log = None
     for i in range(repeat):
-        seconds, passes, log, per_pass = cold_start(base, MAX_PASS_BYTES)
+        seconds, passes, log, per_pass = cold_start(base, LIMITS.pass_bytes)
         placed = len(log.state.replicas)
         runs.append((seconds, passes, placed))
         digests.add(digest(log.state))
@@ -363,7 +364,7 @@ def facility_run(nodes: int, replicas: int, repeat: int) -> dict:
     rates, hashes = [], set()
     fac = None
     for i in range(repeat):
-        seconds, passes, fac, _ = cold_start(base, MAX_PASS_BYTES)
+        seconds, passes, fac, _ = cold_start(base, LIMITS.pass_bytes)
         placed = len(fac.state.replicas)
         rates.append(placed / seconds)
         hashes.add(log_hash(fac))

@@ -10,11 +10,13 @@ from llmgw.core.rules.decide import decide
 from llmgw.core.folding.decisions import describe_action
 from llmgw.core.simulation.history import verify
 from llmgw.core.scheduling.explain import explain
-from llmgw.core.scheduling.placement import PORT_BASE, render_explanation
+from llmgw.core.contract.limits import LIMITS
+from llmgw.core.scheduling.placement import render_explanation
 from llmgw.core.rules.scaling import PARK_AFTER
 
 from .scenario import Fleet, model
 
+PORT_BASE = LIMITS.engine_port_first  # the default range's first port
 TAKEN = f"port {PORT_BASE} on 127.0.0.1 is taken by another process"
 
 

@@ -26,7 +26,7 @@ import msgspec
 
 from llmgw.core.contract import events as ev
 from llmgw.core.rules.decide import decide
-from llmgw.core.rules.passes import _ENVELOPE_BYTES
+from llmgw.core.contract.limits import LIMITS
 from llmgw.core.folding.fold import copy_state
 from llmgw.core.rules.preempt import EVICTION_GRACE_S, HOLD_S, MAX_VICTIMS, MIN_LIFETIME_S, TIERS
 from llmgw.core.rules.quota import QuotaRow, borrowed, report
@@ -34,6 +34,7 @@ from llmgw.core.rules.quota import QuotaRow, borrowed, report
 from .scenario import Fleet, model
 
 FABRIC = {"llmgw.io/fabric": "ib-0"}
+_ENVELOPE_BYTES = LIMITS.pass_envelope_bytes
 
 
 # --------------------------------------------------------------------------- helpers

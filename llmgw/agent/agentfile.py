@@ -68,7 +68,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .. import yamlfile
-from ..core.scheduling.placement import PORT_BASE, PORT_LIMIT
+from ..core.contract.limits import LIMITS
 from .protocol import MAX_TERM_JUMP
 
 KNOWN_LABELS = frozenset(
@@ -135,9 +135,9 @@ class PortRange(BaseModel):
         return self.first <= port <= self.last
 
 
-# The control plane's default range (placement.py), which an agent that says none gets.
-DEFAULT_ENGINE_PORTS_TEXT = f"{PORT_BASE}-{PORT_LIMIT}"
-DEFAULT_ENGINE_PORTS = PortRange(first=PORT_BASE, last=PORT_LIMIT)
+# The control plane's default range (core/contract/limits.py), which an agent that says none gets.
+DEFAULT_ENGINE_PORTS = PortRange(first=LIMITS.engine_port_first, last=LIMITS.engine_port_last)
+DEFAULT_ENGINE_PORTS_TEXT = str(DEFAULT_ENGINE_PORTS)
 
 
 class AgentFile(BaseModel):

@@ -9,7 +9,7 @@ shard states and engine keys, on its own subjects.
 One connection is one NATS user, so the fleet connects with a `fleet`
 credential (llmgw/bus/auth.py), which may speak on `llmgw.agent.*` and
 nothing else; that each fact names the node of its subject is checked by
-the fold for every agent (core/contract/events.py check_origin). A real node's agent
+the fold for every agent (check_origin, core/contract/events/). A real node's agent
 credential still speaks for its node alone.
 
 Nodes come from a pattern (`shapes_from_pattern`: names such as

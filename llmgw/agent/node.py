@@ -145,7 +145,10 @@ class NodeAgent:
         self._tasks: set[asyncio.Task] = set()
         self._outbox: asyncio.Queue = asyncio.Queue()
         self._msg_ids = MsgIds(f"{self.name}-{self.instance}")  # unpredictable: see bus/msgids.py
-        self.taken: list[int] = []  # ports of its range another program holds, as last said
+        # The ports of its range another program holds, as last said (ports.py).
+        self.taken_ports = engine_ports.TakenPorts(
+            name, self.agent_file.address, self.agent_file.engine_ports, self._own_ports, self._outbox.put_nowait, clock
+        )
         self.power = power.Coalescer()  # which power readings become NodePower events
 
     # ----------------------------------------------------------------- the service
@@ -176,7 +179,7 @@ class NodeAgent:
                     await self.bus.beat(self.name, msgspec.json.encode(beat))
                 except Exception as e:
                     log.warning("heartbeat failed: %s", e)
-                self._ports_freed()
+                self.taken_ports.heartbeat()
                 self._power()
                 try:
                     await asyncio.wait_for(stop.wait(), self.heartbeat)
@@ -321,7 +324,7 @@ class NodeAgent:
                 self._fail_at_start(rec, str(e))
                 return
             if sv.port_taken(rec.host, cmd.port):
-                self._port_taken(cmd.port)
+                self.taken_ports.refused(cmd.port)
                 self._fail_at_start(rec, f"port {cmd.port} on {rec.host} is taken by another process")
                 return
             run_dir = self.state_dir / "run"
@@ -356,18 +359,10 @@ class NodeAgent:
             self._status(rec, "starting")
             self._watch(cmd.shard)
 
-    # ----------------------------------------------------------------- ports other programs hold
+    # ----------------------------------------------------------------- its ports and its power, once a heartbeat
 
     def _own_ports(self) -> set[int]:
         return {r.port for r in self.state.shards.values() if r.port}
-
-    def _port_taken(self, port: int) -> None:
-        """A start refused for its port: said before the failure, so that the
-        control plane keeps the port out and reads the failure as this node's.
-        (One of our own engines on it, still draining, is not another program.)"""
-        if port in self.agent_file.engine_ports and port not in self.taken and port not in self._own_ports():
-            self.taken = sorted({*self.taken, port})
-            self._outbox.put_nowait(ev.NodePorts(at=self.clock(), node=self.name, taken=list(self.taken)))
 
     def _power(self) -> None:
         """Once a heartbeat: what the GPUs draw, as a NodePower when it
@@ -380,25 +375,6 @@ class NodeAgent:
         watts = round(sum(gpus.values()), 1)
         if self.power.due(watts, self.clock()):
             self._outbox.put_nowait(ev.NodePower(at=self.clock(), node=self.name, watts=watts, gpus=gpus))
-
-    def _ports_freed(self) -> None:
-        """Once a heartbeat: those of the ports said taken that are free again are said free."""
-        if not self.taken:
-            return
-        now = engine_ports.still_taken(self.agent_file.address, self.taken, self._own_ports())
-        if now != self.taken:
-            log.info("ports free again: %s", ", ".join(str(p) for p in self.taken if p not in now))
-            self.taken = now
-            self._outbox.put_nowait(ev.NodePorts(at=self.clock(), node=self.name, taken=list(now)))
-
-    async def _scan_ports(self) -> None:
-        """Before a registration: every port of the range, off the event loop."""
-        rng = self.agent_file.engine_ports
-        found = await asyncio.to_thread(engine_ports.scan, self.agent_file.address, rng, self._own_ports())
-        # An engine of ours started during the scan is not another program.
-        self.taken = sorted(set(found) - self._own_ports())
-        if self.taken:
-            log.info("ports of %s held by other programs: %s", rng, ", ".join(map(str, self.taken)))
 
     def _fail_at_start(self, rec: ShardRecord, reason: str) -> None:
         log.warning("%s (generation %d) cannot start: %s", rec.shard, rec.generation, reason)
@@ -550,7 +526,7 @@ class NodeAgent:
             at=self.clock(), node=self.name, gpus=list(inv.gpus), memory_gb=inv.memory_gb, cpu_cores=inv.cpu_cores,
             labels=dict(inv.labels), running=running, agent=f"llmgw-agent/{self.instance}",
             port_first=self.agent_file.engine_ports.first, port_last=self.agent_file.engine_ports.last,
-            ports_taken=list(self.taken),
+            ports_taken=list(self.taken_ports.taken),
         )  # fmt: skip
 
     async def _publish_loop(self) -> None:
@@ -562,7 +538,7 @@ class NodeAgent:
                     continue
                 try:
                     if item is _REGISTER:
-                        await self._scan_ports()
+                        await self.taken_ports.scan()
                     event = self.registration() if item is _REGISTER else item
                 except Exception:  # never the end of the publisher: the next registration may do
                     log.exception("could not build the registration")

@@ -36,7 +36,7 @@ Roles and what their credential allows (`permissions`):
                 and read every node's commands; nothing else (no ctl, no
                 control, no commands, no gateway subjects, no reading the
                 log). That a fact names the node of its subject is the fold's
-                check (core/contract/events.py check_origin), as for every agent. For
+                check (check_origin, core/contract/events/), as for every agent. For
                 tests and benchmarks only: it speaks for any node, so a fleet
                 of real nodes never holds one (each real agent has its own).
 
@@ -82,7 +82,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # direct access, KeyValueConfig(direct=True)); gateways read and watch all.
 # What the web console may publish: the actions it offers (llmgw/console/server.py `act`: a node's
 # labels, hold and release a domain, restart a replica, retry a parked model), each its event's subject
-# (core/contract/events.py subject_for; tests/test_console_creds.py checks they are). Nothing else of an
+# (subject_for, core/contract/events/; tests/test_console_creds.py checks they are). Nothing else of an
 # operator's: not the catalog (model.applied), API keys, policy or facility budgets.
 CONSOLE_ACTIONS = (
     "llmgw.ctl.node.labeled", "llmgw.ctl.domain.held", "llmgw.ctl.domain.released",

@@ -64,7 +64,7 @@ def cmd_control(args) -> None:
         snapshots = SnapshotStore(os.path.join(args.state_dir, "control", "snapshot.msgpack"))
         metrics = "" if args.metrics_listen in ("", "off") else args.metrics_listen
         config = ControlConfig(node_grace=args.node_grace, lease_ttl=args.lease_ttl, metrics_listen=metrics,
-                               node_rate=args.node_rate)
+                               node_rate=args.node_rate, mass_silence=args.mass_silence)
         plane = ControlPlane(bus, snapshots=snapshots, config=config, signer=signer)
         try:
             await plane.run(stop)

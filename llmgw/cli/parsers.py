@@ -16,11 +16,11 @@ from .commands import (
 
 
 def _engine_ports_help() -> str:
-    from ..core.scheduling.placement import PORT_BASE, PORT_LIMIT
+    from ..core.contract.limits import LIMITS
 
     return (
         f"the ports the agent's engines may listen on (default: the agent file's engine_ports, else "
-        f"{PORT_BASE}-{PORT_LIMIT}); those another program holds are found and not handed out"
+        f"{LIMITS.engine_port_first}-{LIMITS.engine_port_last}); those another program holds are found and not handed out"
     )
 
 
@@ -44,6 +44,17 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"seconds are a number, not {text!r}") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"seconds must be a finite number, not negative: {text}")
+    return value
+
+
+def _share(text: str) -> float:
+    """A share of a whole: above 0, at most 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a share is a number, not {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"a share is above 0 and at most 1 (0.5: half), not {text}")
     return value
 
 
@@ -102,6 +113,7 @@ def add_up(sub) -> None:
 def add_control(sub) -> None:
     from ..control.config import LEASE_TTL_S, METRICS_LISTEN, NODE_GRACE_S
     from ..control.rates import NODE_BURST, NODE_RATE, NODE_RATE_WINDOW_S
+    from ..core.contract.limits import LIMITS
 
     control = sub.add_parser("control", help="run the control plane against a NATS you run")
     control.add_argument("--nats", metavar="URL", help=NATS_HELP)
@@ -117,6 +129,11 @@ def add_control(sub) -> None:
         help=f"events a second a node may send (averaged over {NODE_RATE_WINDOW_S} s, plus {NODE_BURST} at once) "
         "before it is muted until an operator unmutes it (`llmgw ctl node unmute`); 0: never",
     )
+    control.add_argument(
+        "--mass-silence", type=_share, default=LIMITS.mass_silence, metavar="SHARE",
+        help="more than this share of the ready nodes silent at once (and more than one) is taken as trouble of "
+        "the bus, and none of them is declared lost (1: never held back)",
+    )  # fmt: skip
     control.add_argument(
         "--lease-ttl", type=float, default=LEASE_TTL_S, metavar="S",
         help="seconds the leader's lease lives without renewal: a standby takes over within about this (the bucket's, once made)",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ..core.folding.liveness import MASS_SILENCE
+from ..core.contract.limits import LIMITS
 from .rates import NODE_BURST, NODE_RATE, NODE_RATE_WINDOW_S
 from ..gateway.config import address as listen_address  # "ADDR:PORT", as the gateway's --metrics-listen
 
@@ -49,7 +49,9 @@ class ControlConfig(msgspec.Struct, kw_only=True):
     standby_report_every: float = STANDBY_REPORT_EVERY_S
     bus_probe_every: float = BUS_PROBE_EVERY_S
     bus_probe_timeout: float = BUS_PROBE_TIMEOUT_S
-    mass_silence: float = MASS_SILENCE  # more than this share of the nodes silent at once is the bus
+    # More than this share of the nodes silent at once is the bus (core/folding/
+    # liveness.py): safe to set, whether nodes were lost is recorded (NodeLost).
+    mass_silence: float = LIMITS.mass_silence
     # A node past this many events a second (averaged over node_rate_window
     # seconds, plus node_burst at once) is muted (control/rates.py); 0: never.
     node_rate: float = NODE_RATE

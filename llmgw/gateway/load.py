@@ -17,9 +17,9 @@ window that busy is as good from its first few hundred as from all).
 
 A report goes out when what it would say changed, at most every
 MIN_INTERVAL_S per model; a load that is not zero is repeated at least every
-REPEAT_S (the reconciler forgets a gateway it has not heard for
-scaling.LOAD_FRESH_S); and a load that falls to zero is reported once more,
-as zero, since that is a change too.
+REPEAT_S (the reconciler forgets a gateway it has not heard for the core's
+load_fresh_s, core/contract/limits.py); and a load that falls to zero is
+reported once more, as zero, since that is a change too.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import math
 from dataclasses import dataclass
 
 from ..core.contract.bounds import MAX_ROUTE_ROWS
-from ..core.rules.scaling import LOAD_REPEAT_S
+from ..core.contract.limits import LIMITS
 
 MIN_INTERVAL_S = 1.0
 TTFT_SAMPLES = 512  # times to first byte kept a window, for its percentiles
-REPEAT_S = LOAD_REPEAT_S * 0.8  # a margin under the reconciler's expectation
+REPEAT_S = LIMITS.load_repeat_s * 0.8  # a margin under the reconciler's expectation
 
 
 @dataclass(frozen=True, slots=True)

@@ -220,8 +220,9 @@ def _voided(state: State, actions: list[ev.Action], count: int) -> list[str]:
     action, in action order. Matched from the last action backwards, so that
     of two identical actions the later one is taken as voided, which is what
     the fold does (the first took effect, the second finds it done). The
-    state keeps only its last KEEP_LAST entries: beyond that, an action known
-    voided by the count but without its entry says so.
+    state keeps only its last `kept_verbatim` entries (core/contract/
+    limits.py): beyond that, an action known voided by the count but
+    without its entry says so.
     """
     out = [""] * len(actions)
     if not count:

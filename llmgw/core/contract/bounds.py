@@ -6,7 +6,7 @@ registration with `cpu_cores: 10**30` (issue 35, finding 4) was folded;
 every control-plane pass then failed with OverflowError, no snapshot was
 saved, and the projector crash-looped on "Python int too large to convert to
 SQLite INTEGER", as did `llmgw projections rebuild`, for good, since the log
-is kept forever. With these types in the contract (events.py) `decode`
+is kept forever. With these types in the contract (events/) `decode`
 itself refuses such an event, and the fold quarantines it with the reason
 (`fold.apply`), never folds it.
 

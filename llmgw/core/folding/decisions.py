@@ -16,6 +16,7 @@ import msgspec
 
 from ..rules import admission
 from ..contract import events as ev
+from ..contract import limits
 from ..contract.catalog import profile_named
 from ..scheduling.fit import cpu_short, memory_short, runs_real_engine
 from ..scheduling.facility import count_unmeasured, counted, power_problem, shard_watts
@@ -25,7 +26,7 @@ from ..scheduling.ports import placement_problem
 from ..rules.quota import add, count_shard, need, over_limit, replica_amount
 from .replicas import RETIRING, TERMINAL, unwanted
 from ..rules.waits import legacy_kind
-from .state import KEEP_LAST, Replica, Shard, State, Tally, Voided, add_gb
+from .state import Replica, Shard, State, Tally, Voided, add_gb
 
 
 def fold_decided(state: State, e: ev.Decided, seq: int) -> None:
@@ -35,7 +36,7 @@ def fold_decided(state: State, e: ev.Decided, seq: int) -> None:
         if why_not:
             state.voided_count += 1
             state.voided.append(Voided(seq=seq, action=describe_action(action), reason=why_not))
-            del state.voided[:-KEEP_LAST]
+            del state.voided[: -limits.LIMITS.kept_verbatim]
 
 
 def _place(state: State, a: ev.PlaceReplica, e: ev.Decided, seq: int) -> str:

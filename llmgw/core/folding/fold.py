@@ -25,6 +25,7 @@ from . import decisions, labels, muting
 from .refused import Refused
 from ..scheduling import facility
 from ..contract import events as ev
+from ..contract import limits
 from ..contract.catalog import NAME_RE, fingerprint, spec_problem
 from ..contract.policy import problem as policy_problem
 from .nodeindex import touch
@@ -32,7 +33,7 @@ from ..scheduling.ports import held_by_another_program, in_range, node_ports, ra
 from ..rules.quota import count, count_shard, replica_amount
 from .replicas import RETIRING, TERMINAL, derive_replica_state, hand_back, release_ids, started, unwanted
 from ..rules.scaling import current_load, note_peak, wants
-from .state import KEEP_LAST, RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Model, Node, Owner, Quarantined, Replica, State, add_gb
+from .state import RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Model, Node, Owner, Quarantined, Replica, State, add_gb
 
 
 # Bump when evolve folds any event differently: snapshots of another version
@@ -126,15 +127,14 @@ def apply(state: State, seq: int, subject: str, data: bytes) -> State:
 # --mixes realistic, where nearly every event is a gateway's model.load);
 # a lookup is a third of that. Only what check_origin let through is kept,
 # so the lookup says what the check would; bounded by clearing it (a fleet
-# has a few subjects per node).
+# has a few subjects per node: limits.LIMITS.subjects_kept).
 _agent_subjects: dict[str, str] = {}
 _gateway_subjects: dict[str, str] = {}
-_SUBJECTS_KEPT = 1 << 17
 
 
 def _checked(seen: dict[str, str], subject: str, event: ev.Event, speaker: str) -> None:
     check_origin(subject, event)  # raises OriginError when the speaker may not say it
-    if len(seen) >= _SUBJECTS_KEPT:
+    if len(seen) >= limits.LIMITS.subjects_kept:
         seen.clear()
     seen[subject] = speaker
 
@@ -149,7 +149,7 @@ def evolve(state: State, event: ev.Event, seq: int = 0) -> State:
 def quarantine(state: State, seq: int, subject: str, error: str) -> None:
     state.quarantine_count += 1
     state.quarantined.append(Quarantined(seq=seq, subject=subject, error=error))
-    del state.quarantined[:-KEEP_LAST]
+    del state.quarantined[: -limits.LIMITS.kept_verbatim]
 
 
 _decode = ev._decoder.decode

@@ -11,11 +11,9 @@ the bus, not the nodes: then nobody is declared lost (`mass_silence`).
 
 from __future__ import annotations
 
+from ..contract import limits
 from .state import State
 
-# More than this share of the ready nodes silent at once (and more than one
-# node) is taken as trouble of the bus, not of the nodes.
-MASS_SILENCE = 0.5
 REVOKED = "credential revoked"
 
 
@@ -49,9 +47,12 @@ def lost_nodes(state: State, last_seen: dict[str, float], watching_since: float,
     return out
 
 
-def mass_silence(state: State, lost: list, fraction: float = MASS_SILENCE) -> str:
+def mass_silence(state: State, lost: list, fraction: float | None = None) -> str:
     """Why these nodes are not to be declared lost now ("" : they are): more
-    than `fraction` of the ready nodes, and more than one, silent at once."""
+    than `fraction` of the ready nodes (None: limits.LIMITS.mass_silence),
+    and more than one, silent at once."""
+    if fraction is None:
+        fraction = limits.LIMITS.mass_silence
     ready = sum(1 for node in state.nodes.values() if node.state == "ready")
     lost = [(name, reason) for name, reason in lost if reason != REVOKED]  # (revoked: evidence of its own)
     if len(lost) > 1 and len(lost) > fraction * ready:

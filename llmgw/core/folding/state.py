@@ -33,10 +33,6 @@ RestartState = Literal["", "replacing", "in place", "refused"]
 LIVE_SHARD_STATES = ("placing", "starting", "loading", "ready", "stopping")
 TERMINAL_SHARD_STATES = ("failed", "stopped")
 
-# How many quarantined and voided entries the state keeps verbatim; the
-# counters go on counting. The log itself keeps every event.
-KEEP_LAST = 100
-
 
 class Shard(msgspec.Struct, kw_only=True, gc=False):
     id: str
@@ -337,6 +333,8 @@ class State(msgspec.Struct, kw_only=True, weakref=True):
     # fold's check of a placement and a pass read it instead of summing the
     # domain's nodes (facility.domain_draws, the same sum made afresh).
     domain_draw: dict[str, float] = {}
+    # The last limits.LIMITS.kept_verbatim quarantined events and voided
+    # actions, verbatim; the counters go on counting (the log keeps all).
     quarantine_count: int = 0
     quarantined: list[Quarantined] = []
     voided_count: int = 0

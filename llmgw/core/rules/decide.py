@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from . import drains
 from ..contract import events as ev
+from ..contract import limits
 from . import preempt
 from .admission import overdue, start_overdue
 from ..contract.bounds import MAX_TIME, clip
-from .passes import MAX_PASS_BYTES, ModelPass, Outcome, Pass, drain_s, place_one, why_no_fit
+from .passes import ModelPass, Outcome, Pass, drain_s, place_one, why_no_fit
 from .quota import need, over_limit_cause
 from ..folding.replicaindex import replicas_of
 from ..folding.replicas import replica_number
@@ -41,11 +42,14 @@ from .scaling import backoff_until, decided, desired, why_desired
 from ..folding.state import Model, Replica, State
 from .waits import Wait, WaitKind
 
-__all__ = ["decide", "restart_state", "Outcome", "MAX_PASS_BYTES", "ADOPT_WAIT_S"]
+__all__ = ["decide", "restart_state", "Outcome", "ADOPT_WAIT_S"]
 
 
-def decide(state: State, now: float, budget: int = MAX_PASS_BYTES) -> list[ev.Action]:
-    p = Pass(state, now, budget)
+def decide(state: State, now: float, budget: int | None = None) -> list[ev.Action]:
+    """One pass of decisions, their message within `budget` bytes (None:
+    limits.LIMITS.pass_bytes, the control plane's; a test or a benchmark
+    passes another)."""
+    p = Pass(state, now, limits.LIMITS.pass_bytes if budget is None else budget)
 
     # Strays first: they hold GPUs that placements are waiting for.
     with_strays = sorted(n for n, node in state.nodes.items() if node.strays and node.state == "ready")

@@ -13,6 +13,7 @@ an action weighs anything from 60 bytes (a stop) to a few kilobytes (a
 multi-node placement). Counting bytes lets a cold start place ~2,000
 replicas a pass instead of 500, so it takes a few passes, not dozens, each of
 which reads the state again. What is left is decided by the next pass.
+The budget is `limits.LIMITS.pass_bytes` (contract/limits.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import enum
 import msgspec
 
 from ..contract import events as ev
+from ..contract import limits
 from ..contract.bounds import fit_action
 from . import preempt
 from ..scheduling.explain import profile_refusals, why_no_fit as explain_no_fit
@@ -30,12 +32,6 @@ from .quota import add, need, over_limit
 from ..folding.replicas import RETIRING, replica_number
 from .scaling import desired
 from ..folding.state import Model, Replica, State
-
-# Half the server's default payload limit: room for the message's own fields
-# and headers, and for a server configured tighter than the default.
-MAX_PASS_BYTES = 512 * 1024
-# What a Decided message weighs besides its actions (type, times, basis, leader).
-_ENVELOPE_BYTES = 256
 
 _encode = msgspec.json.Encoder().encode
 
@@ -66,7 +62,7 @@ class Pass:
         self.inv = Inventory(state)  # built at its first placement, if any
         self.actions: list[ev.Action] = []
         self.budget = budget
-        self.size = _ENVELOPE_BYTES
+        self.size = limits.LIMITS.pass_envelope_bytes
         self.full = False
         self.numbers: dict[str, int] = {}  # model -> number of its next replica id, after this pass's
         self.usage: dict = {}  # owner -> what this pass's placements add (quota limits)

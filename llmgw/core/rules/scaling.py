@@ -9,8 +9,8 @@ summed over gateways, divided by the model's `target_load` per replica and
 rounded up, between min_replicas and max_replicas. Up at once; down only
 once no report within `scale_down_delay_s` asked for more, so a dip between
 two bursts does not stop what the second one needs. A gateway that stops
-reporting (it died) stops counting after LOAD_FRESH_S: gateways repeat a
-load that is not zero at least every LOAD_REPEAT_S.
+reporting (it died) stops counting after `load_fresh_s`: gateways repeat a
+load that is not zero at least every `load_repeat_s` (contract/limits.py).
 
 An on-demand model runs nothing until a request asks for it (a queued
 request is how a gateway wakes it), then at least one, and nothing again
@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import math
 
+from ..contract import limits
 from ..contract.bounds import MAX_COUNTER
 from ..contract.catalog import max_replicas
 from ..contract.events import ModelSpec, Scale
 from ..contract.policy import DEFAULT, Policy
 from ..contract.reasons import ScaleWhy
 from ..folding.state import Model, Peak
-
-LOAD_REPEAT_S = 10.0
-LOAD_FRESH_S = 30.0
 
 # Back-off after replicas fail to start: 5 s after the first failure,
 # doubling, at most 5 minutes; after PARK_AFTER in a row the model is parked
@@ -44,8 +42,9 @@ PARK_AFTER = DEFAULT.park_after
 def current_load(model: Model, now: float) -> int:
     """Requests in flight and queued, over the gateways heard lately."""
     total = 0
+    fresh_s = limits.LIMITS.load_fresh_s
     for load in model.load.values():
-        if now - load.at <= LOAD_FRESH_S:
+        if now - load.at <= fresh_s:
             total += load.in_flight + load.queued
     return total
 

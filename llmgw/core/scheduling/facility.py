@@ -50,8 +50,6 @@ HELD = "held"
 POWER = "power"
 KEEP_WITHIN = "keep-within"
 RULES = (HELD, POWER, KEEP_WITHIN)
-# How many domains' refusals a placement keeps (PlaceReplica.rejections).
-MAX_REJECTIONS = 8
 
 
 # --------------------------------------------------------------------------- locations and domains

@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..contract import events as ev
+from ..contract import limits
 from . import fit
-from .facility import KEEP_WITHIN, LABELS, MAX_REJECTIONS, counted, domain_of_kind, first_held, held_reason, over_cap, render, shard_watts
+from .facility import KEEP_WITHIN, LABELS, counted, domain_of_kind, first_held, held_reason, over_cap, render, shard_watts
 from .facility_spread import Cells, Levels
 from ..folding.nodeindex import power_limit
 from ..folding.state import Node, Shard, State
@@ -104,7 +105,7 @@ class PassFacility:
                 for d, cap in caps:
                     if over_cap(draw[d], w, cap):
                         out = out + (fit.power_reason(d, draw[d] + w, cap),)
-        if out and len(self.seen) < MAX_REJECTIONS:
+        if out and len(self.seen) < limits.LIMITS.rejections_kept:
             seen = self.seen
             for r in out:
                 if r.need not in seen:
@@ -166,7 +167,7 @@ class PassFacility:
         whose GPUs all say one limit at least this node's, otherwise. Asked
         node by node, a capped PDU's twenty nodes were twenty refusals to
         find (benchmarks/placement.py --facility)."""
-        if domain not in self.seen and len(self.seen) < MAX_REJECTIONS:
+        if domain not in self.seen and len(self.seen) < limits.LIMITS.rejections_kept:
             self.reasons(node, p, gpus)
         blocked = self.blocked(p)
         every = domain in self.state.holds or p.power_w

@@ -16,7 +16,7 @@ not is a `Reason` (data: the rule, what was needed, what the node has), and
     gpus        enough of those are free
     memory      its host memory not yet held covers one shard's (0 on the node: not said, no limit)
     cpu         likewise its CPU cores
-    ports       it has a port free in its range (PORT_BASE..PORT_LIMIT unless
+    ports       it has a port free in its range (limits.py's engine_port_first..last unless
                 its agent says another), held neither by a shard or stray
                 nor by another program (Node.taken)
     held        it is in no held facility domain (facility.py)
@@ -70,6 +70,7 @@ from itertools import filterfalse
 from typing import NamedTuple
 
 from . import fabrics, facility_pass, facility_search
+from ..contract import limits
 from ..contract.events import ProfileSpec, ShardPlacement
 from ..folding.nodeindex import FABRIC_LABEL, POOL_LABEL, Group, NodeIndex, index_of, kind_of
 from ..folding.state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
@@ -81,11 +82,6 @@ from .fit import (  # noqa: F401
     gpu_reasons, _kind_reasons, _mixed_reasons, memory_short, cpu_short, ready_reason, memory_reason, cpu_reason,
     ports_reason,
 )
-
-# The engine ports of a node whose agent names no range (NodeRegistered's
-# port_first and port_last 0); the agent file's `engine_ports` defaults to it.
-PORT_BASE = 20000
-PORT_LIMIT = 29999
 
 
 # --------------------------------------------------------------------------- the inventory
@@ -117,7 +113,7 @@ class _View:
         self.mem_used = node.memory_used
         self.cpu_used = node.cpu_used
         self.ports: set[int] | None = None  # built when first asked
-        self.next_port = node.port_first or PORT_BASE
+        self.next_port = node.port_first or limits.LIMITS.engine_port_first
         self.groups = groups  # the index's groups it is filed in
 
     def free_port(self) -> int:
@@ -129,7 +125,7 @@ class _View:
         while port in self.ports:  # type: ignore[operator]
             port += 1
         self.next_port = port  # ports are only taken within a pass, never freed
-        return port if port <= (self.node.port_last or PORT_LIMIT) else 0
+        return port if port <= (self.node.port_last or limits.LIMITS.engine_port_last) else 0
 
     def _build_ports(self) -> None:
         node = self.node
@@ -163,7 +159,7 @@ def _room_of(node: Node, v: "_View | None") -> tuple[float, float, float]:
 
 def port_range(node: Node) -> tuple[int, int]:
     """The first and last port engines may be given on a node."""
-    return (node.port_first or PORT_BASE, node.port_last or PORT_LIMIT)
+    return (node.port_first or limits.LIMITS.engine_port_first, node.port_last or limits.LIMITS.engine_port_last)
 
 
 class Inventory(fabrics.FabricSearch, facility_search.CellSearch):

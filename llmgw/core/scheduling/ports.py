@@ -24,10 +24,9 @@ sees one free again), and the fold:
 from __future__ import annotations
 
 from ..contract import events as ev
+from ..contract.bounds import MAX_PORT
 from .placement import port_range
 from ..folding.state import Node, State
-
-MAX_PORT = 65535
 
 
 def range_problem(first: int, last: int) -> str:

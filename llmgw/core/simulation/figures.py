@@ -13,11 +13,9 @@ from __future__ import annotations
 import msgspec
 
 from ..contract import events as ev
+from ..contract import limits
 from ..folding.replicas import RETIRING
 from ..folding.state import LIVE_SHARD_STATES, State
-
-# Waiting reasons kept per model: the longest.
-TOP_REASONS = 3
 
 
 class Why(msgspec.Struct, kw_only=True):
@@ -184,7 +182,7 @@ class Meter:
             if mm.wait_reason:
                 waiting += end - mm.wait_since
                 reasons[mm.wait_reason] = reasons.get(mm.wait_reason, 0.0) + end - mm.wait_since
-            top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS]
+            top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[: limits.LIMITS.top_reasons]  # the longest
             out[name] = Figures(
                 first_ready_s=None if mm.first_ready is None else round(mm.first_ready - self.start, 3),
                 waiting_s=round(waiting, 3), waiting_reasons=[Why(reason=r, seconds=round(s, 3)) for r, s in top],

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import msgspec
 
 from ..contract import events as ev
+from ..contract import limits
 from ..rules.decide import decide
 from ..folding.decisions import as_recorded, describe_action
 from ..folding.fold import apply, copy_state
@@ -34,16 +35,6 @@ from ..contract.reasons import words
 from ..folding.state import LIVE_SHARD_STATES, State
 from .figures import Figures, Meter
 from .whatif import Sim, Timing, next_wake
-
-# A pass the what-if takes at a deadline of a rule (whatif.next_wake) that
-# the log took this much later still counts as the recorded one: the
-# recorded control plane decides on its own tick, not at the deadline.
-FOLLOW_SLACK_S = 2.0
-# Passes in a row at one moment (a pass bounded by its message's size goes on in the next).
-PASSES_AT_ONCE = 20
-# Going its own way, the what-if decides after the facts of a burst, as a
-# control plane does: once no other recorded fact follows within this long.
-TICK_S = 0.1
 
 
 class Plan(msgspec.Struct, kw_only=True):
@@ -243,7 +234,7 @@ class _Run:
 
     def _decide(self, t: float) -> None:
         self.dirty = False
-        for _ in range(PASSES_AT_ONCE):
+        for _ in range(limits.LIMITS.what_if_passes_at_once):
             acts = self.sim.decide_pass(t)
             if not acts:
                 return
@@ -253,12 +244,12 @@ class _Run:
         """The simulated facts and the rules' deadlines up to `t_end`. A
         deadline is decided on at once (it is the moment a rule's answer
         changes); simulated facts, like recorded ones, once a burst of them
-        is over (nothing more within TICK_S)."""
+        is over (nothing more within limits' what_if_tick_s)."""
         while True:
             timer = self.sim.next_timer()
             wake = next_wake(self.sim.state, self.clock)
             if self.dirty:
-                quiet = self.clock + TICK_S
+                quiet = self.clock + limits.LIMITS.what_if_tick_s
                 if (timer is None or timer > quiet) and (wake is None or wake > quiet) and t_end > quiet:
                     self.clock = quiet
                     self._decide(quiet)
@@ -299,7 +290,7 @@ class _Run:
                 j = self.next_decided[i - self.first]
                 if j < self.last:
                     d = ev.decode(self.records[j][2])
-                    if _key(d.actions) == _key(mine) and d.at - w <= FOLLOW_SLACK_S:  # type: ignore[attr-defined]
+                    if _key(d.actions) == _key(mine) and d.at - w <= limits.LIMITS.what_if_follow_slack_s:  # type: ignore[attr-defined]
                         t = w
                         continue
                 self.clock = w

@@ -11,7 +11,8 @@ simulated agents (`Sim`) under recorded history.
 Between passes, the simulated agent's rules: a placed shard is starting at
 once and ready after its profile's typical start time (`Timing`: what the
 log shows for that profile, or a time given); a stopped one exits after its
-drain, at most STOP_S (an idle simulated engine has nothing to finish). Time
+drain, at most `sim_stop_s` (an idle simulated engine has nothing to
+finish; this module's numbers are contract/limits.py's). Time
 is simulated: after a pass that decided nothing the clock jumps to the next
 simulated fact or to the next moment at which time alone changes a rule's
 answer (`next_wake`: a young replica's minimum lifetime ends, a hold ends, a
@@ -29,6 +30,7 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from ..contract import events as ev
+from ..contract import limits
 from ..rules.decide import decide
 from ..folding.decisions import describe_action
 from ..folding.fold import copy_state, evolve, quarantine
@@ -36,30 +38,22 @@ from ..folding.refused import Refused
 from ..rules.quota import _within
 from ..contract import reasons
 from ..folding.replicas import RETIRING
-from ..rules.scaling import LOAD_FRESH_S, backoff_until
+from ..rules.scaling import backoff_until
 from ..folding.state import LIVE_SHARD_STATES, State
 from ..rules.waits import WaitKind
 
 ROOM_LATER = WaitKind.ROOM_LATER.value  # a model that waits for young victims (decide._why_young_victims)
 
-# How long an idle simulated engine takes to exit when stopped (its drain,
-# at most this: the simulated agent waits min(grace, 0.05 s)).
-STOP_S = 0.05
-# A shard placed with no start time known for its profile: ready after this.
-READY_AFTER_S = 1.0
-# A dry run stops after this many passes (a rule that decided something new
-# in every pass for ever would otherwise not end) or this far in simulated time.
-MAX_PASSES = 500
-HORIZON_S = 3600.0
-
 
 class Timing:
     """How long a shard of a profile takes from placed to ready: the median
     of what the log shows for that (model, profile), else for the profile's
-    name in any model, else `default`. `fixed` (--ready-after) overrides all."""
+    name in any model, else `default` (None: limits' sim_ready_after_s).
+    `fixed` (--ready-after) overrides all."""
 
-    def __init__(self, default: float = READY_AFTER_S, fixed: float | None = None) -> None:
-        self.default, self.fixed = default, fixed
+    def __init__(self, default: float | None = None, fixed: float | None = None) -> None:
+        self.default = limits.LIMITS.sim_ready_after_s if default is None else default
+        self.fixed = fixed
         self.samples: dict[tuple[str, str], list[float]] = {}
         self._median: dict[tuple[str, str], float] = {}
 
@@ -102,11 +96,11 @@ class Sim:
     rule); `decide_pass` decides, folds the pass and schedules what the
     simulated agents report of it; `advance` folds the simulated facts due."""
 
-    def __init__(self, state: State, timing: Timing, stop_s: float = STOP_S) -> None:
+    def __init__(self, state: State, timing: Timing, stop_s: float | None = None) -> None:
         self.state = state
         self.seq = state.seq
         self.timing = timing
-        self.stop_s = stop_s
+        self.stop_s = limits.LIMITS.sim_stop_s if stop_s is None else stop_s
         self.timers: list[tuple[float, int, ev.Event]] = []
         self._n = itertools.count()
         self.on_fold: Callable[[State, ev.Event], None] | None = None  # called after each event folded
@@ -205,7 +199,7 @@ def next_wake(state: State, now: float, traffic: bool = True) -> float | None:
             continue
         for load in m.load.values():
             if load.in_flight or load.queued:
-                times.append(load.at + LOAD_FRESH_S + 1e-3)
+                times.append(load.at + limits.LIMITS.load_fresh_s + 1e-3)
         for p in m.peaks:
             times.append(p.at + m.spec.scale_down_delay_s + 1e-3)
         if m.spec.on_demand and m.last_used:
@@ -277,7 +271,7 @@ class OwnerPast(msgspec.Struct, kw_only=True):
 class DryRun(msgspec.Struct, kw_only=True):
     basis: int  # the log's sequence the state was folded to
     passes: int
-    settled: bool  # False: stopped at MAX_PASSES or HORIZON_S with things still to do
+    settled: bool  # False: stopped at its most passes or its horizon with things still to do
     after_s: float  # simulated time it took to settle
     changes: list[Changed] = []
     happenings: list[Happening] = []
@@ -337,16 +331,20 @@ def hold_load(state: State, since: float, t: float) -> None:
     quiet would (the gateways repeat a load every few seconds)."""
     for m in state.models.values():
         for load in m.load.values():
-            if since - load.at <= LOAD_FRESH_S:
+            if since - load.at <= limits.LIMITS.load_fresh_s:
                 load.at = t
 
 
 def dry_run(
     state: State, as_if: list[ev.Event], now: float, *, timing: Timing | None = None,
-    changes: list[Changed] | None = None, max_passes: int = MAX_PASSES, horizon_s: float = HORIZON_S,
+    changes: list[Changed] | None = None, max_passes: int | None = None, horizon_s: float | None = None,
 ) -> DryRun:
     """Fold `as_if` (stamped `now`) on a copy of `state` and decide until
-    nothing more happens: what would happen, in order. `state` is left as it was."""
+    nothing more happens, or `max_passes` passes, or `horizon_s` simulated
+    seconds (None: limits' dry_run_passes, dry_run_horizon_s): what would
+    happen, in order. `state` is left as it was."""
+    max_passes = limits.LIMITS.dry_run_passes if max_passes is None else max_passes
+    horizon_s = limits.LIMITS.dry_run_horizon_s if horizon_s is None else horizon_s
     timing = timing or Timing().learn(state)
     before_ready = ready_counts(state)
     before_owners = past_guarantee(state)
