@@ -1,8 +1,8 @@
 """Cache-aware routing against the others, on real engines (issue 30).
 
-    python benchmarks/prefix.py [--replicas 3] [--groups 16] [--users 2] [--system-tokens 1000]
+    python benchmarks/prefix.py [--replicas 3] [--groups 32] [--users 1] [--system-tokens 1000]
         [--question-tokens 100] [--rate R] [--requests N] [--warm-streams S] [--cache-ram-mib M]
-        [--max-tokens 16] [--litellm PATH] [--json FILE]
+        [--streams-no-prefix S] [--max-tokens 16] [--litellm PATH] [--guidellm PATH] [--json FILE]
 
 The fleet: real `llmgw up` (NATS, control plane, projector, this machine's
 agent, a gateway) in a temporary state dir, running `--replicas` llama.cpp
@@ -14,9 +14,13 @@ The cache's size (`--cache-ram-mib`, 384: llama.cpp keeps about 13 of this
 workload's conversations, ~30 MB of KV each, beside its 2 slots) is the
 regime where routing by prefix matters: a production replica keeps a small
 part of the prefixes its traffic brings (thousands of system prompts and
-conversations), and here 16 groups of 2 users stand for them. Routed by
+conversations), and here 32 groups stand for them (llm-d's benchmark: 150
+customers, each with its own 6k-token prefix, over 8 pods). Routed by
 prefix, a replica sees a third of the groups: their conversations fit. Routed
-blind, every replica sees all of them, and evicts. With the agent's default
+blind, every replica sees all of them, keeps fewer than half, and evicts.
+(16 groups of 2 users, the earlier default, shared each system prompt
+between two conversations: blind routing found it warm nearly as often, a
+hit ratio of 0.61 against 0.69.) With the agent's default
 (1 GiB, ~40 conversations) every replica ends up holding every group, and
 blind routing only pays each cold prompt up to three times: checked here,
 llama.cpp restores a prompt evicted from its slots from that host cache
@@ -48,15 +52,23 @@ with `--users` users holding multi-turn conversations (questions of
 ~`--question-tokens` tokens, each turn carrying the earlier ones and their
 answers; a conversation starts again after 4 turns). The no-prefix
 workload: single questions with nothing in common, of about twice a
-question's length.
+question's length, sent `--streams-no-prefix` (6: a request per slot) at a
+time, each once one is answered (closed loop): its throughput is what the
+fleet carries, not the rate offered (open loop, the rate offered is the
+throughput: two phases differed by the chance of their Poisson draws,
+±14 % for 50 requests).
 
 Five ways to route the shared-prefix workload, one after the other, the same
 arrivals for each (the same seed), each with prompts new to every engine
 (a phase's salt at the start of every system prompt), so each starts cold,
 then warms up: one request of each group is sent first (`--warm-streams` at
-a time), and waited for, before the measured arrivals begin; what is
+a time, 32: all at once, since guidellm's streams each take a conversation's
+next turn as soon as its last is answered (its worker's code), so 6 streams
+warmed the later turns of the first few conversations and left most first
+turns, cold under every policy, to the measured requests), and waited
+for, before the measured arrivals begin; what is
 measured is the fleet past its first prompts, as it runs all day, at a rate
-(`--rate`, 0.5/s) it carries when each prompt is warm where it goes and not
+(`--rate`, 0.35/s) it carries when each prompt is warm where it goes and not
 when it is not:
 (a) least-load, (b) round-robin, (c) prefix, (d) prefix with requests
 alternating between the two gateways, (e) LiteLLM; then the no-prefix
@@ -257,11 +269,16 @@ async def phase(target: Target, work: Workload, args) -> dict:
                 work.answered(who, msgs, r["text"])
 
     await asyncio.gather(*(warm(i) for i in range(work.warmup)))
-    due = work.arrivals()
+    closed = not work.shared and args.streams_no_prefix > 0
+    due = [0.0] * work.requests if closed else work.arrivals()
     start = time.monotonic() + 0.1
     deadline = args.drain_s + (due[-1] if due else 0)
+    streams = asyncio.Semaphore(max(1, args.streams_no_prefix))
 
     async def one(n: int, at: float) -> None:
+        if closed:  # each of `--streams-no-prefix` sends its next once answered
+            await streams.acquire()
+            at = time.monotonic() - start
         await asyncio.sleep(max(0.0, start + at - time.monotonic()))
         i = work.warmup + n
         who, msgs = work.messages(i)
@@ -274,6 +291,8 @@ async def phase(target: Target, work: Workload, args) -> dict:
         if r["ok"]:
             work.answered(who, msgs, r["text"])
         results.append(r)
+        if closed:
+            streams.release()
 
     await asyncio.gather(*(one(n, at) for n, at in enumerate(due)))
     return summary(target.name, results)
@@ -440,7 +459,10 @@ def guidellm_phase(program: str, folder: Path, name: str, port: int, headers: di
     tag = f"{name.split()[0].strip('()')}-{seed}"
     if warmup:  # the same seed: the measured run's first `warmup` requests are these, warm now
         run({"kind": "concurrent", "streams": min(warmup, args.warm_streams)}, warmup, folder / f"{tag}-warm.json")
-    bench = run({"kind": "poisson", "rate": args.rate}, total, folder / f"{tag}.json")
+    if shared or args.streams_no_prefix <= 0:
+        bench = run({"kind": "poisson", "rate": args.rate}, total, folder / f"{tag}.json")
+    else:
+        bench = run({"kind": "concurrent", "streams": args.streams_no_prefix}, total, folder / f"{tag}.json")
     rs = []
     for status in ("successful", "errored", "incomplete"):
         for r in bench.get(status) or ():
@@ -551,18 +573,23 @@ def stop(proc: subprocess.Popen | None) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--replicas", type=int, default=3)
-    p.add_argument("--groups", type=int, default=16, help="groups, each with a system prompt of its own")
-    p.add_argument("--users", type=int, default=2, help="users per group, each in a multi-turn conversation")
+    p.add_argument("--groups", type=int, default=32, help="groups, each with a system prompt of its own")
+    p.add_argument("--users", type=int, default=1, help="users per group, each in a multi-turn conversation")
     p.add_argument("--system-tokens", type=int, default=1000)
     p.add_argument("--question-tokens", type=int, default=100)
     p.add_argument("--max-tokens", type=int, default=16, help="tokens of each answer")
-    p.add_argument("--rate", type=float, default=0.5, help="requests/s offered (Poisson)")
+    p.add_argument("--rate", type=float, default=0.35, help="requests/s offered (Poisson)")
     p.add_argument("--requests", type=int, default=100, help="requests counted per phase, after the warm-up")
     p.add_argument(
-        "--warm-streams", type=int, default=6,
+        "--warm-streams", type=int, default=32,
         help="the warm-up's requests at a time (one request per group, before the measured arrivals; 0: none)",
     )  # fmt: skip
-    p.add_argument("--requests-no-prefix", type=int, default=50, help="requests per no-prefix phase")
+    p.add_argument("--requests-no-prefix", type=int, default=60, help="requests per no-prefix phase")
+    p.add_argument(
+        "--streams-no-prefix", type=int, default=6,
+        help="the no-prefix phases' requests at a time, each sent once one is answered (closed loop: the throughput is "
+        "what the fleet carries; 0: Poisson arrivals at --rate, where it is the rate)",
+    )  # fmt: skip
     p.add_argument("--cache-ram-mib", type=int, default=384, help="each engine's host prompt cache (see above)")
     p.add_argument("--drain-s", type=float, default=600.0, help="after the last arrival, how long answers are waited for")
     p.add_argument("--ctx-size", type=int, default=8192, help="each engine's context, shared by its slots")
@@ -662,7 +689,7 @@ def report(out: dict, args) -> None:
     load = os.getloadavg()[0]
     print(f"{args.replicas} llama.cpp replicas of SmolLM2-135M (one thread, {args.slots} slots each) on {os.cpu_count()} cores shared with others "
           f"(load average {load:.1f} at the end); {args.requests} requests a phase ({args.requests_no_prefix} without a shared prefix) "
-          f"at {args.rate:g}/s (Poisson, open loop), after a warm-up of one request a group; by {'guidellm' if args.guidellm else 'this file'}; "
+          f"at {args.rate:g}/s (Poisson, open loop), after a warm-up of one request a group (without: {args.streams_no_prefix} at a time, closed loop); by {'guidellm' if args.guidellm else 'this file'}; "
           f"prompt cache {args.cache_ram_mib} MiB an engine; "
           f"{args.groups} groups x {args.users} users, system prompts ~{args.system_tokens} tokens, questions ~{args.question_tokens}, "
           f"answers {args.max_tokens} tokens")  # fmt: skip
