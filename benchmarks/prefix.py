@@ -61,12 +61,10 @@ throughput: two phases differed by the chance of their Poisson draws,
 Five ways to route the shared-prefix workload, one after the other, the same
 arrivals for each (the same seed), each with prompts new to every engine
 (a phase's salt at the start of every system prompt), so each starts cold,
-then warms up: one request of each group is sent first (`--warm-streams` at
-a time, 32: all at once, since guidellm's streams each take a conversation's
-next turn as soon as its last is answered (its worker's code), so 6 streams
-warmed the later turns of the first few conversations and left most first
-turns, cold under every policy, to the measured requests), and waited
-for, before the measured arrivals begin; what is
+then warms up: each group's system prompt is sent once first (by guidellm:
+each of the prefixes its data will draw, read from its dataset with the
+phase's seed; `--warm-streams` at a time), and waited for, before the
+measured arrivals begin; what is
 measured is the fleet past its first prompts, as it runs all day, at a rate
 (`--rate`, 0.35/s) it carries when each prompt is warm where it goes and not
 when it is not:
@@ -392,6 +390,9 @@ def guided(args, folder: Path, target: Target, shared: bool, seed: int) -> dict:
         port = server.sockets[0].getsockname()[1]
     before = routed(target.metrics) if target.metrics else {}
     try:
+        if shared and args.warm_streams:  # every prefix the phase's conversations will have, seen once (by its policy)
+            prompts = guidellm_prefixes(args.guidellm, folder, seed, guidellm_data(args, shared))
+            asyncio.run_coroutine_threadsafe(warm_prefixes(prompts, target, args), loop).result()
         res = guidellm_phase(args.guidellm, folder, target.name, port, target.headers, args, seed, shared)
     finally:
         if server is not None:
@@ -424,6 +425,68 @@ def routed(ports: list[int]) -> dict[tuple[str, str], float]:
     return out
 
 
+def guidellm_data(args, shared: bool) -> dict:
+    """guidellm's synthetic data of a phase."""
+    data = {"kind": "synthetic_text", "prompt_tokens": 2 * args.question_tokens, "output_tokens": args.max_tokens}
+    if shared:
+        data.update(prompt_tokens=args.question_tokens, turns=TURNS, prefix_tokens=args.system_tokens, prefix_count=args.groups)
+    return data
+
+
+# guidellm's dataset with its seed (as its `run` derives it: Random(seed).getrandbits(32)),
+# iterated until every prefix has come (each conversation draws one at random).
+PREFIXES = """
+import json, sys
+from random import Random
+from transformers import AutoTokenizer
+from guidellm.data.deserializers.synthetic import SyntheticTextDataArgs, SyntheticTextDatasetDeserializer
+folder, seed, data = sys.argv[1], Random(int(sys.argv[2])).getrandbits(32), json.loads(sys.argv[3])
+data.pop("kind")
+tokenizer = AutoTokenizer.from_pretrained(folder)
+dataset = SyntheticTextDatasetDeserializer()(config=SyntheticTextDataArgs(**data), processor_factory=lambda: tokenizer, random_seed=seed)
+seen = []
+for i, row in enumerate(dataset):
+    prefix = json.loads(row["conversation_turns"])["turns"][0]["columns"].get("prefix_column", [""])[0]
+    if prefix and prefix not in seen:
+        seen.append(prefix)
+    if len(seen) >= data["prefix_count"] or i >= 5000:
+        break
+print(json.dumps(seen))
+"""
+
+
+def guidellm_prefixes(program: str, folder: Path, seed: int, data: dict) -> list[str]:
+    """The system prompts guidellm gives the conversations of a phase with
+    `seed`: its synthetic data draws each conversation's prefix at random
+    from `--groups` of them, so a warm-up of its own first requests (one
+    conversation's turns after another, as its streams take them) left a
+    third of the prefixes unseen, and the measured requests that brought
+    them, new to every replica, were the p90 of every policy (9 s of cold
+    prefill each, bunched as new conversations come)."""
+    python = Path(program).resolve().parent / "python"
+    out = subprocess.run([str(python), "-c", PREFIXES, str(folder / MODEL), str(seed), json.dumps(data)],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(f"guidellm's prefixes: {out.stderr[-800:]}")
+    return json.loads(out.stdout)
+
+
+async def warm_prefixes(prompts: list[str], target: Target, args) -> None:
+    """Each system prompt sent once (with a one-word question, one token
+    back), `--warm-streams` at a time, through the target as the phase's
+    requests go: what a fleet that runs all day has seen of its customers."""
+    room = asyncio.Semaphore(max(1, args.warm_streams))
+
+    async def one(i: int, prompt: str) -> None:
+        async with room:
+            msgs = [{"role": "system", "content": prompt}, {"role": "user", "content": "Hello?"}]
+            body = json.loads(request(msgs, args))
+            body["max_tokens"] = 1
+            await ask(target.ports[i % len(target.ports)], json.dumps(body).encode(), target.headers, args.drain_s)
+
+    await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+
 def guidellm_phase(program: str, folder: Path, name: str, port: int, headers: dict[str, str], args, seed: int, shared: bool) -> dict:
     """One phase driven by guidellm: Poisson arrivals at `--rate`, its
     synthetic shared-prefix data (`--groups` prefixes of `--system-tokens`,
@@ -431,13 +494,10 @@ def guidellm_phase(program: str, folder: Path, name: str, port: int, headers: di
     turns a conversation, each carrying the earlier ones) or, without a
     shared prefix, single questions of twice that; a seed of its own per
     phase (fresh prompts: each phase starts cold). Its per-request records
-    give the figures (the first, the warm-up's again, not counted), the
-    same as this file's client gives them."""
-    warmup = args.groups if shared and args.warm_streams else 0
-    total = warmup + (args.requests if shared else args.requests_no_prefix)
-    data = {"kind": "synthetic_text", "prompt_tokens": 2 * args.question_tokens, "output_tokens": args.max_tokens}
-    if shared:
-        data.update(prompt_tokens=args.question_tokens, turns=TURNS, prefix_tokens=args.system_tokens, prefix_count=args.groups)
+    give the figures, every one counted (the warm-up was of the prefixes
+    alone: warm_prefixes), the same as this file's client gives them."""
+    total = args.requests if shared else args.requests_no_prefix
+    data = guidellm_data(args, shared)
     backend = {
         "kind": "openai_http", "target": f"http://127.0.0.1:{port}", "model": MODEL, "timeout": args.drain_s,
         "extras": {"headers": {"Connection": "close", **headers}}, "validate_backend": False,  # (its GET /health: LiteLLM's wants the key)
@@ -457,8 +517,6 @@ def guidellm_phase(program: str, folder: Path, name: str, port: int, headers: di
         return json.loads(report.read_text())["benchmarks"][0]["requests"]
 
     tag = f"{name.split()[0].strip('()')}-{seed}"
-    if warmup:  # the same seed: the measured run's first `warmup` requests are these, warm now
-        run({"kind": "concurrent", "streams": min(warmup, args.warm_streams)}, warmup, folder / f"{tag}-warm.json")
     if shared or args.streams_no_prefix <= 0:
         bench = run({"kind": "poisson", "rate": args.rate}, total, folder / f"{tag}.json")
     else:
@@ -475,7 +533,7 @@ def guidellm_phase(program: str, folder: Path, name: str, port: int, headers: di
                 "completion": r.get("output_tokens") or 0, "replica": "", "route": "", "at": start, "end": end,
             })  # fmt: skip
     rs.sort(key=lambda r: r["at"])
-    return summary(name, rs[warmup:])
+    return summary(name, rs)
 
 
 # --------------------------------------------------------------------------- the fleet
