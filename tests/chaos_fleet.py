@@ -58,10 +58,10 @@ class Cluster:
     def _conf(self, i: int) -> Path:
         text = (REPO / "deploy" / "nats" / f"cluster-{i + 1}.conf").read_text()
         routes = "\n".join(f"    nats://127.0.0.1:{p}" for p in self.routes)
-        text = re.sub(r"listen: 0\.0\.0\.0:4222", f"listen: 127.0.0.1:{self.ports[i]}", text)
+        text = re.sub(r"^listen: \S+", f"listen: 127.0.0.1:{self.ports[i]}", text, flags=re.M)  # the clients' (top level)
         text = re.sub(r"http: .*\n", "", text)
         text = re.sub(r"store_dir: .*", f"store_dir: {json.dumps(str(self.root / f'n{i + 1}'))}", text)
-        text = re.sub(r"listen: 0\.0\.0\.0:6222", f"listen: 127.0.0.1:{self.routes[i]}", text)
+        text = re.sub(r"^(\s+)listen: \S+", lambda m: f"{m.group(1)}listen: 127.0.0.1:{self.routes[i]}", text, flags=re.M)  # the routes' (cluster block)
         text = re.sub(r"routes: \[[^\]]*\]", f"routes: [\n{routes}\n  ]", text, flags=re.S)
         # The cluster's mechanics only (elections, failover): its auth and TLS
         # are tested on the same configs by tests/test_auth_cluster.py.

@@ -87,11 +87,11 @@ def test_llama_cpp_without_its_model_file_fails_before_starting(tmp_path):
 
 def test_vllm_gets_its_gpus_tensor_parallel_and_for_a_multi_node_replica_rank_and_leader():
     which = {"vllm": "/opt/bin/vllm"}.get
-    one = build(start_cmd(20000, engine="vllm", gpus=[2, 3], model="org/m"), host="10.0.0.2", model="", which=which)
+    one = build(start_cmd(5100, engine="vllm", gpus=[2, 3], model="org/m"), host="10.0.0.2", model="", which=which)
     assert one.argv[:3] == ["/opt/bin/vllm", "serve", "org/m"]
     assert one.env == {"CUDA_VISIBLE_DEVICES": "2,3"}
     words = " ".join(one.argv)
-    assert "--tensor-parallel-size 2" in words and "--served-model-name org/m org/m@m-1.0/1" in words and "--port 20000" in words
+    assert "--tensor-parallel-size 2" in words and "--served-model-name org/m org/m@m-1.0/1" in words and "--port 5100" in words
     assert one.identity == "org/m@m-1.0/1" and "--nnodes" not in words
     assert "--enable-prefix-caching" in one.argv  # issue 30: prefixes stay warm for the gateway's routing
     off = build(start_cmd(1, engine="vllm", args=["--no-enable-prefix-caching"]), host="h", model="", which=which)
@@ -99,7 +99,7 @@ def test_vllm_gets_its_gpus_tensor_parallel_and_for_a_multi_node_replica_rank_an
     # Names of the profile's own replace ours: it carries no identity, and is taken on its endpoint.
     named = build(start_cmd(1, engine="vllm", args=["--served-model-name", "x"]), host="h", model="", which=which)
     assert named.identity == ""
-    cmd = start_cmd(20000, engine="vllm", gpus=[0], nodes=("a", "b"), rank=1, args=["--max-model-len", "4096"])
+    cmd = start_cmd(5100, engine="vllm", gpus=[0], nodes=("a", "b"), rank=1, args=["--max-model-len", "4096"])
     two = build(cmd, host="10.0.0.3", model="/w/m", which=which)
     words = " ".join(two.argv)
     assert "--nnodes 2 --node-rank 1 --master-addr a" in words and two.argv[-3:] == ["--headless", "--max-model-len", "4096"]

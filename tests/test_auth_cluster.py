@@ -29,10 +29,11 @@ pytestmark = [pytest.mark.timeout(40), pytest.mark.skipif(shutil.which("openssl"
 def _conf(n: int, tmp_path, client: dict, route: dict) -> str:
     text = (REPO / "deploy" / "nats" / f"cluster-{n}.conf").read_text()
     text = text.replace("/etc/llmgw/tls", str(tmp_path / "tls")).replace("/var/lib/llmgw/nats", str(tmp_path / f"n{n}" / "js"))
-    text = text.replace("listen: 0.0.0.0:4222", f"listen: 127.0.0.1:{client[n]}")
-    text = text.replace("listen: 0.0.0.0:6222", f"listen: 127.0.0.1:{route[n]}")
+    # The clients' listen is the top-level one, the routes' the cluster block's (indented): whatever ports the file says.
+    text = re.sub(r"^listen: \S+", f"listen: 127.0.0.1:{client[n]}", text, flags=re.M)
+    text = re.sub(r"^(\s+)listen: \S+", lambda m: f"{m.group(1)}listen: 127.0.0.1:{route[n]}", text, flags=re.M)
     text = re.sub(r"http: \S+\n", "", text)  # no monitoring port
-    return re.sub(r"nats://nats-(\d)\.example\.internal:6222", lambda m: f"nats://127.0.0.1:{route[int(m.group(1))]}", text)
+    return re.sub(r"nats://nats-(\d)\.example\.internal:\d+", lambda m: f"nats://127.0.0.1:{route[int(m.group(1))]}", text)
 
 
 @pytest.fixture
