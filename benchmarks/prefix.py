@@ -323,6 +323,12 @@ def summary(name: str, rs: list[dict]) -> dict:
         "rps": round(len(ok) / span, 3), "out_tps": round(sum(r["completion"] for r in ok) / span, 2),
         "hit_ratio": round(sum(r["cached"] for r in ok) / prompt, 3) if prompt else 0.0,
         "prompt_mean": round(prompt / len(ok)) if ok else 0, "spread": dict(sorted(spread.items())), "routes": routes,
+        # Each request, in order of arrival (for the --json file: where the slow ones went, and what they found there).
+        "requests": [
+            {"at": round(r["at"], 2), "route": r["route"], "replica": r["replica"], "prompt": r["prompt"], "cached": r["cached"],
+             "ttft": None if r["ttft"] is None else round(r["ttft"], 3), "e2e": round(r["e2e"], 3), "ok": r["ok"]}
+            for r in sorted(rs, key=lambda r: r.get("at", 0.0))
+        ],
     }  # fmt: skip
 
 
@@ -665,6 +671,9 @@ def main() -> int:
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args()
 
+    from llmgw.agent import weights
+
+    weights.demo_weights() or weights.fetch_demo(weights.cache_dir())  # the engines' model, fetched once as `llmgw up` does
     work = Path(tempfile.mkdtemp(prefix="llmgw-bench-prefix-"))
     gw1, gw2, nats_port = free_port(), free_port(), free_port()
     first = free_port()
@@ -726,7 +735,7 @@ def main() -> int:
             else:
                 res = guided(args, folder, target, shared, args.seed + len(out["phases"]))
             out["phases"][key] = res
-            print(json.dumps(res), file=sys.stderr)
+            print(json.dumps({k: v for k, v in res.items() if k != "requests"}), file=sys.stderr)
         report(out, args)
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
