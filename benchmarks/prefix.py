@@ -33,20 +33,24 @@ acts only on prompts marked with Anthropic's `cache_control`), and
 least-busy (fewest requests in flight) is the best of the others for
 prompts that cost by where they go: it is our least-load.
 
-The load generator is the peer's where there is one: guidellm (`--guidellm`,
-else `guidellm` on PATH; `pip install guidellm gguf` in a venv of its own)
-with its synthetic shared-prefix data, multi-turn, at a Poisson rate (each
-request, a later turn too, takes the next arrival once the turn before it
-was answered); it runs offline with SmolLM2's tokenizer written from the
-demo's GGUF (guidellm_folder). Two gateways are reached through a load
-balancer of connections here (guidellm says `Connection: close`). Its
-per-request records (TTFT, latency, prompt and cached tokens) give the
-figures; where requests went is read from the gateways' counters (the
-warm-up's included), and is not known for LiteLLM. Without guidellm, an
-open-loop client of this file does the same (Poisson arrivals from a
-seeded generator, each request sent when due whatever came back, a stream
-with `stream_options.include_usage`, timed from when it was due), with a
-fixed set of users: `--users` per group. The shared-prefix workload: `--groups`
+The load generator is an open-loop client of this file: Poisson arrivals
+from a seeded generator, each request sent when due whatever came back (a
+stream with `stream_options.include_usage`, timed from when it was sent,
+which is when it was due: `late` in the --json records), with a fixed set
+of users, `--users` per group. Not guidellm's, the peer's, by default:
+guidellm 0.8.1 runs offline here (`--guidellm PATH`, `pip install guidellm
+gguf` in a venv of its own: its synthetic shared-prefix data, multi-turn,
+with SmolLM2's tokenizer written from the demo's GGUF, guidellm_folder), but
+its multi-turn Poisson profile does not send Poisson arrivals: a
+conversation's next turn waits for the answer to the one before and then
+takes the next arrival, so the turns that waited go out together (at
+0.35/s its records showed 26 requests in a phase's first 20 s where the rate
+gives 7), and a burst onto three single-thread engines queues whatever the
+routing: that measured the generator's bunching, not the routing. With
+`--guidellm` its records give the figures instead, two gateways reached
+through a load balancer of connections here (guidellm says
+`Connection: close`), where requests went read from the gateways' counters
+(the warm-up's included); not known for LiteLLM. The shared-prefix workload: `--groups`
 groups, each with its own system prompt of ~`--system-tokens` tokens, each
 with `--users` users holding multi-turn conversations (questions of
 ~`--question-tokens` tokens, each turn carrying the earlier ones and their
@@ -66,8 +70,13 @@ each of the prefixes its data will draw, read from its dataset with the
 phase's seed; `--warm-streams` at a time), and waited for, before the
 measured arrivals begin; what is
 measured is the fleet past its first prompts, as it runs all day, at a rate
-(`--rate`, 0.35/s) it carries when each prompt is warm where it goes and not
-when it is not:
+(`--rate`, 0.8/s) it carries when each prompt is warm where it goes and not
+when it is not. How it was chosen: routed by least load, these three
+replicas carry about 0.4/s of this workload (0.33/s answered of 0.35/s
+offered, with a p50 first token of 10 s; 0.40-0.43/s answered of 0.6 and
+0.8/s), so below that every policy keeps up and requests/s says nothing
+(the throughput goal compares what is carried); 0.8/s is twice that, and
+routed by prefix each replica is then busy about a third of its time:
 (a) least-load, (b) round-robin, (c) prefix, (d) prefix with requests
 alternating between the two gateways, (e) LiteLLM; then the no-prefix
 workload under (a) and (c). A phase's policy is set by applying the catalog
@@ -642,7 +651,7 @@ def main() -> int:
     p.add_argument("--system-tokens", type=int, default=1000)
     p.add_argument("--question-tokens", type=int, default=100)
     p.add_argument("--max-tokens", type=int, default=16, help="tokens of each answer")
-    p.add_argument("--rate", type=float, default=0.35, help="requests/s offered (Poisson)")
+    p.add_argument("--rate", type=float, default=0.8, help="requests/s offered (Poisson; see above)")
     p.add_argument("--requests", type=int, default=100, help="requests counted per phase, after the warm-up")
     p.add_argument(
         "--warm-streams", type=int, default=32,
@@ -665,8 +674,9 @@ def main() -> int:
     p.add_argument("--phases", default="a,b,c,d,e,a0,c0", help="which to run, in order (a0, c0: the no-prefix workload)")
     p.add_argument("--litellm", default=shutil.which("litellm") or "", help="LiteLLM's proxy program (litellm[proxy])")
     p.add_argument(
-        "--guidellm", default=shutil.which("guidellm") or "",
-        help="guidellm's program (pip install guidellm gguf, in a venv of its own): the load generator; else this file's client",
+        "--guidellm", default="",
+        help="guidellm's program (pip install guidellm gguf, in a venv of its own) as the load generator instead of this file's "
+        "client (see above: its multi-turn arrivals bunch)",
     )  # fmt: skip
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args()
