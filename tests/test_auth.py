@@ -423,3 +423,40 @@ async def test_stored_responses_are_put_and_read_by_gateways_only(auth_nats, rol
         await other.close()
         for bus in (g1, g2, control):
             await bus.close()
+
+
+async def test_prefix_hints_are_told_by_gateways_only_each_as_itself(auth_nats):
+    """The gateways' prefix hints (gateway/hints.py, core NATS): gateway G
+    publishes on llmgw.hint.G only, gateways alone hear them; an agent, an
+    operator, the projector, the console, or a gateway speaking as another, is refused."""
+    from llmgw.bus import HINTS_PREFIX
+
+    g1 = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("gateway", "g1"))
+    g2 = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("gateway", "g2"))
+    heard: list = []
+    sub = await g2.follow_hints(lambda gateway, data: heard.append((gateway, data)))
+    try:
+        await g1.hint("g1", b"told")
+        for _ in range(100):
+            if heard:
+                break
+            await asyncio.sleep(0.02)
+        assert heard == [("g1", b"told")]
+        forgers = [("gateway", "g3", f"{HINTS_PREFIX}.g1"), ("agent", "a", f"{HINTS_PREFIX}.g1"), ("operator", "x", f"{HINTS_PREFIX}.g1"),
+                   ("projector", None, f"{HINTS_PREFIX}.g1"), ("console", "x", f"{HINTS_PREFIX}.g1")]  # fmt: skip
+        for role, name, subject in forgers:
+            speaker = await Speaker.connect(auth_nats, role, name)
+            try:
+                await speaker.nc.publish(subject, b"forged")
+                assert await speaker.refused("publish", subject), (role, subject)
+                if role != "gateway":  # nor may they listen
+                    await speaker.nc.subscribe(f"{HINTS_PREFIX}.*")
+                    assert await speaker.refused("subscription", f"{HINTS_PREFIX}.*"), role
+            finally:
+                await speaker.close()
+        await asyncio.sleep(0.1)
+        assert heard == [("g1", b"told")]  # no forgery arrived
+    finally:
+        await sub.unsubscribe()
+        await g1.close()
+        await g2.close()

@@ -20,6 +20,11 @@ SUBJECTS = ["llmgw.agent.>", "llmgw.ctl.>", "llmgw.gw.>", "llmgw.control.>"]
 # time, so a stream-wide expected sequence would refuse almost every decision.
 CONTROL_SUBJECTS = "llmgw.control.>"
 
+# Where each gateway says where it sent each prompt (gateway/hints.py): core
+# NATS, not the log (soft state: lost when no one listens, never replayed);
+# gateway G publishes on HINTS_PREFIX.G only, gateways alone read them.
+HINTS_PREFIX = "llmgw.hint"
+
 COMMAND_STREAM = "LLMGW_CMD"
 COMMAND_PREFIX = "llmgw.cmd"
 HEARTBEAT_BUCKET = "llmgw-heartbeats"

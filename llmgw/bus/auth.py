@@ -21,7 +21,8 @@ Roles and what their credential allows (`permissions`):
                 no JetStream API but reading back its own engine keys
     gateway G   publish llmgw.gw.G.>; read the log (the routing table is a
                 fold of it) and the engine keys; put and get (by key, never
-                list or watch) stored responses (LLMGW_RESPONSES)
+                list or watch) stored responses (LLMGW_RESPONSES); publish
+                its prefix hints on llmgw.hint.G, read every gateway's
     operator    publish llmgw.ctl.>, ask agents for logs; read the log and
                 the lease bucket (LLMGW_LEADER: `ctl get leader`)
     control     publish llmgw.control.> (and llmgw.cmd.> with its NODES user), hold the lease

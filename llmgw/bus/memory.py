@@ -66,6 +66,15 @@ class MemoryLease:
         return {k: v[1] for k in list(self._keys) if (v := self._live(k)) is not None}
 
 
+class _Unlisten:
+    def __init__(self, listeners: list, listener) -> None:
+        self.listeners, self.listener = listeners, listener
+
+    async def unsubscribe(self) -> None:
+        if self.listener in self.listeners:
+            self.listeners.remove(self.listener)
+
+
 class MemoryBus:
     def __init__(self) -> None:
         self.log: list[tuple[str, bytes]] = []  # index i holds sequence i + 1
@@ -83,6 +92,7 @@ class MemoryBus:
         self.quotas: dict[str, tuple[bytes, int]] = {}  # QUOTAS_BUCKET: key -> (value, revision)
         self.quotas_down = False  # a test's unreachable bucket
         self._quota_revision = 0
+        self._hint_listeners: list[Callable[[str, bytes], None]] = []
 
     async def ensure_streams(self) -> None:
         pass
@@ -165,6 +175,14 @@ class MemoryBus:
                     await self._changed.wait_for(lambda: i < len(self._beat_log))
 
         return _Follower(asyncio.create_task(run()))
+
+    async def hint(self, gateway: str, data: bytes) -> None:
+        for on_hint in list(self._hint_listeners):
+            on_hint(gateway, data)
+
+    async def follow_hints(self, on_hint: Callable[[str, bytes], None]):
+        self._hint_listeners.append(on_hint)
+        return _Unlisten(self._hint_listeners, on_hint)
 
     async def lease(self, ttl: float) -> MemoryLease:
         if self._lease is None:

@@ -3,7 +3,7 @@ a module of its own: nats_streams.py (the streams and buckets made or
 waited for), nats_log.py (the log published, followed, read; the facts
 learned on this stack that chose how), nats_commands.py (the agents'
 commands), nats_kv.py (heartbeats, the lease, engine keys, stored
-responses), nats_consumers.py (a follower kept alive), nats_trouble.py
+responses), nats_hints.py (the gateways' prefix hints), nats_consumers.py (a follower kept alive), nats_trouble.py
 (what the bus in trouble looks like). Here: the connection, tried again
 while NATS does not answer, and closed.
 """
@@ -22,6 +22,7 @@ import nats
 from . import BusUnavailable, auth, credentials
 from .nats_commands import Commands
 from .nats_consumers import _Kept
+from .nats_hints import Hints
 from .nats_kv import Buckets
 from .nats_log import Log
 from .nats_streams import Streams
@@ -30,7 +31,7 @@ from .nats_trouble import RETRY_FIRST_S, RETRY_LONGEST_S, describe_trouble, is_t
 log = logging.getLogger("llmgw.bus")
 
 
-class NatsBus(Streams, Log, Commands, Buckets):
+class NatsBus(Streams, Log, Commands, Buckets, Hints):
     def __init__(self, nc: nats.NATS, replicas: int = 1, identity: "credentials.Identity | None" = None) -> None:
         self.nc = nc
         self.identity = identity  # who the server knows us as (None: no auth, or a credential llmgw did not issue)

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, LEADER_BUCKET, QUOTAS_BUCKET, RESPONSES_BUCKET, STREAM
+from . import (
+    COMMAND_PREFIX, COMMAND_STREAM, ENGINE_KEYS_BUCKET, HEARTBEAT_BUCKET, HINTS_PREFIX, LEADER_BUCKET, QUOTAS_BUCKET, RESPONSES_BUCKET,
+    STREAM,
+)
 from . import accounts
 from .accounts import LOGS_PREFIX, SIM_PREFIX
 from .auth import CONSOLE_ACTIONS, NAME_RE, ROLES, CredentialError
@@ -117,8 +120,11 @@ def permissions(role: str, name: str) -> Permissions:
         )
     if role == "gateway":
         return Permissions(
-            pub_allow=(f"llmgw.gw.{name}.>", *_log_reader(), *_engine_keys_reader(), *_stored_responses(), *_shared_limits()),
-            sub_allow=(inbox,),
+            pub_allow=(
+                f"llmgw.gw.{name}.>", f"{HINTS_PREFIX}.{name}", *_log_reader(), *_engine_keys_reader(), *_stored_responses(),
+                *_shared_limits(),
+            ),
+            sub_allow=(inbox, f"{HINTS_PREFIX}.*"),
         )
     if role == "operator":
         return Permissions(

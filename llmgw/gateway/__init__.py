@@ -20,6 +20,9 @@ without I/O, the shell around them is thin:
     edge.py      the HTTP edge: listening, admission, the gateway's own replies  (shell)
     proxying.py  a replica chosen, attempts, retries, the breakers' outcomes  (shell)
     table_upkeep.py  the log folded into the routing table, backends and pools  (shell)
+    prefix.py    a prompt's blocks, the bounded index of who holds them  (pure)
+    choose.py    which replica, by the model's routing policy, and why  (pure)
+    hints.py     where prompts went, told to and heard from the other gateways  (pure)
     server.py    the gateway put together: started, load reported, closed  (shell)
 
 The APIs served by translation onto the engines' chat completions (issue 31):

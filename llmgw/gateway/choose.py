@@ -182,6 +182,10 @@ class Router:
                 self.index.drop(choice.backend.token, choice.seq)
         return cached >= HIT_SHARE * prompt
 
+    def told(self, hashes: list[bytes], backend: Backend) -> None:
+        """Another gateway sent a prompt of these blocks to `backend`'s replica (hints.py)."""
+        self.index.learn(Prefix(hashes, b"", 0), backend.token)
+
     def forget(self, tokens) -> None:
         """Replicas that left the table (the fold said so): forgotten."""
         for t in tokens:

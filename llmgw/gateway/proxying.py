@@ -52,7 +52,13 @@ class Proxying:
         """The replica for the request (choose.Router), its reason kept on `ask`."""
         self.turn += 1
         choice = ask.choice = self.router.pick(ask.policy, model, backends, time.monotonic(), self.turn, tried, ask.prefix, ask.session)
-        return choice.backend if choice is not None else None
+        if choice is None:
+            return None
+        if ask.prefix is not None:  # told to the other gateways (hints.py), by the report loop
+            b = choice.backend
+            self.hints.add(model, b.replica, b.identity, ask.prefix.hashes)
+            self.kick()
+        return choice.backend
 
     async def proxy(
         self, client: Client, req: Request, path: bytes, model: str, stream: bool, body: bytes, keyed: bool,

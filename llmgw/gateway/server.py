@@ -11,7 +11,8 @@ its jobs are each in a module of their own:
   replica, attempts, retries, the breakers' outcomes.
 - table_upkeep.py (TableUpkeep): the log folded into the routing table,
   its backends and pools, replicas forgotten.
-- here: each model's load published (it wakes on-demand models) and /metrics.
+- here: each model's load published (it wakes on-demand models), the
+  prefix hints told and heard (hints.py), and /metrics.
 
 The HTTP edge holds to config.GatewayConfig's limits: sizes counted as the
 bytes arrive (a refusal stops the parser: nothing past a limit is buffered),
@@ -33,7 +34,7 @@ import uuid
 from ..bus.msgids import fresh as fresh_msg_id
 from ..core.contract import events as ev
 from ..core.folding.state import State
-from . import translated
+from . import hints, translated
 from .choose import Bounds, Router
 from .config import MIB, GatewayConfig
 from .connection import Client
@@ -77,6 +78,9 @@ class Gateway(HttpEdge, Proxying, TableUpkeep):
         self.router = Router(
             config.prefix_index_mib * MIB, config.prefix_sessions, Bounds(config.prefix_epsilon, config.prefix_floor)
         )
+        self.hints = hints.Outbox()  # where prompts went, to tell the other gateways
+        self.hints_heard = self.hints_dropped = 0
+        self._hints_sub = None
         self.clients: set[Client] = set()
         self.per_client = Connections()  # open connections by client address
         self.key_failures = KeyFailures(config.max_key_failures, config.key_failure_window)
@@ -112,6 +116,38 @@ class Gateway(HttpEdge, Proxying, TableUpkeep):
             self._kick.clear()
             for r in self.loads.due(time.time()):
                 await self.publish_load(r)
+            if len(self.hints):
+                await self.tell_hints()
+
+    async def tell_hints(self) -> None:
+        for data in self.hints.batches():
+            try:
+                await self.bus.hint(self.name, data)
+            except Exception as e:  # advice: lost, not retried
+                now = time.monotonic()
+                if now - self._publish_warned > 30:
+                    self._publish_warned = now
+                    log.warning("cannot tell the prefix hints: %s", e)
+                return
+
+    def on_hint(self, gateway: str, data: bytes) -> None:
+        """What another gateway told (hints.py): learned where the table lists
+        that replica, at that identity; the rest dropped."""
+        if gateway == self.name:
+            return
+        try:
+            told = hints.decode(data)
+        except ValueError as e:
+            self.hints_dropped += 1
+            log.debug("a malformed prefix hint from %s: %s", gateway, e)
+            return
+        for model, replica, identity, hashes in told:
+            b = next((b for b in self.by_model.get(model) or () if b.replica == replica and b.identity == identity), None)
+            if b is None or not hashes:
+                self.hints_dropped += 1
+                continue
+            self.router.told(hashes, b)
+            self.hints_heard += 1
 
     async def publish_load(self, r) -> None:
         event = ev.ModelLoad(
@@ -167,6 +203,7 @@ class Gateway(HttpEdge, Proxying, TableUpkeep):
         if last == 0:
             caught_up.set_result(None)
         self._follower = await self.bus.follow(1, on_message)
+        self._hints_sub = await self.bus.follow_hints(self.on_hint)
         await caught_up
         self.rebuild()
         await self.listen()
@@ -211,5 +248,10 @@ class Gateway(HttpEdge, Proxying, TableUpkeep):
                 c.transport.close()
         for b in self.backends.values():
             b.pool.close()
+        if self._hints_sub is not None:
+            try:
+                await self._hints_sub.unsubscribe()
+            except Exception:  # closing: the connection may be gone already
+                pass
         if getattr(self, "_follower", None) is not None:
             await self._follower.stop()
