@@ -20,7 +20,8 @@ costs a fraction of one that is new to it (SmolLM2 on one CPU thread, a
   place: with one request of slack, unique prompts were placed nearly at
   random, and their first token came 1.6 times later than by least load
   (benchmarks/prefix.py, the no-prefix workload); at low load, where the
-  replicas are idle, the hash decides, and gateways agree;
+  replicas are idle, the hash decides, and gateways agree (under load,
+  the hints tell the others where it went: hints.py);
 - a request with no prompt (embeddings) goes to the least loaded (LEAST_LOAD).
 
 Saturated (bounded load, as consistent hashing with bounded loads): a

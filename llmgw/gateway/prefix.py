@@ -33,7 +33,8 @@ never grows it past its bound. Forgetting is O(1):
 Where a prefix warm nowhere goes: weighted rendezvous hashing (highest
 random weight, a form of consistent hashing) of its first RING_BYTES over
 the replicas' ids, so that every gateway folding the same log sends a new
-prefix to the same replica without a word between them, and a replica that
+prefix to the same replica without a word between them (where it is not
+spread by load: then the hints tell them, hints.py), and a replica that
 joins or leaves moves only its share of prefixes.
 """
 
