@@ -99,6 +99,25 @@ def test_the_index_never_passes_its_bound_and_forgets_the_oldest():
     assert idx.warm(first, {1, 2, 3}) == {} and idx.evicted > 0
 
 
+def test_a_miss_drops_what_the_replica_was_sent_before_the_evicted_prefix_and_keeps_what_came_after():
+    # An engine's prompt cache evicts the least recently used first: what was sent there before the evicted
+    # prefix's last use is likely gone too; what was sent since is likely kept (and was, in benchmarks/prefix.py:
+    # dropping it all turned one eviction into a cascade of cold prefills).
+    router = Router(1 << 20, 100)
+    a = backend("a")
+    older = prefix_of(chat("an older prompt " * 200, "q"), 64 * KIB)
+    router.pick("prefix", "m", [a], 0.0, 0, prefix=older)
+    router.pick("prefix", "m", [a], 0.0, 0, prefix=prefix_of(chat(SYSTEM, "q1"), 64 * KIB))
+    newer = prefix_of(chat("a newer prompt " * 200, "q"), 64 * KIB)
+    router.pick("prefix", "m", [a], 0.0, 0, prefix=newer)
+    again = router.pick("prefix", "m", [a], 0.0, 0, prefix=prefix_of(chat(SYSTEM, "q2"), 64 * KIB))
+    assert again.reason is Reason.WARM and again.believed_at == 2  # q1's request taught it
+    assert router.answered(again, 1000, 3) is False
+    assert router.index.warm(older, {a.token}) == {}
+    assert router.index.warm(newer, {a.token}) == {a.token: len(newer.hashes)}
+    assert router.index.warm(prefix_of(chat(SYSTEM, "q2"), 64 * KIB), {a.token})  # the missed one it holds now
+
+
 def test_an_entry_costs_the_index_less_than_its_estimate():
     idx = Index(1 << 30)
     prompts = [prefix_of(chat(f"prompt {i} " * 40, "x"), 64 * KIB) for i in range(2000)]

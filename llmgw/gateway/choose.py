@@ -75,7 +75,8 @@ class Choice:
     reason: Reason
     warm: int = 0  # blocks of the prompt believed warm there
     blocks: int = 0  # blocks of the prompt hashed
-    seq: int = 0  # the index's sequence before this request was learned (what a miss drops)
+    seq: int = 0  # the index's sequence before this request was learned
+    believed_at: int = 0  # the sequence of the belief that made it warm there (what a miss drops, up to)
 
 
 @dataclass(slots=True)
@@ -138,6 +139,8 @@ class Router:
             choice.blocks = len(prefix.hashes)
             if choice.reason is Reason.SESSION:
                 choice.warm = self.index.warm(prefix, {choice.backend.token}).get(choice.backend.token, 0)
+            if choice.warm:
+                choice.believed_at = self.index.learned_at(prefix.hashes[choice.warm - 1], choice.backend.token)
             choice.seq = self.index.seq
             self.index.learn(prefix, choice.backend.token)
         return choice
@@ -172,15 +175,25 @@ class Router:
 
     def answered(self, choice: Choice, prompt: int, cached: int) -> bool:
         """The engine answered `choice`'s request with `cached` of its `prompt`
-        tokens from its cache: a belief of warmth it does not confirm is
-        dropped (every belief about that replica older than this request).
-        Whether the answer was a prefix hit (HIT_SHARE of the prompt cached)."""
+        tokens from its cache. Fewer than CONFIRM_SHARE of what the index
+        predicted: the engine evicted that prefix, so what that replica was
+        sent no later than the prefix's last use there is dropped (an engine's
+        prompt cache evicts the least recently used first), and what it was
+        sent since is kept. Dropping every belief about the replica instead
+        (before: up to this request) turned one eviction into a cascade: the
+        replica's other groups, still cached there, were then believed warm
+        nowhere, sent where they hash or overflowed to cold replicas, whose
+        9-second prefills queued the rest (benchmarks/prefix.py, phase c: one
+        miss at request 43, then 19 more and a p90 first token of 24 s).
+        A restarted engine needs none of this: it is a new generation, a new
+        backend, forgotten at once. Whether the answer was a prefix hit
+        (HIT_SHARE of the prompt cached)."""
         if prompt <= 0:
             return False
         if choice.warm and choice.blocks:
             predicted = prompt * choice.warm / choice.blocks
             if cached < CONFIRM_SHARE * predicted:
-                self.index.drop(choice.backend.token, choice.seq)
+                self.index.drop(choice.backend.token, choice.believed_at)
         return cached >= HIT_SHARE * prompt
 
     def told(self, hashes: list[bytes], backend: Backend) -> None:

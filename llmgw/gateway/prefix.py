@@ -26,9 +26,9 @@ never grows it past its bound. Forgetting is O(1):
   backend, a new `token`) is not among the live tokens a lookup is given, so
   it is forgotten the moment the fold says so; its blocks age out of the LRU;
 - a replica whose engine answered a request believed warm with few cached
-  tokens (it evicted the prefix, or restarted) has every belief older than
-  that request dropped (`drop`: beliefs at or below a sequence number no
-  longer count).
+  tokens (it evicted the prefix) has every belief as old as that prefix's
+  last use there, or older, dropped (`drop`: beliefs at or below a sequence
+  number no longer count; choose.Router.answered says why not all).
 
 Where a prefix warm nowhere goes: weighted rendezvous hashing (highest
 random weight, a form of consistent hashing) of its first RING_BYTES over
@@ -164,6 +164,13 @@ class Index:
             entries.popitem(last=False)
             self.evicted += 1
         return seq
+
+    def learned_at(self, block: bytes, token: int) -> int:
+        """The sequence of the request that taught that `token`'s replica holds `block` (0: none)."""
+        for t, seq in self.entries.get(block, ()):
+            if t == token:
+                return seq
+        return 0
 
     def drop(self, token: int, upto: int) -> None:
         """`token`'s replica no longer holds what it was believed to hold
