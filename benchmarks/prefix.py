@@ -18,7 +18,7 @@ conversations), and here 32 groups stand for them (llm-d's benchmark: 150
 customers, each with its own 6k-token prefix, over 8 pods). Routed by
 prefix, a replica sees a third of the groups (up to 14 of 32, as they
 hash): their conversations fit, only just (one run's phase (c) met
-evictions, 20 misses in 100 requests; at 512 MiB, about 17, it met as many,
+evictions, 16 misses in 100 requests; at 512 MiB, about 17, it met 13,
 while least load's hit ratio rose from 0.38-0.40 to 0.53). Routed blind,
 every replica sees all of them, keeps fewer than half, and evicts.
 (16 groups of 2 users, the earlier default, shared each system prompt
