@@ -13,7 +13,7 @@ import tracemalloc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.gateway.choose import Bounds, Reason, Router
+from llmgw.gateway.choose import MISSES_TO_DROP, Bounds, Reason, Router
 from llmgw.gateway.prefix import BLOCK_BYTES, ENTRY_BYTES, Index, Sessions, prefix_of, prompt_start, rendezvous
 from llmgw.gateway.routing import Backend, Target
 
@@ -99,25 +99,6 @@ def test_the_index_never_passes_its_bound_and_forgets_the_oldest():
     assert idx.warm(first, {1, 2, 3}) == {} and idx.evicted > 0
 
 
-def test_a_miss_drops_what_the_replica_was_sent_before_the_evicted_prefix_and_keeps_what_came_after():
-    # An engine's prompt cache evicts the least recently used first: what was sent there before the evicted
-    # prefix's last use is likely gone too; what was sent since is likely kept (and was, in benchmarks/prefix.py:
-    # dropping it all turned one eviction into a cascade of cold prefills).
-    router = Router(1 << 20, 100)
-    a = backend("a")
-    older = prefix_of(chat("an older prompt " * 200, "q"), 64 * KIB)
-    router.pick("prefix", "m", [a], 0.0, 0, prefix=older)
-    router.pick("prefix", "m", [a], 0.0, 0, prefix=prefix_of(chat(SYSTEM, "q1"), 64 * KIB))
-    newer = prefix_of(chat("a newer prompt " * 200, "q"), 64 * KIB)
-    router.pick("prefix", "m", [a], 0.0, 0, prefix=newer)
-    again = router.pick("prefix", "m", [a], 0.0, 0, prefix=prefix_of(chat(SYSTEM, "q2"), 64 * KIB))
-    assert again.reason is Reason.WARM and again.believed_at == 2  # q1's request taught it
-    assert router.answered(again, 1000, 3) is False
-    assert router.index.warm(older, {a.token}) == {}
-    assert router.index.warm(newer, {a.token}) == {a.token: len(newer.hashes)}
-    assert router.index.warm(prefix_of(chat(SYSTEM, "q2"), 64 * KIB), {a.token})  # the missed one it holds now
-
-
 def test_an_entry_costs_the_index_less_than_its_estimate():
     idx = Index(1 << 30)
     prompts = [prefix_of(chat(f"prompt {i} " * 40, "x"), 64 * KIB) for i in range(2000)]
@@ -131,23 +112,30 @@ def test_an_entry_costs_the_index_less_than_its_estimate():
     assert used / len(idx) < ENTRY_BYTES, used / len(idx)
 
 
-def test_a_miss_the_engine_reports_drops_what_was_believed_of_that_replica():
+def test_misses_in_a_row_drop_what_was_believed_of_that_replica_and_one_miss_does_not():
+    # One miss is one prompt evicted, and says nothing of the others: dropping them all turned one eviction into a
+    # cascade of cold prefills (benchmarks/prefix.py). Misses in a row, no hit between, say the replica lost its cache.
     router = Router(1 << 20, 100)
-    a, b = backend("a"), backend("b")
-    body = chat(SYSTEM, "q1")
-    first = router.pick("prefix", "m", [a, b], 0.0, 0, prefix=prefix_of(body, 64 * KIB))
-    assert first.reason is Reason.HASHED
-    warm = router.pick("prefix", "m", [a, b], 0.0, 0, prefix=prefix_of(chat(SYSTEM, "q2"), 64 * KIB))
-    assert warm.reason is Reason.WARM and warm.backend is first.backend and warm.warm > 0
-    # Its engine says it had almost nothing cached (it evicted the prompt, or restarted).
-    assert router.answered(warm, 1000, 3) is False
-    # What it was sent before that request is forgotten; that request itself it now holds.
-    other = prefix_of(body, 64 * KIB)
-    depth = router.index.warm(other, {first.backend.token})
-    assert depth.get(first.backend.token, 0) == warm.warm  # the blocks q2 shares with q1, from q2's own request
-    # A confirmed answer is a hit and drops nothing.
-    again = router.pick("prefix", "m", [a, b], 0.0, 0, prefix=prefix_of(chat(SYSTEM, "q3"), 64 * KIB))
-    assert router.answered(again, 1000, 990) is True and again.reason is Reason.WARM
+    a = backend("a")
+    older = prefix_of(chat("an older prompt " * 200, "q"), 64 * KIB)
+    router.pick("prefix", "m", [a], 0.0, 0, prefix=older)
+
+    def turn(i: int):
+        c = router.pick("prefix", "m", [a], 0.0, 0, prefix=prefix_of(chat(SYSTEM, f"q{i}"), 64 * KIB))
+        assert i == 0 or (c.reason is Reason.WARM and c.warm > 0)
+        return c
+
+    turn(0)
+    for i in range(1, MISSES_TO_DROP):
+        assert router.answered(turn(i), 1000, 3) is False
+        assert router.index.warm(older, {a.token})  # still believed
+    assert router.answered(turn(10), 1000, 990) is True  # a hit: the count starts again
+    for i in range(20, 20 + MISSES_TO_DROP - 1):
+        router.answered(turn(i), 1000, 3)
+    assert router.index.warm(older, {a.token})
+    router.answered(turn(99), 1000, 3)  # the last of MISSES_TO_DROP in a row
+    assert router.index.warm(older, {a.token}) == {}
+    assert router.index.warm(prefix_of(chat(SYSTEM, "q99"), 64 * KIB), {a.token})  # what it was just sent, it holds
 
 
 # --------------------------------------------------------------------------- the choice

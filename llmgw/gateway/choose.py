@@ -29,7 +29,12 @@ replica whose outstanding requests per unit of weight, with this one, pass
 (1 + epsilon) times the model's mean, and also `floor`. The floor is ours:
 at low load the mean is below one request, and the bound alone sent the
 second request of a warm prefix to a cold replica, a 75-times slower first
-token on this machine, where queueing behind one answer costs less.
+token on this machine, where queueing behind one answer costs less. It is
+8: a warm turn here takes ~1 s, a cold prompt ~10 s, so a queue of up to
+about 8 costs less than a cold prefill elsewhere. At 4 a burst sent turns
+to cold replicas whose prefills queued the rest (benchmarks/prefix.py,
+phase c, p90 first token 24 s in two runs of three), where two gateways,
+each counting half the load, overflowed 1 request in 200.
 
 `least-load`: fewest outstanding per unit of weight (routing.choose).
 `round-robin`: each in turn.
@@ -54,6 +59,8 @@ POLICIES = (PREFIX, LEAST_LOAD, ROUND_ROBIN)
 # An answer's cached tokens below this share of what the index predicted:
 # the replica no longer holds what it was believed to (an eviction, a restart).
 CONFIRM_SHARE = 0.5
+# Misses in a row, with no hit between, before a replica's older beliefs are dropped (see Router.answered).
+MISSES_TO_DROP = 3
 # An answer with at least this share of its prompt cached counts as a prefix hit.
 HIT_SHARE = 0.5
 
@@ -76,7 +83,6 @@ class Choice:
     warm: int = 0  # blocks of the prompt believed warm there
     blocks: int = 0  # blocks of the prompt hashed
     seq: int = 0  # the index's sequence before this request was learned
-    believed_at: int = 0  # the sequence of the belief that made it warm there (what a miss drops, up to)
 
 
 @dataclass(slots=True)
@@ -95,18 +101,19 @@ class Bounds:
     """The settings of the bounded load (GatewayConfig)."""
 
     epsilon: float = 0.25
-    floor: float = 4.0
+    floor: float = 8.0
 
 
 class Router:
     """One gateway's prefix index and sessions, and the choice."""
 
-    __slots__ = ("index", "sessions", "bounds")
+    __slots__ = ("index", "sessions", "bounds", "misses")
 
     def __init__(self, index_bytes: int, sessions: int, bounds: Bounds = Bounds()) -> None:
         self.index = Index(index_bytes)
         self.sessions = Sessions(sessions)
         self.bounds = bounds
+        self.misses: dict[int, int] = {}  # token -> misses in a row
 
     def pick(
         self, policy: str, model: str, backends: list[Backend], now: float, turn: int, exclude=(),
@@ -139,8 +146,6 @@ class Router:
             choice.blocks = len(prefix.hashes)
             if choice.reason is Reason.SESSION:
                 choice.warm = self.index.warm(prefix, {choice.backend.token}).get(choice.backend.token, 0)
-            if choice.warm:
-                choice.believed_at = self.index.learned_at(prefix.hashes[choice.warm - 1], choice.backend.token)
             choice.seq = self.index.seq
             self.index.learn(prefix, choice.backend.token)
         return choice
@@ -176,24 +181,30 @@ class Router:
     def answered(self, choice: Choice, prompt: int, cached: int) -> bool:
         """The engine answered `choice`'s request with `cached` of its `prompt`
         tokens from its cache. Fewer than CONFIRM_SHARE of what the index
-        predicted: the engine evicted that prefix, so what that replica was
-        sent no later than the prefix's last use there is dropped (an engine's
-        prompt cache evicts the least recently used first), and what it was
-        sent since is kept. Dropping every belief about the replica instead
-        (before: up to this request) turned one eviction into a cascade: the
-        replica's other groups, still cached there, were then believed warm
-        nowhere, sent where they hash or overflowed to cold replicas, whose
-        9-second prefills queued the rest (benchmarks/prefix.py, phase c: one
-        miss at request 43, then 19 more and a p90 first token of 24 s).
-        A restarted engine needs none of this: it is a new generation, a new
-        backend, forgotten at once. Whether the answer was a prefix hit
-        (HIT_SHARE of the prompt cached)."""
+        predicted is a miss: the engine no longer held that prefix (it holds it
+        again now, having just read it). One miss says one prompt was evicted,
+        nothing of the others: dropping every belief about the replica on it
+        (as this did before) turned one eviction into a cascade, its other
+        groups, still cached there, believed warm nowhere and sent to cold
+        replicas (benchmarks/prefix.py, phase c: 16 misses in 100 after the
+        first). MISSES_TO_DROP in a row, no hit between, say the replica lost
+        what it held (its cache emptied, or too small for what it is sent):
+        then what it was sent before is dropped. A restarted engine needs
+        none of this: it is a new generation, a new backend, forgotten at once.
+        Whether the answer was a prefix hit (HIT_SHARE of the prompt cached)."""
         if prompt <= 0:
             return False
+        token = choice.backend.token
         if choice.warm and choice.blocks:
             predicted = prompt * choice.warm / choice.blocks
             if cached < CONFIRM_SHARE * predicted:
-                self.index.drop(choice.backend.token, choice.believed_at)
+                n = self.misses.get(token, 0) + 1
+                if n >= MISSES_TO_DROP:
+                    self.index.drop(token, choice.seq)
+                    n = 0
+                self.misses[token] = n
+            else:
+                self.misses.pop(token, None)
         return cached >= HIT_SHARE * prompt
 
     def told(self, hashes: list[bytes], backend: Backend) -> None:
@@ -204,3 +215,4 @@ class Router:
         """Replicas that left the table (the fold said so): forgotten."""
         for t in tokens:
             self.index.forget(t)
+            self.misses.pop(t, None)

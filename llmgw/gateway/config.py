@@ -146,7 +146,7 @@ class GatewayConfig:
         metavar="RATIO",
     )  # fmt: skip
     prefix_floor: float = _f(
-        4.0, "bounded load: nor is one saturated below this many outstanding per unit of weight (a warm queue beats a cold prefill)",
+        8.0, "bounded load: nor is one saturated below this many outstanding per unit of weight (a warm queue beats a cold prefill)",
         metavar="N",
     )  # fmt: skip
     prefix_sessions: int = _f(100_000, "sessions (a request's user or X-Session-Id) remembered, each on its replica (an LRU)")

@@ -25,10 +25,10 @@ never grows it past its bound. Forgetting is O(1):
 - a replica that left the table (stopped, draining, a new generation: a new
   backend, a new `token`) is not among the live tokens a lookup is given, so
   it is forgotten the moment the fold says so; its blocks age out of the LRU;
-- a replica whose engine answered a request believed warm with few cached
-  tokens (it evicted the prefix) has every belief as old as that prefix's
-  last use there, or older, dropped (`drop`: beliefs at or below a sequence
-  number no longer count; choose.Router.answered says why not all).
+- a replica whose engines answered requests believed warm with few cached
+  tokens, several in a row (choose.Router.answered says why not one), has
+  every belief older than the last of them dropped (`drop`: beliefs at or
+  below a sequence number no longer count).
 
 Where a prefix warm nowhere goes: weighted rendezvous hashing (highest
 random weight, a form of consistent hashing) of its first RING_BYTES over
@@ -164,13 +164,6 @@ class Index:
             entries.popitem(last=False)
             self.evicted += 1
         return seq
-
-    def learned_at(self, block: bytes, token: int) -> int:
-        """The sequence of the request that taught that `token`'s replica holds `block` (0: none)."""
-        for t, seq in self.entries.get(block, ()):
-            if t == token:
-                return seq
-        return 0
 
     def drop(self, token: int, upto: int) -> None:
         """`token`'s replica no longer holds what it was believed to hold
