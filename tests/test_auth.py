@@ -435,6 +435,7 @@ async def test_prefix_hints_are_told_by_gateways_only_each_as_itself(auth_nats):
     g2 = await NatsBus.connect(auth_nats.url, creds=auth_nats.creds("gateway", "g2"))
     heard: list = []
     sub = await g2.follow_hints(lambda gateway, data: heard.append((gateway, data)))
+    await g2.nc.flush()  # the server has the subscription before anything is told
     try:
         await g1.hint("g1", b"told")
         for _ in range(100):

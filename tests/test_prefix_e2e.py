@@ -85,11 +85,12 @@ def test_a_prefix_goes_where_it_is_warm_through_either_gateway_and_a_restarted_r
         clients.append(openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=300, max_retries=0))
     one, two = clients
 
-    # New everywhere: where it hashes. Through the other gateway, which never saw it: the same replica, warm.
+    # New everywhere: where it hashes. Through the other gateway, which never sent it: the same replica, warm
+    # (the first gateway told it where it went: gateway/hints.py; and both fold the same log: the same hash).
     home, route, _, _ = ask(one, "What is two plus two?")
     assert route == "hashed"
     replica, route, prompt, cached = ask(two, "Name a colour.")
-    assert (replica, route) == (home, "hashed")  # both gateways fold the same log: the same hash
+    assert (replica, route) == (home, "warm")
     assert cached > 0.9 * prompt, (prompt, cached)
     # The first gateway's own next turn: warm, there.
     replica, route, prompt, cached = ask(one, "And three plus three?")
