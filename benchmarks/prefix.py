@@ -63,7 +63,14 @@ question's length, sent `--streams-no-prefix` (6: a request per slot) at a
 time, each once one is answered (closed loop): its throughput is what the
 fleet carries, not the rate offered (open loop, the rate offered is the
 throughput: two phases differed by the chance of their Poisson draws,
-±14 % for 50 requests).
+±14 % for 50 requests). With as many streams as slots, every policy's
+choice is forced (the one replica with a slot free), so the two no-prefix
+phases should measure the same; they did not, and the reason was the
+order: the engines are the same processes all run, and the second of two
+phases was 6-12 % slower whichever policy it ran (2026-12-06: a0 then c0,
+c0 1.13x a0's p50 first token; c0 then a0, a0 1.03x c0's). So each runs
+twice, in the order a0, c0, c0, a0, and a policy's two are counted as one
+phase (a key repeated in `--phases` adds to it).
 
 Five ways to route the shared-prefix workload, one after the other, the same
 arrivals for each (the same seed), each with prompts new to every engine
@@ -305,7 +312,7 @@ async def phase(target: Target, work: Workload, args) -> dict:
             streams.release()
 
     await asyncio.gather(*(one(n, at) for n, at in enumerate(due)))
-    return summary(target.name, results)
+    return results
 
 
 def pct(values: list[float], p: float) -> float | None:
@@ -315,11 +322,15 @@ def pct(values: list[float], p: float) -> float | None:
     return round(values[min(len(values) - 1, int(len(values) * p))], 3)
 
 
-def summary(name: str, rs: list[dict]) -> dict:
+def summary(name: str, runs: list[list[dict]]) -> dict:
+    """The figures of one phase, or of a phase run several times (`runs`,
+    each its requests, timed from its own start): requests/s over their
+    spans added."""
+    rs = [r for run in runs for r in run]
     ok = [r for r in rs if r["ok"]]
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
     e2e = [r["e2e"] for r in ok]
-    span = (max((r["end"] for r in ok), default=0.0) - min((r["at"] for r in rs), default=0.0)) or 1.0
+    span = sum(max((r["end"] for r in run if r["ok"]), default=0.0) - min((r["at"] for r in run), default=0.0) for run in runs) or 1.0
     prompt = sum(r["prompt"] for r in ok)
     spread: dict[str, int] = {}
     routes: dict[str, int] = {}
@@ -335,11 +346,11 @@ def summary(name: str, rs: list[dict]) -> dict:
         "rps": round(len(ok) / span, 3), "out_tps": round(sum(r["completion"] for r in ok) / span, 2),
         "hit_ratio": round(sum(r["cached"] for r in ok) / prompt, 3) if prompt else 0.0,
         "prompt_mean": round(prompt / len(ok)) if ok else 0, "spread": dict(sorted(spread.items())), "routes": routes,
-        # Each request, in order of arrival (for the --json file: where the slow ones went, and what they found there).
+        # Each request, run by run in order of arrival (for the --json file: where the slow ones went, and what they found there).
         "requests": [
-            {"at": round(r["at"], 2), "route": r["route"], "replica": r["replica"], "prompt": r["prompt"], "cached": r["cached"],
+            {"run": n, "at": round(r["at"], 2), "route": r["route"], "replica": r["replica"], "prompt": r["prompt"], "cached": r["cached"],
              "ttft": None if r["ttft"] is None else round(r["ttft"], 3), "e2e": round(r["e2e"], 3), "ok": r["ok"]}
-            for r in sorted(rs, key=lambda r: r.get("at", 0.0))
+            for n, run in enumerate(runs) for r in sorted(run, key=lambda r: r.get("at", 0.0))
         ],
     }  # fmt: skip
 
@@ -551,7 +562,7 @@ def guidellm_phase(program: str, folder: Path, name: str, port: int, headers: di
                 "completion": r.get("output_tokens") or 0, "replica": "", "route": "", "at": start, "end": end,
             })  # fmt: skip
     rs.sort(key=lambda r: r["at"])
-    return summary(name, rs)
+    return summary(name, [rs])
 
 
 # --------------------------------------------------------------------------- the fleet
@@ -674,7 +685,10 @@ def main() -> int:
         help="each engine's slots (llama.cpp --parallel): a request that finds its prefix's slot busy takes another, cold",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=30)
-    p.add_argument("--phases", default="a,b,c,d,e,a0,c0", help="which to run, in order (a0, c0: the no-prefix workload)")
+    p.add_argument(
+        "--phases", default="a,b,c,d,e,a0,c0,c0,a0",
+        help="which to run, in order (a0, c0: the no-prefix workload; a key given twice is one phase run twice, see above)",
+    )  # fmt: skip
     p.add_argument("--litellm", default=shutil.which("litellm") or "", help="LiteLLM's proxy program (litellm[proxy])")
     p.add_argument(
         "--guidellm", default="",
@@ -699,6 +713,7 @@ def main() -> int:
     )  # fmt: skip
     second = lite = None
     out: dict = {"args": vars(args), "phases": {}}
+    runs: dict[str, list[list[dict]]] = {}  # a phase's runs: its requests, run by run
     try:
         wait_port(gw1, 180)
         url = f"nats://127.0.0.1:{nats_port}"
@@ -744,8 +759,9 @@ def main() -> int:
             workload = Workload(args, f"{key}{time.time_ns() % 100000}", shared)
             print(f"{name}: {workload.warmup} + {workload.requests} requests at {args.rate:g}/s ...", file=sys.stderr)
             if folder is None:
-                res = asyncio.run(phase(target, workload, args))
-            else:
+                runs[key] = runs.get(key, []) + [asyncio.run(phase(target, workload, args))]
+                res = summary(name, runs[key])
+            else:  # a key given twice: the second run's figures
                 res = guided(args, folder, target, shared, args.seed + len(out["phases"]))
             out["phases"][key] = res
             print(json.dumps({k: v for k, v in res.items() if k != "requests"}), file=sys.stderr)
@@ -768,7 +784,7 @@ def report(out: dict, args) -> None:
     ph = out["phases"]
     load = os.getloadavg()[0]
     print(f"{args.replicas} llama.cpp replicas of SmolLM2-135M (one thread, {args.slots} slots each) on {os.cpu_count()} cores shared with others "
-          f"(load average {load:.1f} at the end); {args.requests} requests a phase ({args.requests_no_prefix} without a shared prefix) "
+          f"(load average {load:.1f} at the end); {args.requests} requests a phase ({args.requests_no_prefix} a run without a shared prefix) "
           f"at {args.rate:g}/s (Poisson, open loop), after a warm-up of one request a group (without: {args.streams_no_prefix} at a time, closed loop); by {'guidellm' if args.guidellm else 'this file'}; "
           f"prompt cache {args.cache_ram_mib} MiB an engine; "
           f"{args.groups} groups x {args.users} users, system prompts ~{args.system_tokens} tokens, questions ~{args.question_tokens}, "
