@@ -116,6 +116,11 @@ async def test_a_second_gateway_hears_where_the_first_sent_a_prompt_and_finds_it
         await setup.bus.hint("gw-test", b"\xc1 not msgpack")
         await setup.bus.hint("gw-test", hints.msgspec.msgpack.encode([["m", sent_to, "", b"\0" * 5]]))  # not whole hashes
         assert (second.hints_heard, second.hints_dropped) == (heard, dropped + 4)
+        metrics = second.render_metrics().decode()  # the same on /metrics
+        assert sample(metrics, "llmgw_gateway_prefix_hints_total", outcome="heard") == heard
+        assert sample(metrics, "llmgw_gateway_prefix_hints_total", outcome="dropped") == dropped + 4
+        told = (await setup.raw(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n"))[2].decode()
+        assert sample(told, "llmgw_gateway_prefix_hint_messages_told_total") >= 1
     finally:
         await second.close(grace=0.5)
 

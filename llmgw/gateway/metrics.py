@@ -18,6 +18,8 @@ control plane's are (llmgw/control/metrics.py): one way of doing metrics.
     llmgw_gateway_replica_outstanding{model,replica}, llmgw_gateway_breaker_open{model,replica}
     llmgw_gateway_connections                              open client connections
     llmgw_gateway_prefix_index_blocks                      blocks the prefix index holds (prefix.py)
+    llmgw_gateway_prefix_hint_messages_told_total, llmgw_gateway_prefix_hints_total{outcome}
+                                                           prefix hints told, and heard or dropped (hints.py)
     llmgw_gateway_edge_refused_total{why}                  connections cut, or requests refused, by a limit of
                                                            the HTTP edge (why: its name in config.py, or
                                                            malformed, or internal_error: a bug answered 500)
@@ -111,13 +113,15 @@ class Metrics:
         models: set[str] | None = None,
         connections: int | None = None,
         index_blocks: int | None = None,
+        hints: tuple[int, int, int] | None = None,
     ) -> bytes:
         """The text format, written by prometheus_client; `loads` is model ->
         (in flight, queued), `backends` (model, replica, outstanding, breaker
-        open) for each routable replica; only the rows of `models` when given."""
-        return generate_latest(_Scrape(self, loads, backends, models, connections, index_blocks))
+        open) for each routable replica, `hints` (messages of prefix hints told,
+        hints heard, hints dropped: hints.py); only the rows of `models` when given."""
+        return generate_latest(_Scrape(self, loads, backends, models, connections, index_blocks, hints))
 
-    def families(self, loads, backends, models, connections, index_blocks=None):
+    def families(self, loads, backends, models, connections, index_blocks=None, hints=None):
         keep = (lambda m: True) if models is None else models.__contains__
         p = "llmgw_gateway_"
         requests = CounterMetricFamily(f"{p}requests", "Requests answered, by model, replica and HTTP status.", labels=["model", "replica", "code"])
@@ -177,6 +181,16 @@ class Metrics:
             yield GaugeMetricFamily(f"{p}connections", "Open client connections.", value=connections)
             if index_blocks is not None:
                 yield GaugeMetricFamily(f"{p}prefix_index_blocks", "Blocks the prefix index holds (an LRU, bounded).", value=index_blocks)
+            if hints is not None:
+                told, heard, dropped = hints
+                yield CounterMetricFamily(f"{p}prefix_hint_messages_told", "Messages of prefix hints told to the other gateways (hints.py).", value=told)
+                family = CounterMetricFamily(
+                    f"{p}prefix_hints", "Prefix hints of the other gateways: heard (learned), or dropped (malformed, or a replica the table does not list).",
+                    labels=["outcome"],
+                )  # fmt: skip
+                family.add_metric(["heard"], heard)
+                family.add_metric(["dropped"], dropped)
+                yield family
             refused = CounterMetricFamily(f"{p}edge_refused", "Connections cut by a limit of the HTTP edge, by the limit.", labels=["why"])
             for why, n in sorted(self.refused.items()):
                 refused.add_metric([why], n)

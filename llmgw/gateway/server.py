@@ -79,7 +79,7 @@ class Gateway(HttpEdge, Proxying, TableUpkeep):
             config.prefix_index_mib * MIB, config.prefix_sessions, Bounds(config.prefix_epsilon, config.prefix_floor)
         )
         self.hints = hints.Outbox()  # where prompts went, to tell the other gateways
-        self.hints_heard = self.hints_dropped = 0
+        self.hints_told = self.hints_heard = self.hints_dropped = 0  # messages told; hints heard, dropped
         self._hints_sub = None
         self.clients: set[Client] = set()
         self.per_client = Connections()  # open connections by client address
@@ -123,6 +123,7 @@ class Gateway(HttpEdge, Proxying, TableUpkeep):
         for data in self.hints.batches():
             try:
                 await self.bus.hint(self.name, data)
+                self.hints_told += 1
             except Exception as e:  # advice: lost, not retried
                 now = time.monotonic()
                 if now - self._publish_warned > 30:
@@ -175,6 +176,7 @@ class Gateway(HttpEdge, Proxying, TableUpkeep):
         return self.metrics.render(
             loads, backends, models=models, connections=len(self.clients) if whole else None,
             index_blocks=len(self.router.index) if whole else None,
+            hints=(self.hints_told, self.hints_heard, self.hints_dropped) if whole else None,
         ) + (self.usage.render() if whole else b"")  # per key: not in a key's view (other keys' names)
 
     # ----------------------------------------------------------------- the whole
