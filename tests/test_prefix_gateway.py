@@ -74,6 +74,20 @@ async def test_a_prefix_stays_warm_sessions_stick_and_the_reasons_are_counted(se
     assert routed[(home, "warm")] == 2 and routed[(home, "hashed")] >= 1
 
 
+async def test_a_model_routed_by_least_load_tells_no_hints(setup):
+    """Hints say where a prefix went for the prefix policy; another policy's choices say nothing of the cache."""
+    a, b = await setup.engine("a"), await setup.engine("b")
+    m = spec("m", routing="least-load")
+    await setup.log.model(m)
+    await setup.log.replica(m, a.endpoint)
+    await setup.log.replica(m, b.endpoint)
+    gw = await setup.gateway()
+    for q in ("one?", "two?"):
+        status, h, _ = await setup.post("/v1/chat/completions", chat("You answer questions about the fleet. " * 60, q))
+        assert status == 200 and h["llmgw-route"] == "least_load"
+    assert len(gw.hints) == 0 and gw.hints_told == 0 and len(gw.router.index) == 0
+
+
 async def test_a_second_gateway_hears_where_the_first_sent_a_prompt_and_finds_it_warm(setup):
     """Prefix hints (gateway/hints.py): a prompt sent through one gateway is
     warm for the other, which has never seen it (`warm`, not `hashed`),
