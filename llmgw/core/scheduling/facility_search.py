@@ -41,6 +41,7 @@ from bisect import bisect_left, insort
 from heapq import heapify, heappop, heappush, heapreplace
 
 from ..contract.events import ProfileSpec
+from .fabrics import admit_key
 from .facility_spread import NO_LEVEL, Levels, level as cell_level
 from .fit import _mixed_reasons
 
@@ -94,15 +95,15 @@ class CellSearch:
     def _search_init(self) -> None:
         # Per model and kind of profile its cells by level; each cell's
         # nodes by free GPUs; the epoch of PassFacility they were made in.
-        self._admitted: dict[int, set] = {}
         self._orders: list[list[int]] | None = None
         self._named: list[str] = []  # rank -> node, once the orders are made (placement's `names`)
         self._rank: dict[str, int] = {}  # node -> rank
         self._cell_of: dict[str, int] = {}  # node -> its cell, once the orders are made
         self._fab_epoch = 0
-        # (fabric's groups, draw, GPUs, nodes) -> those groups, where too few nodes have the GPUs free
-        # and are not refused: any model of that shape (`_fabric_refused`); (fabrics, ...) -> where to begin
-        self._too_few: dict[tuple, object] = {}
+        # (shape, fabric) -> True where too few nodes have the GPUs free and
+        # are not refused: any model of that shape (`_fabric_shape`,
+        # `_fabric_refused`); shape -> the fabric to begin at (`_fabric_from`)
+        self._too_few: dict[tuple, bool | int] = {}
         self._picked: Levels | None = None  # the levels the last single-node search went by (placement's `place`)
 
     def _located_moved(self, name: str, before: int, after: int) -> None:
@@ -128,9 +129,9 @@ class CellSearch:
         level that fits; else, at level 0, the best node in no cell; else
         the model's own nodes at that level, fewest of its replicas first."""
         fac = self._fac
-        h = levels.heaps.get(id(p))  # (the pass holds the profile)
+        h = levels.heaps.get(p.name)
         if h is None or h.groups is not groups or h.epoch != fac.epoch:  # (epoch: a stop made room)
-            h = levels.heaps[id(p)] = self._start(p, levels, groups)
+            h = levels.heaps[p.name] = self._start(p, levels, groups)
         heap, cur, dead, blocked, admitted, rc, pc, rack_of, pdu_of = h.parts
         spread, views, orders, named = levels.spread, self._views, self._orders, self._named
         touched = fac.touched
@@ -244,10 +245,7 @@ class CellSearch:
             cur.append((at, order[i], c, i) if i < len(order) else None)
         heap = [e for e in cur if e is not None]
         heapify(heap)
-        admitted = self._admitted.get(id(groups))
-        if admitted is None:  # (the index keeps `groups` for the pass: see Inventory._admitting)
-            admitted = self._admitted[id(groups)] = set(groups)
-        parts = (heap, cur, dead, fac.blocked(p), admitted, levels.rc, levels.pc, levels.rack_of, levels.pdu_of)
+        parts = (heap, cur, dead, fac.blocked(p), set(groups), levels.rc, levels.pc, levels.rack_of, levels.pdu_of)
         return _Heaps(groups, fac.epoch, len(fac.touched), cur, heap, parts)
 
     def _cell_orders(self) -> list[list[int]]:
@@ -321,12 +319,18 @@ class CellSearch:
             too_few.clear()
         if fac.credit:
             return 0
-        shape = (id(by_fabric), p.power_w, p.gpus, p.nodes)
+        shape = self._fabric_shape(p)
         k = too_few.get(shape, 0)
-        while k < len(by_fabric) and too_few.get((id(by_fabric[k]), *shape[1:])) is by_fabric[k]:
+        while k < len(by_fabric) and (*shape, by_fabric[k][0].fabric) in too_few:
             k += 1
         too_few[shape] = k
         return k
+
+    def _fabric_shape(self, p: ProfileSpec) -> tuple:
+        """What a fabric found too full holds for: any profile the same
+        groups admit (admit_key, its GPUs among it), of the same draw and
+        number of nodes, while the node index gains no group (its version)."""
+        return (self._index.version, admit_key(p), p.power_w, p.nodes)
 
     def _fabric_refused(self, p: ProfileSpec, groups: list, mine: bool, spread: dict[str, int]) -> bool:
         """Whether fabrics' `_fabric_pick` may pass over this fabric in a
@@ -335,9 +339,9 @@ class CellSearch:
         `mine`), counted in C, and kept for the shape (`_fabric_from`). On
         a full fleet most fabrics are so, and looking at their nodes was
         most of a multi-node placement (benchmarks/placement.py --facility)."""
-        shape = (id(groups), p.power_w, p.gpus, p.nodes)
+        shape = (*self._fabric_shape(p), groups[0].fabric)
         credit = self._fac.credit
-        if not credit and self._too_few.get(shape) is groups:
+        if not credit and shape in self._too_few:
             return True
         blocked = self._fac.blocked(p)
         own = spread.keys() if mine and spread else None
@@ -351,5 +355,5 @@ class CellSearch:
                     if n >= need:
                         return False
         if own is None and not credit:
-            self._too_few[shape] = groups
+            self._too_few[shape] = True
         return True

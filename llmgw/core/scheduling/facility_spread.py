@@ -146,8 +146,9 @@ class Levels:
         self._loose: dict[int, int] = {}  # level -> the model's nodes in no cell at it
         self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
         self.low = NO_LEVEL  # no level of the model's own nodes is below it (`mine`)
-        # facility_search's heaps of cursors for the model, by id of profile (kept with its levels)
-        self.heaps: dict[int, object] = {}
+        # facility_search's heaps of cursors for the model, by profile (a
+        # model's profiles have names of their own: catalog.py)
+        self.heaps: dict[str, object] = {}
         for name, n in sorted(spread.items()):
             self.took(name, 0, n)
 
