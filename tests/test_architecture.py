@@ -107,3 +107,18 @@ def test_no_import_cycle_inside_the_core():
 
     for m in sorted(graph):
         visit(m, [])
+
+
+def test_placement_keeps_no_memo_keyed_by_id():
+    # Issue 33: placement's memos were 23 dicts keyed by id() of objects the
+    # pass held, each safe only while something else kept that object alive.
+    # They are keyed by names and shapes now, or kept on what they memoise
+    # (facility_spread.Spread). A call of id() in the scheduling package is
+    # such a memo come back.
+    calls = [
+        f"{path.name}:{node.lineno}"
+        for path in sorted((CORE / "scheduling").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "id"
+    ]
+    assert not calls, f"id() in placement: {calls}"

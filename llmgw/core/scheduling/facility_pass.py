@@ -19,7 +19,7 @@ from ..contract import events as ev
 from ..contract import limits
 from . import fit
 from .facility import KEEP_WITHIN, LABELS, counted, domain_of_kind, first_held, held_reason, over_cap, render, shard_watts
-from .facility_spread import Cells, Levels
+from .facility_spread import Cells, Levels, Spread
 from ..folding.nodeindex import power_limit
 from ..folding.state import Node, Shard, State
 
@@ -42,7 +42,6 @@ class PassFacility:
         self._cells: Cells | None = None
         self.touched: list[int] = []  # the cells changed, in order (facility_search reads on)
         self.epoch = 0  # one more when a stop made room: every refusal of the pass may be stale
-        self._levels: dict[int, Levels] = {}  # id(spread) -> its levels, told of each placement (Levels.took)
         self._blocked: dict[tuple[float, int], set[str]] = {}  # see `blocked`
         self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
         self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
@@ -313,21 +312,26 @@ class PassFacility:
     # ------------------------------------------------------------------ spread and keep_within
 
     def levels(self, spread: dict[str, int]) -> Levels | None:
-        """Spread by rack, then PDU, then node, where nodes say where they are (None: none does)."""
-        levels = self._levels.get(id(spread))
-        if levels is None:
-            if not self.loc or not self.cells().nodes:
-                return None
-            levels = self._levels[id(spread)] = Levels(spread, self)  # (it holds the spread: its id is no other's)
+        """Spread by rack, then PDU, then node, where nodes say where they
+        are (None: none does). Kept on the spread for this pass (a `Spread`,
+        as passes make them; a plain dict's are made again each time)."""
+        kept = getattr(spread, "levels", None)
+        if kept is not None and kept[0] is self:
+            return kept[1]
+        if not self.loc or not self.cells().nodes:
+            return None
+        levels = Levels(spread, self)
+        if isinstance(spread, Spread):
+            spread.levels = (self, levels)
         return levels
 
     def expect(self, spread: dict[str, int], names: list[str]) -> None:
         """A placement took these nodes for a model of this spread: the
         levels kept for it (if any) are told, before Inventory.place counts them in it."""
-        levels = self._levels.get(id(spread))
-        if levels is not None and levels.spread is spread:
+        kept = getattr(spread, "levels", None)
+        if kept is not None and kept[0] is self:
             for name in names:
-                levels.took(name, spread.get(name, 0), 1)
+                kept[1].took(name, spread.get(name, 0), 1)
 
     def domain_of(self, kind: str, name: str) -> str:
         return domain_of_kind(self.loc, kind, name)

@@ -122,7 +122,7 @@ class CellSearch:
                     del order[i]
                     insort(order, after << _RANK_BITS | r)
 
-    def _spread_pick(self, p: ProfileSpec, groups: list, levels: Levels):
+    def _spread_pick(self, p: ProfileSpec, groups: list, levels: Levels, spread: dict[str, int]):
         """The node for one shard of a single-node profile, by the rounds of
         spread over `levels`: lowest level first, then best fit. Level by
         level, as the heap's cursors come: the best of the cells at a
@@ -133,7 +133,7 @@ class CellSearch:
         if h is None or h.groups is not groups or h.epoch != fac.epoch:  # (epoch: a stop made room)
             h = levels.heaps[p.name] = self._start(p, levels, groups)
         heap, cur, dead, blocked, admitted, rc, pc, rack_of, pdu_of = h.parts
-        spread, views, orders, named = levels.spread, self._views, self._orders, self._named
+        views, orders, named = self._views, self._orders, self._named
         touched = fac.touched
         if h.touched_at < len(touched):
             # The cells a placement changed since the model's last search:
@@ -190,7 +190,7 @@ class CellSearch:
                 if mine is None:
                     mine = levels.mine()
                 while j < len(mine) and mine[j] < level:
-                    v = self._mine_at(p, admitted, levels, mine[j])
+                    v = self._mine_at(p, admitted, levels, spread, mine[j])
                     if v is not None:
                         return v
                     j += 1
@@ -217,11 +217,10 @@ class CellSearch:
                 cur[c] = None  # none of the cell's nodes fits
                 heappop(heap)
 
-    def _mine_at(self, p: ProfileSpec, admitted: set, levels: Levels, level: int):
+    def _mine_at(self, p: ProfileSpec, admitted: set, levels: Levels, spread: dict[str, int], level: int):
         """The model's own nodes at a level that fit, fewest of its replicas first, then best fit."""
-        spread = levels.spread
         by_count: dict[int, set[str]] = {}
-        for name in levels.spread_at(level):
+        for name in levels.spread_at(level, spread):
             by_count.setdefault(spread[name], set()).add(name)
         for n in sorted(by_count):
             v = self._first_fit(p, admitted, by_count[n])

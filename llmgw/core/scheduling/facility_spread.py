@@ -109,6 +109,17 @@ class Cells:
         self.pdus = len(pdus) + own
 
 
+class Spread(dict):
+    """A model's replicas per node in a pass (node -> count), as
+    placement.replicas_per_node makes it, with the `Levels` a facility pass
+    read of it: `levels` is (that PassFacility, its Levels), set at its first
+    search (PassFacility.levels). The spread holds them, not they the spread,
+    so nothing of a pass outlives it in a cycle the collector must find
+    (control/heap.py freezes what is alive after each pass)."""
+
+    __slots__ = ("levels",)
+
+
 class Levels:
     """A model's spread read as racks, then PDUs, then nodes: a node's
     *level* is how many of the model's replicas its rack has, then its
@@ -131,7 +142,6 @@ class Levels:
     (`low`) tells the search when it need not ask (a level only grows)."""
 
     def __init__(self, spread: dict[str, int], fac: "PassFacility") -> None:
-        self.spread = spread  # held: its id keys the pass's cache
         cells = self._cells = fac.cells()
         self.loose = len(cells.of) < len(fac.state.nodes)  # nodes in no cell, at level 0 unless the model runs there
         # The model's replicas per rack and per PDU, by number (Cells): a
@@ -189,7 +199,7 @@ class Levels:
         self.low = out[0] if out else NO_LEVEL
         return out
 
-    def spread_at(self, at: int) -> set[str]:
+    def spread_at(self, at: int, spread: dict[str, int]) -> set[str]:
         """The model's nodes at a level (in a cell at it, or in none and at it by themselves)."""
         out: set[str] = set()
         rc, pc, rack_of, pdu_of = self.rc, self.pc, self.rack_of, self.pdu_of  # (each cell's level, inline)
@@ -198,5 +208,5 @@ class Levels:
                 out |= names
         if at in self._loose:
             of = self._cells.of
-            out.update(name for name, n in self.spread.items() if name not in of and level(n, n) == at)
+            out.update(name for name, n in spread.items() if name not in of and level(n, n) == at)
         return out

@@ -70,6 +70,7 @@ from itertools import filterfalse
 from typing import NamedTuple
 
 from . import fabrics, facility_pass, facility_search
+from .facility_spread import Spread
 from ..contract import limits
 from ..contract.events import ProfileSpec, ShardPlacement
 from ..folding.nodeindex import FABRIC_LABEL, POOL_LABEL, Group, NodeIndex, index_of, kind_of
@@ -283,9 +284,9 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
             groups = self._admitting(idx, p)
             fac = self._fac
             if fac.loc:  # facility: rack, then PDU, then node (facility_search)
-                levels = self._picked = fac._levels.get(id(spread)) or fac.levels(spread)  # (made at its first search)
+                levels = self._picked = fac.levels(spread)  # (made at its first search)
                 if levels is not None:
-                    v = self._spread_pick(p, groups, levels)
+                    v = self._spread_pick(p, groups, levels, spread)
                     return [v] if v is not None else None
             for limit in fabrics._limits(spread):
                 v = self._best(p, groups, spread, limit, ())
@@ -558,9 +559,9 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
 # --------------------------------------------------------------------------- entry points
 
 
-def replicas_per_node(replicas: list[Replica]) -> dict[str, int]:
+def replicas_per_node(replicas: list[Replica]) -> Spread:
     """Node -> how many of these replicas have a shard on it: what spread weighs."""
-    out: dict[str, int] = {}
+    out = Spread()
     for r in replicas:
         for s in r.shards:
             out[s.node] = out.get(s.node, 0) + 1
