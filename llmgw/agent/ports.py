@@ -74,7 +74,13 @@ class TakenPorts:
         """A start refused for its port: said before the failure, so that the
         control plane keeps the port out and reads the failure as this node's.
         (One of our own engines on it, still draining, is not another program.)"""
-        if port in self.ports and port not in self.taken and port not in self.own():
+        if port not in self.ports:
+            log.warning("port %d, refused, is outside this agent's range %s: not said taken", port, self.ports)
+        elif port in self.taken:
+            log.warning("port %d, refused, was said taken already", port)
+        elif port in self.own():
+            log.warning("port %d, refused, is held by an engine of this agent (still stopping): not said taken", port)
+        else:
             self.taken = sorted({*self.taken, port})
             self.say(ev.NodePorts(at=self.clock(), node=self.node, taken=list(self.taken)))
 
