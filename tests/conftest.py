@@ -151,13 +151,10 @@ def engine_ports(count: int = 16) -> str:
     when chosen. Never the default range: another `llmgw up` on the machine
     may hold it. A port taken meanwhile is no failure: the agent says so and
     it is skipped (issue 11)."""
-    from llmgw.bus.server import port_is_taken
+    from llmgw.bus.server import free_ports
 
-    for _ in range(50):
-        first = free_port()
-        if first + count - 1 <= 65535 and not any(port_is_taken(p) for p in range(first, first + count)):
-            return f"{first}-{first + count - 1}"
-    raise RuntimeError(f"no {count} free ports in a row on 127.0.0.1")
+    first = free_ports(count)
+    return f"{first}-{first + count - 1}"
 
 
 def agent_runners(state_dir: Path) -> list[int]:

@@ -145,6 +145,24 @@ def test_up_says_clearly_when_its_port_is_taken(tmp_path):
         assert f"the gateway's port {port} is taken: give another with --gateway-port" in out.stderr
 
 
+def test_free_ports_are_outside_the_kernels_ephemeral_range_and_never_given_twice():
+    # A port from a bind to port 0 was at times a client socket's before our
+    # server bound it (a test's gateway refused while another `llmgw up` ran):
+    # free_ports gives none the kernel hands to outbound connections, none of
+    # the engines' default range, none twice.
+    from llmgw.bus.server import first_ephemeral_port, free_ports
+    from llmgw.core.contract.limits import LIMITS
+
+    firsts = [free_ports(16) for _ in range(20)]
+    ports = [p for first in firsts for p in range(first, first + 16)] + [free_port() for _ in range(50)]
+    assert len(ports) == len(set(ports))
+    for p in ports:
+        assert p < first_ephemeral_port() and not LIMITS.engine_port_first <= p <= LIMITS.engine_port_last
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", p))
+
+
 # ------------------------------------------------- a rerun serves, one up per folder
 
 

