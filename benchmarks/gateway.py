@@ -70,6 +70,8 @@ sys.path.insert(0, str(HERE.parent))
 
 import httptools  # noqa: E402
 
+from llmgw.bus.server import free_port  # noqa: E402
+
 MODEL = "bench"
 STREAM_MODEL = "bench-stream"
 REQUEST = json.dumps(
@@ -92,12 +94,6 @@ def identity(model: str) -> str:
 MODELS = json.dumps(
     {"object": "list", "data": [{"id": m, "object": "model", "aliases": [m, identity(m)]} for m in (MODEL, STREAM_MODEL)]}
 ).encode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port: int, timeout: float = 20.0) -> None:

@@ -468,10 +468,12 @@ async def test_a_bad_engine_fails_its_shard_with_a_clear_reason(node, tmp_path, 
 async def test_a_taken_port_fails_the_shard_and_a_start_never_kills_what_holds_it(node):
     import socket
 
+    from llmgw.bus.server import free_ports
+
+    port = free_ports(3)
     first = socket.socket()  # another program's, held before the agent starts
-    first.bind(("127.0.0.1", 0))
+    first.bind(("127.0.0.1", port))
     first.listen()
-    port = first.getsockname()[1]
     later = socket.socket()  # and one it opens afterwards
     try:
         ports = agentfile.PortRange(first=port, last=port + 2)
