@@ -74,6 +74,8 @@ def free_ports(count: int = 1) -> int:
             continue
         _given.update(ports)
         return first
+    if count > 1:  # port 0 gives one port, not a row of them
+        raise RuntimeError(f"no {count} free ports in a row on 127.0.0.1 below {first_ephemeral_port()}")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
