@@ -128,7 +128,6 @@ class NodeIndex:
         # location (`relocated`) or files a node anew: made per pass, they
         # were a tenth of a cold start with the facility (benchmarks/placement.py --facility --nodes 16000).
         self.cells = None
-        self._ranks: dict[str, int] | None = None  # see `ranks`
 
     def sync(self, state: State) -> NodeIndex:
         """File again what the fold touched since the last pass (everything, the first time)."""
@@ -148,13 +147,6 @@ class NodeIndex:
             self.dirty.clear()
         return self
 
-    def ranks(self) -> dict[str, int]:
-        """Each ready node's place in name order (placement's cell orders
-        pack it into an int), kept while no node becomes ready or stops being."""
-        if self._ranks is None:
-            self._ranks = {name: r for r, name in enumerate(self.ready_names)}
-        return self._ranks
-
     def moved(self, name: str, free: int) -> None:
         """A pass moved a node to another free count (placement.Inventory):
         filed again from the state at the next sync, which finds it where
@@ -171,7 +163,6 @@ class NodeIndex:
                 self.cells = None  # (its nodes' power limits, by domain: see `cells`)
                 self._unfile(name, old)
                 del self.ready_names[bisect_left(self.ready_names, name)]
-                self._ranks = None
             return
         if old is not None:
             grp = old.groups[0]
@@ -196,7 +187,6 @@ class NodeIndex:
             self._unfile(name, old)
         else:
             insort(self.ready_names, name)
-            self._ranks = None
         self.cells = None
         if len(node.gpus) > self.top:
             self.top = len(node.gpus)

@@ -24,13 +24,11 @@ grows as the model places, so a cursor's is put right when it comes to
 the top (`_Heaps`). A placement so looks at a node or two, and at the
 cells that it or another changed since.
 
-A node in an order is one int, its *key*: its free GPUs, then its rank in
-name order (`_RANK_BITS`), which orders as (free GPUs, name) does: as
-(free GPUs, name) tuples a cold start with the facility at 16,000 nodes
-took 1.04x the time (benchmarks/placement.py --facility --nodes 16000), kept
-for that figure's goal. A cursor is a tuple (level, key, cell, position in
-the cell's order); packed into one int too it won nothing measurable there.
-A cursor's cell and position never decide its order: a node is in one cell.
+A node in an order is its (free GPUs, name); a cursor, (level, that pair,
+cell, position in the cell's order). (Packed into ints, with the names as
+ranks, they won 1.04x at 16,000 nodes with the facility: less than the 1.3x
+that would keep a trick, issue 33.) A cursor's cell and position never
+decide its order: a node is in one cell.
 
 A mixin of placement.Inventory, apart so that each module stays one concern.
 """
@@ -44,10 +42,6 @@ from ..contract.events import ProfileSpec
 from .fabrics import admit_key
 from .facility_spread import NO_LEVEL, Levels, level as cell_level
 from .fit import _mixed_reasons
-
-_RANK_BITS = 24  # a node's rank in name order: fewer than 16 million nodes
-_RANK = (1 << _RANK_BITS) - 1
-
 
 class _Heaps:
     """One model's cells for one kind of profile, in one pass: one heap of
@@ -95,9 +89,7 @@ class CellSearch:
     def _search_init(self) -> None:
         # Per model and kind of profile its cells by level; each cell's
         # nodes by free GPUs; the epoch of PassFacility they were made in.
-        self._orders: list[list[int]] | None = None
-        self._named: list[str] = []  # rank -> node, once the orders are made (placement's `names`)
-        self._rank: dict[str, int] = {}  # node -> rank
+        self._orders: list[list[tuple[int, str]]] | None = None
         self._cell_of: dict[str, int] = {}  # node -> its cell, once the orders are made
         self._fab_epoch = 0
         # (shape, fabric) -> True where too few nodes have the GPUs free and
@@ -115,12 +107,11 @@ class CellSearch:
             c = self._cell_of.get(name)
             if c is not None:
                 self._fac.touched.append(c)
-                order, r = orders[c], self._rank[name]
-                key = before << _RANK_BITS | r
+                order, key = orders[c], (before, name)
                 i = bisect_left(order, key)
                 if i < len(order) and order[i] == key:
                     del order[i]
-                    insort(order, after << _RANK_BITS | r)
+                    insort(order, (after, name))
 
     def _spread_pick(self, p: ProfileSpec, groups: list, levels: Levels, spread: dict[str, int]):
         """The node for one shard of a single-node profile, by the rounds of
@@ -133,7 +124,7 @@ class CellSearch:
         if h is None or h.groups is not groups or h.epoch != fac.epoch:  # (epoch: a stop made room)
             h = levels.heaps[p.name] = self._start(p, levels, groups)
         heap, cur, dead, blocked, admitted, rc, pc, rack_of, pdu_of = h.parts
-        views, orders, named = self._views, self._orders, self._named
+        views, orders = self._views, self._orders
         touched = fac.touched
         if h.touched_at < len(touched):
             # The cells a placement changed since the model's last search:
@@ -144,11 +135,11 @@ class CellSearch:
             # (Each pushed once; the heap orders them. One, mostly: the
             # model's own last placement's, taken without a list.)
             since, h.touched_at = h.touched_at, len(touched)
-            first = p.gpus << _RANK_BITS
+            first = (p.gpus, "")
             for c in set(touched[since:]) if since < len(touched) - 1 else (touched[since],):
                 order = orders[c]  # type: ignore[index]
                 i, n = bisect_left(order, first), len(order)
-                while i < n and ((name := named[order[i] & _RANK]) in blocked or name in spread):
+                while i < n and ((name := order[i][1]) in blocked or name in spread):
                     i += 1
                 old = cur[c]
                 if i < n:
@@ -199,7 +190,7 @@ class CellSearch:
             order, at = orders[c], e[3]  # type: ignore[index]
             for i in range(at, len(order)):
                 key = order[i]
-                name = named[key & _RANK]
+                name = key[1]
                 if name in blocked or name in spread:
                     continue  # refused for the pass, or the model runs there (its own come later)
                 if i != at:  # the cursor moved on: another cell may do better now
@@ -233,8 +224,8 @@ class CellSearch:
         rc, pc, rack_of, pdu_of = levels.rc, levels.pc, levels.rack_of, levels.pdu_of
         fac = self._fac
         dead = fac.dead(p)
-        first = p.gpus << _RANK_BITS
-        cur: list[int | None] = []
+        first = (p.gpus, "")
+        cur: list[tuple | None] = []
         for c, order in enumerate(self._cell_orders()):
             if c in dead:  # (every node of it refused: the search would pop it at once)
                 cur.append(None)
@@ -247,22 +238,15 @@ class CellSearch:
         parts = (heap, cur, dead, fac.blocked(p), set(groups), levels.rc, levels.pc, levels.rack_of, levels.pdu_of)
         return _Heaps(groups, fac.epoch, len(fac.touched), cur, heap, parts)
 
-    def _cell_orders(self) -> list[list[int]]:
-        """Each cell's ready nodes by free GPUs, then name (as keys: see the
-        module), as the node index files them (an entry's free count is its
+    def _cell_orders(self) -> list[list[tuple[int, str]]]:
+        """Each cell's ready nodes by free GPUs, then name, as the node index files them (an entry's free count is its
         view's: Inventory._move keeps both), made at the pass's first search
         by cell and kept as its placements take (`_located_moved`)."""
         if self._orders is None:
             entries = self._build().entries
             cells = self._fac.cells()
             self._cell_of = cells.of
-            idx = self._build()
-            self._named, self._rank = idx.ready_names, idx.ranks()  # rank -> name, name -> rank
-            rank = self._rank
-            self._orders = [
-                sorted([entries[name].free << _RANK_BITS | rank[name] for name in nodes if name in entries])
-                for nodes in cells.nodes
-            ]
+            self._orders = [sorted([(entries[name].free, name) for name in nodes if name in entries]) for nodes in cells.nodes]
         return self._orders
 
     def _fits(self, p: ProfileSpec, admitted: set, v) -> bool:
