@@ -46,7 +46,7 @@ from llmgw.core.contract import events as ev
 from llmgw.core.contract.catalog import profile_named
 from llmgw.core.rules.decide import decide
 from llmgw.core.folding.fold import apply, decode_state, encode_state
-from llmgw.core.scheduling.placement import port_range
+from llmgw.core.scheduling.ports import port_range
 from llmgw.core.contract.policy import Policy
 from llmgw.core.folding.state import LIVE_SHARD_STATES, State
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from llmgw.core.contract import events as ev
 from llmgw.core.scheduling.explain import explain
-from llmgw.core.scheduling.placement import CPU, render_explanation
+from llmgw.core.scheduling.fit import CPU, render_explanation
 
 from .scenario import Fleet, model
 

@@ -9,7 +9,7 @@ from llmgw.core.scheduling import facility
 from llmgw.core.folding.decisions import describe_action
 from llmgw.core.simulation.history import verify
 from llmgw.core.scheduling.explain import explain
-from llmgw.core.scheduling.placement import render_explanation
+from llmgw.core.scheduling.fit import render_explanation
 
 from .scenario import Fleet, model
 

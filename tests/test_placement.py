@@ -9,7 +9,7 @@ from llmgw.core.contract import events as ev
 from llmgw.core.rules.decide import decide
 from llmgw.core.folding.fold import copy_state
 from llmgw.core.scheduling.explain import explain
-from llmgw.core.scheduling.placement import CPU, FABRIC, GPU_MEMORY, GPU_MODEL, GPUS, MEMORY, POOL, PORTS, READY, Reason, gpu_model_matches, render, render_explanation
+from llmgw.core.scheduling.fit import CPU, FABRIC, GPU_MEMORY, GPU_MODEL, GPUS, MEMORY, POOL, PORTS, READY, Reason, gpu_model_matches, render, render_explanation
 from llmgw.core.contract.limits import LIMITS
 
 from .scenario import Fleet, model

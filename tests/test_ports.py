@@ -11,7 +11,7 @@ from llmgw.core.folding.decisions import describe_action
 from llmgw.core.simulation.history import verify
 from llmgw.core.scheduling.explain import explain
 from llmgw.core.contract.limits import LIMITS
-from llmgw.core.scheduling.placement import render_explanation
+from llmgw.core.scheduling.fit import render_explanation
 from llmgw.core.rules.scaling import PARK_AFTER
 
 from .scenario import Fleet, model

@@ -11,7 +11,7 @@ from llmgw.core.contract import events as ev
 from llmgw.core.scheduling.explain import explain
 from llmgw.core.scheduling.fit import SIMULATED, runs_real_engine
 from llmgw.core.folding.nodeindex import index_of
-from llmgw.core.scheduling.placement import render_explanation
+from llmgw.core.scheduling.fit import render_explanation
 
 from .scenario import Fleet, model
 

@@ -14,7 +14,7 @@ def explanation(state: State, name: str) -> tuple[list[str], dict]:
     node, as lines for people and as data: what explain-placement prints, and
     the console's Explain view."""
     from ..core.scheduling.explain import explain
-    from ..core.scheduling.placement import render_explanation
+    from ..core.scheduling.fit import render_explanation
 
     model = state.models[name]
     running = [r for r in state.replicas.values() if r.model == name and r.state != "stopped"]

@@ -70,7 +70,7 @@ class CoreLimits(msgspec.Struct, frozen=True, kw_only=True):
     # so that a pass of 16,000-node placements stays within `pass_bytes`.
     rejections_kept: int = 8
     # *decide*. The engine ports of a node whose agent names no range
-    # (NodeRegistered's port_first and port_last 0; placement.port_range);
+    # (NodeRegistered's port_first and port_last 0; ports.port_range);
     # the agent file's `engine_ports` defaults to it too. 10,000 ports,
     # above the well-known and registered services commonly run on a GPU
     # node, below Linux's ephemeral range (32768-60999).

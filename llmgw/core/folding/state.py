@@ -124,7 +124,7 @@ class Node(msgspec.Struct, kw_only=True, gc=False):
     # Shards the agent runs that no model claims, until they exit.
     strays: dict[str, "Stray"] = {}
     # The ports its engines may be given, first to last (0 and 0: the
-    # default range, see placement.port_range).
+    # default range, see ports.port_range).
     port_first: int = 0
     port_last: int = 0
     simulated: bool = False  # its agent is simulated (NodeRegistered.simulated): no real engine runs here

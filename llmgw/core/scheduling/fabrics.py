@@ -1,11 +1,6 @@
-"""Placement's search for a multi-node replica: the first fabric, in name
-order, with enough nodes that fit, within the rounds of spread (placement.py
-says the rule); its shards by the same rules, rank 0 on the first node chosen.
-
-A mixin of placement.Inventory, apart so that each module stays one
-concern (placement.py: one node's rules and the inventory; this: fabrics;
-facility_search.py: spread by rack and PDU and the facility's shortcuts
-of this search).
+"""Placement's search for a multi-node replica: the first fabric in name
+order with enough nodes that fit, within the rounds of spread; its shards
+by the same rules, rank 0 on the first node chosen (placement.py).
 """
 
 from __future__ import annotations
@@ -31,9 +26,9 @@ def _limits(spread: dict[str, int]) -> list[int]:
     return [c + 1 for c in sorted({0, *spread.values()})]
 
 
-# Groups that admit a profile, per index: keyed by what label_reasons and
-# _kind_reasons read of a profile, so that a cache outlives a pass.
 def admit_key(p: ProfileSpec) -> tuple:
+    """What label_reasons and _kind_reasons read of a profile: the groups
+    that admit it are kept with the index by it, across passes."""
     return (p.pool, p.nodes > 1, p.gpu_model, p.gpu_memory_gb, p.gpus, runs_real_engine(p))
 
 
@@ -63,9 +58,8 @@ class FabricSearch:
         for i in range(len(limits)):
             for j in range(begin, len(by_fabric)):
                 groups_in_fabric = by_fabric[j]
-                # (The facility's count leaves out the model's own nodes in the
-                # rounds after the first, which admit them: as it always has, for
-                # decisions unchanged; a fabric so passed over is a bug to look at.)
+                # (After the first round the count leaves out the model's own
+                # nodes, which those rounds admit: kept for decisions unchanged.)
                 if self._fabric_refused(p, groups_in_fabric, bool(i) and fac.active, spread):
                     continue
                 # facility: keep_within tries one domain of its kind at a time

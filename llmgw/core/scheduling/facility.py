@@ -1,31 +1,26 @@
-"""The facility: where nodes are (site, room, row, rack, PDU), held domains, power caps.
+"""The facility: where nodes are, held domains, power caps; its facts and its rules.
 
 A node says where it is with the labels llmgw.io/site, room, row, rack and
-pdu, from its agent file or from `llmgw ctl label` (NodeLabeled), which wins
-over the agent's own until removed. A domain is KIND/NAME (`rack/r4-12`,
-`pdu/pdu-a`): the nodes whose label of that kind has that name.
+pdu (its agent file, or `llmgw ctl label`, which wins until removed). A
+domain is KIND/NAME (`rack/r4-12`, `pdu/pdu-a`): the nodes whose label of
+that kind has that name. The rules, each one function that every site
+calls (placement's search, the refusals counted, explain, the fold's check):
 
-What placement reads of it (placement.py asks at a few marked points):
+- hold (`first_held`): nothing new goes on a node in a held domain; a hold
+  with `drain` also restarts each replica there beside itself (drains.py),
+  stopped once its replacement elsewhere serves.
+- power cap (`over_cap`): a shard that would take a domain of its node past
+  its cap is refused there. A domain draws what its nodes were measured to
+  draw (NodePower, coalesced by the agent, so replay counts the same), plus
+  each shard not yet measured at its declared draw (`shard_watts`: its
+  profile's power_w, else its GPUs' power limits).
+- spread (facility_spread.level): a model's replicas go to the rack with
+  the fewest of them, then the PDU, then the node, and only then best fit.
+- keep_within (`domain_of_kind`): a multi-node replica's shards in one
+  domain of the profile's kind.
 
-- **holds** (DomainHeld, DomainReleased): nothing new is placed on a node in
-  a held domain. A hold with `drain` also moves what runs there: each of its
-  replicas is restarted beside itself (restarts.py, as with surge), so it is
-  stopped only once its replacement elsewhere serves; what fits nowhere else
-  stays and says why.
-- **power caps** (FacilityApplied, the catalog's `facility.budgets`): a
-  shard that would take any domain its node is in past its cap is refused
-  there. The draw of a domain is what its nodes were measured to draw
-  (NodePower), plus, for each shard placed and not yet measured, its
-  declared draw (its profile's power_w) or else its derived one (the power
-  limits of the GPUs it was given). Measurements are events, coalesced by the
-  agent, so replay counts the same draw and decides the same.
-- **spread**: a model's replicas go to the rack with the fewest of them,
-  then the PDU, then the node (`facility_spread.Levels`), and only then best fit.
-- **keep_within**: every shard of a multi-node replica in one domain of the
-  profile's kind.
-
-Pure, like the rest of the core: the fold handlers at the end are the only
-writers, and `facility_pass.PassFacility` is the working copy one pass of decide takes from.
+The fold handlers at the end are the only writers of the facts;
+facility_pass.PassFacility is one pass's working copy.
 """
 
 from __future__ import annotations
@@ -112,9 +107,7 @@ def shard_watts(p: ev.ProfileSpec, node: Node, gpus: Iterable[int]) -> float:
     profile's declared power_w, else the power limits of the GPUs it gets."""
     if p.power_w:
         return p.power_w
-    # The shard's GPUs only (0.0 where they say no limit): asking first
-    # whether any of the node's says one read all eight for every shard of
-    # the fold, facility or not (benchmarks/placement.py).
+    # (The shard's GPUs only: reading all eight per shard was a cost of every fold.)
     have = node.gpus
     n = len(have)
     w = 0.0
@@ -126,11 +119,6 @@ def shard_watts(p: ev.ProfileSpec, node: Node, gpus: Iterable[int]) -> float:
 
 
 # --------------------------------------------------------------------------- the rules, one function each
-#
-# Every site that asks one of these (the fold's check of a decision,
-# placement's search, the counted refusals, explain) calls the function:
-# the spread order is facility_spread.level (a cell's level) with
-# facility_search's order after it.
 
 
 def over_cap(draw: float, w: float, cap: float) -> bool:
@@ -171,10 +159,9 @@ def node_draw(node: Node) -> float:
 
 def counted(node: Node, sh: Shard) -> float:
     """What a live shard counts for in its node's draw (and frees when it
-    stops): its declared or derived draw until measured, then what its
-    GPUs were measured to draw (its declared one when they were not said).
-    A shard with no draw of its own (power_w 0: a copy kept in a pass for
-    what it still holds, see restarts._kept_till_exit) counts for none."""
+    stops): its declared or derived draw until measured, then what its GPUs
+    were measured to draw. A shard with power_w 0 (a copy kept in a pass
+    for what it still holds: restarts._kept_till_exit) counts for none."""
     if not sh.power_w:
         return 0.0
     w = node.unmeasured.get(sh.id)
@@ -189,8 +176,7 @@ def counted(node: Node, sh: Shard) -> float:
 
 def count_unmeasured(state: State, node: Node, sh: Shard) -> None:
     """A live shard's draw counted on its node until a measurement covers it
-    (placed, or held again at a registration: a new registration forgets
-    what was measured)."""
+    (placed, or held again at a registration, which forgets what was measured)."""
     w = sh.power_w
     if w:
         sh.measured = False
@@ -216,9 +202,7 @@ def forget_draw(state: State, node: Node) -> None:
 
 
 def _drew(state: State, name: str, delta: float) -> None:
-    """A node's draw changed by `delta`: so did each of its domains'
-    (state.domain_draw: the fold is its only writer, through the functions
-    above, relocate and node_power)."""
+    """A node's draw changed by `delta`: so did its domains' (state.domain_draw)."""
     if delta:
         draw = state.domain_draw
         for d in state.located.get(name, ()):
@@ -226,8 +210,8 @@ def _drew(state: State, name: str, delta: float) -> None:
 
 
 def relocate(state: State, name: str) -> None:
-    """Keep `state.located` and `state.domain_nodes` (derived) as the
-    node's effective labels are now: at a registration and a NodeLabeled."""
+    """Keep state.located and state.domain_nodes as the node's labels now
+    say: at a registration and a NodeLabeled."""
     node = state.nodes.get(name)
     new = domains_of(node) if node is not None else ()
     old = state.located.get(name, ())
@@ -257,31 +241,16 @@ def relocate(state: State, name: str) -> None:
 
 
 def domain_draws(state: State, domains: Iterable[str]) -> dict[str, float]:
-    """The counted draw of each of these domains, over every node in it:
-    what state.domain_draw keeps as the fold goes, summed afresh (the tests
-    and benchmarks/placement.py check the one against the other)."""
-    # node_draw, inline and once per node (a node is in its rack and its PDU).
+    """Each domain's counted draw summed afresh: what state.domain_draw
+    keeps as the fold goes (tests and benchmarks check one against the other)."""
     nodes, index = state.nodes, state.domain_nodes
-    drawn: dict[str, float] = {}
-    out: dict[str, float] = {}
-    for d in set(domains):
-        total = 0
-        for n in index.get(d, ()):
-            w = drawn.get(n)
-            if w is None:
-                node = nodes[n]
-                u = node.unmeasured
-                w = drawn[n] = node.power_w + sum(u.values()) if u else node.power_w
-            total += w
-        out[d] = total
-    return out
+    return {d: sum(node_draw(nodes[n]) for n in index.get(d, ())) for d in set(domains)}
 
 
 def power_problem(state: State, adds: list[tuple[Node, float]], credit: dict[str, float]) -> str:
-    """The fold's test of a placement (decisions._place): whether these
-    draws, added on their nodes (less `credit`, by node: what a replica
-    replaced in place hands over), take a capped domain past its cap; or
-    whether a node is in a held domain. "" when neither."""
+    """The fold's check of a placement (decisions._place): a node in a held
+    domain, or these draws on their nodes (less `credit`: what a replica
+    replaced in place hands over) taking a domain past its cap; "" if neither."""
     if not state.holds and not state.budgets:
         return ""
     extra: dict[str, float] = {}

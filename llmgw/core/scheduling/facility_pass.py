@@ -1,14 +1,10 @@
 """The facility in one pass of decide: the working copy placement asks.
 
-`PassFacility` is what one pass of decide sees of the facility (facility.py
-keeps the facts): the holds, each capped domain's draw as the pass's own
-placements add to it, and the refusals a replica's search met, kept on the
-placement (PlaceReplica.rejections) so that `ctl describe replica` shows
-them; and each model's `Levels` (facility_spread.py), by which
-facility_search.py places.
-
-Apart from facility.py so that each stays one concern: the facts and the
-fold there, one pass's arithmetic here.
+`PassFacility` is what one pass sees of the facility's facts (facility.py
+keeps them, the fold writes them): the holds, each capped domain's draw as
+the pass's placements and stops change it, the refusals a placement met
+(PlaceReplica.rejections, which `ctl describe replica` shows), and the
+nodes and cells known refused for the rest of the pass.
 """
 
 from __future__ import annotations
@@ -26,19 +22,18 @@ from ..folding.state import Node, Shard, State
 
 
 class PassFacility:
-    """What one pass of decide takes from the facility: which nodes are in
-    held domains, and what each capped domain draws, with this pass's
-    placements and stops counted as they are decided. Read from the
-    fold's derived indexes (state.located, state.domain_nodes,
-    state.domain_draw): a fleet with no location, hold or cap costs nothing
-    here."""
+    """Held domains and each capped domain's draw, this pass's placements
+    and stops counted as decided; read from the fold's derived indexes
+    (state.located, domain_nodes, domain_draw), so that a fleet with no
+    location, hold or cap costs nothing here."""
 
     def __init__(self, state: State) -> None:
         self.state = state
         self.active = bool(state.located or state.holds or state.budgets)  # anything to say at all
         self.capped = bool(state.budgets)
         self.loc = state.located  # node -> its domains (the fold's, read only)
-        self._draw: dict[str, float] | None = None  # capped domain -> draw counted in this pass
+        drawn = state.domain_draw
+        self.draw = {d: drawn.get(d, 0.0) for d in state.budgets}  # capped domain -> its draw, this pass's counted
         self._cells: Cells | None = None
         self.touched: list[int] = []  # the cells changed, in order (facility_search reads on)
         self.epoch = 0  # one more when a stop made room: every refusal of the pass may be stale
@@ -55,13 +50,6 @@ class PassFacility:
         # node -> the draw a replica stopped for its replacement in place
         # hands over there, while that replacement is placed (`shift`).
         self.credit: dict[str, float] = {}
-
-    @property
-    def draw(self) -> dict[str, float]:
-        if self._draw is None:
-            draw = self.state.domain_draw
-            self._draw = {d: draw.get(d, 0.0) for d in self.state.budgets}
-        return self._draw
 
     def cells(self) -> Cells:
         """The located nodes by cell (for Levels): kept by the node index while no node moves."""
@@ -100,7 +88,7 @@ class PassFacility:
             if self.credit:
                 w -= self.credit.get(name, 0.0)
             if w > 0:
-                draw = self._draw if self._draw is not None else self.draw
+                draw = self.draw
                 for d, cap in caps:
                     if over_cap(draw[d], w, cap):
                         out = out + (fit.power_reason(d, draw[d] + w, cap),)
@@ -116,9 +104,8 @@ class PassFacility:
         return [self.seen[d] for d in sorted(self.seen)]
 
     def refuses(self, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> bool:
-        """Whether `reasons` would say anything, without saying it: placement
-        asks this of every candidate it passes over (on a fleet whose caps
-        bind, most of them), and words for each cost more than the search."""
+        """Whether `reasons` would say anything, without words: asked of every
+        candidate, most of them refused where caps bind."""
         name = node.name
         held, caps, _ = self._limits_of(node)
         if held:
@@ -129,17 +116,16 @@ class PassFacility:
                 w -= self.credit.get(name, 0.0)
             if w <= 0:
                 return False
-            draw = self._draw if self._draw is not None else self.draw
+            draw = self.draw
             for d, cap in caps:
                 if over_cap(draw[d], w, cap):
                     return self._noted(d, node, p, gpus)
         return False
 
     def _limits_of(self, node: Node) -> tuple[str, tuple[tuple[str, float], ...], float | None]:
-        """A node's first held domain ("": none), its capped domains with
-        their caps, in its domains' order, and the power limit its GPUs all
-        share (None: they differ): none changes in a pass, and `refuses`
-        asks per candidate."""
+        """A node's first held domain ("": none), its capped domains with their
+        caps, and the power limit its GPUs all share (None: they differ):
+        none changes in a pass, and `refuses` asks per candidate."""
         got = self._limits.get(node.name)
         if got is None:
             ds = self.loc.get(node.name, ())
@@ -159,11 +145,9 @@ class PassFacility:
 
     def _noted(self, domain: str, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> bool:
         """A refusal, noted in words for the placement under way (once per
-        domain), and remembered for the pass (`blocked`): for every node of
-        the domain that it holds for alike, at once (set.update, in C). A
-        hold refuses them all; a cap, every node whose shard would draw as
-        much or more: all, for a profile that declares its draw; those
-        whose GPUs all say one limit at least this node's, otherwise. Asked
+        domain) and kept for the pass (`blocked`) for every node of the
+        domain it holds for alike: a hold, all; a cap, every node whose
+        shard would draw as much or more (all, for a declared draw). Asked
         node by node, a capped PDU's twenty nodes were twenty refusals to
         find (benchmarks/placement.py --facility)."""
         if domain not in self.seen and len(self.seen) < limits.LIMITS.rejections_kept:
@@ -189,9 +173,8 @@ class PassFacility:
                 if w is not None and w >= mine:  # type: ignore[operator]
                     blocked.update(alike if not credit else [n for n in alike if n not in credit])
         if self._cells is not None:
-            # The cells all of whose nodes are refused now: placement's search
-            # passes over them whole (facility_search), where walking a
-            # capped PDU's nodes again at each search was most of a cold
+            # Cells all of whose nodes are refused are passed over whole:
+            # walking a capped PDU's nodes at each search was most of a cold
             # start on 16,000 nodes (benchmarks/placement.py --facility --nodes 16000).
             cells = self._cells.nodes
             dead = self.dead(p)
@@ -202,9 +185,8 @@ class PassFacility:
 
     def _by_limit(self, domain: str, names) -> dict[float | None, list[str]]:
         """A domain's nodes by the power limit their GPUs all say (None: they
-        differ), kept with the cells (nodeindex.NodeIndex.cells): `_noted`
-        blocks them by it for each draw it meets, where reading each node's
-        limit at each was a tenth of a cold start (benchmarks/placement.py
+        differ), kept with the cells across passes: read node by node at each
+        refusal, 1.14x the time of a cold start (benchmarks/placement.py
         --facility --nodes 16000)."""
         limited = self.cells().limited
         out = limited.get(domain)
@@ -226,11 +208,9 @@ class PassFacility:
         return out
 
     def blocked(self, p: ev.ProfileSpec) -> set[str]:
-        """Nodes known to refuse a shard of this draw in this pass: a domain's
-        draw only grows in a pass (until a stop is counted, `_add`), so a
-        node refused once is passed over at once after (placement skips them
-        in C; on a fleet whose caps bind, asking each again was most of a
-        cold start). Keyed by what the draw of one shard follows from."""
+        """Nodes known to refuse a shard of this draw for the rest of the pass:
+        a domain's draw only grows until a stop makes room (`_room_made`). On
+        a fleet whose caps bind, asking each again was most of a cold start."""
         key = (p.power_w, p.gpus)
         out = self._blocked.get(key)
         if out is None:
@@ -238,8 +218,7 @@ class PassFacility:
         return out
 
     def _watts(self, p: ev.ProfileSpec, node: Node, gpus: list[int]) -> float:
-        """shard_watts, the same number, without reading the node's GPUs
-        each time where they all say one limit (asked per candidate node)."""
+        """facility.shard_watts, without reading the GPUs where they all say one limit."""
         if p.power_w:
             return p.power_w
         w = self._uniform_w(node)
@@ -251,7 +230,7 @@ class PassFacility:
         if not self.capped:
             return True
         extra: dict[str, float] = {}
-        draw = self._draw if self._draw is not None else self.draw
+        draw = self.draw
         for node, gs in zip(nodes, gpus):
             w = self._watts(p, node, gs) - self.credit.get(node.name, 0.0)
             for d in self.loc.get(node.name, ()):
@@ -260,19 +239,17 @@ class PassFacility:
         budgets = self.state.budgets
         return not any(over_cap(draw[d], w, budgets[d]) for d, w in extra.items())
 
-    def take(self, node: Node, p: ev.ProfileSpec, gpus: list[int], fabric: str) -> None:
-        """A shard placed in this pass on a node of this fabric (""
-        none): its draw counts from now on. (Its cell is `touched` where its
-        order changes: facility_search's `_located_moved`.)"""
+    def take(self, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> None:
+        """A shard placed in this pass: its draw counts from now on."""
         if self.capped:
             caps = self._limits_of(node)[1]
             w = self._watts(p, node, gpus)
             if w and caps:
-                draw = self._draw if self._draw is not None else self.draw
+                draw = self.draw
                 for d, _cap in caps:
                     draw[d] += w
 
-    def shift(self, node: Node, sh: Shard, give: bool, handover: bool = False, fabric: str = "") -> None:
+    def shift(self, node: Node, sh: Shard, give: bool, handover: bool = False) -> None:
         """A shard stopped in this pass (give) frees what it counts for; or
         not after all. `handover`: stopped for a replacement in place, its
         draw goes on counting for its domains (it draws until it exits, and
@@ -399,7 +376,7 @@ class Together:
         if not chosen:
             return False
         fac, p, extra = self.fac, self.p, self.extra
-        draw = fac._draw if fac._draw is not None else fac.draw
+        draw = fac.draw
         credit, loc = fac.credit, fac.loc
         while self.counted < len(chosen):
             c = chosen[self.counted]

@@ -1,36 +1,23 @@
-"""Placement's search over a model's spread by rack and PDU (facility_spread.Levels), cell by cell.
+"""Placement's search by rack and PDU (facility_spread.level), cell by cell.
 
-The rule is placement's (placement.py says it): the fitting node of the
-lowest level (its rack's count of the model's replicas, then its PDU's,
-then its own), then the fewest free GPUs that are enough, then the name.
-Asked node by node, or by rounds over the buckets of free GPUs that each
-admit every lower level again, it cost a cold start with the facility
-nearly seven times one without (benchmarks/placement.py --facility): a
-placement looked at most of its rack's and PDU's nodes, and at every node
-of the levels below.
+The order is placement's: the fitting node of the lowest level (its rack's
+count of the model's replicas, then its PDU's), then the fewest free GPUs
+that are enough, then the name. Asked node by node, a cold start with the
+facility took nearly seven times one without (benchmarks/placement.py
+--facility): a placement looked at most of its rack's and PDU's nodes.
 
-Here the nodes are taken by cell (facility_spread.Cells: the nodes in the
-same domains), each cell's nodes kept in order of free GPUs then name for
-the pass (`_cell_orders`). Per model and kind of profile, one heap merges
-its cells' orders, lowest level first: an entry is a cell's *cursor*, the
-first of its nodes not yet known refused, and a lower bound on the cell's
-best. The top is looked at: a node that fits, no worse than the next
-entry, is the best (every other cell's best is at least its entry); one
-that does not is passed over for good, as a refusal in a pass only
-hardens (a domain's draw grows, a model's spread grows) until a cell's
-nodes change (PassFacility.touched: its cursor starts again) or a stop
-makes room (PassFacility.epoch: all start again). A cell's level only
-grows as the model places, so a cursor's is put right when it comes to
-the top (`_Heaps`). A placement so looks at a node or two, and at the
-cells that it or another changed since.
-
-A node in an order is its (free GPUs, name); a cursor, (level, that pair,
-cell, position in the cell's order). (Packed into ints, with the names as
-ranks, they won 1.04x at 16,000 nodes with the facility: less than the 1.3x
-that would keep a trick, issue 33.) A cursor's cell and position never
-decide its order: a node is in one cell.
-
-A mixin of placement.Inventory, apart so that each module stays one concern.
+So nodes are taken by cell (facility_spread.Cells: the nodes of one rack
+and PDU), each cell's nodes kept in (free GPUs, name) order for the pass.
+Per model and profile a heap merges the cells, lowest level first; an
+entry is a cell's cursor (level, (free, name), cell, position): its first
+node not known refused, a lower bound of the cell's best. A node at the
+top that fits is the best; one that does not is passed over for the pass,
+since a refusal only hardens in a pass (draws and spreads only grow)
+until the cell's nodes change (PassFacility.touched: its cursor starts
+again) or a stop makes room (PassFacility.epoch: all start again). A
+cell's level only grows too, so a cursor's is put right when it comes to
+the top. (The keys were once ints packed with each name's rank: 1.04x at
+16,000 nodes, under the 1.3x that keeps a trick, issue 33.)
 """
 
 from __future__ import annotations
@@ -44,29 +31,19 @@ from .facility_spread import NO_LEVEL, Levels, level as cell_level
 from .fit import _mixed_reasons
 
 class _Heaps:
-    """One model's cells for one kind of profile, in one pass: one heap of
-    cursors (level, node's key, cell and position in the cell's order:
-    see the module), lowest level first, `cur[cell]` being the
-    cell's cursor that stands, by identity (any other entry of the cell is
-    stale: its nodes changed since; two equal ones stand for the same).
-
-    A cursor's level is its cell's when it was pushed, and a cell's level
-    only grows in a pass (a spread only grows): so it is a lower
-    bound, put right when the cursor comes to the top (pushed again at its
-    level), not at each placement that moves its rack's or PDU's cells,
-    most of which never come to the top again in the pass."""
+    """One model's heap of cell cursors for one profile in one pass (see the
+    module); `cur[cell]` is the cell's cursor that stands, by identity (any
+    other entry of the cell is stale)."""
 
     __slots__ = ("groups", "epoch", "touched_at", "cur", "heap", "parts")
 
     def __init__(self, groups: list, epoch: int, touched_at: int, cur: list, heap: list, parts: tuple) -> None:
         self.groups = groups
         self.epoch = epoch  # PassFacility.epoch when made: a stop since made room, and it is made again
-        self.touched_at = touched_at
+        self.touched_at = touched_at  # how many of PassFacility.touched it has seen
         self.cur = cur
         self.heap = heap
-        # What each search reads, in one: (heap, cur, the pass's refused
-        # nodes and cells for the profile's draw, the admitted groups, and
-        # the model's counts per rack and PDU with the cells' racks and PDUs).
+        # (heap, cur, refused cells, refused nodes, admitted groups, the model's counts per rack and PDU, each cell's)
         self.parts = parts
 
 
@@ -83,12 +60,10 @@ class _InCells:
 
 
 class CellSearch:
-    """placement.Inventory's search over facility_spread.Levels (see the module),
-    and the facility's shortcuts of its multi-node search (`_fabric_refused`)."""
+    """placement.Inventory's search by cell (see the module), and the
+    fabrics its multi-node search may pass over (`_fabric_refused`)."""
 
     def _search_init(self) -> None:
-        # Per model and kind of profile its cells by level; each cell's
-        # nodes by free GPUs; the epoch of PassFacility they were made in.
         self._orders: list[list[tuple[int, str]]] | None = None
         self._cell_of: dict[str, int] = {}  # node -> its cell, once the orders are made
         self._fab_epoch = 0
@@ -96,12 +71,10 @@ class CellSearch:
         # are not refused: any model of that shape (`_fabric_shape`,
         # `_fabric_refused`); shape -> the fabric to begin at (`_fabric_from`)
         self._too_few: dict[tuple, bool | int] = {}
-        self._picked: Levels | None = None  # the levels the last single-node search went by (placement's `place`)
 
     def _located_moved(self, name: str, before: int, after: int) -> None:
-        """A node's free GPU count changed in this pass (placement.Inventory._move):
-        moved in its cell's order (`_cell_orders`), if made, and its cell
-        touched (PassFacility.touched: the cursors in it start again)."""
+        """A node's free GPU count changed (Inventory._move): moved in its
+        cell's order, and its cell touched (its cursors start again)."""
         orders = self._orders
         if orders is not None:
             c = self._cell_of.get(name)
@@ -114,11 +87,10 @@ class CellSearch:
                     insort(order, (after, name))
 
     def _spread_pick(self, p: ProfileSpec, groups: list, levels: Levels, spread: dict[str, int]):
-        """The node for one shard of a single-node profile, by the rounds of
-        spread over `levels`: lowest level first, then best fit. Level by
-        level, as the heap's cursors come: the best of the cells at a
-        level that fits; else, at level 0, the best node in no cell; else
-        the model's own nodes at that level, fewest of its replicas first."""
+        """The node for one shard of a single-node profile: level by level,
+        the best node that fits of the cells at it; at level 0, the best node
+        in no cell if better; then the model's own nodes at that level,
+        fewest of its replicas first."""
         fac = self._fac
         h = levels.heaps.get(p.name)
         if h is None or h.groups is not groups or h.epoch != fac.epoch:  # (epoch: a stop made room)
@@ -127,13 +99,9 @@ class CellSearch:
         views, orders = self._views, self._orders
         touched = fac.touched
         if h.touched_at < len(touched):
-            # The cells a placement changed since the model's last search:
-            # their cursors start again, past the nodes known refused and the
-            # model's own (as below). A cell's cursor that stands at the top
-            # (the cell a placement of the model itself took from, mostly)
-            # is replaced there, not left behind stale.
-            # (Each pushed once; the heap orders them. One, mostly: the
-            # model's own last placement's, taken without a list.)
+            # The cells changed since the model's last search start again, past
+            # the nodes refused and the model's own; a cursor standing at the
+            # top (mostly the model's own last placement's cell) is replaced there.
             since, h.touched_at = h.touched_at, len(touched)
             first = (p.gpus, "")
             for c in set(touched[since:]) if since < len(touched) - 1 else (touched[since],):
@@ -239,9 +207,8 @@ class CellSearch:
         return _Heaps(groups, fac.epoch, len(fac.touched), cur, heap, parts)
 
     def _cell_orders(self) -> list[list[tuple[int, str]]]:
-        """Each cell's ready nodes by free GPUs, then name, as the node index files them (an entry's free count is its
-        view's: Inventory._move keeps both), made at the pass's first search
-        by cell and kept as its placements take (`_located_moved`)."""
+        """Each cell's ready nodes in (free GPUs, name) order, made at the
+        pass's first search and kept as it takes (`_located_moved`)."""
         if self._orders is None:
             entries = self._build().entries
             cells = self._fac.cells()
@@ -266,10 +233,10 @@ class CellSearch:
         return self._room_ok(v, p)
 
     def _first_fit(self, p: ProfileSpec, admitted: set, names):
-        """The fitting node among these (the model's own at one level) with the fewest free GPUs that are enough, ties in name
-        order; looked at in that order, so that the refusals a placement
-        notes (PlaceReplica.rejections) never follow a set's order, which
-        differs from one process to the next (replay --verify)."""
+        """The fitting node among these with the fewest free GPUs that are
+        enough, ties in name order; asked in that order, so that the refusals
+        a placement notes (PlaceReplica.rejections) never follow a set's,
+        which differs from one process to the next (replay --verify)."""
         fac, views, nodes = self._fac, self._views, self._state.nodes
         blocked = fac.blocked(p) if fac.active else ()
         need = p.gpus
@@ -289,13 +256,12 @@ class CellSearch:
     # ------------------------------------------------------------------ multi-node: fabrics
 
     def _fabric_from(self, p: ProfileSpec, by_fabric: list) -> int:
-        """The first fabric not known too full for any model of
-        the profile's shape (`_fabric_refused`): where the last search of the
-        shape stopped, then on. Refusals only harden in a pass until room is
-        made (PassFacility.epoch, `_located_moved`); a draw handed over may
-        unblock a node, so none is kept while one is (PassFacility.credit).
-        (A multi-node placement on a fleet whose caps bind passed over some
-        ninety fabrics so: benchmarks/placement.py --facility --nodes 16000.)"""
+        """The first fabric not known too full for the profile's shape
+        (`_fabric_refused`): refusals harden in a pass until a stop makes room
+        (PassFacility.epoch); none is kept while a draw is handed over
+        (PassFacility.credit). A multi-node placement on a fleet whose caps
+        bind passed over some ninety fabrics so (benchmarks/placement.py
+        --facility --nodes 16000)."""
         fac, too_few = self._fac, self._too_few
         if self._fab_epoch != fac.epoch:  # a stop made room: what was refused may fit now
             self._fab_epoch = fac.epoch
@@ -310,17 +276,15 @@ class CellSearch:
         return k
 
     def _fabric_shape(self, p: ProfileSpec) -> tuple:
-        """What a fabric found too full holds for: any profile the same
-        groups admit (admit_key, its GPUs among it), of the same draw and
-        number of nodes, while the node index gains no group (its version)."""
+        """What a fabric found too full holds for: a profile the same groups
+        admit, of the same draw and nodes, while the index gains no group."""
         return (self._index.version, admit_key(p), p.power_w, p.nodes)
 
     def _fabric_refused(self, p: ProfileSpec, groups: list, mine: bool, spread: dict[str, int]) -> bool:
-        """Whether fabrics' `_fabric_pick` may pass over this fabric in a
-        round without looking at its nodes: too few of them have the GPUs
-        free and are not refused by the facility (nor run the model, if
-        `mine`), counted in C, and kept for the shape (`_fabric_from`). On
-        a full fleet most fabrics are so, and looking at their nodes was
+        """Whether `_fabric_pick` may pass over this fabric unlooked at: too
+        few of its nodes have the GPUs free and are not refused (nor run the
+        model, if `mine`), counted by set operations and kept for the shape.
+        On a full fleet most fabrics are so, and looking at their nodes was
         most of a multi-node placement (benchmarks/placement.py --facility)."""
         shape = (*self._fabric_shape(p), groups[0].fabric)
         credit = self._fac.credit

@@ -1,17 +1,11 @@
-"""A model's spread read by rack and PDU, for placement's search (facility_search.py).
+"""A model's spread by rack and PDU: the first key of placement's order.
 
-`Cells` groups the located nodes of a state by the domains they share (a
-cell: the nodes of one rack and one PDU, mostly), and `Levels` keeps, for
-one model in one pass, how many of its replicas each rack and each PDU
-runs: a cell's *level*. Placement takes the fitting node of the lowest
-level, then best fit, as placement.py says; facility_search.py searches
-the cells by level. Kept up to date as the pass places (`Levels.took`),
-because made again per placement they read the whole fleet each time, and
-re-levelling a rack's nodes one by one was a third of a cold start
-(benchmarks/placement.py --facility).
-
-Apart from facility_pass.py (one pass's holds, caps and draws) so that
-each stays one concern.
+`Cells` groups the located nodes by the domains they share (a cell: the
+nodes of one rack and PDU, mostly); `Levels` counts, for one model in one
+pass, its replicas per rack and per PDU, which gives each cell its
+`level`. Counted by cell and kept as the pass places (`Levels.took`):
+re-levelled node by node, a rack's nodes were a third of a cold start
+with the facility (benchmarks/placement.py --facility).
 """
 
 from __future__ import annotations
@@ -21,35 +15,28 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .facility_pass import PassFacility
 
-# A cell's level: its rack's count and its PDU's as one number, each in its
-# own digits (a rack or PDU never runs this many of one model's replicas).
+# A level is the rack's count and the PDU's in one number, each in its own
+# digits (no rack or PDU runs this many of one model's replicas).
 LEVEL_BASE = 1 << 16
 NO_LEVEL = 1 << 62  # past every level
 
 
 def level(rack: int, pdu: int) -> int:
-    """The spread order's first key, a node's *level*: how many of the
-    model's replicas its rack runs, then its PDU (a missing label: the
-    node's own count), as one number. Placement takes the fitting node of
-    the lowest level, then the fewest free GPUs that are enough, then the
-    name (facility_search.py; tests/test_facility_search.py states it plainly)."""
+    """The spread rule's first key, a node's *level*: how many of the model's
+    replicas its rack runs, then its PDU (a label not said: the node's own
+    count). Placement takes the fitting node of the lowest level, then the
+    fewest free GPUs that are enough, then the name (tests/test_facility_search.py
+    states the rule plainly, and holds the search to it)."""
     return rack * LEVEL_BASE + pdu
 
 
 class Cells:
-    """The located nodes of one pass by *cell*: the nodes in the same set of
-    domains (rack, PDU and any other). The nodes of a cell share their
-    rack's and PDU's counts of a model's replicas, so a placement changes
-    the level of its rack's and PDU's few cells, where re-levelling each of
-    their nodes in Python was a third of a cold start with the facility
-    (benchmarks/placement.py --facility). A node that says no rack or no
-    PDU is a cell of its own (nothing says it shares them), and the rack
-    (or PDU) it does not say is one of its own too, numbered apart, whose
-    count is the node's; one that says neither is in no cell (`Levels`
-    counts it by itself).
-
-    Racks and PDUs are numbered (`rack_of`, `pdu_of`: cell -> number), so
-    that a model's counts are two lists and a cell's level two reads."""
+    """The located nodes by *cell*: the nodes in the same set of domains. A
+    node that says a rack but no PDU (or the reverse) is a cell of its own,
+    and the PDU it does not say is one of its own, counted by the node; one
+    that says neither is in no cell (`Levels` counts it alone). Racks and
+    PDUs are numbered (`rack_of`, `pdu_of`: cell -> number), so that a
+    model's counts are two lists."""
 
     __slots__ = ("located", "of", "nodes", "rack_of", "pdu_of", "racks", "pdus", "in_domain", "limited")
 
@@ -66,8 +53,7 @@ class Cells:
         own = 0  # racks and PDUs of a node of its own, numbered after the named ones
         keys: dict = {}
         cells: list[tuple[str | None, str | None]] = []
-        # (A cell's number decides nothing: placement orders by free GPUs and
-        # name, and a name is in one cell; so the fold's order will do.)
+        # (A cell's number decides nothing: a name is in one cell.)
         for name, ds in located.items():
             rack = pdu = None
             for d in ds:
@@ -110,62 +96,43 @@ class Cells:
 
 
 class Spread(dict):
-    """A model's replicas per node in a pass (node -> count), as
-    placement.replicas_per_node makes it, with the `Levels` a facility pass
-    read of it: `levels` is (that PassFacility, its Levels), set at its first
-    search (PassFacility.levels). The spread holds them, not they the spread,
-    so nothing of a pass outlives it in a cycle the collector must find
-    (control/heap.py freezes what is alive after each pass)."""
+    """A model's replicas per node in a pass (placement.replicas_per_node),
+    holding the (PassFacility, Levels) read of it at its first search: the
+    spread holds them, not they the spread, so that nothing of a pass
+    outlives it in a cycle (control/heap.py freezes what lives after a pass)."""
 
     __slots__ = ("levels",)
 
 
 class Levels:
-    """A model's spread read as racks, then PDUs, then nodes: a node's
-    *level* is how many of the model's replicas its rack has, then its
-    PDU, then itself, and placement (facility_search) takes the
-    fitting node of the lowest level, then best fit, as its rounds of
-    spread would (`fabrics._limits`). A node without a rack (or PDU)
-    label is a rack (or PDU) of its own: nothing says it shares one.
+    """A model's replicas per rack and per PDU in one pass: each cell's level.
 
-    Counted by rack and PDU (`Cells`) from the spread when made, then told
-    of each placement of the pass before placement counts it in the spread
-    (`took`: Inventory.place is the spread's only writer in a pass, so the
-    two cannot part): a placement counts one more for its rack and its PDU,
-    which moves their cells' levels, not their nodes one by one. A copy
-    of the spread compared at each placement to catch a writer that did
-    not say cost a hundredth of a cold start with the facility
-    (benchmarks/instructions.py --what cold). Where the model's own nodes
-    are (`mine`, `spread_at`) is asked only when the search has found no
-    other node below them, which is rare: so it is worked out then, from
-    the cells that have some (`_csp`), and a lower bound of their levels
-    (`low`) tells the search when it need not ask (a level only grows)."""
+    Counted from the spread when made, then told of each placement before
+    the spread counts it (`took`, from Inventory.place, the spread's only
+    writer in a pass). Where the model's own nodes are (`mine`,
+    `spread_at`) is asked only when the search found nothing below them,
+    which is rare: worked out then from the cells that have some (`_csp`),
+    with `low`, a lower bound of their levels, saying when to ask."""
 
     def __init__(self, spread: dict[str, int], fac: "PassFacility") -> None:
         cells = self._cells = fac.cells()
         self.loose = len(cells.of) < len(fac.state.nodes)  # nodes in no cell, at level 0 unless the model runs there
         # The model's replicas per rack and per PDU, by number (Cells): a
-        # cell's level is `rc[rack_of[c]] * LEVEL_BASE + pc[pdu_of[c]]`, its
-        # rack's count then its PDU's, read where it is needed (inline: a
-        # method call per cell was a hundredth of a cold start) rather than
-        # kept for every cell that a placement moves, most of which nobody
-        # reads again in the pass.
+        # cell's level is level(rc[rack_of[c]], pc[pdu_of[c]]), read where
+        # needed rather than kept for every cell a placement moves.
         self.rc = [0] * cells.racks
         self.pc = [0] * cells.pdus
         self.rack_of, self.pdu_of = cells.rack_of, cells.pdu_of
         self._loose: dict[int, int] = {}  # level -> the model's nodes in no cell at it
         self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
         self.low = NO_LEVEL  # no level of the model's own nodes is below it (`mine`)
-        # facility_search's heaps of cursors for the model, by profile (a
-        # model's profiles have names of their own: catalog.py)
+        # facility_search's heaps of cursors for the model, by profile name
         self.heaps: dict[str, object] = {}
         for name, n in sorted(spread.items()):
             self.took(name, 0, n)
 
     def took(self, name: str, old: int, more: int) -> None:
-        """The node ran `old` of the model's replicas and runs `more` more:
-        its rack's and its PDU's counts too. Told by a placement before it
-        counts the node in the spread (Inventory.place), and at the start."""
+        """The node ran `old` of the model's replicas and runs `more` more: so do its rack and PDU."""
         c = self._cells.of.get(name)
         if c is None:  # in no cell: a rack and PDU of its own
             self._loose_moved(old, old + more)

@@ -1,14 +1,28 @@
-"""Whether one node fits one shard, and why not, as data.
+"""Whether one node fits one shard of a profile, and why not, as data.
 
-Each rule placement applies to a node (placement.py lists them) that does
-not hold is a `Reason`: the rule, what was needed, what the node has. `render`
-says it in words a person can act on; `NodeFit`, `ProfileFit` and
-`Explanation` are what `explain` returns for every node of a model, and
-`summarize` is the one-line waiting reason made of exactly that, so the
-model's reason, explain-placement and placement itself cannot disagree.
+Each rule that does not hold is a `Reason` (the rule, what was needed, what
+the node has), which `render` says in words a person can act on:
 
-Apart from placement.py, which keeps the inventory and the choice among the
-nodes that fit: these are the questions, that is the search.
+    ready       the node is registered, not lost, not cordoned
+    simulated   a profile of a real engine (any but "sim") goes on no simulated
+                node unless it says `simulate: true` (runs_real_engine)
+    pool        it carries the llmgw.io/pool label the profile asks for ("": any)
+    fabric      for a multi-node profile, it carries an llmgw.io/fabric label
+    gpu-model   it has GPUs of the model asked for (whole words, case aside)
+    gpu-memory  enough of those have the memory asked for, each
+    gpus        enough of those are free
+    memory      its host memory not yet held covers a shard's (0 on the node: no limit)
+    cpu         likewise its cores; a CPU-only profile needs a node that says them
+    ports       a port of its range is free (ports.port_range), held neither by
+                a shard or stray nor by another program (Node.taken)
+    held, power, keep-within   the facility's (facility.py)
+
+`NodeFit`, `ProfileFit` and `Explanation` are what explain.py returns for
+every node of a model, and `summarize` the one-line waiting reason made of
+exactly that; the fold checks a placement with these same functions
+(folding/decisions.py), so the waiting reason, explain-placement, placement
+and the fold cannot disagree. These are the questions; placement.py is the
+search.
 """
 
 from __future__ import annotations

@@ -1,65 +1,35 @@
-"""Where a replica fits, and why a node does not.
+"""Where a replica goes: the choice among the nodes that fit, and one pass's inventory.
 
-A profile (`ProfileSpec`) says what one replica needs; the catalog lists a
-model's profiles in order of preference and the first that fits wins. A node
-takes one shard of a replica when every rule below holds; each rule that does
-not is a `Reason` (data: the rule, what was needed, what the node has), and
-`render` says it in words a person can act on:
+A node takes one shard of a profile when every question of fit.py holds
+(ready, labels, GPUs, memory, cores, ports; held domains, power caps and
+keep_within: facility.py). A multi-node profile (`nodes > 1`) takes a shard
+on each of that many distinct nodes of one fabric (the llmgw.io/fabric
+label), rank 0 the endpoint: tensor-parallel traffic over a network nobody
+vouched for fails or crawls, and a label is one line of an agent file,
+where a wrong guess is hours of NCCL timeouts.
 
-    ready       the node is registered and not lost
-    simulated   a profile of a real engine (any but "sim") goes on no simulated
-                node, unless it says `simulate: true` (fit.runs_real_engine)
-    pool        it carries the label `llmgw.io/pool` the profile asks for ("" any)
-    fabric      for a multi-node profile, it carries the label `llmgw.io/fabric`
-    gpu-model   it has GPUs of the model asked for (whole words, case aside)
-    gpu-memory  enough of those have the memory asked for, each
-    gpus        enough of those are free
-    memory      its host memory not yet held covers one shard's (0 on the node: not said, no limit)
-    cpu         likewise its CPU cores
-    ports       it has a port free in its range (limits.py's engine_port_first..last unless
-                its agent says another), held neither by a shard or stray
-                nor by another program (Node.taken)
-    held        it is in no held facility domain (facility.py)
-    power       one more shard takes no domain it is in past its power cap
-    keep-within a multi-node replica's shards share a domain of that kind
+Among the nodes that fit:
 
-A multi-node profile (`nodes > 1`) takes one shard on each of that many
-distinct nodes of one fabric, rank 0 being the endpoint. A node without the
-fabric label forms no fabric with any other: tensor or pipeline parallel
-traffic over a network nobody vouched for fails or crawls, and a label is
-one line of an agent's configuration, while a wrong guess is hours of NCCL
-timeouts.
+- spread first: the nodes that run none of the model's replicas, then one,
+  and so on, so that a node lost takes as few as it can. Where nodes say
+  their rack and PDU: the rack with the fewest of them first, then the PDU,
+  then the node (facility_spread.level; facility_search.py searches so); a
+  multi-node replica by node alone.
+- then best fit: the fewest free GPUs that are enough, ties in name order.
+  Small replicas fill the nodes in use and whole nodes stay free for 8-GPU
+  profiles; first fit put a small replica on the first node with room,
+  often a whole free one.
+- a multi-node replica: the first fabric in name order with enough nodes
+  that fit, in the same rounds of spread (fabrics.py), rank 0 on the first
+  node chosen.
 
-Among the nodes that fit, the choice is:
-
-- spread first: nodes that run none of the model's replicas, then those that
-  run one, and so on, so that one node lost takes as few of its replicas as
-  it can. Where nodes say their rack and PDU, the rack with the fewest of
-  them comes first, then the PDU, then the node (facility_spread.Levels); for a
-  multi-node replica, the node alone (its rounds within each fabric would
-  be one per level, squared).
-- then best fit: the node with the fewest free GPUs that still has enough,
-  ties in name order. Small replicas fill the nodes already in use and whole
-  nodes stay free for the 8-GPU profiles; first fit in name order would put
-  a small replica on the first node with room, often a whole free one.
-- a multi-node replica goes to the first fabric, in name order, that has
-  enough nodes that fit (within the same rounds of spread); its shards by
-  the same rules, rank 0 on the first node chosen.
-
-`Inventory` is a working copy of what is free for one pass of `decide`, so
-that the placements of a pass see each other (without it two placements of
-one pass could name the same GPU, and the second would be voided at fold
-time). It indexes the ready nodes by pool and kind of GPU (and fabric, for
-multi-node profiles) and, within that, by free GPU count, so a placement
-looks at a few candidates instead of every node. It is built at the first
-placement of a pass, not before: a pass with nothing to place never pays
-for it.
-
-`explain` (explain.py) says, for every node and every profile of a model,
-why it was refused or that it fits; the waiting reason of a model
-(`why_no_fit`) counts exactly that, by the index's classes (refusals.py,
-held to the node-by-node count by tests/test_refusals.py), and placement
-itself asks the same questions (fit.py), so the three cannot disagree.
+`Inventory` is what is free in one pass of decide, so that the pass's
+placements see each other (else two could name one GPU and the fold would
+void the second). It works on the node index (nodeindex.py: the ready
+nodes by pool, kind of GPU and fabric, then by free GPU count), made at the
+pass's first placement. A waiting reason counts what explain.py says node
+by node from the index's classes (refusals.py; tests/test_refusals.py holds
+the two to one text).
 """
 
 from __future__ import annotations
@@ -71,18 +41,14 @@ from typing import NamedTuple
 
 from . import fabrics, facility_pass, facility_search
 from .facility_spread import Spread
-from ..contract import limits
 from ..contract.events import ProfileSpec, ShardPlacement
 from ..folding.nodeindex import FABRIC_LABEL, POOL_LABEL, Group, NodeIndex, index_of, kind_of
 from ..folding.state import TERMINAL_SHARD_STATES, Node, Replica, Shard, State, add_gb
-# The questions asked of one node (fit.py), named here too: what placement
-# is asked of, callers and tests have always imported from this module.
-from .fit import (  # noqa: F401
-    READY, SIMULATED, POOL, FABRIC, GPU_MODEL, GPU_MEMORY, GPUS, MEMORY, CPU, PORTS, RULES, Reason, NodeFit,
-    ProfileFit, Explanation, render, render_explanation, needs, summarize, gpu_model_matches, label_reasons,
-    gpu_reasons, _kind_reasons, _mixed_reasons, memory_short, cpu_short, ready_reason, memory_reason, cpu_reason,
-    ports_reason,
+from .fit import (
+    Reason, _kind_reasons, _mixed_reasons, cpu_reason, cpu_short, gpu_model_matches, label_reasons, memory_reason,
+    memory_short, ports_reason, ready_reason,
 )
+from .ports import port_range
 
 
 # --------------------------------------------------------------------------- the inventory
@@ -94,7 +60,7 @@ class _View:
 
     __slots__ = (
         "name", "node", "ready", "free", "kind", "pool", "fabric", "simulated", "mem_used", "cpu_used", "ports",
-        "next_port", "groups",
+        "next_port", "last_port", "groups",
     )
 
     def __init__(self, name: str, node: Node, groups: tuple[Group, ...]) -> None:
@@ -114,7 +80,7 @@ class _View:
         self.mem_used = node.memory_used
         self.cpu_used = node.cpu_used
         self.ports: set[int] | None = None  # built when first asked
-        self.next_port = node.port_first or limits.LIMITS.engine_port_first
+        self.next_port, self.last_port = port_range(node)
         self.groups = groups  # the index's groups it is filed in
 
     def free_port(self) -> int:
@@ -126,7 +92,7 @@ class _View:
         while port in self.ports:  # type: ignore[operator]
             port += 1
         self.next_port = port  # ports are only taken within a pass, never freed
-        return port if port <= (self.node.port_last or limits.LIMITS.engine_port_last) else 0
+        return port if port <= self.last_port else 0
 
     def _build_ports(self) -> None:
         node = self.node
@@ -158,28 +124,19 @@ def _room_of(node: Node, v: "_View | None") -> tuple[float, float, float]:
     )
 
 
-def port_range(node: Node) -> tuple[int, int]:
-    """The first and last port engines may be given on a node."""
-    return (node.port_first or limits.LIMITS.engine_port_first, node.port_last or limits.LIMITS.engine_port_last)
-
-
 class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
-    """What is free, for one pass of decide, and where a replica fits in it.
+    """What is free in one pass of decide, and where a replica fits in it.
 
-    Works on the state's node index (nodeindex.py) itself: a node's `_View`
-    is made when the pass first looks at it, and a node whose free GPUs the
-    pass changes is moved in the index's buckets and marked for the next
-    pass to file again from the state (what this one decided may not land).
-    A copy of each bucket changed, to leave the index as the fold had it,
-    cost more than the placements at 16,000 nodes (benchmarks/placement.py),
-    and the next pass then moved the same nodes again.
+    Works on the state's node index itself: a node's `_View` is made when
+    the pass first looks at it; a node whose free GPUs the pass changes is
+    moved in the index's buckets and marked for the next pass to file again
+    from the state (what this pass decided may not land). Copying each
+    bucket changed instead cost more than the placements at 16,000 nodes
+    (benchmarks/placement.py).
 
-    Hook points: `_room_reasons` is the per-node check every candidate
-    passes (what the node's other shards hold); `_best` orders the
-    candidates of one round of spread (`fabrics._limits`);
-    fabrics.FabricSearch searches the fabrics of a multi-node profile;
-    facility_search.CellSearch, the cells of a spread by rack and PDU
-    (facility_spread.Levels)."""
+    `_best` searches one round of spread (`fabrics._limits`);
+    fabrics.FabricSearch, the fabrics of a multi-node profile;
+    facility_search.CellSearch, the cells of racks and PDUs."""
 
     def __init__(self, state: State) -> None:
         self._state = state
@@ -264,11 +221,8 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         return out
 
     def _room_ok(self, v: _View, p: ProfileSpec) -> bool:
-        """`not _room_reasons(v, p)` but the facility's, without the words:
-        what the search asks of each candidate it meets (they are made only
-        to explain), once the facility has answered (PassFacility.refuses,
-        asked first in `_best`; asked again here in words, it was a tenth of
-        a multi-node placement with the facility: benchmarks/placement.py --facility)."""
+        """`not _room_reasons(v, p)` less the facility's (PassFacility.refuses
+        asks those first), without words: what the search asks of a candidate."""
         node = v.node
         return not (memory_short(p, node, v.mem_used) or cpu_short(p, node, v.cpu_used) or not v.free_port())
 
@@ -284,7 +238,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
             groups = self._admitting(idx, p)
             fac = self._fac
             if fac.loc:  # facility: rack, then PDU, then node (facility_search)
-                levels = self._picked = fac.levels(spread)  # (made at its first search)
+                levels = fac.levels(spread)  # (made at its first search)
                 if levels is not None:
                     v = self._spread_pick(p, groups, levels, spread)
                     return [v] if v is not None else None
@@ -302,10 +256,8 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         replica's nodes are counted in it: a pass's spreads change only here
         (facility_spread.Levels counts by them)."""
         fac = self._fac
-        if fac.active:
-            if fac.seen:
-                fac.seen = {}  # (only the facility says rejections: see `rejections`)
-            self._picked = None
+        if fac.seen:
+            fac.seen = {}  # (only the facility says rejections: see `rejections`)
         chosen = self._find(p, spread)
         if chosen is None:
             return None
@@ -314,19 +266,10 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
             gpus = self._gpus_for(v, p)
             port = self._take(v, gpus, p)
             shards.append(ShardPlacement(shard=f"{replica}.{rank}", node=v.name, rank=rank, gpus=gpus, port=port))
-        # The spread counts the replica's nodes; facility: its levels are
-        # told first (facility_spread.Levels), those `_find` searched by.
-        picked = self._picked
-        if picked is not None and len(chosen) == 1:
-            name = chosen[0].name
-            old = spread.get(name, 0)
-            picked.took(name, old, 1)
-            spread[name] = old + 1
-        else:
-            if self._fac.loc:
-                self._fac.expect(spread, [v.name for v in chosen])
-            for v in chosen:
-                spread[v.name] = spread.get(v.name, 0) + 1
+        if fac.loc:  # facility: the model's levels count the nodes, told before the spread does
+            fac.expect(spread, [v.name for v in chosen])
+        for v in chosen:
+            spread[v.name] = spread.get(v.name, 0) + 1
         return shards
 
     def _admitting(self, idx: NodeIndex, p: ProfileSpec) -> list[Group]:
@@ -415,7 +358,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         if p.memory_gb:
             v.mem_used = add_gb(v.mem_used, p.memory_gb)
         v.cpu_used += p.cpu_cores
-        self._fac.take(v.node, p, gpus, v.fabric)  # facility: its draw counts for its domains
+        self._fac.take(v.node, p, gpus)  # facility: its draw counts for its domains
         port = v.free_port()
         v.ports.add(port)  # type: ignore[union-attr]
         v.next_port = port + 1
@@ -450,7 +393,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
             if len(v.free) != before:
                 self._move(v, before)
             sign = -1 if give else 1
-            self._fac.shift(v.node, sh, give, handover, v.fabric)  # facility: what it draws
+            self._fac.shift(v.node, sh, give, handover)  # facility: what it draws
             v.mem_used = add_gb(v.mem_used, sign * sh.memory_gb)
             v.cpu_used += sign * sh.cpu_cores
             # (A port another program holds stays out, whoever held it here:

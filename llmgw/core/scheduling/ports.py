@@ -24,9 +24,15 @@ sees one free again), and the fold:
 from __future__ import annotations
 
 from ..contract import events as ev
+from ..contract import limits
 from ..contract.bounds import MAX_PORT
-from .placement import port_range
 from ..folding.state import Node, State
+
+
+def port_range(node: Node) -> tuple[int, int]:
+    """The first and last port engines may be given on a node: its agent's
+    range, else the core's default (limits.CoreLimits)."""
+    return (node.port_first or limits.LIMITS.engine_port_first, node.port_last or limits.LIMITS.engine_port_last)
 
 
 def range_problem(first: int, last: int) -> str:

@@ -1,26 +1,21 @@
 """Why a profile fits nowhere, counted by the index's classes, not node by node.
 
-A model that fits nowhere waits with a reason that counts, for each rule
-(fit.RULES), how many nodes break it, and names the first of them
-(`fit.Refusals`, rendered by `fit.render_refusals`). `explain` counts that
-node by node (`fit.refusals_of`); asked at every model that waits, a walk
-of the fleet was most of a cold start on 16,000 nodes whose caps bind
-(88% of its time: issue 33, benchmarks/placement.py --facility --nodes 16000).
+A model that fits nowhere waits with, for each rule (fit.RULES), how many
+nodes break it and the first of them (`fit.Refusals`). explain.py counts
+that node by node; asked at every model that waits, that walk was 88% of a
+cold start on 16,000 nodes whose caps bind (issue 33, benchmarks/placement.py
+--facility --nodes 16000). Here each rule is counted from its class, as
+Nomad's AllocMetric counts nodes by what filtered them:
 
-Here the same counts come from what placement keeps (as Nomad's
-AllocMetric counts nodes by what filtered them), each rule from its class:
-
-- ready: the nodes outside the node index (nodeindex.py), one by one (few);
-- the rules on labels and GPUs: alike for the nodes of one index group and
-  free GPU count, so a bucket's length and its first name;
+- ready: the nodes outside the node index, one by one (few);
+- labels and GPUs: alike for the nodes of one index group and free GPU
+  count: a bucket's length and its first name;
 - memory, cores, ports: nobody is short while the pass's floors say so
   (Inventory.floors); else node by node, that rule only;
 - held: the nodes of each held domain;
 - power: per capped domain, its ready nodes by free GPU count
-  (Inventory.domain_free): where they all say one GPU power limit and none
-  is handed a draw, a shard's draw on a node follows from its free count,
-  so the nodes refused are those with at least so many free; else node by
-  node, that domain only.
+  (Inventory.domain_free): where their GPUs all say one power limit, a
+  shard's draw follows from the free count; else node by node.
 
 tests/test_refusals.py holds the two countings to the same text.
 """
@@ -52,7 +47,8 @@ from .fit import (
     power_reason,
     ready_reason,
 )
-from .placement import Inventory, port_range
+from .placement import Inventory
+from .ports import port_range
 
 
 class _Tally:
