@@ -41,7 +41,6 @@ class PassFacility:
         self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
         self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
         self._limits: dict[str, tuple] = {}  # node -> see `_limits_of`
-        self._in_domains: dict[tuple[str, ...], tuple] = {}  # a node's domains -> its first held, its caps
         self.index = None  # the node index (placement.Inventory sets it): its entries' power limits, its cells
         self.entries: dict = {}
         # The facility's refusals the placement under way met, domain -> in
@@ -128,15 +127,13 @@ class PassFacility:
         none changes in a pass, and `refuses` asks per candidate."""
         got = self._limits.get(node.name)
         if got is None:
-            ds = self.loc.get(node.name, ())
-            per = self._in_domains.get(ds)  # (alike for the nodes of a cell)
-            if per is None:
-                holds, budgets = self.state.holds, self.state.budgets
-                caps = tuple([(d, budgets[d]) for d in ds if d in budgets])
-                per = self._in_domains[ds] = (first_held(holds, ds) if holds else "", caps)
+            ds, holds, budgets = self.loc.get(node.name, ()), self.state.holds, self.state.budgets
             e = self.entries.get(node.name)
-            uniform = e.power if e is not None and e.gpus is node.gpus else power_limit(node.gpus)
-            got = self._limits[node.name] = (*per, uniform)
+            got = self._limits[node.name] = (
+                first_held(holds, ds),
+                tuple([(d, budgets[d]) for d in ds if d in budgets]),
+                e.power if e is not None and e.gpus is node.gpus else power_limit(node.gpus),
+            )
         return got
 
     def _uniform_w(self, node: Node) -> float | None:
@@ -350,24 +347,20 @@ class Outside:
 
 class Together:
     """The `taken` of placement's search for the shards of one multi-node
-    replica where caps bind: the nodes `inner` holds (the chosen ones, or
+    replica where caps bind: the nodes `inner` holds (the chosen, or
     Outside), and every node whose shard would take a capped domain past
-    its cap with the shards chosen before it (two on one PDU count twice,
-    as fit_together counts them, in the same order). Refused so, the node
-    is passed over for this replica only, and the search goes on in the
-    fabric: once the second shard was checked only after both were chosen,
-    a fabric whose two best nodes shared a PDU with room for one was given
-    up though its other nodes had room, and on a fleet whose caps bind
-    most multi-node placements chose pairs that failed so
-    (benchmarks/placement.py --facility)."""
+    its cap with the shards chosen before it (as fit_together counts them).
+    Refused so, a node is passed over for this replica only: once the
+    second shard was checked only after both were chosen, a fabric whose
+    two best nodes shared a PDU with room for one was given up though its
+    other nodes had room (benchmarks/placement.py --facility)."""
 
-    __slots__ = ("fac", "p", "chosen", "inner", "gpus_for", "extra", "counted", "refused")
+    __slots__ = ("fac", "p", "chosen", "inner", "gpus_for", "extra", "counted")
 
     def __init__(self, fac: PassFacility, p: ev.ProfileSpec, chosen: list, inner, gpus_for) -> None:
         self.fac, self.p, self.chosen, self.inner, self.gpus_for = fac, p, chosen, inner, gpus_for
         self.extra: dict[str, float] = {}  # capped domain -> what the chosen shards add to it
         self.counted = 0  # the chosen counted in `extra`
-        self.refused: set[tuple] = set()  # (domains, GPU limit, credit) refused with the chosen, not alone
 
     def __contains__(self, v) -> bool:
         if v in self.inner:
@@ -381,32 +374,20 @@ class Together:
         while self.counted < len(chosen):
             c = chosen[self.counted]
             self.counted += 1
-            self.refused.clear()
             w = fac._watts(p, c.node, self.gpus_for(c, p)) - credit.get(c.name, 0.0)
             for d in loc.get(c.name, ()):
                 if d in draw:
                     extra[d] = extra.get(d, 0.0) + w
         if not extra:
             return False
-        # A node of the same domains whose shard would draw the same (its
-        # GPUs alike and of one limit) gets the same answer with the same
-        # chosen: a fabric's nodes mostly share their rack and PDU, and asked
-        # node by node they were a third of a multi-node search
-        # (benchmarks/placement.py --facility --nodes 16000). (Refused alone,
-        # it is asked again: `refuses` notes that per node.)
         ds = loc.get(v.name, ())
-        limit = fac._limits_of(v.node)[2] if v.kind is not None else None
-        key = (ds, limit, credit.get(v.name)) if limit is not None else None
-        if key in self.refused:
-            return True
         gpus = self.gpus_for(v, p)
         w = fac._watts(p, v.node, gpus) - credit.get(v.name, 0.0)
         budgets = fac.state.budgets
         for d in ds:
             e = extra.get(d)
             if e is not None and over_cap(draw[d], e + w, budgets[d]):
-                if not fac.refuses(v.node, p, gpus) and key is not None:  # (refused alone: noted, for the pass)
-                    self.refused.add(key)
+                fac.refuses(v.node, p, gpus)  # (refused alone too: noted for the pass)
                 return True
         return False
 
