@@ -372,7 +372,7 @@ def facility_run(nodes: int, replicas: int, repeat: int) -> dict:
             f"{placed / seconds:,.0f} placements/s; log {log_hash(fac)}")
     assert fac is not None
     refused = sum(1 for r in fac.state.replicas.values() for x in r.rejections if " would draw " in x)
-    from llmgw.core.scheduling.facility import domain_draws
+    from llmgw.core.folding.facility_facts import domain_draws
 
     caps = fac.state.budgets
     draws = domain_draws(fac.state, caps)

@@ -471,7 +471,7 @@ class World:
     def _step_hold(self, step: Step) -> None:
         """An operator holds a domain, draining it or not (`llmgw ctl facility hold`):
         often one where ready replicas run, so that drains have something to move."""
-        from llmgw.core.scheduling.facility import domains_of
+        from llmgw.core.folding.facility_facts import domains_of
 
         busy = sorted({
             d for r in self.live.replicas.values() if r.state == "ready" for sh in r.shards

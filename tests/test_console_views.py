@@ -4,7 +4,7 @@ rows, the decision at a point of the log with its facts, and the token check."""
 
 from __future__ import annotations
 
-from llmgw.core.scheduling import facility as fac
+from llmgw.core.folding import facility_facts as fac
 from llmgw.console import fleetmap, views
 from llmgw.console.server import Console, HttpError
 from llmgw.core.contract import events as ev

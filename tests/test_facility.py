@@ -5,6 +5,7 @@ in the pure core (tests/scenario.py), decisions published and folded back."""
 from __future__ import annotations
 
 from llmgw.core.contract import events as ev
+from llmgw.core.folding import facility_facts
 from llmgw.core.scheduling import facility
 from llmgw.core.folding.decisions import describe_action
 from llmgw.core.simulation.history import verify
@@ -47,13 +48,13 @@ def assert_verifies(f: Fleet) -> None:
 def test_operator_labels_win_over_the_agents_until_removed():
     f = Fleet()
     f.register("a", labels=loc(rack="r1", pdu="p1"))
-    assert facility.location(f.state.nodes["a"]) == {"rack": "r1", "pdu": "p1"}
+    assert facility_facts.location(f.state.nodes["a"]) == {"rack": "r1", "pdu": "p1"}
     f.publish(ev.NodeLabeled(at=f.tick(), node="a", set={"rack": "r4-12"}))
-    assert facility.location(f.state.nodes["a"]) == {"rack": "r4-12", "pdu": "p1"}
+    assert facility_facts.location(f.state.nodes["a"]) == {"rack": "r4-12", "pdu": "p1"}
     f.register("a", labels=loc(rack="r1", pdu="p1"))  # re-registration: the operator's still win
-    assert facility.location(f.state.nodes["a"])["rack"] == "r4-12"
+    assert facility_facts.location(f.state.nodes["a"])["rack"] == "r4-12"
     f.publish(ev.NodeLabeled(at=f.tick(), node="a", remove=["rack"]))
-    assert facility.location(f.state.nodes["a"])["rack"] == "r1"
+    assert facility_facts.location(f.state.nodes["a"])["rack"] == "r1"
 
 
 def test_a_label_that_is_not_a_location_is_refused():
@@ -201,10 +202,10 @@ def test_derived_draw_counts_the_gpus_power_limits_until_measured():
     f.make_ready()
     # Measured: the three engines draw 300 W each, the node 900 W in all.
     f.publish(ev.NodePower(at=f.tick(), node="a", watts=900.0, gpus={0: 300.0, 1: 300.0, 2: 300.0}))
-    assert facility.node_draw(f.state.nodes["a"]) == 900.0
+    assert facility_facts.node_draw(f.state.nodes["a"]) == 900.0
     f.decide()
     assert len(nodes_of(f, "m")) == 4
-    (row,) = [r for r in facility.domain_rows(f.state) if r.domain == "pdu/pdu-a"]
+    (row,) = [r for r in facility_facts.domain_rows(f.state) if r.domain == "pdu/pdu-a"]
     assert row.draw_w == 900.0 + 700.0 and row.cap_w == 2100.0 and row.gpus_used == 4
     assert_verifies(f)
 

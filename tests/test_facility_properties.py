@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmgw.core.contract import events as ev
-from llmgw.core.scheduling import facility
+from llmgw.core.folding import facility_facts
 from llmgw.core.contract.catalog import profile_named
 from llmgw.core.rules.decide import decide
 from llmgw.core.folding.fold import apply, copy_state
@@ -75,7 +75,7 @@ def assert_facility_rules_kept(step: Step, after: State) -> None:
     for a in placed:
         rep = after.replicas[a.replica]
         for s in rep.shards:
-            ds = facility.domains_of(nodes[s.node])
+            ds = facility_facts.domains_of(nodes[s.node])
             held = [d for d in ds if d in before.holds]
             assert not held, f"{a.replica} placed on {s.node} in held {held}"
             if s.power_w:  # a shard that draws nothing takes no domain past its cap (it may be there already)
@@ -86,7 +86,7 @@ def assert_facility_rules_kept(step: Step, after: State) -> None:
         spec = after.models[rep.model].spec
         profile = profile_named(spec, rep.profile)
         if profile is not None and profile.keep_within and len(rep.shards) > 1:
-            within = {facility.location(nodes[s.node]).get(profile.keep_within, "") for s in rep.shards}
+            within = {facility_facts.location(nodes[s.node]).get(profile.keep_within, "") for s in rep.shards}
             assert len(within) == 1 and "" not in within, f"{a.replica} spans {within} ({profile.keep_within})"
     if not touched:
         return
@@ -99,10 +99,10 @@ def assert_facility_rules_kept(step: Step, after: State) -> None:
         took = {s.node for s in a.shards}
         for sh in old.shards:
             if sh.node in took and sh.state not in ("failed", "stopped"):
-                for d in facility.domains_of(nodes[sh.node]):
+                for d in facility_facts.domains_of(nodes[sh.node]):
                     if d in credit:
-                        credit[d] += facility.counted(nodes[sh.node], sh)
-    draws = facility.domain_draws(after, touched)
+                        credit[d] += facility_facts.counted(nodes[sh.node], sh)
+    draws = facility_facts.domain_draws(after, touched)
     for d in touched:
         if added[d] <= credit[d]:
             continue  # in place of what draws as much: nothing more than before (the domain may be past its cap already)
@@ -113,7 +113,7 @@ def assert_facility_rules_kept(step: Step, after: State) -> None:
 def assert_domain_draws_are_derived(state: State) -> None:
     """What the fold keeps of each domain's draw (state.domain_draw) is what
     summing its nodes afresh gives, for every domain some node is in."""
-    fresh = facility.domain_draws(state, state.domain_nodes)
+    fresh = facility_facts.domain_draws(state, state.domain_nodes)
     assert state.domain_draw.keys() <= fresh.keys(), f"draws kept for domains no node is in: {state.domain_draw}"
     for d, w in fresh.items():
         assert abs(state.domain_draw.get(d, 0.0) - w) < 1e-6, f"{d} kept at {state.domain_draw.get(d)} W, counted {w} W"

@@ -12,7 +12,7 @@ import time
 
 from ..core.contract import events as ev
 from ..core.rules import admission
-from ..core.scheduling import facility
+from ..core.folding import facility_facts
 from ..ctl import views
 from ..ctl.config import CONFIG
 from ..ctl.readmodels import ReadModels
@@ -54,7 +54,7 @@ def add_parsers(verb, where_flags, wait_flags, dry_run_flags) -> None:
     label.add_argument("node", metavar="NODE", help="the node (`llmgw ctl get nodes` lists them)")
     label.add_argument(
         "labels", nargs="+", metavar="KIND=NAME|KIND-",
-        help=f"KIND one of {', '.join((*facility.KINDS, *admission.KEYS))} (or its whole label, llmgw.io/rack); "
+        help=f"KIND one of {', '.join((*facility_facts.KINDS, *admission.KEYS))} (or its whole label, llmgw.io/rack); "
         "KIND- removes it",
     )
     wait_flags(label, "(nothing more to wait for: the read models show the location)")
@@ -98,14 +98,14 @@ async def _dry_run_facility(args, where_, action: str) -> int:
 
 def _label_name(key: str) -> str:
     """A location's whole label name, or the pool's (the operator's to set: core/rules/admission.py)."""
-    return facility.label_name(key) or admission.label_name(key)
+    return facility_facts.label_name(key) or admission.label_name(key)
 
 
 def parse_labels(items: list[str]) -> tuple[dict[str, str], list[str]]:
     """KIND=NAME and KIND- arguments as (set, remove); ValueError says what is wrong."""
     set_: dict[str, str] = {}
     remove: list[str] = []
-    kinds = ", ".join((*facility.KINDS, *admission.KEYS))
+    kinds = ", ".join((*facility_facts.KINDS, *admission.KEYS))
     for item in items:
         if item.endswith("-") and "=" not in item:
             key = item[:-1]
@@ -125,7 +125,7 @@ def parse_labels(items: list[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def in_domain(node: dict, domain: str) -> bool:
-    kind, name = facility.split_domain(domain)
+    kind, name = facility_facts.split_domain(domain)
     return node.get("location", {}).get(kind) == name
 
 
@@ -157,8 +157,8 @@ async def cmd_label(args, where) -> int:
         raise CtlError(f"label: there is no node {args.node}{did_you_mean(args.node, models.names('node'))} "
                        f"(`llmgw ctl get nodes` lists them)", NOT_FOUND)
     seq = await _publish(where, ev.NodeLabeled(at=time.time(), node=args.node, set=set_, remove=remove))
-    said = " ".join([f"{k.removeprefix(facility.PREFIX)}={v}" for k, v in set_.items()]
-                    + [f"{k.removeprefix(facility.PREFIX)}-" for k in remove])
+    said = " ".join([f"{k.removeprefix(facility_facts.PREFIX)}={v}" for k, v in set_.items()]
+                    + [f"{k.removeprefix(facility_facts.PREFIX)}-" for k in remove])
     print(f"node {args.node} labeled {said} (event {seq})", flush=True)
     await _took_effect(args, where, seq, f"the labels of {args.node}", None)
     return OK
@@ -176,7 +176,7 @@ async def cmd_facility(args, where) -> int:
         if text:
             print(text, flush=True)
         return fresh.status
-    problem = facility.domain_problem(args.domain)
+    problem = facility_facts.domain_problem(args.domain)
     if problem:
         raise CtlError(f"facility {action}: {problem}", BAD_INPUT)
     if args.dry_run:

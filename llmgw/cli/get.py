@@ -295,7 +295,7 @@ async def cmd_get(args, where: Where) -> int:
     except selectors.SelectorError as e:
         raise CtlError(f"get: -l: {e}", BAD_INPUT)
     if args.domain:
-        from ..core.scheduling.facility import domain_problem
+        from ..core.folding.facility_facts import domain_problem
 
         problem = domain_problem(args.domain)
         if problem or args.kind != "nodes":

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import urllib.parse
 
-from ..core.scheduling import facility
+from ..core.folding import facility_facts
 from ..core.folding.state import State
 
 # A node's state, as a number in the map's rows (the names travel once, in `states`).
@@ -74,8 +74,8 @@ def fleet_map(state: State) -> dict:
     state_names = list(STATES)
     rows = []
     for n in sorted(state.nodes.values(), key=lambda n: n.name):
-        loc = facility.location(n)
-        key = tuple(loc.get(k, "") for k in facility.KINDS)
+        loc = facility_facts.location(n)
+        key = tuple(loc.get(k, "") for k in facility_facts.KINDS)
         place = places.setdefault(key, len(places))
         st = states.get(n.state)
         if st is None:
@@ -84,13 +84,13 @@ def fleet_map(state: State) -> dict:
         gpus = [shard_model.get(n.used[g.index], STRAY) if g.index in n.used else FREE for g in n.gpus]
         rows.append([n.name, place, st, gpus, n.cpu_used, n.cpu_cores, round(n.memory_used, 1), round(n.memory_gb, 1),
                      sorted(cpu_on.get(n.name, ()))])
-    # Each domain's draw and cap as the fold keeps them (facility.domain_rows sums them afresh, at
+    # Each domain's draw and cap as the fold keeps them (facility_facts.domain_rows sums them afresh, at
     # twice the cost of the rest of the map).
     power = {d: [round(w), state.budgets.get(d, 0.0)] for d, w in state.domain_draw.items() if w}
     for d, cap in state.budgets.items():
         power.setdefault(d, [0, cap])
     return {
-        "kinds": list(facility.KINDS), "places": [list(p) for p in places], "states": state_names,
+        "kinds": list(facility_facts.KINDS), "places": [list(p) for p in places], "states": state_names,
         "models": models, "owners": [state.models[m].spec.owner if m in state.models else "" for m in models],
         "nodes": rows, "held": {d: [h.drain, h.reason] for d, h in state.holds.items()}, "power": power,
     }

@@ -40,7 +40,7 @@ from ..core.folding.state import State
 from ..ctl.readmodels import NoReadModels, ReadModels
 from ..ctl.views import decision_words
 from ..replay.tool import fold_until
-from ..core.scheduling import facility
+from ..core.folding import facility_facts
 from . import fleetmap, followup, series, views
 from .config import CONFIG, COOKIE, ConsoleConfig
 
@@ -428,20 +428,20 @@ class Console:
             set_ = {str(k): str(v) for k, v in (args.get("set") or {}).items()}
             remove = [str(k) for k in (args.get("remove") or [])]
             for k, v in set_.items():
-                if k not in facility.KINDS or not NAME_RE.match(v):
-                    raise HttpError(400, f"label {k}={v!r}: give one of {', '.join(facility.KINDS)} and a name "
+                if k not in facility_facts.KINDS or not NAME_RE.match(v):
+                    raise HttpError(400, f"label {k}={v!r}: give one of {', '.join(facility_facts.KINDS)} and a name "
                                          "(letters, digits, _ and -)")
             for k in remove:
-                if k not in facility.KINDS:
-                    raise HttpError(400, f"label {k}: give one of {', '.join(facility.KINDS)}")
+                if k not in facility_facts.KINDS:
+                    raise HttpError(400, f"label {k}: give one of {', '.join(facility_facts.KINDS)}")
             if not set_ and not remove:
                 raise HttpError(400, "nothing to set or remove")
             event: ev.Event = ev.NodeLabeled(at=now, node=node, set=set_, remove=remove)
         elif verb in ("hold", "release"):
             domain = str(args.get("domain", ""))
             kind, _, name = domain.partition("/")
-            if kind not in facility.KINDS or not NAME_RE.match(name):
-                raise HttpError(400, f"domain {domain!r}: give KIND/NAME, KIND one of {', '.join(facility.KINDS)}")
+            if kind not in facility_facts.KINDS or not NAME_RE.match(name):
+                raise HttpError(400, f"domain {domain!r}: give KIND/NAME, KIND one of {', '.join(facility_facts.KINDS)}")
             if verb == "hold":
                 event = ev.DomainHeld(at=now, domain=domain, drain=bool(args.get("drain")), reason=str(args.get("reason", "")))
             else:

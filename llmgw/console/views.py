@@ -22,7 +22,7 @@ from ..core.folding.state import State
 from ..ctl.readmodels import ReadModels
 from ..ctl.views import decision_words
 from ..projections.rows import COLUMNS, model_row, node_row, quota_rows, replica_row, shard_rows
-from ..core.scheduling import facility
+from ..core.folding import facility_facts
 from .config import CONFIG
 
 
@@ -45,11 +45,11 @@ def node(state: State, name: str, models: ReadModels | None) -> dict | None:
     if n is None:
         return None
     row = _as_dict("nodes", node_row(n))
-    row["labels"] = facility.effective_labels(n)
+    row["labels"] = facility_facts.effective_labels(n)
     of_shard = shard_models(state)
     for g in row["gpus"]:
         g["model_running"], g["replica"] = of_shard.get(g["shard"], ("", "")) if g["shard"] else ("", "")
-    row["loc"] = facility.location(n)
+    row["loc"] = facility_facts.location(n)
     row["memory_used"], row["cpu_used"] = n.memory_used, n.cpu_used
     history = []
     if models is not None:

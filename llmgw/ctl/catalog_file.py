@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .. import yamlfile
 from ..core.contract.catalog import MODEL_NAME_RE
 from ..core.contract.events import ApiKeyApplied, Event, FacilityApplied, Limit, ModelApplied, ModelSpec, OwnerApplied, PolicyApplied, ProfileSpec, Resources
-from ..core.scheduling.facility import domain_problem
+from ..core.folding.facility_facts import domain_problem
 from ..core.contract.policy import DEFAULT, Policy
 from ..core.folding.state import ApiKey, Owner, State
 

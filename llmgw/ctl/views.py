@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from ..core.scheduling.facility import KINDS as KINDS_OF_PLACE
+from ..core.folding.facility_facts import KINDS as KINDS_OF_PLACE
 from ..core.scheduling.facility import watts as _watts
 from ..core.contract.reasons import TIERS
 from ..text import table, when

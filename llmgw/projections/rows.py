@@ -32,7 +32,7 @@ import msgspec
 from ..core.contract import events as ev
 from ..core.contract.catalog import max_replicas
 from ..core.rules import admission
-from ..core.scheduling import facility
+from ..core.folding import facility_facts
 from ..core.folding.decisions import describe_action
 from ..core.folding.fold import apply
 from ..core.simulation.history import action_about, mentions, summary
@@ -62,7 +62,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "shards": ("id", "replica", "node", "rank", "gpus", "port", "generation", "state", "reason", "endpoint"),
     "quotas": ("owner", "guarantee", "limits", "usage", "borrowed"),
     "preemptions": ("seq", "idx", "at", "model", "victims", "reason", "inventory", "voided"),
-    "domains": tuple(facility.DomainRow.__struct_fields__),
+    "domains": tuple(facility_facts.DomainRow.__struct_fields__),
 }
 
 _json = msgspec.json.Encoder()
@@ -353,8 +353,8 @@ def node_row(n: Node) -> tuple:
         n.agent,
         _json_text(n.strays),
         n.registered_at,
-        _json_text(facility.location(n)),
-        facility.node_draw(n),
+        _json_text(facility_facts.location(n)),
+        facility_facts.node_draw(n),
         _json_text(admission.unadmitted(n)),
     )
 
@@ -367,8 +367,8 @@ def replica_row(r: Replica, state: State) -> tuple:
 
 
 def domain_rows(state: State) -> dict[str, tuple]:
-    """The facility's domains, keyed by domain (facility.domain_rows)."""
-    return {r.domain: msgspec.structs.astuple(r) for r in facility.domain_rows(state)}
+    """The facility's domains, keyed by domain (facility_facts.domain_rows)."""
+    return {r.domain: msgspec.structs.astuple(r) for r in facility_facts.domain_rows(state)}
 
 
 def shard_rows(r: Replica) -> list[tuple]:

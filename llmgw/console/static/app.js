@@ -202,7 +202,7 @@ function fleetData(data) {
     if (!r) { const i = d.indexOf("/"); domains.set(d, r = {domain: d, kind: d.slice(0, i), name: d.slice(i + 1), nodes: 0, gpus_used: 0, gpus_free: 0}); }
     return r;
   };
-  for (const n of nodes) {  // as facility.domain_rows counts: a lost node's GPUs neither used nor free
+  for (const n of nodes) {  // as facility_facts.domain_rows counts: a lost node's GPUs neither used nor free
     const used = n.state === "ready" ? n.gpus.filter(Boolean).length : 0;
     const free = n.state === "ready" ? n.gpus.length - used : 0;
     for (const k of KINDS) if (n.loc[k]) { const r = domain(`${k}/${n.loc[k]}`); r.nodes++; r.gpus_used += used; r.gpus_free += free; }

@@ -8,7 +8,7 @@ import re
 import msgspec
 
 from .events import ModelSpec, ProfileSpec
-from ..scheduling.facility import KINDS
+from ..folding.facility_facts import KINDS
 
 # Node names appear as a token in NATS subjects; model names in replica ids.
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -19,7 +19,8 @@ from ..contract import events as ev
 from ..contract import limits
 from ..contract.catalog import profile_named
 from ..scheduling.fit import cpu_short, memory_short, runs_real_engine
-from ..scheduling.facility import count_unmeasured, counted, power_problem, shard_watts
+from .facility_facts import count_unmeasured, counted
+from ..scheduling.facility import power_problem, shard_watts
 from .nodeindex import touch
 from .replicaindex import added, removed
 from ..scheduling.ports import placement_problem

@@ -23,7 +23,7 @@ import msgspec
 from ..rules import admission, adoption
 from . import decisions, labels, muting
 from .refused import Refused
-from ..scheduling import facility
+from . import facility_facts
 from ..contract import events as ev
 from ..contract import limits
 from ..contract.catalog import NAME_RE, fingerprint, spec_problem
@@ -49,7 +49,7 @@ from .state import RUNTIME, TERMINAL_SHARD_STATES, ApiKey, Load, Model, Node, Ow
 # 9: a node's engine port range and the ports other programs hold (NodePorts);
 #    a shard failed on one of those is not a start failure of its model.
 # 10: who leads (LeaderElected: state.term, leader, leader_since).
-# 11: the facility (facility.py): location labels, holds, power caps and
+# 11: the facility (facility_facts.py): location labels, holds, power caps and
 #     measured draw; a placement in a held domain or past a cap is voided.
 # 12: the policy (PolicyApplied: state.policy), which the rules read.
 # 13: a placement whose shards do not take what its profile asks (a GPU
@@ -370,9 +370,9 @@ def _node_registered(state: State, e: ev.NodeRegistered, seq: int) -> None:
     admission.take_claims(node)  # its own pool is a claim; the operator's counts
     admission.settle(state, node)
     if old is not None:  # what it counted for its domains goes with it: its shards are held afresh
-        facility.forget_draw(state, old)
+        facility_facts.forget_draw(state, old)
     state.nodes[name] = node
-    facility.relocate(state, name)
+    facility_facts.relocate(state, name)
     # Registered after its credential was revoked: with a new one (the server
     # refuses the old since before the revocation was in the log).
     state.revoked_nodes.pop(e.node, None)
@@ -437,7 +437,7 @@ def _shard_status(state: State, e: ev.ShardStatus, seq: int) -> None:
             if sh.memory_gb:
                 node.memory_used = add_gb(node.memory_used, -sh.memory_gb)
             node.cpu_used -= sh.cpu_cores
-            facility.uncount(state, node, sid)
+            facility_facts.uncount(state, node, sid)
         count_shard(state, rep.owner, sh, -1)
         if sh.after and node is not None:
             hand_back(state, node, sh)
@@ -471,7 +471,7 @@ def _node_lost(state: State, e: ev.NodeLost, seq: int) -> None:
     node.memory_used = 0.0
     node.cpu_used = 0
     # Its shards are gone from the books, and what it last measured is stale.
-    facility.forget_draw(state, node)
+    facility_facts.forget_draw(state, node)
     for rep in list(state.replicas.values()):
         touched = False
         for sh in rep.shards:
@@ -528,7 +528,7 @@ _HANDLERS: dict[type, Callable[[State, ev.Event, int], None]] = {
     ev.CredentialRevoked: _credential_revoked,
     ev.PolicyApplied: _policy_applied,
 }
-_HANDLERS.update(facility.HANDLERS)  # holds, power caps, measured draw
+_HANDLERS.update(facility_facts.HANDLERS)  # holds, power caps, measured draw
 _HANDLERS[ev.NodeMuted] = _node_muted
 _HANDLERS[ev.NodeUnmuted] = muting.node_unmuted
 _HANDLERS.update(labels.HANDLERS)  # labels an operator set, nodes an operator admitted

@@ -1,7 +1,7 @@
 """Labels an operator sets, folded: location labels (the facility's) and the
 labels admission leaves to the operator (the pool), and a node admitted
 with its pool. Here, in the fold, because each touches both rules — where a
-node is (facility.relocate) and which of its labels count (admission.settle)
+node is (facility_facts.relocate) and which of its labels count (admission.settle)
 — and neither rule's module may import the other's or the fold's: the core
 has no import cycle (tests/test_architecture.py)."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..contract import events as ev
 from ..rules import admission
-from ..scheduling import facility
+from . import facility_facts
 from .refused import Refused
 from .state import Admitted, State
 
@@ -20,17 +20,17 @@ def node_labeled(state: State, e: ev.NodeLabeled, seq: int) -> None:
     labels admission.py leaves to the operator (the pool)."""
     changes = {}
     for key, value in e.set.items():
-        name = facility.label_name(key) or admission.label_name(key)
+        name = facility_facts.label_name(key) or admission.label_name(key)
         if not name:
-            raise Refused(f"label {key!r}: only location labels ({', '.join(facility.KINDS)}) and pool may be set this way")
+            raise Refused(f"label {key!r}: only location labels ({', '.join(facility_facts.KINDS)}) and pool may be set this way")
         if not value or "/" in value or len(value) > 64:
             raise Refused(f"label {key}={value!r}: a name without '/', at most 64 characters")
         changes[name] = value
     removed = []
     for key in e.remove:
-        name = facility.label_name(key) or admission.label_name(key)
+        name = facility_facts.label_name(key) or admission.label_name(key)
         if not name:
-            raise Refused(f"label {key!r}: only location labels ({', '.join(facility.KINDS)}) and pool may be removed this way")
+            raise Refused(f"label {key!r}: only location labels ({', '.join(facility_facts.KINDS)}) and pool may be removed this way")
         removed.append(name)
     labels = dict(state.node_labels.get(e.node, {}))
     labels.update(changes)
@@ -43,7 +43,7 @@ def node_labeled(state: State, e: ev.NodeLabeled, seq: int) -> None:
     node = state.nodes.get(e.node)
     if node is not None:
         node.operator_labels = dict(labels)
-        facility.relocate(state, node.name)
+        facility_facts.relocate(state, node.name)
         admission.settle(state, node)
 
 

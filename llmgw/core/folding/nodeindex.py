@@ -271,7 +271,7 @@ def touch(state: State, name: str) -> None:
 
 
 def relocated(state: State) -> None:
-    """The fold moved a node's location (facility.relocate): the cells kept are stale."""
+    """The fold moved a node's location (facility_facts.relocate): the cells kept are stale."""
     idx = _INDEXES.get(id(state))
     if idx is not None:
         idx.cells = None

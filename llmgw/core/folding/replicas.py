@@ -10,7 +10,7 @@ replicas and compare, so every handler must change them through here.
 
 from __future__ import annotations
 
-from ..scheduling.facility import count_unmeasured, uncount
+from .facility_facts import count_unmeasured, uncount
 from .nodeindex import touch
 from ..rules.quota import count_shard
 from .replicaindex import removed

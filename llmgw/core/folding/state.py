@@ -52,7 +52,7 @@ class Shard(msgspec.Struct, kw_only=True, gc=False):
     # Shards on its node that must exit before it starts: those of the
     # replica it replaces in place, whose GPUs and port it took over.
     after: list[str] = []
-    # Facility (facility.py): what it is counted as drawing until its node's
+    # Facility (folding/facility_facts.py): what it is counted as drawing until its node's
     # agent measures it (its profile's power_w, else its GPUs' power limits),
     # and whether a measurement of its node has covered it since it was ready.
     power_w: float = 0.0
@@ -132,7 +132,7 @@ class Node(msgspec.Struct, kw_only=True, gc=False):
     # said (NodeRegistered.ports_taken, NodePorts): never handed out while
     # listed. Apart from `ports`, which is what shards and strays hold.
     taken: list[int] = []
-    # Facility (facility.py). Location labels an operator set (`llmgw ctl
+    # Facility (folding/facility_facts.py). Location labels an operator set (`llmgw ctl
     # label`), whole names, over the agent's `labels` (a copy of
     # State.node_labels, which outlives registrations).
     operator_labels: dict[str, str] = {}
@@ -317,21 +317,21 @@ class State(msgspec.Struct, kw_only=True, weakref=True):
     term: int = 0
     leader: str = ""
     leader_since: float = 0.0
-    # Facility (facility.py): location labels set by operators, per node
+    # Facility (folding/facility_facts.py): location labels set by operators, per node
     # (whole names; kept for nodes not registered yet), held domains, and
     # the power cap in watts of each domain that has one.
     node_labels: dict[str, dict[str, str]] = {}
     holds: dict[str, Hold] = {}
     budgets: dict[str, float] = {}
-    # Derived (facility.relocate), so that a pass and the fold's checks read
+    # Derived (facility_facts.relocate), so that a pass and the fold's checks read
     # a node's domains and a domain's nodes without a scan of the fleet:
     # node -> its domains (only nodes with a location), domain -> its nodes.
     located: dict[str, tuple[str, ...]] = {}
     domain_nodes: dict[str, list[str]] = {}
-    # Derived too: each domain's counted draw in watts (facility.node_draw
+    # Derived too: each domain's counted draw in watts (facility_facts.node_draw
     # summed over its nodes), kept as the nodes' draws change, so that the
     # fold's check of a placement and a pass read it instead of summing the
-    # domain's nodes (facility.domain_draws, the same sum made afresh).
+    # domain's nodes (facility_facts.domain_draws, the same sum made afresh).
     domain_draw: dict[str, float] = {}
     # The last limits.LIMITS.kept_verbatim quarantined events and voided
     # actions, verbatim; the counters go on counting (the log keeps all).

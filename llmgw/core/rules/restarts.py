@@ -207,7 +207,7 @@ def _kept_till_exit(rep: Replica, placed: ev.PlaceReplica) -> list[Shard]:
             port=sh.port if (sh.node, sh.port) not in ports else 0,
             memory_gb=0.0 if sh.node in nodes else sh.memory_gb,
             cpu_cores=0 if sh.node in nodes else sh.cpu_cores,
-            # Its draw too (facility.counted), as the fold credits it: on a
+            # Its draw too (facility_facts.counted), as the fold credits it: on a
             # node the replacement took, handed over; elsewhere its own.
             power_w=0.0 if sh.node in nodes else sh.power_w,
             measured=sh.measured,

@@ -1,6 +1,6 @@
 """The facility in one pass of decide: the working copy placement asks.
 
-`PassFacility` is what one pass sees of the facility's facts (facility.py
+`PassFacility` is what one pass sees of the facility's facts (folding/facility_facts.py
 keeps them, the fold writes them): the holds, each capped domain's draw as
 the pass's placements and stops change it, the refusals a placement met
 (PlaceReplica.rejections, which `ctl describe replica` shows), and the
@@ -14,8 +14,9 @@ from collections.abc import Iterable
 from ..contract import events as ev
 from ..contract import limits
 from . import fit
-from .facility import KEEP_WITHIN, LABELS, counted, domain_of_kind, first_held, held_reason, over_cap, render, shard_watts
+from .facility import KEEP_WITHIN, domain_of_kind, first_held, held_reason, over_cap, render, shard_watts
 from .facility_spread import Cells, Levels, Spread
+from ..folding.facility_facts import LABELS, counted
 from ..folding.nodeindex import power_limit
 from ..folding.state import Node, Shard, State
 
