@@ -37,9 +37,8 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 from itertools import filterfalse
-from typing import NamedTuple
 
-from . import fabrics, facility_pass, facility_search
+from . import fabrics, facility_pass, facility_search, refusals
 from .facility_spread import Spread
 from ..contract.events import ProfileSpec, ShardPlacement
 from ..folding.nodeindex import FABRIC_LABEL, POOL_LABEL, Group, NodeIndex, index_of, kind_of
@@ -101,29 +100,6 @@ class _View:
             self.ports.update(node.taken)
 
 
-class Floors(NamedTuple):
-    """The least any ready node has free in this pass (lower bounds, kept
-    as the pass takes): refusals.py counts no node short of memory, cores
-    or ports while a profile asks less than these."""
-
-    memory_gb: float
-    cpu_cores: float
-    coreless: bool  # a ready node reports no cores (a CPU-only profile is refused there)
-    ports: float
-
-
-def _room_of(node: Node, v: "_View | None") -> tuple[float, float, float]:
-    """What one node has free (memory, cores, ports; inf: no limit said), as a floor reads it."""
-    mem_used, cpu_used = (v.mem_used, v.cpu_used) if v is not None else (node.memory_used, node.cpu_used)
-    first, last = port_range(node)
-    held = len(v.ports) if v is not None and v.ports is not None else len(node.ports) + len(node.taken)
-    return (
-        node.memory_gb - mem_used if node.memory_gb else float("inf"),
-        node.cpu_cores - cpu_used if node.cpu_cores else float("inf"),
-        last - first + 1 - held,
-    )
-
-
 class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
     """What is free in one pass of decide, and where a replica fits in it.
 
@@ -143,9 +119,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         self._index: NodeIndex | None = None  # synced at first need
         self._views: dict[str, _View] = {}
         self._fac = facility_pass.PassFacility(state)  # facility: holds, power caps, racks and PDUs
-        self._floors: list | None = None  # see `floors`
-        self._hist: dict[str, list[int]] | None = None  # see `domain_free`
-        self._dlimit: dict[str, float | None] = {}  # see `domain_limit`
+        self.classes = refusals.Classes(state)  # what the refusals are counted by, kept as the pass takes
         self._search_init()  # facility: facility_search
 
     # ------------------------------------------------------------------ the index
@@ -184,12 +158,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
             del old[bisect_left(old, name)]
             insort(buckets[after], name)
         idx.moved(name, after)  # type: ignore[union-attr]
-        if self._hist is not None:
-            for d in self._state.located.get(name, ()):
-                h = self._hist.get(d)
-                if h is not None:
-                    h[before] -= 1
-                    h[after] += 1
+        self.classes.moved(name, before, after)
         if self._fac.active:
             self._located_moved(name, before, after)  # facility: facility_search
 
@@ -362,7 +331,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         port = v.free_port()
         v.ports.add(port)  # type: ignore[union-attr]
         v.next_port = port + 1
-        self._lowered(v)
+        self.classes.lowered(v)
         return port
 
     def release(self, shards: list[Shard], handover: bool = False) -> None:
@@ -407,7 +376,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
                 else:
                     v.ports.add(sh.port)
             if not give:
-                self._lowered(v)
+                self.classes.lowered(v)
 
     def rejections(self) -> list[str]:
         """The facility's refusals the last `place` met, by domain, in words."""
@@ -426,67 +395,6 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
                 parts.append(f"{node.cpu_cores - v.cpu_used} of {node.cpu_cores} cores free")
             out.append(f"{name}: {', '.join(parts)}")
         return "; ".join(out)
-
-    # ------------------------------------------------------------------ counting refusals (refusals.py)
-
-    def floors(self) -> Floors:
-        """The least memory, cores and ports any ready node has free in this
-        pass (made at the first ask: one walk of the fleet per pass, not per
-        waiting model), and whether one reports no cores."""
-        if self._floors is None:
-            mem = cpu = ports = float("inf")
-            coreless = False
-            views, nodes = self._views, self._state.nodes
-            for name in self._build().entries:
-                node = nodes[name]
-                m, c, pt = _room_of(node, views.get(name))
-                mem, cpu, ports = min(mem, m), min(cpu, c), min(ports, pt)
-                coreless = coreless or not node.cpu_cores
-            self._floors = [mem, cpu, coreless, ports]
-        return Floors(*self._floors)
-
-    def _lowered(self, v: _View) -> None:
-        """A node has less free: the floors (if made) go down with it."""
-        f = self._floors
-        if f is not None:
-            m, c, pt = _room_of(v.node, v)
-            f[0], f[1], f[3] = min(f[0], m), min(f[1], c), min(f[3], pt)
-
-    def domain_free(self) -> dict[str, list[int]]:
-        """Capped domain -> how many of its ready nodes have k GPUs free
-        (k: the index), in this pass: made at the first ask, kept by `_move`."""
-        if self._hist is None:
-            idx, state = self._build(), self._state
-            entries, top = idx.entries, idx.top
-            hist = {}
-            for d in state.budgets:
-                counts = [0] * (top + 1)
-                for name in state.domain_nodes.get(d, ()):
-                    e = entries.get(name)
-                    if e is not None:
-                        counts[e.free] += 1
-                hist[d] = counts
-            self._hist = hist
-        return self._hist
-
-    def domain_limit(self, d: str) -> float | None:
-        """The power limit every GPU of every ready node of a domain says,
-        its nodes' GPUs all alike (None: they differ), for this pass."""
-        if d in self._dlimit:
-            return self._dlimit[d]
-        entries, nodes, fac = self._build().entries, self._state.nodes, self._fac
-        limit: float | None = None
-        for name in self._state.domain_nodes.get(d, ()):
-            e = entries.get(name)
-            if e is None:
-                continue
-            w = (e.power if e.gpus is nodes[name].gpus else fac._uniform_w(nodes[name])) if e.groups[0].kind is not None else None
-            if w is None or (limit is not None and w != limit):
-                limit = None
-                break
-            limit = w
-        self._dlimit[d] = limit
-        return limit
 
     # ------------------------------------------------------------------ explaining (explain.py)
 

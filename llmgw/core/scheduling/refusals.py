@@ -11,16 +11,18 @@ Nomad's AllocMetric counts nodes by what filtered them:
 - labels and GPUs: alike for the nodes of one index group and free GPU
   count: a bucket's length and its first name;
 - memory, cores, ports: nobody is short while the pass's floors say so
-  (Inventory.floors); else node by node, that rule only;
+  (Classes.floors); else node by node, that rule only;
 - held: the nodes of each held domain;
 - power: per capped domain, its ready nodes by free GPU count
-  (Inventory.domain_free): where their GPUs all say one power limit, a
+  (Classes.domain_free): where their GPUs all say one power limit, a
   shard's draw follows from the free count; else node by node.
 
 tests/test_refusals.py holds the two countings to the same text.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..contract.events import ProfileSpec
 from .facility import HELD, POWER, over_cap
@@ -47,8 +49,109 @@ from .fit import (
     power_reason,
     ready_reason,
 )
-from .placement import Inventory
+from ..folding.state import Node, State
 from .ports import port_range
+
+if TYPE_CHECKING:
+    from .placement import Inventory, _View
+
+
+class Floors(NamedTuple):
+    """The least any ready node has free in the pass (lower bounds): no node
+    is short of memory, cores or ports while a profile asks less."""
+
+    memory_gb: float
+    cpu_cores: float
+    coreless: bool  # a ready node reports no cores (a CPU-only profile is refused there)
+    ports: float
+
+
+def _room_of(node: Node, v: _View | None) -> tuple[float, float, float]:
+    """What one node has free (memory, cores, ports; inf: no limit said)."""
+    mem_used, cpu_used = (v.mem_used, v.cpu_used) if v is not None else (node.memory_used, node.cpu_used)
+    first, last = port_range(node)
+    held = len(v.ports) if v is not None and v.ports is not None else len(node.ports) + len(node.taken)
+    return (
+        node.memory_gb - mem_used if node.memory_gb else float("inf"),
+        node.cpu_cores - cpu_used if node.cpu_cores else float("inf"),
+        last - first + 1 - held,
+    )
+
+
+class Classes:
+    """What the counts are taken by in one pass, each made at its first ask
+    (one walk of the fleet per pass, not per waiting model) and kept as the
+    inventory takes and gives (`lowered`, `moved`). It keeps no reference
+    to the inventory: a cycle is left for the collector (control/heap.py)."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self._floors: list | None = None
+        self._hist: dict[str, list[int]] | None = None
+        self._limit: dict[str, float | None] = {}
+
+    def floors(self, inv: Inventory) -> Floors:
+        """The least memory, cores and ports any ready node has free, and whether one reports no cores."""
+        if self._floors is None:
+            mem = cpu = ports = float("inf")
+            coreless = False
+            views, nodes = inv._views, inv._state.nodes
+            for name in inv._build().entries:
+                node = nodes[name]
+                m, c, pt = _room_of(node, views.get(name))
+                mem, cpu, ports = min(mem, m), min(cpu, c), min(ports, pt)
+                coreless = coreless or not node.cpu_cores
+            self._floors = [mem, cpu, coreless, ports]
+        return Floors(*self._floors)
+
+    def lowered(self, v: _View) -> None:
+        """A node has less free: the floors (if made) go down with it."""
+        f = self._floors
+        if f is not None:
+            m, c, pt = _room_of(v.node, v)
+            f[0], f[1], f[3] = min(f[0], m), min(f[1], c), min(f[3], pt)
+
+    def domain_free(self, inv: Inventory) -> dict[str, list[int]]:
+        """Capped domain -> how many of its ready nodes have k GPUs free (k: the index)."""
+        if self._hist is None:
+            idx, state = inv._build(), self.state
+            entries, top = idx.entries, idx.top
+            hist = {}
+            for d in state.budgets:
+                counts = [0] * (top + 1)
+                for name in state.domain_nodes.get(d, ()):
+                    e = entries.get(name)
+                    if e is not None:
+                        counts[e.free] += 1
+                hist[d] = counts
+            self._hist = hist
+        return self._hist
+
+    def moved(self, name: str, before: int, after: int) -> None:
+        """A node's free GPU count changed: so did its domains' counts (if made)."""
+        if self._hist is not None:
+            for d in self.state.located.get(name, ()):
+                h = self._hist.get(d)
+                if h is not None:
+                    h[before] -= 1
+                    h[after] += 1
+
+    def domain_limit(self, inv: Inventory, d: str) -> float | None:
+        """The power limit every GPU of every ready node of a domain says (None: they differ)."""
+        if d not in self._limit:
+            entries, nodes, fac = inv._build().entries, inv._state.nodes, inv._fac
+            limit: float | None = None
+            for name in inv._state.domain_nodes.get(d, ()):
+                e = entries.get(name)
+                if e is None:
+                    continue
+                w = (e.power if e.gpus is nodes[name].gpus else fac._uniform_w(nodes[name])) if e.groups[0].kind is not None else None
+                if w is None or (limit is not None and w != limit):
+                    limit = None
+                    break
+                limit = w
+            self._limit[d] = limit
+        return self._limit[d]
 
 
 class _Tally:
@@ -124,7 +227,7 @@ def _labels_and_gpus(inv: Inventory, p: ProfileSpec, t: _Tally) -> None:
 def _room(inv: Inventory, p: ProfileSpec, t: _Tally) -> set[str]:
     """Memory, cores and ports: node by node only where the pass's floors
     say someone may be short. Returns the nodes short of any."""
-    floors = inv.floors()
+    floors = inv.classes.floors(inv)
     bad: set[str] = set()
     mem = bool(p.memory_gb) and p.memory_gb > floors.memory_gb - 0.002  # (add_gb rounds to the MB)
     cpu = bool(p.cpu_cores) and (p.cpu_cores > floors.cpu_cores or (p.gpus == 0 and floors.coreless))
@@ -174,13 +277,13 @@ def _facility(inv: Inventory, p: ProfileSpec, t: _Tally) -> tuple[set[str], set[
         return nodes_refused, domains_refused
     draw, credit = fac.draw, fac.credit
     per_node = {d for n in credit for d in loc.get(n, ())}  # a draw handed over is the node's own
-    hist = inv.domain_free()
+    hist = inv.classes.domain_free(inv)
     for d, cap in state.budgets.items():
         names = state.domain_nodes.get(d, ())
         if not names:
             continue
         x = draw[d]
-        limit = None if d in per_node else inv.domain_limit(d)
+        limit = None if d in per_node else inv.classes.domain_limit(inv, d)
         if limit is None:  # node by node
             for name in names:
                 if name not in entries:
