@@ -144,15 +144,12 @@ def test_a_dry_runs_passes(use):
 
 
 # Module constants of the core that are numbers and not limits: the event
-# contract's bounds and version (its own modules), the fold's version, and
-# the search's key encodings (how it packs a key, not a limit of anything).
+# contract's bounds and version (its own modules), the fold's version.
 NOT_LIMITS = {
     "contract/bounds.py": "*",
     "contract/limits.py": "*",
     "contract/events/base.py": {"SCHEMA_VERSION"},
     "folding/fold.py": {"FOLD_VERSION"},
-    "scheduling/facility_spread.py": {"LEVEL_BASE", "NO_LEVEL"},
-    "scheduling/facility_search.py": {"_RANK_BITS", "_LEVEL_SHIFT", "_POS_BITS", "_CUR_SHIFT", "_RANK", "_POS", "_CELL", "_TOP", "_BELOW"},
 }
 
 

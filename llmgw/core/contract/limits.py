@@ -5,7 +5,7 @@ here by every site. They were module constants scattered over the core
 scaling.py, figures.py, whatif.py, redecide.py): a reader could not see
 them together, nor tell which of them a recorded log depends on.
 
-Three kinds of number stay elsewhere, on purpose:
+Two kinds of number stay elsewhere, on purpose:
 
 - **The rules' tunables** (a minimum lifetime, a back-off, the most
   victims...) are `Policy` (policy.py): an operator sets them, the log
@@ -15,8 +15,6 @@ Three kinds of number stay elsewhere, on purpose:
   an event is decoded and written into events/schema/, so a changed bound
   changes which recorded events can be read at all. They change as the
   contract does (fields only ever added), never as a setting.
-- **Encodings** (facility_spread.py's LEVEL_BASE, facility_search.py's key
-  shifts) are how a search packs its keys, not a limit of anything.
 
 **Replay.** A limit here that changes what the fold or decide produces
 (marked *fold* or *decide* below) must be the same when a log is replayed,

@@ -248,14 +248,11 @@ class PassFacility:
                     draw[d] += w
 
     def shift(self, node: Node, sh: Shard, give: bool, handover: bool = False) -> None:
-        """A shard stopped in this pass (give) frees what it counts for; or
-        not after all. `handover`: stopped for a replacement in place, its
-        draw goes on counting for its domains (it draws until it exits, and
-        the fold counts it until then) and is credited to a shard of the
-        replacement on its own node only (`credit`), as the fold's check of
-        the placement credits it (decisions._place). Freed for the whole
-        domain, a replacement on another node of its PDU was decided there
-        and voided by the fold (tests/test_facility_properties.py)."""
+        """A shard stopped in this pass (give) frees what it counts for, or not
+        after all. `handover` (for a replacement in place): it draws until it
+        exits, so its draw is credited to the replacement on its own node only
+        (`credit`), as the fold credits it (decisions._place); freed for the
+        whole domain, a replacement elsewhere on its PDU was voided by the fold."""
         self._touch(node.name)
         if not self.capped:
             return
@@ -347,14 +344,11 @@ class Outside:
 
 
 class Together:
-    """The `taken` of placement's search for the shards of one multi-node
-    replica where caps bind: the nodes `inner` holds (the chosen, or
-    Outside), and every node whose shard would take a capped domain past
-    its cap with the shards chosen before it (as fit_together counts them).
-    Refused so, a node is passed over for this replica only: once the
-    second shard was checked only after both were chosen, a fabric whose
-    two best nodes shared a PDU with room for one was given up though its
-    other nodes had room (benchmarks/placement.py --facility)."""
+    """The `taken` of the search for a multi-node replica's shards where caps
+    bind: the nodes `inner` holds, and every node whose shard would take a
+    domain past its cap with those chosen before it (as fit_together counts).
+    Checked only once all were chosen, a fabric whose two best nodes shared
+    a PDU with room for one was given up though its others had room."""
 
     __slots__ = ("fac", "p", "chosen", "inner", "gpus_for", "extra", "counted", "refused")
 

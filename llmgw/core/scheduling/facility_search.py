@@ -118,7 +118,7 @@ class CellSearch:
                         heappush(heap, e)
                 else:
                     cur[c] = None
-        mine: list[int] | None = None  # the levels of the model's own nodes, once asked (Levels.low says when)
+        mine: list[tuple[int, int]] | None = None  # the levels of the model's own nodes, once asked (Levels.low says when)
         loose = levels.loose  # nodes in no cell: at level 0 unless the model runs there
         j = 0  # the levels of `mine` before it are done
         while True:
@@ -140,7 +140,7 @@ class CellSearch:
             level = heap[0][0] if heap else NO_LEVEL
             # The levels below it have no cell with a node that may fit: what
             # is left of them is the nodes in no cell (level 0) and the model's own.
-            if loose and level:
+            if loose and level != (0, 0):
                 loose = False
                 v = self._best(p, groups, spread, 1, _InCells(fac.cells().of))
                 if v is not None:
@@ -176,7 +176,7 @@ class CellSearch:
                 cur[c] = None  # none of the cell's nodes fits
                 heappop(heap)
 
-    def _mine_at(self, p: ProfileSpec, admitted: set, levels: Levels, spread: dict[str, int], level: int):
+    def _mine_at(self, p: ProfileSpec, admitted: set, levels: Levels, spread: dict[str, int], level: tuple[int, int]):
         """The model's own nodes at a level that fit, fewest of its replicas first, then best fit."""
         by_count: dict[int, set[str]] = {}
         for name in levels.spread_at(level, spread):

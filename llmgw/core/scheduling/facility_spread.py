@@ -15,19 +15,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .facility_pass import PassFacility
 
-# A level is the rack's count and the PDU's in one number, each in its own
-# digits (no rack or PDU runs this many of one model's replicas).
-LEVEL_BASE = 1 << 16
-NO_LEVEL = 1 << 62  # past every level
+NO_LEVEL = (float("inf"), float("inf"))  # past every level
 
 
-def level(rack: int, pdu: int) -> int:
+def level(rack: int, pdu: int) -> tuple[int, int]:
     """The spread rule's first key, a node's *level*: how many of the model's
     replicas its rack runs, then its PDU (a label not said: the node's own
     count). Placement takes the fitting node of the lowest level, then the
     fewest free GPUs that are enough, then the name (tests/test_facility_search.py
     states the rule plainly, and holds the search to it)."""
-    return rack * LEVEL_BASE + pdu
+    return (rack, pdu)
 
 
 class Cells:
@@ -123,7 +120,7 @@ class Levels:
         self.rc = [0] * cells.racks
         self.pc = [0] * cells.pdus
         self.rack_of, self.pdu_of = cells.rack_of, cells.pdu_of
-        self._loose: dict[int, int] = {}  # level -> the model's nodes in no cell at it
+        self._loose: dict[tuple[int, int], int] = {}  # level -> the model's nodes in no cell at it
         self._csp: dict[int, set[str]] = {}  # cell -> the model's nodes in it
         self.low = NO_LEVEL  # no level of the model's own nodes is below it (`mine`)
         # facility_search's heaps of cursors for the model, by profile name
@@ -159,14 +156,14 @@ class Levels:
             loose[level(now, now)] = loose.get(level(now, now), 0) + 1
             self.low = min(self.low, level(now, now))
 
-    def mine(self) -> list[int]:
+    def mine(self) -> list[tuple[int, int]]:
         """The levels some of the model's nodes are at (in a cell, or in none), lowest first; `low` is the first."""
         rc, pc, rack_of, pdu_of = self.rc, self.pc, self.rack_of, self.pdu_of  # (each cell's level, inline)
         out = sorted({level(rc[rack_of[c]], pc[pdu_of[c]]) for c in self._csp} | self._loose.keys())
         self.low = out[0] if out else NO_LEVEL
         return out
 
-    def spread_at(self, at: int, spread: dict[str, int]) -> set[str]:
+    def spread_at(self, at: tuple[int, int], spread: dict[str, int]) -> set[str]:
         """The model's nodes at a level (in a cell at it, or in none and at it by themselves)."""
         out: set[str] = set()
         rc, pc, rack_of, pdu_of = self.rc, self.pc, self.rack_of, self.pdu_of  # (each cell's level, inline)

@@ -103,12 +103,10 @@ class _View:
 class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
     """What is free in one pass of decide, and where a replica fits in it.
 
-    Works on the state's node index itself: a node's `_View` is made when
-    the pass first looks at it; a node whose free GPUs the pass changes is
-    moved in the index's buckets and marked for the next pass to file again
-    from the state (what this pass decided may not land). Copying each
-    bucket changed instead cost more than the placements at 16,000 nodes
-    (benchmarks/placement.py).
+    Works on the state's node index itself: a node whose free GPUs the pass
+    changes is moved in its buckets and marked for the next pass to file
+    again from the state (what this pass decided may not land); copying the
+    buckets cost more than the placements at 16,000 nodes (benchmarks/placement.py).
 
     `_best` searches one round of spread (`fabrics._limits`);
     fabrics.FabricSearch, the fabrics of a multi-node profile;
@@ -219,11 +217,9 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         return self._fabric_pick(p, self._by_fabric(idx, p), spread)
 
     def place(self, p: ProfileSpec, replica: str, spread: dict[str, int]) -> list[ShardPlacement] | None:
-        """Shards for one replica of this profile, taken from the inventory, or
-        None when it fits nowhere. `spread`: how many of the model's replicas
-        each node runs already; the fewer, the sooner a node is tried. The
-        replica's nodes are counted in it: a pass's spreads change only here
-        (facility_spread.Levels counts by them)."""
+        """Shards for one replica of this profile, taken from the inventory
+        (None: it fits nowhere). `spread`, the model's replicas per node, counts
+        the replica's nodes: a pass's spreads change only here."""
         fac = self._fac
         if fac.seen:
             fac.seen = {}  # (only the facility says rejections: see `rejections`)
@@ -335,11 +331,9 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         return port
 
     def release(self, shards: list[Shard], handover: bool = False) -> None:
-        """Count what these shards hold as free in this pass: a replica stopped
-        in the pass leaves its room to the replacement placed beside the stop.
-        `handover`: to its replacement in place, whose shards start once
-        they have exited (facility_pass.PassFacility.shift says what that
-        changes for the facility)."""
+        """Count what these shards hold as free in this pass, for the
+        replacement of a replica stopped in it (`handover`: in place, starting
+        once they exit: PassFacility.shift)."""
         self._shift(shards, give=True, handover=handover)
 
     def hold(self, shards: list[Shard], handover: bool = False) -> None:
