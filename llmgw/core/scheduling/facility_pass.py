@@ -142,12 +142,10 @@ class PassFacility:
         return self._limits_of(node)[2]
 
     def _noted(self, domain: str, node: Node, p: ev.ProfileSpec, gpus: list[int]) -> bool:
-        """A refusal, noted in words for the placement under way (once per
-        domain) and kept for the pass (`blocked`) for every node of the
-        domain it holds for alike: a hold, all; a cap, every node whose
-        shard would draw as much or more (all, for a declared draw). Asked
-        node by node, a capped PDU's twenty nodes were twenty refusals to
-        find (benchmarks/placement.py --facility)."""
+        """A refusal, noted in words for the placement under way and kept for
+        the pass (`blocked`) for every node of the domain it holds for: a
+        hold, all; a cap, every node whose shard would draw as much or more.
+        Node by node, a capped PDU's nodes were as many refusals to find."""
         if domain not in self.seen and len(self.seen) < limits.LIMITS.rejections_kept:
             self.reasons(node, p, gpus)
         blocked = self.blocked(p)

@@ -6,18 +6,15 @@ that are enough, then the name. Asked node by node, a cold start with the
 facility took nearly seven times one without (benchmarks/placement.py
 --facility): a placement looked at most of its rack's and PDU's nodes.
 
-So nodes are taken by cell (facility_spread.Cells: the nodes of one rack
-and PDU), each cell's nodes kept in (free GPUs, name) order for the pass.
-Per model and profile a heap merges the cells, lowest level first; an
-entry is a cell's cursor (level, (free, name), cell, position): its first
-node not known refused, a lower bound of the cell's best. A node at the
-top that fits is the best; one that does not is passed over for the pass,
-since a refusal only hardens in a pass (draws and spreads only grow)
-until the cell's nodes change (PassFacility.touched: its cursor starts
-again) or a stop makes room (PassFacility.epoch: all start again). A
-cell's level only grows too, so a cursor's is put right when it comes to
-the top. (The keys were once ints packed with each name's rank: 1.04x at
-16,000 nodes, under the 1.3x that keeps a trick, issue 33.)
+So nodes are taken by cell (the nodes of one rack and PDU), each cell's
+kept in (free GPUs, name) order for the pass. Per model and profile a heap
+merges the cells, lowest level first; an entry is a cell's cursor (level,
+(free, name), cell, position): its first node not known refused. A node at
+the top that fits is the best; one that does not is passed over for the
+pass, as refusals only harden (draws and spreads only grow) until the
+cell's nodes change (PassFacility.touched) or a stop makes room
+(PassFacility.epoch). A level only grows too: a cursor's is put right
+when it comes to the top. (Keys packed into ints won 1.04x: cut, issue 33.)
 """
 
 from __future__ import annotations
@@ -256,12 +253,10 @@ class CellSearch:
     # ------------------------------------------------------------------ multi-node: fabrics
 
     def _fabric_from(self, p: ProfileSpec, by_fabric: list) -> int:
-        """The first fabric not known too full for the profile's shape
-        (`_fabric_refused`): refusals harden in a pass until a stop makes room
-        (PassFacility.epoch); none is kept while a draw is handed over
-        (PassFacility.credit). A multi-node placement on a fleet whose caps
-        bind passed over some ninety fabrics so (benchmarks/placement.py
-        --facility --nodes 16000)."""
+        """The first fabric not known too full for the profile's shape (none
+        is kept while a draw is handed over: PassFacility.credit). Where caps
+        bind, a multi-node placement passed over some ninety fabrics so
+        (benchmarks/placement.py --facility --nodes 16000)."""
         fac, too_few = self._fac, self._too_few
         if self._fab_epoch != fac.epoch:  # a stop made room: what was refused may fit now
             self._fab_epoch = fac.epoch

@@ -1,11 +1,9 @@
 """A model's spread by rack and PDU: the first key of placement's order.
 
-`Cells` groups the located nodes by the domains they share (a cell: the
-nodes of one rack and PDU, mostly); `Levels` counts, for one model in one
-pass, its replicas per rack and per PDU, which gives each cell its
-`level`. Counted by cell and kept as the pass places (`Levels.took`):
-re-levelled node by node, a rack's nodes were a third of a cold start
-with the facility (benchmarks/placement.py --facility).
+`Cells` groups the located nodes by the domains they share; `Levels`
+counts one model's replicas per rack and PDU in a pass, each cell's
+`level`, kept as the pass places: re-levelled node by node, a rack's
+nodes were a third of a cold start (benchmarks/placement.py --facility).
 """
 
 from __future__ import annotations
@@ -21,19 +19,16 @@ NO_LEVEL = (float("inf"), float("inf"))  # past every level
 def level(rack: int, pdu: int) -> tuple[int, int]:
     """The spread rule's first key, a node's *level*: how many of the model's
     replicas its rack runs, then its PDU (a label not said: the node's own
-    count). Placement takes the fitting node of the lowest level, then the
-    fewest free GPUs that are enough, then the name (tests/test_facility_search.py
-    states the rule plainly, and holds the search to it)."""
+    count); then the fewest free GPUs that are enough, then the name
+    (tests/test_facility_search.py states the rule plainly)."""
     return (rack, pdu)
 
 
 class Cells:
-    """The located nodes by *cell*: the nodes in the same set of domains. A
+    """The located nodes by *cell*, the nodes in the same set of domains. A
     node that says a rack but no PDU (or the reverse) is a cell of its own,
-    and the PDU it does not say is one of its own, counted by the node; one
-    that says neither is in no cell (`Levels` counts it alone). Racks and
-    PDUs are numbered (`rack_of`, `pdu_of`: cell -> number), so that a
-    model's counts are two lists."""
+    its missing PDU one of its own; one that says neither is in no cell.
+    Racks and PDUs are numbered (`rack_of`, `pdu_of`: cell -> number)."""
 
     __slots__ = ("located", "of", "nodes", "rack_of", "pdu_of", "racks", "pdus", "in_domain", "limited")
 

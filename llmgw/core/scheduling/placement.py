@@ -11,17 +11,14 @@ where a wrong guess is hours of NCCL timeouts.
 Among the nodes that fit:
 
 - spread first: the nodes that run none of the model's replicas, then one,
-  and so on, so that a node lost takes as few as it can. Where nodes say
-  their rack and PDU: the rack with the fewest of them first, then the PDU,
-  then the node (facility_spread.level; facility_search.py searches so); a
-  multi-node replica by node alone.
-- then best fit: the fewest free GPUs that are enough, ties in name order.
-  Small replicas fill the nodes in use and whole nodes stay free for 8-GPU
-  profiles; first fit put a small replica on the first node with room,
-  often a whole free one.
+  and so on, so that a node lost takes as few as it can; where nodes say
+  their rack and PDU, the rack with the fewest first, then the PDU, then
+  the node (facility_spread.level, searched by facility_search.py).
+- then best fit: the fewest free GPUs that are enough, ties in name order,
+  so that whole nodes stay free for 8-GPU profiles (first fit put a small
+  replica on the first node with room, often a whole free one).
 - a multi-node replica: the first fabric in name order with enough nodes
-  that fit, in the same rounds of spread (fabrics.py), rank 0 on the first
-  node chosen.
+  that fit, in the same rounds of spread (fabrics.py).
 
 `Inventory` is what is free in one pass of decide, so that the pass's
 placements see each other (else two could name one GPU and the fold would
