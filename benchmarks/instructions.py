@@ -92,11 +92,15 @@ def child(argv: list[str]) -> None:
     for spec in P.catalog(5 * nodes, random.Random(P.SEED)):
         base.publish(ev.ModelApplied(at=P.T0 + 60.0, model=spec))
     state = copy_state(base.state)
-    for keep in ("nodeindex", "replicaindex"):  # the indexes the control plane keeps once caught up, where that root has them
-        try:
-            __import__(f"llmgw.core.{keep}", fromlist=["track"]).track(state)
-        except (ImportError, AttributeError):
-            pass
+    # The indexes the control plane keeps once caught up, where that root has
+    # them (in core/folding/ since the core's subpackages, in core/ before).
+    for keep in ("nodeindex", "replicaindex"):
+        for where in ("llmgw.core.folding", "llmgw.core"):
+            try:
+                __import__(f"{where}.{keep}", fromlist=["track"]).track(state)
+                break
+            except (ImportError, AttributeError):
+                pass
     gc.collect()
     gc.freeze()
     seq, at = len(base.records), P.T0 + 3600.0
