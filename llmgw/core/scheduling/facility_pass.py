@@ -376,9 +376,9 @@ class Together:
         if not extra:
             return False
         # A node of the same domains, GPU limit and credit gets the same answer
-        # with the same chosen: asked node by node, a multi-node search took
-        # 1.75x the time at 16,000 nodes with the facility (benchmarks/placement.py
-        # --facility --nodes 16000, profiled). (Refused alone, it is asked again.)
+        # with the same chosen: asked node by node, a cold start at 16,000 nodes
+        # with the facility took 1.035x the instructions, its multi-node searches
+        # 1.75x the time (benchmarks/instructions.py --what cold --nodes 16000).
         ds = loc.get(v.name, ())
         limit = fac._limits_of(v.node)[2] if v.kind is not None else None
         key = (ds, limit, credit.get(v.name)) if limit is not None else None

@@ -14,7 +14,7 @@ pass, as refusals only harden (draws and spreads only grow) until the
 cell's nodes change (PassFacility.touched) or a stop makes room
 (PassFacility.epoch). A level only grows too: a cursor's is put right
 when it comes to the top. (Keys and levels packed into ints won 1.08x and
-1.02x, instructions at 16,000 nodes: cut, under issue 33's 1.3x.)
+1.02x: benchmarks/instructions.py --nodes 16000; cut, under issue 33's 1.3x.)
 """
 
 from __future__ import annotations
