@@ -14,8 +14,9 @@ Nomad's AllocMetric counts nodes by what filtered them:
   (Classes.floors); else node by node, that rule only;
 - held: the nodes of each held domain;
 - power: per capped domain, its ready nodes by free GPU count
-  (Classes.domain_free): where their GPUs all say one power limit, a
-  shard's draw follows from the free count; else node by node.
+  (Classes.domain_free): where their GPUs all say one power limit (the
+  search's PassFacility._by_limit tells), a shard's draw follows from the
+  free count; else node by node.
 
 tests/test_refusals.py holds the two countings to the same text.
 """
@@ -88,7 +89,6 @@ class Classes:
         self.state = state
         self._floors: list | None = None
         self._hist: dict[str, list[int]] | None = None
-        self._limit: dict[str, float | None] = {}
 
     def floors(self, inv: Inventory) -> Floors:
         """The least memory, cores and ports any ready node has free, and whether one reports no cores."""
@@ -135,23 +135,6 @@ class Classes:
                 if h is not None:
                     h[before] -= 1
                     h[after] += 1
-
-    def domain_limit(self, inv: Inventory, d: str) -> float | None:
-        """The power limit every GPU of every ready node of a domain says (None: they differ)."""
-        if d not in self._limit:
-            entries, nodes, fac = inv._build().entries, inv._state.nodes, inv._fac
-            limit: float | None = None
-            for name in inv._state.domain_nodes.get(d, ()):
-                e = entries.get(name)
-                if e is None:
-                    continue
-                w = (e.power if e.gpus is nodes[name].gpus else fac._uniform_w(nodes[name])) if e.groups[0].kind is not None else None
-                if w is None or (limit is not None and w != limit):
-                    limit = None
-                    break
-                limit = w
-            self._limit[d] = limit
-        return self._limit[d]
 
 
 class _Tally:
@@ -277,13 +260,16 @@ def _facility(inv: Inventory, p: ProfileSpec, t: _Tally) -> tuple[set[str], set[
         return nodes_refused, domains_refused
     draw, credit = fac.draw, fac.credit
     per_node = {d for n in credit for d in loc.get(n, ())}  # a draw handed over is the node's own
+    # A node of mixed GPUs gives a profile those of its kind, so its shard's
+    # draw does not follow from its free count: counted node by node.
+    mixed = any(g.kind is None for g in inv._index.groups.values())  # type: ignore[union-attr]
     hist = inv.classes.domain_free(inv)
     for d, cap in state.budgets.items():
         names = state.domain_nodes.get(d, ())
         if not names:
             continue
         x = draw[d]
-        limit = None if d in per_node else inv.classes.domain_limit(inv, d)
+        limit = None if d in per_node or mixed else _one_limit(fac._by_limit(d, names), entries)
         if limit is None:  # node by node
             for name in names:
                 if name not in entries:
@@ -311,6 +297,12 @@ def _facility(inv: Inventory, p: ProfileSpec, t: _Tally) -> tuple[set[str], set[
         first = next(name for name in names if name in entries and entries[name].free >= k0)
         t.add(POWER, n, (first, loc[first].index(d)), power_reason(d, x + w_of(entries[first].free), cap))
     return nodes_refused, domains_refused
+
+
+def _one_limit(by_limit: dict[float | None, list[str]], ready) -> float | None:
+    """The power limit every GPU of every ready node of a domain says (None: they differ)."""
+    said = [w for w, alike in by_limit.items() if any(n in ready for n in alike)]
+    return said[0] if len(said) == 1 else None
 
 
 def _fabrics(inv: Inventory, p: ProfileSpec, bad: set[str], refused: tuple[set[str], set[str]]) -> tuple[Reason, ...]:
