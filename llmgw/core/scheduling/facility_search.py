@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from heapq import heapify, heappop, heappush, heapreplace
+from operator import itemgetter
 
 from ..contract.events import ProfileSpec
 from .fabrics import admit_key
@@ -207,10 +208,18 @@ class CellSearch:
         """Each cell's ready nodes in (free GPUs, name) order, made at the
         pass's first search and kept as it takes (`_located_moved`)."""
         if self._orders is None:
-            entries = self._build().entries
+            idx = self._build()
             cells = self._fac.cells()
-            self._cell_of = cells.of
-            self._orders = [sorted([(entries[name].free, name) for name in nodes if name in entries]) for nodes in cells.nodes]
+            self._cell_of = cell_of = cells.of
+            orders: list[list[tuple[int, str]]] = [[] for _ in cells.nodes]
+            entries = idx.entries
+            for name in idx.ready_names:  # in name order, kept within a free count by the stable sort below
+                c = cell_of.get(name)
+                if c is not None:
+                    orders[c].append((entries[name].free, name))
+            for order in orders:
+                order.sort(key=itemgetter(0))
+            self._orders = orders
         return self._orders
 
     def _fits(self, p: ProfileSpec, admitted: set, v) -> bool:
