@@ -147,13 +147,11 @@ class VictimIndex:
                     # what it took over goes back to that one (replicas.hand_back),
                     # so it frees nothing until that one exits.
                     continue
-                gpus = sum(len(s.gpus) for s in rep.shards)
-                memory = sum(s.memory_gb for s in rep.shards)
-                cores = sum(s.cpu_cores for s in rep.shards)
+                sh = rep.shards[0] if rep.shards else None  # its one shard (none yet: rebuilt from reports)
                 out.append(Candidate(
                     rep=rep, model=name, rank=rank(spec), above_min=i < above, idle=idle,
-                    idle_on_demand=idle_on_demand, owner=rep.owner, gpus=gpus, cpu_cores=cores, memory_gb=memory,
-                    young=young,
+                    idle_on_demand=idle_on_demand, owner=rep.owner, gpus=len(sh.gpus) if sh else 0,
+                    cpu_cores=sh.cpu_cores if sh else 0, memory_gb=sh.memory_gb if sh else 0, young=young,
                 ))
         self._candidates = out
         return out
