@@ -183,7 +183,8 @@ class PassFacility:
         """A domain's nodes by the power limit their GPUs all say (None: they
         differ), kept with the cells across passes: read node by node at each
         refusal, 1.14x the time of a cold start (benchmarks/placement.py
-        --facility --nodes 16000)."""
+        --facility --nodes 16000). A waiting reason reads a domain's one
+        limit here too (refusals._one_limit)."""
         limited = self.cells().limited
         out = limited.get(domain)
         if out is None:
