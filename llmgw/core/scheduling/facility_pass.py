@@ -9,6 +9,7 @@ nodes and cells known refused for the rest of the pass.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from ..contract import events as ev
@@ -19,7 +20,6 @@ from .facility_spread import Cells, Levels, Spread
 from ..folding.facility_facts import LABELS, counted
 from ..folding.nodeindex import power_limit
 from ..folding.state import Node, Shard, State
-
 
 
 class PassFacility:
@@ -181,10 +181,9 @@ class PassFacility:
 
     def _by_limit(self, domain: str, names) -> dict[float | None, list[str]]:
         """A domain's nodes by the power limit their GPUs all say (None: they
-        differ), kept with the cells across passes: read node by node at each
-        refusal, 1.14x the time of a cold start (benchmarks/placement.py
-        --facility --nodes 16000). A waiting reason reads a domain's one
-        limit here too (refusals._one_limit)."""
+        differ), kept with the cells across passes (and read by refusals too):
+        read node by node at each refusal, 1.14x the time of a cold start
+        (benchmarks/placement.py --facility --nodes 16000)."""
         limited = self.cells().limited
         out = limited.get(domain)
         if out is None:
@@ -314,11 +313,7 @@ class PassFacility:
     def keep_within_reason(self, p: ev.ProfileSpec, fitting: list[str]):
         """Why no domain of the profile's keep_within kind has enough nodes
         that fit (explain), or None when one has."""
-        per: dict[str, int] = {}
-        for n in fitting:
-            d = self.domain_of(p.keep_within, n)
-            if d:
-                per[d] = per.get(d, 0) + 1
+        per = Counter(d for d in (self.domain_of(p.keep_within, n) for n in fitting) if d)
         if any(c >= p.nodes for c in per.values()):
             return None
         need = f"{p.nodes} nodes that fit in one {p.keep_within}"

@@ -208,18 +208,14 @@ class CellSearch:
         """Each cell's ready nodes in (free GPUs, name) order, made at the
         pass's first search and kept as it takes (`_located_moved`)."""
         if self._orders is None:
-            idx = self._build()
-            cells = self._fac.cells()
-            self._cell_of = cell_of = cells.of
-            orders: list[list[tuple[int, str]]] = [[] for _ in cells.nodes]
-            entries = idx.entries
-            for name in idx.ready_names:  # in name order, kept within a free count by the stable sort below
-                c = cell_of.get(name)
-                if c is not None:
-                    orders[c].append((entries[name].free, name))
+            idx, cells = self._build(), self._fac.cells()
+            self._cell_of = cells.of
+            self._orders = orders = [[] for _ in cells.nodes]
+            for name in idx.ready_names:  # in name order, which the stable sort by free count keeps
+                if (c := cells.of.get(name)) is not None:
+                    orders[c].append((idx.entries[name].free, name))
             for order in orders:
                 order.sort(key=itemgetter(0))
-            self._orders = orders
         return self._orders
 
     def _fits(self, p: ProfileSpec, admitted: set, v) -> bool:
