@@ -181,9 +181,9 @@ class PassFacility:
 
     def _by_limit(self, domain: str, names) -> dict[float | None, list[str]]:
         """A domain's nodes by the power limit their GPUs all say (None: they
-        differ), kept with the cells across passes (and read by refusals too):
-        read node by node at each refusal, 1.14x the time of a cold start
-        (benchmarks/placement.py --facility --nodes 16000)."""
+        differ), kept with the cells across passes; a waiting reason reads it
+        too. Read node by node at each, a cold start took 2.0x the time
+        (benchmarks/placement.py --facility --nodes 2000,16000)."""
         limited = self.cells().limited
         out = limited.get(domain)
         if out is None:
@@ -372,9 +372,9 @@ class Together:
         if not extra:
             return False
         # A node of the same domains, GPU limit and credit gets the same answer
-        # with the same chosen: asked node by node, a cold start at 16,000 nodes
-        # with the facility took 1.035x the instructions, its multi-node searches
-        # 1.75x the time (benchmarks/instructions.py --what cold --nodes 16000).
+        # with the same chosen. Asked node by node, a cold start with the facility
+        # took 1.06-1.09x the time at 16,000 nodes (its multi-node searches 1.75x),
+        # which leaves 10,000/s within the noise (benchmarks/placement.py --facility).
         ds = loc.get(v.name, ())
         limit = fac._limits_of(v.node)[2] if v.kind is not None else None
         key = (ds, limit, credit.get(v.name)) if limit is not None else None
