@@ -1,7 +1,7 @@
 """How fast the control plane places: a cold start, and a pass with nothing to do.
 
     python benchmarks/placement.py [--nodes 2000[,16000]] [--replicas N] [--repeat 3] [--no-small-budget]
-    python benchmarks/placement.py --facility [--nodes 2000,16000] [--repeat 3]
+    python benchmarks/placement.py --facility [--nodes 2000,16000] [--repeat 3] [--rack-nodes 40]
 
 The fleet is simulated, the core is the real one: 2,000 nodes of 8 GPUs
 (three in four H100, the rest A100, 80 GB each; 2 TB host memory and 192
@@ -39,6 +39,10 @@ the fleet).
     Goals (issue 33), absolute: >= 20,000 placements/s at 2,000 nodes,
     >= 10,000/s at 16,000. (The old goal, a ratio to the same fleet
     without the facility, is retired: a ratio hid that both were slow.)
+    The fleet keeps 50 racks at every size, so at 16,000 nodes a rack has
+    320 nodes and its caps leave most of them idle; --rack-nodes 40 keeps
+    the racks of 2,000 nodes instead (400 racks, 800 PDUs at 16,000: the
+    caps as above, each domain's cost counted 1,200 times, not 150).
 
 Each cold start prints the hash of its log (`log <hash>`: every record's
 subject and bytes, decisions, waiting reasons and rejections included), so
@@ -119,11 +123,11 @@ def log_hash(log: "Log") -> str:
 # ---------------------------------------------------------------------- the world
 
 
-def fleet(n: int, located: bool = False) -> list[ev.NodeRegistered]:
-    """The fleet; `located` (d): in racks and PDUs (consecutive nodes share
-    them), GPUs limited to GPU_POWER_W."""
+def fleet(n: int, located: bool = False, racks: int = RACKS) -> list[ev.NodeRegistered]:
+    """The fleet; `located` (d): in racks and PDUs, two PDUs a rack
+    (consecutive nodes share them), GPUs limited to GPU_POWER_W."""
     out = []
-    per_rack, per_pdu = max(n // RACKS, 1), max(n // PDUS, 1)
+    per_rack, per_pdu = max(n // racks, 1), max(n // (2 * racks), 1)
     for i in range(n):
         h100 = i % 4 != 3
         model = "NVIDIA H100 80GB HBM3" if h100 else "NVIDIA A100-SXM4-80GB"
@@ -348,16 +352,18 @@ def measured(log: Log, watts_per_gpu: float = 450.0) -> None:
         log.publish(ev.NodePower(at=at, node=name, watts=sum(gpus.values()), gpus=gpus))
 
 
-def facility_run(nodes: int, replicas: int, repeat: int) -> dict:
-    """(d): cold start and steady pass on a located fleet whose caps bind."""
-    say(f"\n(d) the facility: {nodes:,} nodes in {RACKS} racks and {PDUS} PDUs with binding caps")
+def facility_run(nodes: int, replicas: int, repeat: int, rack_nodes: int = 0) -> dict:
+    """(d): cold start and steady pass on a located fleet whose caps bind.
+    `rack_nodes`: racks of that many nodes (else RACKS racks, whatever the size)."""
+    racks = nodes // rack_nodes if rack_nodes else RACKS
+    say(f"\n(d) the facility: {nodes:,} nodes in {racks} racks and {2 * racks} PDUs with binding caps")
     specs = catalog(replicas, random.Random(SEED))
     base = Log()
     base.publish(OPEN)
-    for e in fleet(nodes, located=True):
+    for e in fleet(nodes, located=True, racks=racks):
         base.publish(e)
-    budgets = {f"pdu/pdu-{p:03d}": PDU_CAP_W for p in range(PDUS)}
-    budgets.update({f"rack/r{r:02d}": RACK_CAP_W for r in range(RACKS)})
+    budgets = {f"pdu/pdu-{p:03d}": PDU_CAP_W for p in range(2 * racks)}
+    budgets.update({f"rack/r{r:02d}": RACK_CAP_W for r in range(racks)})
     base.publish(ev.FacilityApplied(at=T0 + 30.0, budgets=budgets))
     for spec in specs:
         base.publish(ev.ModelApplied(at=T0 + 60.0, model=spec))
@@ -439,11 +445,14 @@ def main(argv: list[str] | None = None) -> None:
                    help="skip the comparison run with 128 KiB passes (minutes at 16,000 nodes)")
     p.add_argument("--facility", action="store_true",
                    help="only (d): the same fleet with locations and binding caps")
+    p.add_argument("--rack-nodes", type=int, default=0,
+                   help="with --facility: racks of this many nodes at every size (40: those of 2,000 nodes), "
+                        f"not {RACKS} racks whatever the size")
     a = p.parse_args(argv)
     sizes = [int(n) for n in a.nodes.split(",") if n.strip()]
     if a.facility:
         for n in sizes:
-            facility_run(n, a.replicas or 5 * n, a.repeat or REPEAT)
+            facility_run(n, a.replicas or 5 * n, a.repeat or REPEAT, a.rack_nodes)
         return
     figures = [run(n, a.replicas or 5 * n, a.repeat or REPEAT, not a.no_small_budget) for n in sizes]
     if len(figures) > 1:
