@@ -182,8 +182,10 @@ class PassFacility:
     def _by_limit(self, domain: str, names) -> dict[float | None, list[str]]:
         """A domain's nodes by the power limit their GPUs all say (None: they
         differ), kept with the cells across passes; a waiting reason reads it
-        too. Read node by node at each, a cold start took 2.0x the time
-        (benchmarks/placement.py --facility --nodes 2000,16000)."""
+        too. Read node by node at each, a cold start at 16,000 nodes took
+        1.7-1.9x the time where the caps leave most nodes idle (50 racks), and
+        1.0-1.2x with racks of 40 (benchmarks/placement.py --facility
+        --nodes 16000 [--rack-nodes 40])."""
         limited = self.cells().limited
         out = limited.get(domain)
         if out is None:
@@ -342,15 +344,16 @@ class Together:
     bind: the nodes `inner` holds, and every node whose shard would take a
     domain past its cap with those chosen before it (as fit_together counts).
     Checked only once all were chosen, a fabric whose two best nodes shared
-    a PDU with room for one was given up though its others had room."""
+    a PDU with room for one was given up though its others had room. (A memo
+    of the answer per domains and GPU limit won 1.0-1.05x at 16,000 nodes:
+    benchmarks/placement.py --facility --nodes 16000; cut, under issue 33's 1.3x.)"""
 
-    __slots__ = ("fac", "p", "chosen", "inner", "gpus_for", "extra", "counted", "refused")
+    __slots__ = ("fac", "p", "chosen", "inner", "gpus_for", "extra", "counted")
 
     def __init__(self, fac: PassFacility, p: ev.ProfileSpec, chosen: list, inner, gpus_for) -> None:
         self.fac, self.p, self.chosen, self.inner, self.gpus_for = fac, p, chosen, inner, gpus_for
         self.extra: dict[str, float] = {}  # capped domain -> what the chosen shards add to it
         self.counted = 0  # the chosen counted in `extra`
-        self.refused: set[tuple] = set()  # (domains, GPU limit, credit) refused with the chosen, not alone
 
     def __contains__(self, v) -> bool:
         if v in self.inner:
@@ -364,30 +367,19 @@ class Together:
         while self.counted < len(chosen):
             c = chosen[self.counted]
             self.counted += 1
-            self.refused.clear()
             w = fac._watts(p, c.node, self.gpus_for(c, p)) - credit.get(c.name, 0.0)
             for d in loc.get(c.name, ()):
                 if d in draw:
                     extra[d] = extra.get(d, 0.0) + w
         if not extra:
             return False
-        # A node of the same domains, GPU limit and credit gets the same answer
-        # with the same chosen. Asked node by node, a cold start with the facility
-        # took 1.06-1.09x the time at 16,000 nodes (its multi-node searches 1.75x),
-        # which leaves 10,000/s within the noise (benchmarks/placement.py --facility).
-        ds = loc.get(v.name, ())
-        limit = fac._limits_of(v.node)[2] if v.kind is not None else None
-        key = (ds, limit, credit.get(v.name)) if limit is not None else None
-        if key in self.refused:
-            return True
         gpus = self.gpus_for(v, p)
         w = fac._watts(p, v.node, gpus) - credit.get(v.name, 0.0)
         budgets = fac.state.budgets
-        for d in ds:
+        for d in loc.get(v.name, ()):
             e = extra.get(d)
             if e is not None and over_cap(draw[d], e + w, budgets[d]):
-                if not fac.refuses(v.node, p, gpus) and key is not None:  # (refused alone: noted for the pass)
-                    self.refused.add(key)
+                fac.refuses(v.node, p, gpus)  # (refused alone: noted for the pass)
                 return True
         return False
 
