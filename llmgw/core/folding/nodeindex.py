@@ -93,18 +93,15 @@ def power_limit(gpus: list[Gpu]) -> float | None:
 class _Entry:
     """Where one ready node is filed."""
 
-    __slots__ = ("groups", "free", "gpus", "power")
+    __slots__ = ("groups", "free", "gpus")
 
     def __init__(self, groups: tuple[Group, ...], free: int, gpus: list[Gpu]) -> None:
         self.groups = groups
         self.free = free
         # The node's list of GPUs when filed: only a registration makes a new
         # one, so while it is the same list its kind is (kind_of reads every
-        # GPU, and a cold start files ~2,000 nodes again per pass), and its
-        # power limit (the facility's, read per node and pass: a tenth of a
-        # cold start with binding caps, benchmarks/placement.py --facility --nodes 16000).
+        # GPU, and a cold start files ~2,000 nodes again per pass).
         self.gpus = gpus
-        self.power = power_limit(gpus)
 
 
 class NodeIndex:
@@ -174,7 +171,7 @@ class NodeIndex:
                 and (old.groups[1].fabric if len(old.groups) > 1 else "") == fabric
             ):
                 if node.gpus is not old.gpus:
-                    old.gpus, old.power = node.gpus, power_limit(node.gpus)
+                    old.gpus = node.gpus
                     self.cells = None
                 free = free_count(node)
                 if free != old.free:

@@ -42,8 +42,7 @@ class PassFacility:
         self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
         self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
         self._limits: dict[str, tuple] = {}  # node -> see `_limits_of`
-        self.index = None  # the node index (placement.Inventory sets it): its entries' power limits, its cells
-        self.entries: dict = {}
+        self.index = None  # the node index (placement.Inventory sets it): its cells
         # The facility's refusals the placement under way met, domain -> in
         # words (`ctl describe replica` keeps them: PlaceReplica.rejections).
         self.seen: dict[str, str] = {}
@@ -129,11 +128,10 @@ class PassFacility:
         got = self._limits.get(node.name)
         if got is None:
             ds, holds, budgets = self.loc.get(node.name, ()), self.state.holds, self.state.budgets
-            e = self.entries.get(node.name)
             got = self._limits[node.name] = (
                 first_held(holds, ds),
                 tuple([(d, budgets[d]) for d in ds if d in budgets]),
-                e.power if e is not None and e.gpus is node.gpus else power_limit(node.gpus),
+                power_limit(node.gpus),
             )
         return got
 
@@ -190,11 +188,9 @@ class PassFacility:
         out = limited.get(domain)
         if out is None:
             out = limited[domain] = {}
-            nodes, entries = self.state.nodes, self.entries
+            nodes = self.state.nodes
             for name in names:
-                e = entries.get(name)
-                w = e.power if e is not None and e.gpus is nodes[name].gpus else self._uniform_w(nodes[name])
-                out.setdefault(w, []).append(name)
+                out.setdefault(self._uniform_w(nodes[name]), []).append(name)
         return out
 
     def dead(self, p: ev.ProfileSpec) -> set[int]:

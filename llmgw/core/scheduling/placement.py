@@ -123,7 +123,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
         idx = self._index
         if idx is None:
             idx = self._index = index_of(self._state)
-            self._fac.index, self._fac.entries = idx, idx.entries
+            self._fac.index = idx
         return idx
 
     def ready(self) -> list[_View]:
