@@ -122,8 +122,10 @@ class NodeIndex:
         self.admitted: dict[tuple, tuple[int, list]] = {}
         # The located nodes by cell (facility_spread.Cells), and each
         # domain's by power limit, kept until the fold moves a node's
-        # location (`relocated`) or files a node anew: made per pass, they
-        # were a tenth of a cold start with the facility (benchmarks/placement.py --facility --nodes 16000).
+        # location (`relocated`) or files a node anew. Made per pass, a cold
+        # start at 16,000 nodes took 1.25-1.4x the time with racks of 40 (43
+        # passes), 1.0-1.1x with 50 racks (benchmarks/placement.py --facility
+        # --nodes 16000 [--rack-nodes 40]).
         self.cells = None
 
     def sync(self, state: State) -> NodeIndex:
