@@ -39,7 +39,6 @@ class PassFacility:
         self.touched: list[int] = []  # the cells changed, in order (facility_search reads on)
         self.epoch = 0  # one more when a stop made room: every refusal of the pass may be stale
         self._blocked: dict[tuple[float, int], set[str]] = {}  # see `blocked`
-        self._spent: set[tuple] = set()  # (domain, draw, GPUs, GPU limit) whose nodes `_noted` blocked
         self._dead: dict[tuple[float, int], set[int]] = {}  # see `dead`
         self._limits: dict[str, tuple] = {}  # node -> see `_limits_of`
         self.index = None  # the node index (placement.Inventory sets it): its cells
@@ -124,7 +123,9 @@ class PassFacility:
     def _limits_of(self, node: Node) -> tuple[str, tuple[tuple[str, float], ...], float | None]:
         """A node's first held domain ("": none), its capped domains with their
         caps, and the power limit its GPUs all share (None: they differ):
-        none changes in a pass, and `refuses` asks per candidate."""
+        none changes in a pass, and `refuses` asks per candidate. Asked anew
+        each time, a cold start at 16,000 nodes took 1.24-1.31x the time
+        (benchmarks/placement.py --facility --nodes 16000 [--rack-nodes 40])."""
         got = self._limits.get(node.name)
         if got is None:
             ds, holds, budgets = self.loc.get(node.name, ()), self.state.holds, self.state.budgets
@@ -143,7 +144,9 @@ class PassFacility:
         """A refusal, noted in words for the placement under way and kept for
         the pass (`blocked`) for every node of the domain it holds for: a
         hold, all; a cap, every node whose shard would draw as much or more.
-        Node by node, a capped PDU's nodes were as many refusals to find."""
+        Node by node, a capped PDU's nodes were as many refusals to find. (A
+        set of the domains and draws blocked so won 0.97-1.09x at 16,000 nodes:
+        benchmarks/placement.py --facility --nodes 16000; cut, under issue 33's 1.3x.)"""
         if domain not in self.seen and len(self.seen) < limits.LIMITS.rejections_kept:
             self.reasons(node, p, gpus)
         blocked = self.blocked(p)
@@ -152,10 +155,6 @@ class PassFacility:
         if not every and mine is None:
             return True  # (GPUs of unlike limits: its draw depends on the GPUs it gets)
         blocked.add(node.name)
-        spent = (domain, p.power_w, p.gpus, mine)
-        if spent in self._spent:
-            return True
-        self._spent.add(spent)
         names = self.state.domain_nodes.get(domain, ())
         if every:
             blocked.update(names)
@@ -265,7 +264,6 @@ class PassFacility:
     def _room_made(self) -> None:
         """What was refused may fit again: every refusal of the pass is forgotten."""
         self._blocked.clear()
-        self._spent.clear()
         self._dead.clear()
         self.epoch += 1
 
