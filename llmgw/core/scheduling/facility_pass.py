@@ -125,7 +125,8 @@ class PassFacility:
         caps, and the power limit its GPUs all share (None: they differ):
         none changes in a pass, and `refuses` asks per candidate. Asked anew
         each time, a cold start at 16,000 nodes took 1.24-1.31x the time
-        (benchmarks/placement.py --facility --nodes 16000 [--rack-nodes 40])."""
+        (benchmarks/placement.py --facility --nodes 16000 [--rack-nodes 40]):
+        at issue 33's 1.3x line, kept, as without it 10,000/s was out of reach."""
         got = self._limits.get(node.name)
         if got is None:
             ds, holds, budgets = self.loc.get(node.name, ()), self.state.holds, self.state.budgets
@@ -180,7 +181,7 @@ class PassFacility:
         """A domain's nodes by the power limit their GPUs all say (None: they
         differ), kept with the cells across passes; a waiting reason reads it
         too. Read node by node at each, a cold start at 16,000 nodes took
-        1.7-1.9x the time where the caps leave most nodes idle (50 racks), and
+        1.7-2.1x the time where the caps leave most nodes idle (50 racks), and
         1.0-1.2x with racks of 40 (benchmarks/placement.py --facility
         --nodes 16000 [--rack-nodes 40])."""
         limited = self.cells().limited
@@ -339,8 +340,9 @@ class Together:
     domain past its cap with those chosen before it (as fit_together counts).
     Checked only once all were chosen, a fabric whose two best nodes shared
     a PDU with room for one was given up though its others had room. (A memo
-    of the answer per domains and GPU limit won 1.0-1.05x at 16,000 nodes:
-    benchmarks/placement.py --facility --nodes 16000; cut, under issue 33's 1.3x.)"""
+    of the answer per domains and GPU limit won 1.0-1.09x at 16,000 nodes, and
+    nothing with racks of 40: benchmarks/placement.py --facility --nodes 16000
+    [--rack-nodes 40]; cut, under issue 33's 1.3x.)"""
 
     __slots__ = ("fac", "p", "chosen", "inner", "gpus_for", "extra", "counted")
 

@@ -237,7 +237,7 @@ class Inventory(fabrics.FabricSearch, facility_search.CellSearch):
     def _admitting(self, idx: NodeIndex, p: ProfileSpec) -> list[Group]:
         """The groups whose labels and GPUs suit the profile, were their GPUs
         all free. Kept with the index until it gains a group: asked anew at
-        each search, a cold start at 16,000 nodes took 1.5x the time, 5.5x with
+        each search, a cold start at 16,000 nodes took 1.45-1.55x the time, 5.5x with
         racks of 40 (benchmarks/placement.py --facility --nodes 16000 [--rack-nodes 40])."""
         key = fabrics.admit_key(p)
         cached = idx.admitted.get(key)
