@@ -91,7 +91,8 @@ GOAL_SCALE_RATIO = 0.5
 # (d) the facility (issue 33): absolute, by fleet size.
 GOAL_FACILITY = {2_000: 20_000, 16_000: 10_000}
 STEADY_PASSES = 200  # (d)'s steady passes (a fraction of a millisecond each: many, to meet a quiet moment)
-RACKS, PDUS = 50, 100
+RACKS = 50  # (d) whatever the size, unless --rack-nodes
+PDUS = 2 * RACKS  # two a rack, as fleet() makes them (instructions.py reads it)
 GPU_POWER_W = 700.0
 PDU_CAP_W = 100_000.0
 RACK_CAP_W = 200_000.0

@@ -44,8 +44,9 @@ class FabricSearch:
         by: dict[str, list[Group]] = {}
         for grp in self._admitting(idx, p):  # label_reasons let no group without a fabric through
             by.setdefault(grp.fabric, []).append(grp)
-        idx.admitted[key] = (idx.version, list(by.values()))
-        return idx.admitted[key][1]
+        out = list(by.values())
+        idx.admitted[key] = (idx.version, out)
+        return out
 
     def _fabric_pick(self, p: ProfileSpec, by_fabric: list[list[Group]], spread: dict[str, int]) -> list[_View] | None:
         """Nodes for a multi-node replica: the first fabric, in name order, with
